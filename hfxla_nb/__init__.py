@@ -1,0 +1,66 @@
+"""hfxla_nb: train Hugging Face models on TPUs (PyTorch/XLA) from a notebook.
+
+```python
+%load_ext hfxla_nb
+import hfxla_nb as hx
+hx.detect()                                    # what hardware, what runtime, what is wrong
+hx.configure(cores=8)                          # before any device use
+results = hx.notebook_launcher(train, args=(cfg,))
+result = hx.fine_tune("bert-base-cased", dataset)
+```
+
+Importing the package is cheap and has no side effects: torch, torch_xla and transformers are
+imported only by the functions that need them, and nothing here starts the XLA runtime.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (imported on first use)
+_EXPORTS = {
+    "detect": "runtime",
+    "configure": "runtime",
+    "RuntimeInfo": "runtime",
+    "notebook_launcher": "launch",
+    "LaunchRecord": "launch",
+    "RankRecord": "launch",
+    "LaunchError": "launch",
+    "report": "reporting",
+    "fine_tune": "finetune",
+    "FineTuneResult": "finetune",
+    "XlaProgressCallback": "trainer",
+    "xla_training_arguments": "trainer",
+}
+
+__all__ = sorted(_EXPORTS) + ["load_ipython_extension", "unload_ipython_extension"]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'hfxla_nb' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module_name}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def load_ipython_extension(ipython) -> None:
+    """`%load_ext hfxla_nb`: registers %xla_info, %xla_config and %%xla_metrics."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython) -> None:
+    """`%unload_ext hfxla_nb`: removes the magics again."""
+    from .magics import unload_ipython_extension as unload
+
+    unload(ipython)

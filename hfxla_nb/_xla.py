@@ -1,0 +1,259 @@
+"""The only module of hfxla_nb that imports `torch_xla`.
+
+Everything here imports `torch_xla` lazily, inside the function that needs it, so that
+`import hfxla_nb` stays fast and works where torch_xla is not installed. PyTorch/XLA's README
+announces a successor; keeping every call behind this one thin module keeps a port small.
+
+Functions are grouped by whether they start the XLA runtime. Those under "Safe" never do and
+may be called in the notebook kernel before a fork; those under "Starts the runtime" must only
+run inside a launched worker (or in the kernel when the user asked for in-kernel work).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+class XlaUnavailableError(ImportError):
+    """Raised when an operation needs torch_xla and it is not installed."""
+
+
+def _require():
+    try:
+        import torch_xla  # noqa: F401
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise XlaUnavailableError(
+            "torch_xla is not installed. A TPU VM or Colab/Kaggle TPU runtime has it; "
+            "elsewhere run `pip install torch_xla` with the same minor version as torch "
+            "(for example torch==2.9.0 torch_xla==2.9.0)."
+        ) from error
+    return sys.modules["torch_xla"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Safe: never start the runtime
+# ---------------------------------------------------------------------------------------------
+
+
+def is_installed() -> bool:
+    """Whether torch_xla can be imported, without importing it."""
+    return importlib.util.find_spec("torch_xla") is not None
+
+
+def is_imported() -> bool:
+    """Whether torch_xla was already imported in this process."""
+    return "torch_xla" in sys.modules
+
+
+def runtime_is_initialized() -> bool:
+    """Whether this process has started the XLA (PJRT) runtime.
+
+    A process that has started it must not fork workers that use XLA: they hang forever. If
+    torch_xla was never imported, the runtime cannot have started, so nothing is imported here.
+    """
+    if not is_imported():
+        return False
+    xlac = getattr(sys.modules["torch_xla"], "_XLAC", None)
+    check = getattr(xlac, "_xla_runtime_is_initialized", None)
+    return bool(check()) if check is not None else False
+
+
+def is_spmd() -> bool:
+    """Whether SPMD mode is on in this process (safe before the runtime starts)."""
+    if not is_imported():
+        return False
+    import torch_xla.runtime as xr
+
+    return bool(xr.is_spmd())
+
+
+def use_spmd() -> None:
+    """Turn on SPMD mode; must run before any tensor is placed on the device."""
+    _require()
+    import torch_xla.runtime as xr
+
+    xr.use_spmd()
+
+
+def spawn(function: Callable[..., Any], args: tuple = ()) -> None:
+    """`xmp.spawn(function, args, start_method="fork")`: one process per chip, threads per core."""
+    _require()
+    import torch_xla.distributed.xla_multiprocessing as xmp
+
+    xmp.spawn(function, args=args, start_method="fork")
+
+
+def add_step_closure(closure: Callable[..., Any], args: tuple = ()) -> None:
+    """Run `closure(*args)` after the next graph execution, when tensors hold values.
+
+    Fetching a tensor inside the closure costs a transfer but never an extra execution.
+    """
+    _require()
+    import torch_xla.core.xla_model as xm
+
+    xm.add_step_closure(closure, args=args)
+
+
+def device_type() -> str | None:
+    """The PJRT device type ("TPU", "CPU", ...) if torch_xla is imported, else None."""
+    if not is_imported():
+        return None
+    import torch_xla.runtime as xr
+
+    try:
+        return str(xr.device_type())
+    except Exception:  # noqa: BLE001 - unknown PJRT_DEVICE
+        return None
+
+
+def to_cpu(tensors: list) -> list:
+    """Copy XLA tensors that already hold values to the host in one transfer.
+
+    Meant for step closures (after the graph ran): no extra execution, one
+    `TransferFromDevice` for all of them, and no `aten::_local_scalar_dense` fallback.
+    """
+    torch_xla = _require()
+    get_cpu_tensors = getattr(torch_xla._XLAC, "_xla_get_cpu_tensors", None)
+    if get_cpu_tensors is None:  # pragma: no cover - other torch_xla versions
+        return [tensor.cpu() for tensor in tensors]
+    return list(get_cpu_tensors(list(tensors)))
+
+
+def is_xla_tensor(value: Any) -> bool:
+    """Whether `value` is a torch tensor that lives on an XLA device (no import if unused)."""
+    device = getattr(value, "device", None)
+    return getattr(device, "type", None) == "xla"
+
+
+# ---------------------------------------------------------------------------------------------
+# Starts the runtime: only inside a launched worker
+# ---------------------------------------------------------------------------------------------
+
+
+def device():
+    """The default XLA device of this process (starts the runtime)."""
+    torch_xla = _require()
+    return torch_xla.device()
+
+
+def sync() -> None:
+    """Cut the lazy graph here and run it (`torch_xla.sync()`, formerly `xm.mark_step()`)."""
+    torch_xla = _require()
+    if hasattr(torch_xla, "sync"):
+        torch_xla.sync()
+    else:  # pragma: no cover - torch_xla < 2.6
+        import torch_xla.core.xla_model as xm
+
+        xm.mark_step()
+
+
+def global_device_count() -> int:
+    """All devices the runtime sees (starts the runtime)."""
+    _require()
+    import torch_xla.runtime as xr
+
+    return int(xr.global_runtime_device_count())
+
+
+def world_size() -> int:
+    """Number of replicated processes (starts the runtime)."""
+    _require()
+    import torch_xla.runtime as xr
+
+    return int(xr.world_size())
+
+
+def global_ordinal() -> int:
+    """This replica's rank (starts the runtime)."""
+    _require()
+    import torch_xla.runtime as xr
+
+    return int(xr.global_ordinal())
+
+
+def data_parallel_mesh():
+    """A `(devices, 1)` mesh named `("data", "model")` over every device, for SPMD."""
+    _require()
+    import numpy as np
+    import torch_xla.distributed.spmd as xs
+
+    count = global_device_count()
+    return xs.Mesh(np.arange(count), (count, 1), ("data", "model"))
+
+
+def shard_batch(tensor, mesh) -> None:
+    """Shard `tensor`'s first dimension over the mesh's "data" axis, in place."""
+    import torch_xla.distributed.spmd as xs
+
+    spec = ("data",) + (None,) * (tensor.dim() - 1)
+    xs.mark_sharding(tensor, mesh, spec)
+
+
+def optimizer_step(optimizer) -> None:
+    """`xm.optimizer_step`: all-reduce gradients across replicas, then step."""
+    import torch_xla.core.xla_model as xm
+
+    xm.optimizer_step(optimizer)
+
+
+def memory_info(dev=None) -> dict[str, int] | None:
+    """Device memory (`bytes_used`, `bytes_limit`, `peak_bytes_used`), or None where the
+    runtime cannot tell (XLA on the CPU raises UNIMPLEMENTED)."""
+    _require()
+    import torch_xla.core.xla_model as xm
+
+    try:
+        info = xm.get_memory_info(dev if dev is not None else device())
+    except Exception:  # noqa: BLE001 - CPU: UNIMPLEMENTED; older versions: other errors
+        return None
+    keys = ("bytes_used", "bytes_limit", "peak_bytes_used")
+    return {key: int(info[key]) for key in keys if key in info} or None
+
+
+def metrics_snapshot() -> dict[str, Any]:
+    """All torch_xla counters and metrics as plain data (starts the runtime).
+
+    Returns:
+        `{"counters": {name: int}, "metrics": {name: {"count", "total", "samples"}},
+        "fallback_ops": [aten op names]}`. Absent counters are simply missing (torch_xla
+        returns None for them).
+    """
+    _require()
+    import torch_xla.debug.metrics as met
+
+    counters = {}
+    for name in met.counter_names():
+        value = met.counter_value(name)
+        if value is not None:
+            counters[name] = int(value)
+    metrics = {}
+    for name in met.metric_names():
+        data = met.metric_data(name)
+        if data is not None:
+            count, total, samples = data
+            metrics[name] = {
+                "count": int(count),
+                "total": float(total),
+                "samples": [(float(t), float(v)) for t, v in samples[-50:]],
+            }
+    fallback_ops = [str(op) for op in met.executed_fallback_ops()]
+    return {"counters": counters, "metrics": metrics, "fallback_ops": fallback_ops}
+
+
+def clear_metrics() -> None:
+    """Reset counters and metrics (the compile cache stays)."""
+    _require()
+    import torch_xla.debug.metrics as met
+
+    met.clear_all()
+
+
+def initialize_cache(path: str) -> None:
+    """Persistent compile cache. Works on TPU; on the CPU a second process cannot load it."""
+    _require()
+    import torch_xla.runtime as xr
+
+    xr.initialize_cache(path, readonly=False)

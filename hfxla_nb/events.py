@@ -1,0 +1,224 @@
+"""Typed messages from workers to the notebook, and the channel that carries them.
+
+Workers never draw: they send small picklable events; the notebook process turns them into
+panels from the cell's main thread. One `Channel` per launch.
+
+The channel is a Unix datagram socket pair made before the fork. Every `send` is one atomic
+datagram, so any number of forked processes and threads can write to it without a lock (a
+lock held by a worker that gets killed would hang every other writer). Payloads too large for
+one datagram travel through a temporary file whose path is sent instead.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+# Well under the default Unix datagram limit (net.core.wmem_default, ~208 KiB).
+_MAX_DATAGRAM = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Event:
+    """Base class: every event names the rank that sent it (None: the launcher itself)."""
+
+    rank: int | None
+
+
+@dataclass(frozen=True)
+class Started(Event):
+    world: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Progress(Event):
+    """`step` of `total` done; `values` are plain floats (loss, lr, ...); `samples` counts the
+    samples seen so far; `label` names the bar ("train", a tqdm description, ...)."""
+
+    step: int
+    total: int | None
+    values: dict[str, float] = field(default_factory=dict)
+    samples: int | None = None
+    label: str = "train"
+    time: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot(Event):
+    """torch_xla counters and metrics (see `_xla.metrics_snapshot`) after `step` steps."""
+
+    step: int
+    data: dict[str, Any]
+    memory: dict[str, int] | None = None
+    time: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class Log(Event):
+    stream: str  # "stdout" or "stderr"
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished(Event):
+    result: Any
+    duration: float = 0.0
+
+
+@dataclass(frozen=True)
+class Failed(Event):
+    exc_type: str
+    message: str
+    traceback: str
+    duration: float = 0.0
+
+
+@dataclass(frozen=True)
+class Heartbeat(Event):
+    t: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class ProcessExited(Event):
+    """A worker process ended without reporting (killed by `signal`, or `os._exit(exitcode)`)."""
+
+    pid: int
+    exitcode: int | None = None
+    signal: int | None = None
+
+
+@dataclass(frozen=True)
+class _Spilled:
+    """A payload too large for a datagram, left in a file for the receiver to read and delete."""
+
+    path: str
+
+
+class Channel:
+    """One-way, many-writer, one-reader event channel between forked processes.
+
+    Make it in the notebook process before forking; workers call `send`, the notebook calls
+    `receive`. Closing it in the notebook ends every later `send` with a quiet no-op.
+    """
+
+    def __init__(self) -> None:
+        self._reader, self._writer = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._reader.setblocking(False)
+        self._spill_dir = tempfile.mkdtemp(prefix="hfxla_nb-")
+
+    def send(self, event: Event) -> None:
+        """Send one event (from any worker process or thread). Never raises on a closed channel."""
+        try:
+            payload = pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as error:  # noqa: BLE001 - an unpicklable result must not kill a rank
+            payload = pickle.dumps(_unpicklable(event, error))
+        if len(payload) > _MAX_DATAGRAM:
+            fd, path = tempfile.mkstemp(dir=self._spill_dir, suffix=".pkl")
+            with os.fdopen(fd, "wb") as file:
+                file.write(payload)
+            payload = pickle.dumps(_Spilled(path))
+        try:
+            self._writer.send(payload)
+        except OSError:
+            pass  # the notebook side is gone: nobody is listening any more
+
+    def receive(self, timeout: float = 0.0) -> list[Event]:
+        """Every event waiting now, or the first ones to arrive within `timeout` seconds."""
+        events: list[Event] = []
+        ready, _, _ = select.select([self._reader], [], [], max(timeout, 0.0))
+        if not ready:
+            return events
+        while True:
+            try:
+                payload = self._reader.recv(_MAX_DATAGRAM + 1024)
+            except (BlockingIOError, InterruptedError):
+                return events
+            except OSError:
+                return events
+            event = pickle.loads(payload)
+            if isinstance(event, _Spilled):
+                path = event.path
+                with open(path, "rb") as file:
+                    event = pickle.load(file)
+                os.unlink(path)
+            events.append(event)
+
+    def fileno(self) -> int:
+        """The reading end, for `select` together with other sources."""
+        return self._reader.fileno()
+
+    def close(self) -> None:
+        """Close both ends and remove spilled payloads."""
+        for sock in (self._reader, self._writer):
+            try:
+                sock.close()
+            except OSError:
+                pass
+        for name in os.listdir(self._spill_dir) if os.path.isdir(self._spill_dir) else []:
+            os.unlink(os.path.join(self._spill_dir, name))
+        try:
+            os.rmdir(self._spill_dir)
+        except OSError:
+            pass
+
+
+def _unpicklable(event: Event, error: Exception) -> Event:
+    if isinstance(event, Finished):
+        return Failed(
+            rank=event.rank,
+            exc_type="PicklingError",
+            message=(
+                f"the function returned a value that cannot be sent back to the notebook "
+                f"({type(event.result).__name__}: {error}). Return plain data (numbers, dicts, "
+                f"CPU tensors), or save large objects to a file and return its path."
+            ),
+            traceback="",
+            duration=event.duration,
+        )
+    if isinstance(event, Progress):
+        return Progress(
+            event.rank, event.step, event.total, {}, event.samples, event.label, event.time
+        )
+    return Log(rank=event.rank, stream="stderr", text=f"[hfxla_nb] could not send {event!r}\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker side: which channel and rank the code running in this thread reports to
+# ---------------------------------------------------------------------------------------------
+
+_worker_channel: Channel | None = None
+_worker_local = threading.local()
+
+
+def attach_worker(channel: Channel | None, rank: int | None) -> None:
+    """Called by the launcher in a worker (process or rank thread) before the user's function."""
+    global _worker_channel
+    _worker_channel = channel
+    _worker_local.rank = rank
+
+
+def worker_channel() -> Channel | None:
+    """The launch's channel when called inside a launched worker, else None."""
+    return _worker_channel
+
+
+def worker_rank() -> int | None:
+    """This thread's rank inside a launched worker, else None."""
+    return getattr(_worker_local, "rank", None)
+
+
+def emit(event: Event) -> bool:
+    """Send `event` if running inside a launched worker; returns whether it was sent."""
+    channel = _worker_channel
+    if channel is None:
+        return False
+    channel.send(event)
+    return True

@@ -1,0 +1,187 @@
+"""Checks that run in the notebook before anything is forked.
+
+Every refusal says what to do. Nothing here starts the XLA runtime or writes a file; the
+checks take what they need (a `RuntimeInfo`, a function) as arguments so tests can drive
+each case.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from . import _xla
+
+STRATEGIES = ("replicated", "spmd", "debug")
+MIXED_PRECISIONS = ("no", "bf16", "fp16")
+# More forked CPU processes than this only thrashes a notebook machine.
+MAX_DEBUG_PROCESSES = 64
+MAX_CPU_VIRTUAL_DEVICES = 256
+
+
+class LaunchRefusedError(RuntimeError):
+    """Raised before forking when a launch cannot work; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What the launcher will do, decided in the notebook before forking.
+
+    Attributes:
+        strategy: "replicated", "spmd" or "debug".
+        world: number of ranks that will report (devices for replicated, 1 for spmd,
+            processes for debug).
+        env: variables set in the worker processes only (the kernel's environment is untouched).
+        warnings: things that will work but deserve a word.
+    """
+
+    strategy: str
+    world: int
+    env: dict[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+
+def check_function(function: Callable, args: Sequence) -> bool:
+    """Check that `function(index, *args)` or `function(*args)` can be called.
+
+    Returns:
+        True when the function takes the rank index first (xmp.spawn style), False when it
+        takes exactly `args` (accelerate's notebook_launcher style). The index is passed when the
+        function needs one more positional argument than `args` gives.
+    """
+    if not callable(function):
+        raise LaunchRefusedError(
+            f"`function` must be callable, got {type(function).__name__}. Pass the training "
+            "function itself: notebook_launcher(train, args=(...)), not train(...)."
+        )
+    if not isinstance(args, (tuple, list)):
+        raise LaunchRefusedError(
+            f"`args` must be a tuple, got {type(args).__name__}. For one argument write "
+            "args=(value,) with the trailing comma."
+        )
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return True  # builtins without a signature: xmp.spawn's convention
+    try:
+        signature.bind(*args)
+        return False
+    except TypeError:
+        pass
+    try:
+        signature.bind(0, *args)
+        return True
+    except TypeError as error:
+        name = getattr(function, "__name__", repr(function))
+        raise LaunchRefusedError(
+            f"{name}{signature} cannot be called with args={tuple(args)!r}: {error}. The "
+            f"launcher calls {name}(index, *args) or, accelerate-style, {name}(*args)."
+        ) from None
+
+
+def check_runtime_not_started() -> None:
+    """Refuse to fork from a process whose XLA runtime (or CUDA) is already initialized."""
+    if _xla.runtime_is_initialized():
+        raise LaunchRefusedError(
+            "The XLA runtime is already initialized in this kernel, and processes forked from "
+            "it hang forever as soon as they use XLA. Something in an earlier cell touched the "
+            "device: usually torch_xla.device() / xm.xla_device(), creating "
+            "transformers.TrainingArguments(...), or met.metrics_report(). Restart the kernel, "
+            "and move all device code into the function you launch."
+        )
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        raise LaunchRefusedError(
+            "CUDA is already initialized in this kernel, and forked processes cannot use it. "
+            "Restart the kernel and keep every `.cuda()` / `.to('cuda')` inside the launched "
+            "function."
+        )
+
+
+def plan_launch(
+    strategy: str,
+    num_processes: int | None,
+    mixed_precision: str,
+    accelerator_kind: str,
+    device_count: int,
+) -> LaunchPlan:
+    """Decide the world size and worker environment for a strategy on this hardware.
+
+    Args:
+        strategy: "replicated", "spmd" or "debug".
+        num_processes: what the user asked for; on a CPU it is the number of virtual devices.
+        mixed_precision: "no", "bf16" or "fp16".
+        accelerator_kind: "tpu", "cpu" or "gpu" (from `RuntimeInfo.accelerator.kind`).
+        device_count: devices found on this host (TPU cores; CPU virtual devices).
+
+    Returns:
+        The `LaunchPlan`.
+    """
+    if strategy not in STRATEGIES:
+        raise LaunchRefusedError(
+            f"strategy={strategy!r} is not one of {', '.join(map(repr, STRATEGIES))}. Use "
+            "'spmd' for data parallel training over every core (recommended), 'replicated' "
+            "for xmp.spawn-style code, 'debug' for multi-process code on the CPU."
+        )
+    if mixed_precision not in MIXED_PRECISIONS:
+        raise LaunchRefusedError(
+            f"mixed_precision={mixed_precision!r} is not one of "
+            f"{', '.join(map(repr, MIXED_PRECISIONS))}."
+        )
+    if num_processes is not None and (
+        isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1
+    ):
+        raise LaunchRefusedError(
+            "num_processes must be a positive integer or None (all devices), "
+            f"got {num_processes!r}."
+        )
+    on_tpu = accelerator_kind == "tpu"
+    if mixed_precision == "fp16" and on_tpu:
+        raise LaunchRefusedError(
+            "TPUs have no fast float16; use mixed_precision='bf16' (bfloat16) instead."
+        )
+    env = {"ACCELERATE_MIXED_PRECISION": mixed_precision}
+    warnings: list[str] = []
+
+    if strategy == "debug":
+        count = num_processes or 2
+        if count > MAX_DEBUG_PROCESSES:
+            raise LaunchRefusedError(
+                f"num_processes={count} CPU processes is more than this launcher allows "
+                f"({MAX_DEBUG_PROCESSES}); the debug strategy is for rehearsing multi-process "
+                "code with a few processes."
+            )
+        env.update(PJRT_DEVICE="CPU", ACCELERATE_USE_CPU="true")
+        return LaunchPlan(strategy, count, env, tuple(warnings))
+
+    if on_tpu:
+        env["PJRT_DEVICE"] = "TPU"
+        if num_processes not in (None, device_count):
+            raise LaunchRefusedError(
+                f"num_processes={num_processes} is not possible here: this TPU host has "
+                f"{device_count} cores, and PyTorch/XLA always uses all of them "
+                f"(xmp.spawn accepts only all devices). Pass num_processes=None or "
+                f"{device_count}."
+            )
+        count = device_count
+    else:
+        env["PJRT_DEVICE"] = "CPU"
+        count = num_processes or int(os.environ.get("CPU_NUM_DEVICES", "0") or 0) or 1
+        if count > MAX_CPU_VIRTUAL_DEVICES:
+            raise LaunchRefusedError(
+                f"num_processes={count} virtual CPU devices is more than XLA:CPU handles well "
+                f"(at most {MAX_CPU_VIRTUAL_DEVICES}); use 4 or 8 to rehearse a TPU host."
+            )
+        env["CPU_NUM_DEVICES"] = str(count)
+        if strategy == "replicated" and count > 1:
+            warnings.append(
+                f"XLA on the CPU runs the {count} replicated ranks as threads of one process, "
+                "and XLA collectives between them (all_reduce, xm.optimizer_step's gradient "
+                "reduction) hang or abort upstream (pytorch/xla #5005, #9089). Code without "
+                "collectives runs; for data-parallel training use strategy='spmd'."
+            )
+    world = 1 if strategy == "spmd" else count
+    return LaunchPlan(strategy, world, env, tuple(warnings))

@@ -1,0 +1,52 @@
+"""Renderers: the same data drawn as ipywidgets, HTML (display_id) or console text.
+
+Logic never renders: `metrics.py` and the launcher hand plain data to these renderers. The
+notebook process calls them from the cell's main thread only (ipykernel 7 drops display
+updates sent from background threads).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ..events import Event
+
+
+class LaunchDisplay(Protocol):
+    """What the launcher draws a launch with. Every method runs on the cell's main thread.
+
+    The launcher prints `Log` events itself (they are output, not a panel); every other event
+    goes to `handle`. `refresh` is called a few times a second even when nothing arrived (to
+    move clocks and ETAs); `close` once, with the launch's final record.
+    """
+
+    def handle(self, event: Event) -> None: ...
+
+    def refresh(self) -> None: ...
+
+    def close(self, record) -> None: ...
+
+
+class NullDisplay:
+    """Draws nothing (``progress=False``)."""
+
+    def handle(self, event: Event) -> None:
+        pass
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self, record) -> None:
+        pass
+
+
+def launch_display(world: int, mode: str | bool = "auto") -> LaunchDisplay:
+    """The display for a launch of `world` ranks.
+
+    Args:
+        world: number of ranks.
+        mode: "auto" (widgets in a notebook with ipywidgets, else HTML in a notebook, else
+            console), "widgets", "html", "console", or False/"none" for no display.
+    """
+    return NullDisplay()

@@ -1,0 +1,180 @@
+"""The `RuntimeInfo` panel, as HTML (notebooks) and as text (terminals, nbconvert, logs).
+
+Plain functions of a `RuntimeInfo`: no IPython needed, so tests call them directly. Every
+value is escaped; secrets were already replaced by "<hidden>" in `RuntimeInfo.env`.
+"""
+
+from __future__ import annotations
+
+import html
+import textwrap
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..runtime import Problem, RuntimeInfo
+
+_COLORS = {"error": "#c62828", "warning": "#e65100", "info": "#1565c0", "ok": "#2e7d32"}
+_TEXT_WIDTH = 100
+_LABEL_WIDTH = 13
+# Joins "name version" pairs so that text wrapping never splits one.
+_NBSP = "\u00a0"
+
+
+def status_line(info: RuntimeInfo) -> str:
+    """The status: "OK", or the problem counts ("1 error, 2 warnings"); info notes count as OK."""
+    counts = {severity: 0 for severity in ("error", "warning", "info")}
+    for problem in info.problems:
+        counts[problem.severity] = counts.get(problem.severity, 0) + 1
+    parts = [
+        f"{counts[name]} {name}{'' if counts[name] == 1 else 's'}"
+        for name in ("error", "warning")
+        if counts[name]
+    ]
+    return ", ".join(parts) if parts else "OK"
+
+
+def _runtime_state(info: RuntimeInfo) -> str:
+    if info.runtime_initialized:
+        return "started in this process (the launcher cannot fork)"
+    return "not started in this process (ready to launch)"
+
+
+def _versions(info: RuntimeInfo) -> list[str]:
+    return [f"{name} {value if value else '-'}" for name, value in info.versions.items()]
+
+
+def _facts(info: RuntimeInfo) -> list[tuple[str, str]]:
+    accelerator = info.accelerator
+    facts = [
+        ("accelerator", accelerator.description),
+        ("found by", ", ".join(accelerator.found_by) or "-"),
+        ("launch", f"{info.device_count} XLA device{'' if info.device_count == 1 else 's'}"),
+        ("runs in", info.environment),
+        ("XLA runtime", _runtime_state(info)),
+    ]
+    if accelerator.holders:
+        holders = ", ".join(f"{pid} ({name})" for pid, name in sorted(accelerator.holders.items()))
+        facts.append(("TPU held by", holders))
+    return facts
+
+
+# ---------------------------------------------------------------------------------------------
+# Text
+# ---------------------------------------------------------------------------------------------
+
+
+def _text_row(label: str, value: str) -> list[str]:
+    indent = " " * (2 + _LABEL_WIDTH + 1)
+    lines = textwrap.wrap(
+        value,
+        width=_TEXT_WIDTH,
+        initial_indent=f"  {label:<{_LABEL_WIDTH}} ",
+        subsequent_indent=indent,
+        break_on_hyphens=False,
+    ) or [f"  {label}"]
+    return [line.replace(_NBSP, " ") for line in lines]
+
+
+def _text_problem(problem: Problem) -> list[str]:
+    tag = f"[{problem.severity}]"
+    lines = textwrap.wrap(
+        problem.title,
+        width=_TEXT_WIDTH,
+        initial_indent=f"  {tag:<10}",
+        subsequent_indent=" " * 12,
+    )
+    lines += textwrap.wrap(
+        problem.fix,
+        width=_TEXT_WIDTH,
+        initial_indent=" " * 12 + "fix: ",
+        subsequent_indent=" " * 17,
+        break_on_hyphens=False,
+    )
+    return lines
+
+
+def runtime_text(info: RuntimeInfo) -> str:
+    """A readable multi-line text panel of `info`.
+
+    Example:
+        ```
+        hfxla_nb runtime: OK
+          accelerator   CPU: 1 virtual XLA device on 2 host cores
+          ...
+        ```
+    """
+    lines = [f"hfxla_nb runtime: {status_line(info)}"]
+    for label, value in _facts(info):
+        lines += _text_row(label, value)
+    versions = ", ".join(item.replace(" ", _NBSP) for item in _versions(info))
+    lines += _text_row("versions", versions)
+    env = ", ".join(f"{name}={value}" for name, value in info.env.items()) or "(none set)"
+    lines += _text_row("env", env)
+    if info.problems:
+        lines.append("problems:")
+        for problem in info.problems:
+            lines += _text_problem(problem)
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# HTML
+# ---------------------------------------------------------------------------------------------
+
+
+def _badge(text: str, color: str) -> str:
+    return (
+        f'<span style="background:{color};color:#fff;border-radius:3px;padding:1px 6px;'
+        f'font-size:0.85em;font-weight:600">{html.escape(text)}</span>'
+    )
+
+
+def _html_problem(problem: Problem) -> str:
+    color = _COLORS.get(problem.severity, _COLORS["info"])
+    return (
+        f'<li style="list-style:none;margin:4px 0;padding:4px 8px;border-left:4px solid {color}">'
+        f"{_badge(problem.severity, color)} {html.escape(problem.title)}"
+        f'<div style="margin-top:2px;opacity:0.85"><b>Fix:</b> {html.escape(problem.fix)}</div>'
+        "</li>"
+    )
+
+
+def runtime_html(info: RuntimeInfo) -> str:
+    """An HTML panel of `info` (inline styles only, readable on light and dark themes)."""
+    status = status_line(info)
+    if status == "OK":
+        status_color = _COLORS["ok"]
+    else:
+        status_color = _COLORS["warning" if info.ok else "error"]
+    cell = 'style="text-align:left;padding:1px 12px 1px 0;vertical-align:top"'
+    rows = "".join(
+        f"<tr><th {cell}>{html.escape(label)}</th><td {cell}>{html.escape(value)}</td></tr>"
+        for label, value in _facts(info)
+    )
+    rows += (
+        f"<tr><th {cell}>versions</th><td {cell}>"
+        f"{html.escape(' · '.join(_versions(info)))}</td></tr>"
+    )
+    if info.env:
+        env = "<br>".join(
+            f"<code>{html.escape(name)}={html.escape(value)}</code>"
+            for name, value in info.env.items()
+        )
+    else:
+        env = "(none set)"
+    rows += f"<tr><th {cell}>env</th><td {cell}>{env}</td></tr>"
+    problems = ""
+    if info.problems:
+        problems = (
+            '<ul style="margin:6px 0 0 0;padding:0">'
+            + "".join(_html_problem(problem) for problem in info.problems)
+            + "</ul>"
+        )
+    return (
+        '<div class="hfxla-nb-runtime" style="border:1px solid rgba(128,128,128,0.5);'
+        'border-radius:4px;padding:6px 10px;font-family:sans-serif;font-size:13px">'
+        f'<div style="margin-bottom:4px"><b>hfxla_nb runtime</b> {_badge(status, status_color)}'
+        "</div>"
+        f'<table style="border-collapse:collapse;margin:0">{rows}</table>'
+        f"{problems}</div>"
+    )

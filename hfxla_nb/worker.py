@@ -1,0 +1,367 @@
+"""What runs inside the forked processes of a launch. Workers never draw.
+
+The launcher forks one *supervisor* into a new session (so one signal to its process group
+stops everything it started). The supervisor becomes the worker itself (spmd), runs
+`xmp.spawn(..., start_method="fork")` (replicated), or forks one process per rank (debug).
+In every worker process:
+
+- `sys.stdout`/`sys.stderr` become streams that send whole lines to the notebook as `Log`
+  events tagged with the rank of the thread that wrote them; file descriptors 1 and 2 go to a
+  pipe the notebook reads, for what native code prints.
+- IPython's shell instance is cleared, so nothing tries to display into the kernel's sockets
+  (a forked child cannot), and `tqdm.auto` bars become `Progress` events the notebook draws.
+- the user's function runs between `Started` and `Finished`/`Failed` events; a heartbeat
+  thread shows the process is alive.
+
+Every path out of a forked process is `os._exit`: returning would run the kernel's code in
+the child.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import io
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from . import _xla
+from .events import (
+    Channel,
+    Failed,
+    Finished,
+    Heartbeat,
+    Log,
+    ProcessExited,
+    Progress,
+    Started,
+    attach_worker,
+    worker_rank,
+)
+
+HEARTBEAT_INTERVAL = 1.0
+
+
+class EventStream(io.TextIOBase):
+    """A text stream that sends what a worker prints to the notebook, a line at a time.
+
+    Partial lines wait for their newline or an explicit `flush()` (tqdm and `print(...,
+    flush=True)` flush), per thread, so lines from rank threads never interleave.
+    """
+
+    def __init__(self, channel: Channel, name: str, fd: int) -> None:
+        super().__init__()
+        self._channel = channel
+        self._name = name
+        self._fd = fd
+        self._local = threading.local()
+
+    @property
+    def name(self) -> str:
+        return f"<hfxla_nb {self._name}>"
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        # faulthandler and subprocess need a real descriptor: the pipe the notebook reads.
+        return self._fd
+
+    def write(self, text: str) -> int:
+        buffer = getattr(self._local, "buffer", "") + text
+        cut = buffer.rfind("\n") + 1
+        if cut:
+            self._send(buffer[:cut])
+            buffer = buffer[cut:]
+        self._local.buffer = buffer
+        return len(text)
+
+    def flush(self) -> None:
+        buffer = getattr(self._local, "buffer", "")
+        if buffer:
+            self._local.buffer = ""
+            self._send(buffer)
+
+    def _send(self, text: str) -> None:
+        self._channel.send(Log(rank=worker_rank(), stream=self._name, text=text))
+
+
+class _ActiveRanks:
+    """The ranks running in this process, for heartbeats."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ranks: set[int] = set()
+
+    def add(self, rank: int) -> None:
+        with self._lock:
+            self._ranks.add(rank)
+
+    def remove(self, rank: int) -> None:
+        with self._lock:
+            self._ranks.discard(rank)
+
+    def snapshot(self) -> list[int]:
+        with self._lock:
+            return sorted(self._ranks)
+
+
+_active = _ActiveRanks()
+
+
+def _heartbeat(channel: Channel) -> None:
+    while True:
+        time.sleep(HEARTBEAT_INTERVAL)
+        for rank in _active.snapshot():
+            channel.send(Heartbeat(rank=rank))
+
+
+def prepare_process(channel: Channel, output_fd: int, env: dict[str, str]) -> None:
+    """Turn a freshly forked process into a worker: output, environment, notebook state."""
+    os.dup2(output_fd, 1)
+    os.dup2(output_fd, 2)
+    os.environ.update(env)
+    sys.stdout = EventStream(channel, "stdout", 1)
+    sys.stderr = EventStream(channel, "stderr", 2)
+    # A crash in native code still leaves a Python traceback in the cell.
+    faulthandler.enable(file=os.fdopen(os.dup(2), "w", closefd=False), all_threads=True)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _forget_notebook()
+    _capture_tqdm(channel)
+    threading.Thread(
+        target=_heartbeat, args=(channel,), name="hfxla_nb-heartbeat", daemon=True
+    ).start()
+
+
+def _forget_notebook() -> None:
+    """Make this process look like a script: no IPython shell, so no widget is displayed."""
+    shell_module = sys.modules.get("IPython.core.interactiveshell")
+    if shell_module is not None:
+        shell_module.InteractiveShell.clear_instance()
+
+
+def _capture_tqdm(channel: Channel) -> None:
+    """Replace `tqdm.auto`'s bar with one that reports `Progress` events instead of drawing."""
+    try:
+        import tqdm.auto
+        import tqdm.std
+    except ImportError:
+        return
+
+    class WorkerTqdm(tqdm.std.tqdm):
+        """tqdm for a launched worker: the notebook draws it from `Progress` events."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["file"] = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the bar
+            super().__init__(*args, **kwargs)
+
+        def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+            values = {}
+            postfix = getattr(self, "postfix", None)
+            if isinstance(postfix, dict):
+                values = {k: float(v) for k, v in postfix.items() if _is_number(v)}
+            channel.send(
+                Progress(
+                    rank=worker_rank(),
+                    step=int(self.n),
+                    total=int(self.total) if self.total else None,
+                    values=values,
+                    label=str(self.desc or "tqdm").rstrip(": "),
+                )
+            )
+            return True
+
+    for name in ("tqdm.auto", "tqdm.autonotebook", "tqdm.notebook"):
+        module = sys.modules.get(name)
+        if module is not None:
+            module.tqdm = WorkerTqdm
+            if hasattr(module, "trange"):
+                module.trange = lambda *a, **k: WorkerTqdm(range(*a), **k)
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def run_rank(
+    channel: Channel, rank: int, world: int, function: Callable, args: tuple, pass_index: bool
+) -> Any:
+    """Run the user's function as `rank`, reporting its start and its outcome."""
+    attach_worker(channel, rank)
+    _active.add(rank)
+    channel.send(Started(rank=rank, world=world, pid=os.getpid()))
+    start = time.monotonic()
+    try:
+        result = function(rank, *args) if pass_index else function(*args)
+    except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too
+        sys.stdout.flush()
+        sys.stderr.flush()
+        channel.send(
+            Failed(
+                rank=rank,
+                exc_type=type(error).__name__,
+                message=str(error),
+                traceback="".join(traceback.format_exception(error)),
+                duration=time.monotonic() - start,
+            )
+        )
+        return None
+    finally:
+        _active.remove(rank)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    channel.send(Finished(rank=rank, result=result, duration=time.monotonic() - start))
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Strategies: each runs in the supervisor and never returns
+# ---------------------------------------------------------------------------------------------
+
+# Set in the supervisor before xmp.spawn forks, so the user's function never has to be
+# pickled (closures and lambdas defined in a notebook cannot be).
+_replicated_job: tuple | None = None
+
+
+def _replicated_entry(index: int) -> None:
+    channel, world, function, args, pass_index = _replicated_job
+    run_rank(channel, index, world, function, args, pass_index)
+
+
+def supervise(
+    strategy: str,
+    channel: Channel,
+    output_fd: int,
+    env: dict[str, str],
+    world: int,
+    function: Callable,
+    args: tuple,
+    pass_index: bool,
+) -> None:
+    """Body of the forked supervisor. Ends the process; never returns."""
+    code = 0
+    try:
+        os.setsid()
+        prepare_process(channel, output_fd, env)
+        if strategy == "spmd":
+            _xla.use_spmd()
+            run_rank(channel, 0, world, function, args, pass_index)
+        elif strategy == "replicated":
+            global _replicated_job
+            _replicated_job = (channel, world, function, args, pass_index)
+            _watch_children(channel)
+            _xla.spawn(_replicated_entry)
+        else:
+            code = _run_debug(channel, world, function, args, pass_index, env)
+    except BaseException as error:  # noqa: BLE001 - report everything, then leave
+        channel.send(
+            Failed(
+                rank=None,
+                exc_type=type(error).__name__,
+                message=str(error),
+                traceback="".join(traceback.format_exception(error)),
+            )
+        )
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)
+
+
+def _watch_children(channel: Channel) -> None:
+    """Report children that die by a signal or `os._exit` before xmp.spawn's pool reaps them.
+
+    `waitid(..., WNOWAIT)` reads a child's exit status without reaping it, so the pool still
+    sees its child die (and raises its `BrokenProcessPool`), while the notebook learns why.
+    """
+
+    def watch() -> None:
+        seen: set[int] = set()
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
+            except ChildProcessError:
+                time.sleep(0.05)
+                continue
+            if info is None or info.si_pid in seen:
+                time.sleep(0.01)
+                continue
+            seen.add(info.si_pid)
+            event = _exit_event(info.si_pid, info.si_code, info.si_status)
+            if event is not None:
+                channel.send(event)
+
+    threading.Thread(target=watch, name="hfxla_nb-child-watch", daemon=True).start()
+
+
+def _exit_event(pid: int, code: int, status: int) -> ProcessExited | None:
+    if code in (os.CLD_KILLED, os.CLD_DUMPED):
+        return ProcessExited(rank=None, pid=pid, signal=status)
+    if code == os.CLD_EXITED and status != 0:
+        return ProcessExited(rank=None, pid=pid, exitcode=status)
+    return None
+
+
+def _run_debug(
+    channel: Channel,
+    world: int,
+    function: Callable,
+    args: tuple,
+    pass_index: bool,
+    env: dict[str, str],
+) -> int:
+    """Fork `world` CPU processes joined by a gloo process group; wait for all of them."""
+    port = env["MASTER_PORT"]
+    pids = {}
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+                _init_gloo(rank, world, port)
+                run_rank(channel, rank, world, function, args, pass_index)
+            except BaseException as error:  # noqa: BLE001
+                channel.send(Failed(rank, type(error).__name__, str(error), traceback.format_exc()))
+                code = 1
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids[pid] = rank
+    worst = 0
+    while pids:
+        pid, status = os.wait()
+        pids.pop(pid, None)
+        if os.WIFSIGNALED(status):
+            channel.send(ProcessExited(rank=None, pid=pid, signal=os.WTERMSIG(status)))
+            worst = 1
+        elif os.WEXITSTATUS(status) != 0:
+            channel.send(ProcessExited(rank=None, pid=pid, exitcode=os.WEXITSTATUS(status)))
+            worst = 1
+    return worst
+
+
+def _init_gloo(rank: int, world: int, port: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )

@@ -1,0 +1,97 @@
+"""A real Jupyter kernel for tests: start it, run cells, read what a notebook would show."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from jupyter_client.manager import KernelManager
+
+
+@dataclass
+class CellOutput:
+    """What one executed cell produced."""
+
+    stdout: str = ""
+    stderr: str = ""
+    error: dict | None = None  # {"ename", "evalue", "traceback"} when the cell raised
+    displays: list[dict] = field(default_factory=list)  # display_data / execute_result bundles
+    updates: list[dict] = field(default_factory=list)  # update_display_data bundles
+    duration: float = 0.0
+
+    @property
+    def text(self) -> str:
+        return self.stdout + self.stderr
+
+
+class Kernel:
+    """A python3 kernel running this interpreter (the test virtualenv), with PJRT_DEVICE=CPU."""
+
+    def __init__(self, **env: str) -> None:
+        self.manager = KernelManager(kernel_name="python3")
+        kernel_env = dict(os.environ, PJRT_DEVICE="CPU", **env)
+        kernel_env.pop("CPU_NUM_DEVICES", None)
+        self.manager.start_kernel(env=kernel_env)
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=60)
+
+    @property
+    def pid(self) -> int:
+        return self.manager.provisioner.process.pid
+
+    def run(
+        self, code: str, timeout: float = 120, interrupt_after: float | None = None
+    ) -> CellOutput:
+        """Execute `code` as one cell; optionally press the stop button after some seconds."""
+        output = CellOutput()
+        start = time.monotonic()
+        msg_id = self.client.execute(code)
+        interrupted = False
+        while True:
+            remaining = timeout - (time.monotonic() - start)
+            if remaining <= 0:
+                raise TimeoutError(f"cell did not finish in {timeout}s:\n{code}\n{output.text}")
+            if (
+                interrupt_after is not None
+                and not interrupted
+                and time.monotonic() - start > interrupt_after
+            ):
+                self.manager.interrupt_kernel()
+                interrupted = True
+            try:
+                message = self.client.get_iopub_msg(timeout=min(remaining, 0.5))
+            except Exception:  # noqa: BLE001 - queue.Empty: nothing yet
+                continue
+            if message["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = message["msg_type"], message["content"]
+            if kind == "stream":
+                if content["name"] == "stdout":
+                    output.stdout += content["text"]
+                else:
+                    output.stderr += content["text"]
+            elif kind == "error":
+                output.error = content
+            elif kind in ("display_data", "execute_result"):
+                output.displays.append(content)
+            elif kind == "update_display_data":
+                output.updates.append(content)
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        output.duration = time.monotonic() - start
+        return output
+
+    def value(self, expression: str, timeout: float = 60):
+        """Evaluate `expression` in the kernel and return it (through its repr)."""
+        import ast
+
+        result = self.run(f"print(repr({expression}))", timeout=timeout)
+        if result.error:
+            raise RuntimeError(f"{result.error['ename']}: {result.error['evalue']}")
+        return ast.literal_eval(result.stdout.strip().splitlines()[-1])
+
+    def close(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)

@@ -1,0 +1,307 @@
+"""notebook_launcher in real Jupyter kernels: fork from ipykernel is the case that matters.
+
+One kernel serves the launches that leave it usable (each test also checks that); the
+pre-flight refusal after `torch_xla.device()` gets a kernel of its own, since it poisons it.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from hfxla_nb.launch import group_processes
+from tests.kernel import Kernel
+
+SETUP = textwrap.dedent(
+    """
+    import os, sys, time, signal
+    import hfxla_nb
+    import hfxla_nb as hx
+    from hfxla_nb.launch import last_launch, LaunchError, group_processes
+
+    def leftovers():
+        record = last_launch()
+        return group_processes(record.process_group) if record else []
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    kernel = Kernel()
+    setup = kernel.run(SETUP)
+    assert setup.error is None, setup.error
+    yield kernel
+    kernel.close()
+
+
+def run_ok(kernel: Kernel, code: str, timeout: float = 120):
+    output = kernel.run(textwrap.dedent(code), timeout=timeout)
+    assert output.error is None, (output.error or {}).get("traceback")
+    return output
+
+
+def assert_clean(kernel: Kernel) -> None:
+    """No process of the last launch is left, and the kernel never started the runtime."""
+    assert kernel.value("leftovers()") == []
+    group = kernel.value("last_launch().process_group")
+    assert group_processes(group) == []
+    assert kernel.value("hfxla_nb._xla.runtime_is_initialized()") is False
+
+
+def test_replicated_one_device_returns_value_and_output(kernel):
+    output = run_ok(
+        kernel,
+        """
+        def train(index, scale):
+            import torch, torch_xla
+            x = torch.arange(4.0, device=torch_xla.device()) * scale
+            print(f"sum on rank {index}:", x.sum().item())
+            return {"rank": index, "sum": x.sum().item()}
+
+        value = hx.notebook_launcher(train, args=(2.0,), progress=False)
+        print("VALUE", value)
+        """,
+    )
+    assert "sum on rank 0: 12.0" in output.stdout
+    assert "[rank" not in output.stdout  # one rank: no prefix
+    assert "VALUE {'rank': 0, 'sum': 12.0}" in output.stdout
+    record = kernel.value("(last_launch().outcome, last_launch().world, last_launch().results)")
+    assert record == ("finished", 1, [{"rank": 0, "sum": 12.0}])
+    assert_clean(kernel)
+
+
+def test_all_ranks_output_is_prefixed(kernel):
+    output = run_ok(
+        kernel,
+        """
+        def hello(index):
+            print(f"hello {index}")
+            return index * 10
+
+        value = hx.notebook_launcher(hello, num_processes=3, strategy="debug", output="all",
+                                     progress=False)
+        print("VALUE", value, last_launch().results)
+        """,
+    )
+    for rank in range(3):
+        assert f"[rank {rank}] hello {rank}\n" in output.stdout
+    assert "VALUE 0 [0, 10, 20]" in output.stdout
+    assert_clean(kernel)
+
+
+def test_spmd_sees_four_virtual_devices(kernel):
+    output = run_ok(
+        kernel,
+        """
+        def devices(index):
+            import torch_xla.runtime as xr
+            return (index, xr.is_spmd(), xr.global_runtime_device_count())
+
+        print("VALUE", hx.notebook_launcher(devices, num_processes=4, strategy="spmd",
+                                            progress=False))
+        """,
+    )
+    assert "VALUE (0, True, 4)" in output.stdout
+    assert_clean(kernel)
+
+
+def test_exception_in_rank_1_of_4_stops_all_and_names_it(kernel):
+    output = kernel.run(
+        textwrap.dedent(
+            """
+            def flaky(index):
+                if index == 1:
+                    raise ValueError("bad batch on rank one")
+                time.sleep(60)
+
+            start = time.monotonic()
+            try:
+                hx.notebook_launcher(flaky, num_processes=4, strategy="debug", progress=False)
+            finally:
+                print("ELAPSED", time.monotonic() - start)
+            """
+        ),
+        timeout=90,
+    )
+    assert output.error is not None and output.error["ename"] == "LaunchError"
+    message = output.error["evalue"]
+    assert "rank 1 failed: ValueError: bad batch on rank one" in message
+    assert "Remote traceback (rank 1)" in message and 'raise ValueError("bad batch' in message
+    elapsed = float(output.stdout.split("ELAPSED")[1])
+    assert elapsed < 30, "the other ranks must be stopped within seconds, not after sleep(60)"
+    states = kernel.value("[r.exit_state for r in last_launch().ranks]")
+    assert states[1] == "failed" and set(states[:1] + states[2:]) == {"stopped"}
+    assert_clean(kernel)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("os.kill(os.getpid(), signal.SIGKILL)", "killed by SIGKILL"),
+        ("os._exit(3)", "exited with code 3"),
+    ],
+)
+def test_worker_killed_or_exiting_is_named(kernel, body, expected):
+    output = kernel.run(
+        textwrap.dedent(
+            f"""
+            def dies(index):
+                time.sleep(0.5)
+                {body}
+
+            hx.notebook_launcher(dies, progress=False)
+            """
+        ),
+        timeout=90,
+    )
+    assert output.error is not None and output.error["ename"] == "LaunchError"
+    assert expected in output.error["evalue"]
+    if "SIGKILL" in expected:
+        assert "out-of-memory" in output.error["evalue"]
+    assert kernel.value("last_launch().ranks[0].exit_state") == "killed"
+    assert_clean(kernel)
+
+
+def test_timeout_names_the_stalled_rank(kernel):
+    output = kernel.run(
+        textwrap.dedent(
+            """
+            def endless(index):
+                hfxla_nb_step = 0
+                while True:
+                    hx.report(step=hfxla_nb_step, total=None)
+                    hfxla_nb_step += 1
+                    time.sleep(0.05)
+
+            hx.notebook_launcher(endless, timeout=4, progress=False)
+            """
+        ),
+        timeout=60,
+    )
+    assert output.error is not None and output.error["ename"] == "LaunchError"
+    assert "timed out after 4s" in output.error["evalue"]
+    assert "rank 0 at step" in output.error["evalue"]
+    assert output.duration < 20
+    assert kernel.value("last_launch().outcome") == "timeout"
+    assert_clean(kernel)
+
+
+def test_interrupt_stops_workers_and_kernel_stays_usable(kernel):
+    output = kernel.run(
+        textwrap.dedent(
+            """
+            def forever(index):
+                print("started", flush=True)
+                while True:
+                    time.sleep(0.1)
+
+            hx.notebook_launcher(forever, progress=False)
+            """
+        ),
+        timeout=60,
+        interrupt_after=5,
+    )
+    assert output.error is not None and output.error["ename"] == "KeyboardInterrupt"
+    assert "started" in output.stdout
+    assert "every worker process of this launch was stopped" in output.stderr
+    assert output.duration < 20
+    assert kernel.value("last_launch().outcome") == "interrupted"
+    assert_clean(kernel)
+    # the next launch in the same kernel works
+    output = run_ok(
+        kernel, "print('AGAIN', hx.notebook_launcher(lambda i: i + 41, progress=False))"
+    )
+    assert "AGAIN 41" in output.stdout
+
+
+def test_accelerate_style_function(kernel):
+    output = run_ok(
+        kernel,
+        """
+        def accelerate_train(lr):
+            from accelerate import Accelerator
+            import torch
+            accelerator = Accelerator()
+            model = torch.nn.Linear(4, 2)
+            optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+            model, optimizer = accelerator.prepare(model, optimizer)
+            x = torch.ones(8, 4, device=accelerator.device)
+            loss = model(x).pow(2).mean()
+            accelerator.backward(loss)
+            optimizer.step()
+            if accelerator.is_main_process:  # (accelerate's local index is -1 on XLA:CPU)
+                print("accelerate device", accelerator.device.type)
+            return (accelerator.num_processes, accelerator.device.type, float(loss.detach().cpu()))
+
+        value = hx.notebook_launcher(accelerate_train, args=(0.1,), progress=False)
+        print("VALUE", value[:2])
+        """,
+    )
+    assert "accelerate device xla" in output.stdout
+    assert "VALUE (1, 'xla')" in output.stdout
+    assert_clean(kernel)
+
+
+def test_tqdm_in_a_worker_becomes_progress(kernel):
+    output = run_ok(
+        kernel,
+        """
+        from hfxla_nb import events
+        seen = []
+        class Recorder:
+            def handle(self, event):
+                seen.append(event)
+            def refresh(self): pass
+            def close(self, record): pass
+        import hfxla_nb.ui as ui
+        original = ui.launch_display
+        ui.launch_display = lambda world, mode: Recorder()
+        try:
+            def with_bar(index):
+                from tqdm.auto import tqdm
+                for _ in tqdm(range(20), desc="epoch"):
+                    time.sleep(0.02)
+                return "done"
+            hx.notebook_launcher(with_bar)
+        finally:
+            ui.launch_display = original
+        bars = [e for e in seen if isinstance(e, events.Progress) and e.label == "epoch"]
+        print("LAST", bars[-1].step, bars[-1].total)
+        """,
+    )
+    assert "LAST 20 20" in output.stdout
+    assert_clean(kernel)
+
+
+def test_bad_arguments_are_refused_before_forking(kernel):
+    cases = {
+        "hx.notebook_launcher(42)": "must be callable",
+        "hx.notebook_launcher(lambda i, a: a, args=(1, 2, 3))": "cannot be called with args",
+        "hx.notebook_launcher(lambda i: i, args=5)": "must be a tuple",
+        "hx.notebook_launcher(lambda i: i, strategy='ddp')": "is not one of",
+        "hx.notebook_launcher(lambda i: i, num_processes=0)": "positive integer",
+        "hx.notebook_launcher(lambda i: i, timeout=-1)": "positive number of seconds",
+    }
+    before = kernel.value("id(last_launch())")
+    for code, expected in cases.items():
+        output = kernel.run(code, timeout=30)
+        assert output.error is not None and output.error["ename"] == "LaunchRefusedError", code
+        assert expected in output.error["evalue"], (code, output.error["evalue"])
+    assert kernel.value("id(last_launch())") == before  # nothing was launched
+
+
+def test_refuses_fast_after_runtime_started_in_kernel():
+    kernel = Kernel()
+    try:
+        started = kernel.run("import torch_xla, hfxla_nb, hfxla_nb as hx\nd = torch_xla.device()")
+        assert started.error is None
+        output = kernel.run("hx.notebook_launcher(lambda i: i)", timeout=30)
+        assert output.error is not None and output.error["ename"] == "LaunchRefusedError"
+        assert "already initialized" in output.error["evalue"]
+        assert "Restart the kernel" in output.error["evalue"]
+        assert output.duration < 10
+        assert kernel.value("hfxla_nb.launch.last_launch() is None") is True
+    finally:
+        kernel.close()
