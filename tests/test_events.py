@@ -1,0 +1,58 @@
+"""The event channel: atomic datagrams from many forked writers, large payloads spilled."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from hfxla_nb.events import Channel, Failed, Finished, Log, Progress
+
+
+def test_events_from_many_forked_processes_all_arrive_whole():
+    channel = Channel()
+    pids = []
+    for writer in range(4):
+        pid = os.fork()
+        if pid == 0:
+            for step in range(50):
+                channel.send(Progress(rank=writer, step=step, total=50, values={"loss": 1.0}))
+            os._exit(0)
+        pids.append(pid)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    events = []
+    while len(events) < 200:
+        batch = channel.receive(timeout=2)
+        assert batch, f"only {len(events)} of 200 events arrived"
+        events.extend(batch)
+    channel.close()
+    for writer in range(4):
+        steps = [e.step for e in events if e.rank == writer]
+        assert steps == list(range(50))  # in order, none lost, none torn
+
+
+def test_a_large_result_travels_through_a_file_that_is_then_removed():
+    channel = Channel()
+    big = np.arange(200_000, dtype=np.float64)  # 1.6 MB: far over one datagram
+    channel.send(Finished(rank=0, result=big, duration=1.0))
+    (event,) = channel.receive(timeout=1)
+    assert np.array_equal(event.result, big)
+    assert os.listdir(channel._spill_dir) == []
+    channel.close()
+    assert not os.path.exists(channel._spill_dir)
+
+
+def test_an_unpicklable_result_becomes_a_failure_that_says_what_to_return():
+    channel = Channel()
+    channel.send(Finished(rank=2, result=lambda: None))
+    (event,) = channel.receive(timeout=1)
+    assert isinstance(event, Failed) and event.rank == 2
+    assert "cannot be sent back to the notebook" in event.message
+    channel.close()
+
+
+def test_sending_after_close_is_a_quiet_no_op():
+    channel = Channel()
+    channel.close()
+    channel.send(Log(rank=0, stream="stdout", text="late\n"))

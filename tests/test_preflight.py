@@ -1,0 +1,85 @@
+"""Pre-flight checks: every refusal happens before forking and says what to do."""
+
+from __future__ import annotations
+
+import pytest
+
+from hfxla_nb.preflight import LaunchRefusedError, check_function, plan_launch
+
+
+def test_index_is_passed_when_the_function_needs_one_more_argument():
+    assert check_function(lambda index, cfg: None, (1,)) is True
+    assert check_function(lambda index: None, ()) is True
+    assert check_function(lambda index, *rest: None, ()) is True
+
+
+def test_accelerate_style_functions_get_only_args():
+    assert check_function(lambda cfg: None, (1,)) is False
+    assert check_function(lambda: None, ()) is False
+    assert check_function(lambda cfg, extra=None: None, (1,)) is False
+
+
+@pytest.mark.parametrize(
+    ("function", "args", "expected"),
+    [
+        (42, (), "must be callable"),
+        (lambda a: a, 5, "must be a tuple"),
+        (lambda a: a, (1, 2, 3), "cannot be called with args=(1, 2, 3)"),
+    ],
+)
+def test_bad_functions_and_args(function, args, expected):
+    with pytest.raises(LaunchRefusedError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        check_function(function, args)
+
+
+def test_cpu_replicated_means_virtual_devices_and_warns_about_collectives():
+    plan = plan_launch("replicated", 4, "no", "cpu", 1)
+    assert plan.world == 4
+    assert plan.env["PJRT_DEVICE"] == "CPU" and plan.env["CPU_NUM_DEVICES"] == "4"
+    assert any("strategy='spmd'" in warning for warning in plan.warnings)
+    assert plan_launch("replicated", 1, "no", "cpu", 1).warnings == ()
+
+
+def test_spmd_is_one_rank_over_every_device():
+    plan = plan_launch("spmd", 8, "bf16", "cpu", 1)
+    assert plan.world == 1 and plan.env["CPU_NUM_DEVICES"] == "8"
+    assert plan.env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    tpu = plan_launch("spmd", None, "no", "tpu", 8)
+    assert tpu.world == 1 and tpu.env["PJRT_DEVICE"] == "TPU" and "CPU_NUM_DEVICES" not in tpu.env
+
+
+def test_debug_forks_processes_on_the_cpu():
+    plan = plan_launch("debug", 3, "no", "tpu", 8)
+    assert plan.world == 3 and plan.env["PJRT_DEVICE"] == "CPU"
+    assert plan_launch("debug", None, "no", "cpu", 1).world == 2
+
+
+def test_tpu_uses_every_core():
+    assert plan_launch("replicated", None, "no", "tpu", 8).world == 8
+    with pytest.raises(LaunchRefusedError, match="this TPU host has 8 cores"):
+        plan_launch("replicated", 3, "no", "tpu", 8)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"strategy": "ddp"}, "is not one of"),
+        ({"mixed_precision": "fp8"}, "is not one of"),
+        ({"num_processes": 0}, "positive integer"),
+        ({"num_processes": True}, "positive integer"),
+        ({"num_processes": 1000}, "at most 256"),
+        ({"strategy": "debug", "num_processes": 65}, "more than this launcher allows"),
+        ({"mixed_precision": "fp16", "accelerator_kind": "tpu", "device_count": 8}, "bf16"),
+    ],
+)
+def test_impossible_plans_are_refused(kwargs, expected):
+    arguments = dict(
+        strategy="replicated",
+        num_processes=None,
+        mixed_precision="no",
+        accelerator_kind="cpu",
+        device_count=1,
+    )
+    arguments.update(kwargs)
+    with pytest.raises(LaunchRefusedError, match=expected):
+        plan_launch(**arguments)
