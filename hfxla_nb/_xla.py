@@ -257,3 +257,62 @@ def initialize_cache(path: str) -> None:
     import torch_xla.runtime as xr
 
     xr.initialize_cache(path, readonly=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Used by fine_tune's worker (start the runtime; only inside a launched worker)
+# ---------------------------------------------------------------------------------------------
+
+
+def metric_counts(names: tuple[str, ...]) -> dict[str, int]:
+    """How many samples each torch_xla metric has recorded (0 when absent), e.g.
+    `("CompileTime", "ExecuteTime", "ExecuteReplicatedTime", "TransferFromDeviceTime")`."""
+    _require()
+    import torch_xla.debug.metrics as met
+
+    counts = {}
+    for name in names:
+        data = met.metric_data(name)
+        counts[name] = int(data[0]) if data is not None else 0
+    return counts
+
+
+def wait_device_ops() -> None:
+    """Block until every execution queued on the devices has finished (for timing)."""
+    _require()
+    import torch_xla.core.xla_model as xm
+
+    xm.wait_device_ops()
+
+
+def get_rng_state() -> int:
+    """The seed the device's next graph will use for random ops (host-side, no transfer)."""
+    _require()
+    import torch_xla.core.xla_model as xm
+
+    return int(xm.get_rng_state())
+
+
+def set_rng_state(seed: int) -> None:
+    """Set the device's random seed (dropout masks of the following steps depend on it)."""
+    _require()
+    import torch_xla.core.xla_model as xm
+
+    xm.set_rng_state(int(seed))
+
+
+def send_to_device(tensor, dev, mesh=None, partition_spec: tuple | None = None):
+    """Copy a CPU tensor to the device; with a mesh, each device receives only its shard.
+
+    Sharding at upload (`send_cpu_data_to_device` with a `ShardingSpec`) avoids uploading
+    the whole batch to every device and resharding it there.
+    """
+    _require()
+    import torch_xla.core.xla_model as xm
+
+    sharding = None
+    if mesh is not None:
+        import torch_xla.distributed.spmd as xs
+
+        sharding = xs.ShardingSpec(mesh, partition_spec)
+    return xm.send_cpu_data_to_device([tensor], dev, sharding)[0]

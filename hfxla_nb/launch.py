@@ -200,9 +200,14 @@ def notebook_launcher(
 
     from .runtime import detect
 
-    accelerator = detect().accelerator
+    info = detect()
     plan = preflight.plan_launch(
-        strategy, num_processes, mixed_precision, accelerator.kind, accelerator.devices
+        strategy,
+        num_processes,
+        mixed_precision,
+        info.accelerator.kind,
+        info.accelerator.devices,
+        info.environment,
     )
     for message in plan.warnings:
         warnings.warn(message, UserWarning, stacklevel=2)

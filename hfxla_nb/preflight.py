@@ -34,13 +34,14 @@ class LaunchPlan:
         strategy: "replicated", "spmd" or "debug".
         world: number of ranks that will report (devices for replicated, 1 for spmd,
             processes for debug).
-        env: variables set in the worker processes only (the kernel's environment is untouched).
+        env: variables set (None: removed) in the worker processes only; the kernel's own
+            environment is untouched.
         warnings: things that will work but deserve a word.
     """
 
     strategy: str
     world: int
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str | None] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
 
 
@@ -107,6 +108,7 @@ def plan_launch(
     mixed_precision: str,
     accelerator_kind: str,
     device_count: int,
+    environment: str = "terminal",
 ) -> LaunchPlan:
     """Decide the world size and worker environment for a strategy on this hardware.
 
@@ -116,6 +118,7 @@ def plan_launch(
         mixed_precision: "no", "bf16" or "fp16".
         accelerator_kind: "tpu", "cpu" or "gpu" (from `RuntimeInfo.accelerator.kind`).
         device_count: devices found on this host (TPU cores; CPU virtual devices).
+        environment: where this runs (`RuntimeInfo.environment`): "kaggle" needs a fix.
 
     Returns:
         The `LaunchPlan`.
@@ -143,7 +146,8 @@ def plan_launch(
         raise LaunchRefusedError(
             "TPUs have no fast float16; use mixed_precision='bf16' (bfloat16) instead."
         )
-    env = {"ACCELERATE_MIXED_PRECISION": mixed_precision}
+    # A value of None removes the variable in the workers.
+    env: dict[str, str | None] = {"ACCELERATE_MIXED_PRECISION": mixed_precision}
     warnings: list[str] = []
 
     if strategy == "debug":
@@ -159,6 +163,10 @@ def plan_launch(
 
     if on_tpu:
         env["PJRT_DEVICE"] = "TPU"
+        if environment == "kaggle":
+            # Kaggle's TPU VM presets these for a multi-host setup it does not have; pytorch/xla's
+            # own Kaggle notebook removes them before xmp.spawn.
+            env.update(TPU_PROCESS_ADDRESSES=None, CLOUD_TPU_TASK_ID=None)
         if num_processes not in (None, device_count):
             raise LaunchRefusedError(
                 f"num_processes={num_processes} is not possible here: this TPU host has "

@@ -124,11 +124,15 @@ def _heartbeat(channel: Channel) -> None:
             channel.send(Heartbeat(rank=rank))
 
 
-def prepare_process(channel: Channel, output_fd: int, env: dict[str, str]) -> None:
+def prepare_process(channel: Channel, output_fd: int, env: dict[str, str | None]) -> None:
     """Turn a freshly forked process into a worker: output, environment, notebook state."""
     os.dup2(output_fd, 1)
     os.dup2(output_fd, 2)
-    os.environ.update(env)
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     sys.stdout = EventStream(channel, "stdout", 1)
     sys.stderr = EventStream(channel, "stderr", 2)
     # A crash in native code still leaves a Python traceback in the cell.

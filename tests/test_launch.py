@@ -104,6 +104,8 @@ def test_spmd_sees_four_virtual_devices(kernel):
         """,
     )
     assert "VALUE (0, True, 4)" in output.stdout
+    # the virtual devices were the worker's business: the kernel's environment is untouched
+    assert kernel.value("os.environ.get('CPU_NUM_DEVICES')") is None
     assert_clean(kernel)
 
 

@@ -83,3 +83,9 @@ def test_impossible_plans_are_refused(kwargs, expected):
     arguments.update(kwargs)
     with pytest.raises(LaunchRefusedError, match=expected):
         plan_launch(**arguments)
+
+
+def test_kaggle_tpu_workers_lose_the_multi_host_variables():
+    plan = plan_launch("replicated", None, "no", "tpu", 8, environment="kaggle")
+    assert plan.env["TPU_PROCESS_ADDRESSES"] is None and plan.env["CLOUD_TPU_TASK_ID"] is None
+    assert "TPU_PROCESS_ADDRESSES" not in plan_launch("replicated", None, "no", "tpu", 8).env

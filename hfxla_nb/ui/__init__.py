@@ -1,8 +1,12 @@
 """Renderers: the same data drawn as ipywidgets, HTML (display_id) or console text.
 
-Logic never renders: `metrics.py` and the launcher hand plain data to these renderers. The
-notebook process calls them from the cell's main thread only (ipykernel 7 drops display
-updates sent from background threads).
+Logic never renders: `metrics.py` and the launcher hand plain data to these renderers.
+
+Modules: `state` (events -> `LaunchView`, the data every renderer draws), `text` and `html`
+(plain functions that format that data), `base` (throttling), `widgets`, `html_display`,
+`console` (the three live renderers), `metrics_panel` (the static `%%xla_metrics` panel),
+`modes` (choosing a renderer like `tqdm.auto`). The notebook process calls them from the
+cell's main thread only (ipykernel 7 drops display updates sent from background threads).
 """
 
 from __future__ import annotations
@@ -47,6 +51,31 @@ def launch_display(world: int, mode: str | bool = "auto") -> LaunchDisplay:
     Args:
         world: number of ranks.
         mode: "auto" (widgets in a notebook with ipywidgets, else HTML in a notebook, else
-            console), "widgets", "html", "console", or False/"none" for no display.
+            console), "widgets", "html", "console", or False/"none" for no display; True
+            means "auto".
+
+    Returns:
+        A `LaunchDisplay`; the widget, HTML and console ones show it in the cell right away
+        and have a readable `repr()` of their state.
+
+    Raises:
+        ImportError: `mode="widgets"` without a usable ipywidgets ("auto" falls back to HTML
+            with a warning instead).
+        ValueError: an unknown mode.
     """
+    from .modes import select_mode
+
+    chosen = select_mode(mode)
+    if chosen == "widgets":
+        from .widgets import WidgetDisplay
+
+        return WidgetDisplay(world)
+    if chosen == "html":
+        from .html_display import HtmlDisplay
+
+        return HtmlDisplay(world)
+    if chosen == "console":
+        from .console import ConsoleDisplay
+
+        return ConsoleDisplay(world)
     return NullDisplay()

@@ -1,0 +1,138 @@
+"""`%load_ext hfxla_nb`: the `%xla_info`, `%xla_config` and `%%xla_metrics` magics.
+
+The magics only parse arguments and call the API (`hfxla_nb.detect`, `hfxla_nb.configure`,
+`hfxla_nb.metrics`); panels come from `hfxla_nb.ui`. Bad arguments raise `UsageError`, which
+IPython shows as a one-line error; `%xla_info?` shows each magic's help.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+
+def _parse(magic: Any, line: str):
+    """`parse_argstring`, with argparse's exit turned into a `UsageError`."""
+    try:
+        return parse_argstring(magic, line)
+    except SystemExit as error:  # argparse exits on bad input in some IPython versions
+        raise UsageError(f"bad arguments: {line!r}") from error
+
+
+def _display(obj: Any) -> None:
+    from IPython.display import display
+
+    display(obj)
+
+
+@magics_class
+class XlaMagics(Magics):
+    """The magics of hfxla_nb."""
+
+    @magic_arguments()
+    @line_magic
+    def xla_info(self, line: str = "") -> None:
+        """Show the hardware, runtime, versions and problems found (`hfxla_nb.detect()`).
+
+        Never starts the XLA runtime, so it is safe before `notebook_launcher`.
+        """
+        _parse(self.xla_info, line)
+        from . import runtime
+
+        _display(runtime.detect())
+
+    @magic_arguments()
+    @argument("--device", choices=("auto", "tpu", "cpu"), default="auto",
+              help="auto (the TPU when there is one), tpu or cpu")
+    @argument("--cores", type=int, default=None,
+              help="on the CPU: number of virtual XLA devices, e.g. 8 to rehearse a TPU host")
+    @argument("--debug", action="store_true",
+              help="PT_XLA_DEBUG_LEVEL=2: PyTorch/XLA explains every compile and transfer")
+    @line_magic
+    def xla_config(self, line: str = "") -> dict[str, str] | None:
+        """Set up the XLA runtime before first use (`hfxla_nb.configure`), and show what was set.
+
+        Must run before anything touches the XLA device in this kernel.
+        """
+        args = _parse(self.xla_config, line)
+        from . import runtime
+
+        try:
+            values = runtime.configure(device=args.device, cores=args.cores, debug=args.debug)
+        except (ValueError, RuntimeError) as error:
+            raise UsageError(str(error)) from error
+        lines = [f"  {name}={value}" for name, value in values.items()] or ["  (nothing)"]
+        print("hfxla_nb.configure set:\n" + "\n".join(lines))
+        return None
+
+    @magic_arguments()
+    @argument("--steps", type=int, default=None,
+              help="training steps the cell runs, to give per-step rates (default: the steps "
+                   "hfxla_nb.report saw, else the number of torch_xla.sync() calls)")
+    @argument("--warmup", type=int, default=None,
+              help="steps allowed to compile before compiles per step count (default 10)")
+    @cell_magic
+    def xla_metrics(self, line: str = "", cell: str = "") -> Any:
+        """Run the cell in this kernel and show what XLA compiled, executed, transferred and ran
+        on the CPU, with alerts at PyTorch/XLA's thresholds.
+
+        The cell runs in the kernel itself, so XLA work in it starts the XLA runtime here:
+        afterwards `notebook_launcher` can no longer fork workers until the kernel restarts.
+        `hfxla_nb.report(...)` calls in the cell give the step count and input shapes, which
+        name the input behind a recompilation. The metrics are shown even if the cell fails.
+        """
+        args = _parse(self.xla_metrics, line)
+        if args.steps is not None and args.steps < 1:
+            raise UsageError("--steps must be a positive integer")
+        if args.warmup is not None and args.warmup < 0:
+            raise UsageError("--warmup must be zero or more")
+        from . import metrics, reporting
+        from .ui.metrics_panel import MetricsPanel
+
+        before = metrics.snapshot()
+        with reporting.local_events(lambda event: None):
+            try:
+                return self._run(cell)
+            finally:
+                seen = reporting.recorded()
+                data = metrics.diff(before, metrics.snapshot())
+                data["input_shapes"] = seen["input_shapes"]
+                summary = metrics.summarize(
+                    data,
+                    steps=args.steps or seen["steps"] or None,
+                    memory=seen["memory"] or metrics.device_memory(),
+                )
+                warmup = metrics.WARMUP_STEPS if args.warmup is None else args.warmup
+                alerts = metrics.analyze(summary, warmup_steps=warmup)
+                _display(MetricsPanel(summary, alerts, title="XLA metrics for this cell"))
+
+    def _run(self, cell: str) -> Any:
+        """Run `cell` in the user namespace; the value of a last expression is returned."""
+        shell = self.shell
+        tree = ast.parse(shell.transform_cell(cell))
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        namespace = shell.user_ns
+        exec(compile(tree, "<xla_metrics cell>", "exec"), namespace)
+        if last is not None:
+            return eval(compile(last, "<xla_metrics cell>", "eval"), namespace)
+        return None
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register the magics (`%load_ext hfxla_nb`)."""
+    ipython.register_magics(XlaMagics)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Remove the magics again (`%unload_ext hfxla_nb`)."""
+    manager = ipython.magics_manager
+    for kind, names in (("line", ("xla_info", "xla_config")), ("cell", ("xla_metrics",))):
+        for name in names:
+            manager.magics[kind].pop(name, None)
+    manager.registry.pop("XlaMagics", None)

@@ -1,0 +1,314 @@
+"""`hfxla_nb.report`: progress and XLA metrics from inside a training function, with no sync.
+
+```python
+def train(index, cfg):
+    for step, batch in enumerate(loader, start=1):
+        loss = model(**batch).loss
+        ...
+        hx.report(step=step, loss=loss, total=len(loader), inputs=batch, lr=sched.get_last_lr()[0])
+        torch_xla.sync()  # the step closures of `report` run right after this step's graph
+```
+
+A device tensor is never read inline: `report` queues a step closure
+(`xm.add_step_closure`) on every `log_every`-th step and on the final one, and the closure
+copies the values to the host after the graph has run anyway: one transfer per `log_every`
+steps at most, no extra execution, no `.item()`. Plain numbers are sent as they are. Events
+are throttled by time (a few per second per bar; the final step always goes out).
+
+One rank per process also sends a `MetricsSnapshot` every `SNAPSHOT_INTERVAL` seconds, just
+past the warm-up steps and at the final step: torch_xla's host-side counters (no device sync),
+device memory on TPU, and the input shapes seen so far (`inputs=`), so a recompilation can be
+explained by the input whose shape changed.
+
+Outside a launched worker (in the notebook kernel itself), `report` does nothing and costs a
+function call, unless a local receiver is installed with `local_events` (`%%xla_metrics`
+does that, to learn the step count and input shapes of the cell it measures).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from . import _xla, events
+from .events import MetricsSnapshot, Progress
+from .metrics import WARMUP_STEPS, ShapeTracker, shapes_of
+
+# Seconds between two Progress events of one bar (the final step is always sent).
+MIN_INTERVAL = 0.2
+# Seconds between two MetricsSnapshot events of one process.
+SNAPSHOT_INTERVAL = 1.5
+
+_local_sink: Callable[[events.Event], None] | None = None
+_UNSET = object()
+
+
+class _BarState:
+    """Per thread and label: how many calls, and when things were last sent."""
+
+    __slots__ = ("calls", "last_sent", "last_fetch")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.last_sent: float | None = None
+        self.last_fetch = float("-inf")
+
+
+class _ProcessState:
+    """Per process and channel: who sends snapshots, when, and the input shapes seen."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+        self.lock = threading.Lock()
+        self.owner: Any = _UNSET
+        self.last_snapshot: float | None = None
+        self.warm_sent = False
+        self.shapes = ShapeTracker()
+        self.memory_available: bool | None = None
+        self.memory: dict[str, int] | None = None
+        self.max_step = 0
+
+
+_process: _ProcessState | None = None
+_process_lock = threading.Lock()
+_thread = threading.local()
+
+
+def _reset_after_fork() -> None:
+    global _process, _thread, _process_lock
+    _process = None
+    _process_lock = threading.Lock()
+    _thread = threading.local()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _target() -> tuple[Any, Callable[[events.Event], Any]] | None:
+    """Where events go: the launch's channel in a worker, else a local sink, else nowhere."""
+    channel = events.worker_channel()
+    if channel is not None:
+        return channel, events.emit
+    sink = _local_sink
+    if sink is not None:
+        return sink, sink
+    return None
+
+
+def _process_state(target: Any) -> _ProcessState:
+    global _process
+    current = _process
+    if current is not None and current.target is target:
+        return current
+    with _process_lock:
+        if _process is None or _process.target is not target:
+            _process = _ProcessState(target)
+        return _process
+
+
+def _bar_state(target: Any, label: str) -> _BarState:
+    if getattr(_thread, "target", None) is not target:
+        _thread.target = target
+        _thread.bars = {}
+    return _thread.bars.setdefault(label, _BarState())
+
+
+def report(
+    step: int | None = None,
+    loss: Any = None,
+    *,
+    total: int | None = None,
+    samples: int | None = None,
+    inputs: Any = None,
+    log_every: int = 10,
+    label: str = "train",
+    **values: Any,
+) -> None:
+    """Report training progress from a launched worker, without forcing a device sync.
+
+    Args:
+        step: steps done so far, counting from 1 (pass `step + 1` in a 0-based loop);
+            defaults to the number of `report` calls for this `label` in this thread.
+        loss: the loss, a device tensor or a number.
+        total: the number of steps in the run, for the bar and its ETA.
+        samples: samples seen so far by this rank (cumulative, e.g. `step * batch_size`),
+            for samples per second.
+        inputs: the batch (a dict of tensors such as a tokenizer's output) or a dict
+            `name -> tensor`; only shapes are read, to explain recompilations.
+        log_every: fetch device tensors every this many steps (and at the final step).
+        label: names the bar ("train", "eval", ...); each label has its own bar.
+        values: more scalars to show (`lr=...`, `grad_norm=...`), tensors or numbers.
+
+    Device tensors are copied to the host only in a step closure on every `log_every`-th step,
+    after the graph has run, never with `.item()`. Outside a launched worker this is a no-op
+    (see `local_events`).
+
+    Example:
+        ```python
+        def train(index):
+            ...
+            for step, batch in enumerate(loader, start=1):
+                loss = model(**batch).loss
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                hx.report(step=step, loss=loss, total=len(loader), inputs=batch, log_every=10)
+                torch_xla.sync()
+
+        hx.notebook_launcher(train)
+        ```
+    """
+    target = _target()
+    if target is None:
+        return
+    key, send = target
+    try:
+        _report(key, send, step, loss, total, samples, inputs, log_every, label, values)
+    except Exception as error:  # noqa: BLE001 - reporting must never break training
+        warnings.warn(f"hfxla_nb.report failed: {error!r}", RuntimeWarning, stacklevel=2)
+
+
+def _report(key, send, step, loss, total, samples, inputs, log_every, label, values) -> None:
+    rank = events.worker_rank()
+    bar = _bar_state(key, label)
+    process = _process_state(key)
+    bar.calls += 1
+    step = bar.calls if step is None else int(step)
+    total = int(total) if total is not None else None
+    samples = int(samples) if samples is not None else None
+    final = total is not None and step >= total
+    process.max_step = max(process.max_step, step)
+    if loss is not None:
+        values = {"loss": loss, **values}
+    plain, device = _split(values)
+    if inputs is not None:
+        shapes = shapes_of(inputs)
+        if shapes:
+            process.shapes.record(step, shapes)
+
+    now = time.monotonic()
+    every = max(int(log_every), 1)
+    if device and (final or (step % every == 0 and now - bar.last_fetch >= MIN_INTERVAL)):
+        bar.last_fetch = now
+        progress = Progress(rank, step, total, plain, samples, label)
+        _xla.add_step_closure(_send_fetched, (send, progress, list(device), list(device.values())))
+    if final or bar.last_sent is None or now - bar.last_sent >= MIN_INTERVAL:
+        bar.last_sent = now
+        send(Progress(rank, step, total, plain, samples, label))
+    _maybe_snapshot(process, send, rank, step, final, now)
+
+
+def _split(values: dict[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
+    """Plain floats now, and scalar device tensors to fetch later."""
+    plain: dict[str, float] = {}
+    device: dict[str, Any] = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        if _xla.is_xla_tensor(value):
+            if value.numel() == 1:
+                device[name] = value
+            continue
+        try:
+            plain[name] = float(value.item() if hasattr(value, "item") else value)
+        except (TypeError, ValueError, RuntimeError):
+            continue  # not a scalar: nothing to show
+    return plain, device
+
+
+def _send_fetched(send, progress: Progress, names: list[str], tensors: list) -> None:
+    """Step closure: the graph has run, so the values are there; one transfer for all."""
+    try:
+        fetched = _xla.to_cpu(tensors)
+        values = dict(progress.values)
+        for name, value in zip(names, fetched, strict=True):
+            values[name] = float(value.detach().float())
+        send(Progress(progress.rank, progress.step, progress.total, values, progress.samples,
+                      progress.label, progress.time))
+    except Exception as error:  # noqa: BLE001 - a closure error would break the user's sync
+        warnings.warn(f"hfxla_nb.report could not fetch values: {error!r}", RuntimeWarning,
+                      stacklevel=2)
+
+
+def _maybe_snapshot(process: _ProcessState, send, rank, step: int, final: bool, now: float):
+    """Queue a metrics snapshot from one rank per process, every few seconds."""
+    if not _xla.runtime_is_initialized():
+        return  # no XLA work in this process yet: nothing to measure
+    with process.lock:
+        if process.owner is _UNSET:
+            process.owner = rank
+        if rank != process.owner:
+            return
+        warm = not process.warm_sent and step > WARMUP_STEPS
+        due = process.last_snapshot is None or now - process.last_snapshot >= SNAPSHOT_INTERVAL
+        if not (final or warm or due):
+            return
+        process.last_snapshot = now
+        process.warm_sent = process.warm_sent or warm
+    # After the step's graph ran, so the counters include this step's compile and transfers.
+    _xla.add_step_closure(_send_snapshot, (process, send, rank, step))
+
+
+def _send_snapshot(process: _ProcessState, send, rank, step: int) -> None:
+    try:
+        data = _xla.metrics_snapshot()
+        data["input_shapes"] = process.shapes.data()
+        send(MetricsSnapshot(rank, step, data, _memory(process)))
+    except Exception as error:  # noqa: BLE001 - never break the user's sync
+        warnings.warn(f"hfxla_nb.report could not read metrics: {error!r}", RuntimeWarning,
+                      stacklevel=2)
+
+
+def _memory(process: _ProcessState) -> dict[str, int] | None:
+    """Device memory on TPU; on the CPU it is not available (asked once per process)."""
+    if process.memory_available is False:
+        return None
+    info = None
+    if _xla.device_type() not in (None, "CPU"):
+        info = _xla.memory_info()
+    process.memory_available = info is not None
+    process.memory = info
+    return info
+
+
+def recorded() -> dict[str, Any]:
+    """What `report` recorded in this process for the current receiver (the launch's channel
+    or the `local_events` callback): `{"steps": largest step, "input_shapes": ShapeTracker
+    data, "memory": last device memory or None}`."""
+    target = _target()
+    process = _process
+    if target is None or process is None or process.target is not target[0]:
+        return {"steps": 0, "input_shapes": {}, "memory": None}
+    return {"steps": process.max_step, "input_shapes": process.shapes.data(),
+            "memory": process.memory}
+
+
+@contextmanager
+def local_events(callback: Callable[[events.Event], Any]) -> Iterator[None]:
+    """Within the block, `report` calls made outside a launched worker go to `callback`.
+
+    This is how code run in the kernel itself (for example under `%%xla_metrics`) can use
+    `report`: the same throttling and step closures apply, and `callback` receives the
+    `Progress` and `MetricsSnapshot` events on the thread that called `report` (or that ran
+    the step closure, i.e. called `torch_xla.sync()`).
+
+    Example:
+        ```python
+        seen = []
+        with local_events(seen.append):
+            train_in_kernel()
+        ```
+    """
+    global _local_sink
+    previous = _local_sink
+    _local_sink = callback
+    try:
+        yield
+    finally:
+        _local_sink = previous

@@ -1,0 +1,192 @@
+"""HTML forms of the panels, built by plain functions (no IPython needed, easy to test).
+
+Every function takes the data of `ui.state` / `metrics` and returns a string of HTML with
+inline styles, so it renders the same in Jupyter, Colab, Kaggle, VS Code and nbconvert output.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from ..metrics import Alert, XlaSummary, changed_inputs
+from . import text
+from .state import BarView, LaunchView
+
+COLORS = {
+    "running": "#1f77b4",
+    "starting": "#7f7f7f",
+    "done": "#2ca02c",
+    "finished": "#2ca02c",
+    "failed": "#d62728",
+    "error": "#d62728",
+    "warning": "#e6a700",
+    "info": "#1f77b4",
+}
+_BOX = "font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;line-height:1.4;"
+
+
+def sparkline_svg(values: list[float], width: int = 180, height: int = 36,
+                  color: str = "#1f77b4") -> str:
+    """An inline SVG line chart of `values` (at most `width` points); '' for under 2 values."""
+    points = [float(v) for v in values if v == v]  # drop NaN
+    if len(points) < 2:
+        return ""
+    if len(points) > width:
+        stride = len(points) / width
+        points = [points[int(i * stride)] for i in range(width)] + [points[-1]]
+    low, high = min(points), max(points)
+    span = high - low
+    step = (width - 4) / (len(points) - 1)
+
+    def y(value: float) -> float:  # a flat series runs through the middle
+        return height / 2 if span == 0 else height - 2 - (value - low) / span * (height - 4)
+
+    coords = " ".join(f"{2 + i * step:.1f},{y(value):.1f}" for i, value in enumerate(points))
+    return (
+        f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        f'xmlns="http://www.w3.org/2000/svg" style="vertical-align:middle">'
+        f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{coords}"/></svg>'
+    )
+
+
+def status_html(view: LaunchView) -> str:
+    """The launch's one-line status, colored by state (green finished, red failed)."""
+    color = COLORS.get(view.state, "#7f7f7f")
+    return (
+        f'<div style="{_BOX}padding:4px 8px;border-left:4px solid {color};'
+        f'color:{color};font-weight:600">{escape(text.status_line(view))}</div>'
+    )
+
+
+def progress_bar_html(bar: BarView, width: int = 200) -> str:
+    """The bar itself: a filled box (full and striped-blue when the total is unknown)."""
+    fraction = bar.fraction if bar.fraction is not None else 1.0
+    color = COLORS.get(bar.state, "#1f77b4")
+    return (
+        f'<span style="display:inline-block;width:{width}px;height:12px;background:#e8e8e8;'
+        f'border-radius:3px;vertical-align:middle;overflow:hidden">'
+        f'<span style="display:block;width:{fraction * 100:.1f}%;height:100%;'
+        f'background:{color}"></span></span>'
+    )
+
+
+def bar_stats_html(bar: BarView) -> str:
+    """Counts, timing and values next to a bar (also used by the widget renderer)."""
+    percent = f" ({bar.fraction * 100:.0f}%)" if bar.fraction is not None else ""
+    values = text.values_text(bar.values)
+    return (
+        f'<span style="{_BOX}"><b>{escape(text.counts_text(bar))}</b>{percent} '
+        f'<span style="color:#666">{escape(text.timing_text(bar))}</span>'
+        + (f" &nbsp; <code>{escape(values)}</code>" if values else "")
+        + "</span>"
+    )
+
+
+def bar_html(bar: BarView) -> str:
+    """One row: caption, bar, stats."""
+    mark = {"done": " ✔", "failed": " ✖"}.get(bar.state, "")
+    return (
+        f'<div style="{_BOX}white-space:nowrap">'
+        f'<span style="display:inline-block;min-width:9em">{escape(bar.name + mark)}</span> '
+        f"{progress_bar_html(bar)} {bar_stats_html(bar)}</div>"
+    )
+
+
+def chart_html(bars: list[BarView]) -> str:
+    """Loss and step-time sparklines of the first bar that has them; '' when none has."""
+    for bar in bars:
+        parts = []
+        if len(bar.losses) >= 2:
+            parts.append(
+                f"loss {sparkline_svg(bar.losses, color='#d62728')} "
+                f"{escape(text.number(bar.losses[-1]))}"
+            )
+        if len(bar.step_times) >= 2:
+            parts.append(
+                f"step time {sparkline_svg(bar.step_times, color='#1f77b4')} "
+                f"{escape(text.duration(bar.step_times[-1]))}"
+            )
+        if parts:
+            return (
+                f'<div style="{_BOX}color:#444">{escape(bar.name)}: '
+                + " &nbsp; ".join(parts)
+                + "</div>"
+            )
+    return ""
+
+
+def _row(name: str, value: str) -> str:
+    return (
+        f'<tr><td style="text-align:left;padding:1px 10px 1px 0;color:#555">{escape(name)}</td>'
+        f'<td style="text-align:left;padding:1px 0">{escape(value)}</td></tr>'
+    )
+
+
+def summary_html(summary: XlaSummary | None, title: str = "XLA metrics") -> str:
+    """The metrics table: compiles, executions, transfers, fallbacks, memory, input shapes."""
+    if summary is None:
+        return f'<div style="{_BOX}color:#777">{escape(title)}: none yet</div>'
+    per_step = ""
+    if summary.steps:
+        per_step = f" in {summary.steps} steps"
+    share = summary.compile_share
+    rows = [
+        _row("compiles", f"{summary.compiles} ({text.duration(summary.compile_time)}), "
+                         f"{summary.cached_compiles} cache hits"),
+        _row("executions", f"{summary.executions} ({text.duration(summary.execute_time)})"),
+    ]
+    if share is not None:
+        rows.append(_row("time share", f"compile {share * 100:.0f}% / execute "
+                                       f"{(1 - share) * 100:.0f}%"))
+    rows += [
+        _row("device → host", f"{summary.transfers_from_device} transfers, "
+                              f"{text.size(summary.bytes_from_device)}, "
+                              f"{text.duration(summary.transfer_from_device_time)}; "
+                              f".item() calls: {summary.item_calls}"),
+        _row("host → device", f"{summary.transfers_to_device} transfers, "
+                              f"{text.size(summary.bytes_to_device)}, "
+                              f"{text.duration(summary.transfer_to_device_time)}"),
+        _row("CPU fallbacks", ", ".join(f"{op} x{count}" for op, count in
+                                        summary.fallbacks.items()) or "none"),
+        _row("device memory", text.memory_text(summary.memory)),
+    ]
+    for name, shapes in changed_inputs(summary.input_shapes).items():
+        rows.append(_row(f"input '{name}'", ", ".join(str(shape) for shape in shapes[:8])))
+    return (
+        f'<div style="{_BOX}"><b>{escape(title)}{escape(per_step)}</b>'
+        f'<table style="border-collapse:collapse;margin:2px 0">{"".join(rows)}</table></div>'
+    )
+
+
+def alerts_html(alerts: list[Alert]) -> str:
+    """Each alert as a colored box: title, explanation, fix."""
+    boxes = []
+    for alert in alerts:
+        color = COLORS.get(alert.severity, "#e6a700")
+        boxes.append(
+            f'<div style="{_BOX}border-left:4px solid {color};padding:2px 8px;margin:4px 0">'
+            f'<b style="color:{color}">{escape(text.SEVERITY.get(alert.severity, "!"))} '
+            f"{escape(alert.title)}</b><br>{escape(alert.explanation)}<br>"
+            f"<i>Fix:</i> {escape(alert.fix)}</div>"
+        )
+    return "".join(boxes)
+
+
+def metrics_html(summary: XlaSummary | None, alerts: list[Alert],
+                 title: str = "XLA metrics") -> str:
+    """The metrics panel: table and alerts."""
+    return f"<div>{summary_html(summary, title)}{alerts_html(alerts)}</div>"
+
+
+def launch_html(view: LaunchView) -> str:
+    """The whole launch panel: status, bars, chart, errors, metrics and alerts."""
+    parts = [status_html(view)]
+    parts += [bar_html(bar) for bar in view.bars]
+    parts.append(chart_html(view.bars))
+    for error in view.errors[1:] + view.notes:
+        parts.append(f'<div style="{_BOX}color:{COLORS["failed"]}">{escape(error)}</div>')
+    if view.metrics is not None:
+        title = "XLA metrics" + (f" (rank {view.metrics_rank})"
+                                 if view.metrics_rank is not None else "")
+        parts.append(metrics_html(view.metrics, view.alerts, title))
+    return f'<div class="hfxla-launch">{"".join(parts)}</div>'

@@ -1,0 +1,24 @@
+"""A static XLA metrics panel (what `%%xla_metrics` shows): HTML in notebooks, text elsewhere."""
+
+from __future__ import annotations
+
+from ..metrics import Alert, XlaSummary
+from . import html, text
+
+
+class MetricsPanel:
+    """What a piece of XLA work compiled, executed, transferred and fell back on, with alerts.
+
+    Displays as HTML in a notebook; `repr()` is the same content as text.
+    """
+
+    def __init__(self, summary: XlaSummary, alerts: list[Alert], title: str = "XLA metrics"):
+        self.summary = summary
+        self.alerts = list(alerts)
+        self.title = title
+
+    def _repr_html_(self) -> str:
+        return html.metrics_html(self.summary, self.alerts, self.title)
+
+    def __repr__(self) -> str:
+        return f"{self.title}\n{text.metrics_text(self.summary, self.alerts)}"

@@ -1,0 +1,325 @@
+"""What the launch panels show, computed from events: no drawing here.
+
+`LaunchState` takes the events of a launch (and its final record) and produces a
+`LaunchView`: plain data (bars, status, metrics summary, alerts) that every renderer draws the
+same way. Rates, ETAs and elapsed times are computed here, once, so renderers only format.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..events import Failed, Finished, Heartbeat, MetricsSnapshot, Progress, Started
+from ..metrics import Alert, LiveMetrics, XlaSummary
+
+# Points kept per bar for the charts.
+HISTORY = 200
+# Progress events used for the current rate (a moving window, like tqdm's smoothing).
+RATE_WINDOW = 20
+# Ranks are drawn one bar each up to this world size; above it, one bar per label.
+PER_RANK_MAX = 4
+# A running rank not heard from for this long is shown as silent.
+SILENT_AFTER = 30.0
+
+
+@dataclass
+class BarView:
+    """One progress bar, ready to draw."""
+
+    label: str
+    rank: int | None
+    step: int
+    total: int | None
+    elapsed: float
+    eta: float | None
+    rate: float | None
+    samples_rate: float | None
+    values: dict[str, float]
+    losses: list[float]
+    step_times: list[float]
+    state: str  # "running", "done" or "failed"
+    ranks: int = 1  # how many ranks this bar stands for
+
+    @property
+    def name(self) -> str:
+        """The bar's caption: its label, with the rank when bars are per rank."""
+        if self.rank is None:
+            return self.label if self.ranks == 1 else f"{self.label} ({self.ranks} ranks)"
+        return f"{self.label} [rank {self.rank}]"
+
+    @property
+    def fraction(self) -> float | None:
+        """Done fraction in [0, 1], or None without a total."""
+        if not self.total:
+            return None
+        return min(max(self.step / self.total, 0.0), 1.0)
+
+
+@dataclass
+class LaunchView:
+    """Everything a launch panel shows at one moment."""
+
+    world: int
+    state: str  # "starting", "running", "finished" or "failed"
+    elapsed: float
+    ranks: dict[int, str]  # rank -> "pending", "running", "finished", "failed", ...
+    bars: list[BarView]
+    errors: list[str]
+    notes: list[str]
+    metrics: XlaSummary | None = None
+    metrics_rank: int | None = None
+    alerts: list[Alert] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.state in ("finished", "failed")
+
+
+@dataclass
+class _Bar:
+    label: str
+    rank: int | None
+    step: int = 0
+    total: int | None = None
+    samples: int | None = None
+    values: dict[str, float] = field(default_factory=dict)
+    start: float | None = None
+    last: float | None = None
+    state: str = "running"
+    points: deque = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
+    losses: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+    step_times: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+
+
+class LaunchState:
+    """Follows a launch's events and answers `view()`.
+
+    Args:
+        world: number of ranks.
+        per_rank: one bar per rank and label (default: when `world <= 4`), else one bar per
+            label for all ranks (the slowest rank's step).
+        clock: the wall clock (`time.time`), replaceable in tests.
+    """
+
+    def __init__(self, world: int, per_rank: bool | None = None, clock=time.time) -> None:
+        self.world = max(int(world), 1)
+        self.per_rank = self.world <= PER_RANK_MAX if per_rank is None else per_rank
+        self.clock = clock
+        self.start = clock()
+        self.end: float | None = None
+        self.ranks: dict[int, str] = {rank: "pending" for rank in range(self.world)}
+        self.rank_start: dict[Any, float] = {}
+        self.last_heard: dict[Any, float] = {}
+        self.bars: dict[tuple, _Bar] = {}
+        self.errors: list[str] = []
+        self.metrics = LiveMetrics()
+        self.outcome: str | None = None
+        self.changes = 0  # bumped on every event, so renderers can skip identical redraws
+
+    # -- events --------------------------------------------------------------------------------
+
+    def handle(self, event: Any) -> None:
+        """Take one event; unknown events are ignored."""
+        now = self.clock()
+        rank = getattr(event, "rank", None)
+        self.changes += 1
+        if rank is not None:
+            self.last_heard[rank] = now
+        if isinstance(event, Started):
+            self.ranks[rank] = "running"
+            self.rank_start.setdefault(rank, now)
+        elif isinstance(event, Progress):
+            self._progress(event, now)
+            if self.ranks.get(rank) == "pending":
+                self.ranks[rank] = "running"
+        elif isinstance(event, MetricsSnapshot):
+            self.metrics.add(event)
+        elif isinstance(event, Finished):
+            if rank is not None:
+                self.ranks[rank] = "finished"
+            self._end_bars(rank, "done")
+        elif isinstance(event, Failed):
+            who = f"rank {rank}" if rank is not None else "launcher"
+            message = f"{who}: {event.exc_type}: {event.message}".rstrip(": ")
+            if message not in self.errors:
+                self.errors.append(message)
+            if rank is not None:
+                self.ranks[rank] = "failed"
+            self._end_bars(rank, "failed")
+        elif isinstance(event, Heartbeat):
+            pass
+
+    def _progress(self, event: Progress, now: float) -> None:
+        key = (event.rank, event.label)
+        bar = self.bars.get(key)
+        if bar is None:
+            bar = self.bars[key] = _Bar(event.label, event.rank)
+            bar.start = min(self.rank_start.get(event.rank, event.time), event.time)
+        at = event.time
+        if event.step < bar.step:
+            if bar.last is not None and at <= bar.last:
+                # values fetched by a step closure for an earlier step: keep them
+                bar.values.update(event.values)
+                self._loss_point(bar, event.values)
+                return
+            # a newer event counting from the start again (the next epoch): restart the bar
+            bar.points.clear()
+            bar.start = at
+            bar.state = "running"
+        if bar.points and event.step > bar.points[-1][0] and at > bar.points[-1][1]:
+            last_step, last_time, _ = bar.points[-1]
+            bar.step_times.append((at - last_time) / (event.step - last_step))
+        if not bar.points or event.step > bar.points[-1][0]:
+            bar.points.append((event.step, at, event.samples))
+        bar.step = event.step
+        bar.total = event.total if event.total is not None else bar.total
+        bar.samples = event.samples if event.samples is not None else bar.samples
+        bar.values.update(event.values)
+        bar.last = at
+        self._loss_point(bar, event.values)
+        if bar.total is not None and bar.step >= bar.total and bar.state == "running":
+            bar.state = "done"
+
+    @staticmethod
+    def _loss_point(bar: _Bar, values: dict[str, float]) -> None:
+        if "loss" in values:
+            bar.losses.append(values["loss"])
+
+    def _end_bars(self, rank: int | None, state: str) -> None:
+        """Bars of `rank` (every rank when None) that still run become `state`."""
+        for (bar_rank, _), bar in self.bars.items():
+            if (rank is None or bar_rank == rank) and bar.state == "running":
+                bar.state = state
+
+    def close(self, record: Any) -> None:
+        """Take the launch's final record (duck-typed: ok, duration, ranks, outcome)."""
+        self.end = self.clock()
+        duration = getattr(record, "duration", None)
+        if isinstance(duration, (int, float)) and duration > 0:
+            self.end = self.start + float(duration)
+        for rank_record in getattr(record, "ranks", None) or []:
+            rank = getattr(rank_record, "rank", None)
+            state = getattr(rank_record, "exit_state", None)
+            if rank is None or state is None:
+                continue
+            self.ranks[rank] = str(state)
+            error = getattr(rank_record, "error", None)
+            if error and state != "finished":
+                message = f"rank {rank}: {error}"
+                if not any(message in known or known in message for known in self.errors):
+                    self.errors.append(message)
+            if state != "finished":
+                self._end_bars(rank, "failed")
+        ok = getattr(record, "ok", None)
+        if ok is None:
+            ok = not self.errors and all(s == "finished" for s in self.ranks.values())
+        self.outcome = "finished" if ok else "failed"
+        if ok:
+            for bar in self.bars.values():
+                if bar.state == "running":
+                    bar.state = "done"
+        else:
+            outcome = getattr(record, "outcome", None)
+            if outcome in ("timeout", "interrupted") and not self.errors:
+                self.errors.append(f"launch {outcome}")
+
+    # -- view ----------------------------------------------------------------------------------
+
+    def view(self) -> LaunchView:
+        """The current state as plain data."""
+        now = self.end if self.end is not None else self.clock()
+        if self.outcome is not None:
+            state = self.outcome
+        elif any(s == "failed" for s in self.ranks.values()):
+            state = "failed" if self.end is not None else "running"
+        elif any(s != "pending" for s in self.ranks.values()) or self.bars:
+            state = "running"
+        else:
+            state = "starting"
+        bars = [self._bar_view(bar, now) for bar in self.bars.values()]
+        if not self.per_rank:
+            bars = _aggregate(bars)
+        bars.sort(key=lambda b: (b.rank is None, b.rank or 0, b.label != "train", b.label))
+        notes = []
+        if self.end is None:
+            for rank, status in sorted(self.ranks.items()):
+                heard = self.last_heard.get(rank)
+                if status == "running" and heard is not None and now - heard > SILENT_AFTER:
+                    notes.append(f"rank {rank} silent for {now - heard:.0f} s")
+        metrics_ranks = self.metrics.ranks()
+        return LaunchView(
+            world=self.world,
+            state=state,
+            elapsed=max(now - self.start, 0.0),
+            ranks=dict(self.ranks),
+            bars=bars,
+            errors=list(self.errors),
+            notes=notes,
+            metrics=self.metrics.summary(),
+            metrics_rank=metrics_ranks[0] if metrics_ranks else None,
+            alerts=self.metrics.alerts(),
+        )
+
+    def _bar_view(self, bar: _Bar, now: float) -> BarView:
+        rate = samples_rate = None
+        if len(bar.points) >= 2:
+            (s0, t0, n0), (s1, t1, n1) = bar.points[0], bar.points[-1]
+            if t1 > t0:
+                rate = (s1 - s0) / (t1 - t0)
+                if n0 is not None and n1 is not None:
+                    samples_rate = (n1 - n0) / (t1 - t0)
+        running = bar.state == "running"
+        end = now if running else (bar.last or now)
+        elapsed = max(end - (bar.start if bar.start is not None else end), 0.0)
+        eta = None
+        if running and rate and bar.total is not None:
+            eta = max(bar.total - bar.step, 0) / rate
+        return BarView(
+            label=bar.label,
+            rank=bar.rank,
+            step=bar.step,
+            total=bar.total,
+            elapsed=elapsed,
+            eta=eta,
+            rate=rate,
+            samples_rate=samples_rate,
+            values=dict(bar.values),
+            losses=list(bar.losses),
+            step_times=list(bar.step_times),
+            state=bar.state,
+        )
+
+
+def _aggregate(bars: list[BarView]) -> list[BarView]:
+    """One bar per label: the slowest rank's step, the summed sample rate."""
+    by_label: dict[str, list[BarView]] = {}
+    for bar in bars:
+        by_label.setdefault(bar.label, []).append(bar)
+    merged = []
+    for label, group in by_label.items():
+        group.sort(key=lambda b: (b.rank is None, b.rank or 0))
+        slowest = min(group, key=lambda b: b.step)
+        first = group[0]
+        rates = [b.rate for b in group if b.rate is not None]
+        samples = [b.samples_rate for b in group if b.samples_rate is not None]
+        states = {b.state for b in group}
+        state = "failed" if "failed" in states else ("running" if "running" in states else "done")
+        merged.append(BarView(
+            label=label,
+            rank=None,
+            step=slowest.step,
+            total=max((b.total for b in group if b.total is not None), default=None),
+            elapsed=max(b.elapsed for b in group),
+            eta=max((b.eta for b in group if b.eta is not None), default=None),
+            rate=min(rates) if rates else None,
+            samples_rate=sum(samples) if samples else None,
+            values=first.values,
+            losses=first.losses,
+            step_times=first.step_times,
+            state=state,
+            ranks=len(group),
+        ))
+    return merged

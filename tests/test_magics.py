@@ -1,0 +1,129 @@
+"""`%load_ext hfxla_nb`: the magics in IPython's own shell and in a real kernel (nbclient)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+from hfxla_nb import magics
+from tests.kernel_helpers import bundles_of, error_of, run_notebook, stderr_of, stdout_of
+
+
+@pytest.fixture
+def shell():
+    """IPython's shell with the extension loaded; removed afterwards so no other test sees a
+    shell (the launcher and `ui.modes` look for one)."""
+    saved_env = dict(os.environ)
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "hfxla_nb")
+    yield shell
+    shell.run_line_magic("unload_ext", "hfxla_nb")
+    InteractiveShell.clear_instance()
+    os.environ.clear()
+    os.environ.update(saved_env)
+
+
+def test_load_registers_and_unload_removes(shell):
+    line = shell.magics_manager.magics["line"]
+    cell = shell.magics_manager.magics["cell"]
+    assert {"xla_info", "xla_config"} <= set(line) and "xla_metrics" in cell
+    magics.unload_ipython_extension(shell)
+    assert "xla_info" not in shell.magics_manager.magics["line"]
+    assert "xla_metrics" not in shell.magics_manager.magics["cell"]
+    magics.load_ipython_extension(shell)
+
+
+def test_help_comes_from_docstrings(shell, capsys):
+    shell.run_cell("%xla_info?")
+    assert "Show the hardware, runtime, versions and problems found" in capsys.readouterr().out
+    info_doc = shell.find_line_magic("xla_info").__doc__
+    assert "hfxla_nb.detect()" in info_doc and "Never starts the XLA runtime" in info_doc
+    config_doc = shell.find_line_magic("xla_config").__doc__
+    assert "--device {auto,tpu,cpu}" in config_doc and "--cores CORES" in config_doc
+    metrics_doc = shell.find_cell_magic("xla_metrics").__doc__
+    assert "starts the XLA runtime" in metrics_doc and "--steps STEPS" in metrics_doc
+
+
+def test_xla_info_displays_detect(shell):
+    with capture_output() as captured:
+        shell.run_line_magic("xla_info", "")
+    (output,) = captured.outputs
+    assert output.data["text/plain"].strip()  # the RuntimeInfo's text form
+    with pytest.raises(UsageError):
+        shell.run_line_magic("xla_info", "--verbose")
+
+
+def test_xla_config_sets_and_shows(shell, monkeypatch):
+    monkeypatch.delenv("CPU_NUM_DEVICES", raising=False)
+    with capture_output() as captured:
+        shell.run_line_magic("xla_config", "--device cpu --cores 4 --debug")
+    assert "PJRT_DEVICE=CPU" in captured.stdout and "CPU_NUM_DEVICES=4" in captured.stdout
+    assert os.environ["CPU_NUM_DEVICES"] == "4"
+
+
+@pytest.mark.parametrize("line", ["--device gpu", "--cores 0", "--cores two", "extra"])
+def test_xla_config_bad_arguments_are_usage_errors(shell, line):
+    with pytest.raises(UsageError):
+        shell.run_line_magic("xla_config", line)
+
+
+@pytest.mark.parametrize("line", ["--steps 0", "--steps x", "--warmup -1", "--nope"])
+def test_xla_metrics_bad_arguments_are_usage_errors(shell, line):
+    with pytest.raises(UsageError):
+        shell.run_cell_magic("xla_metrics", line, "x = 1")
+
+
+# -- in a real kernel ----------------------------------------------------------------------------
+
+XLA_CELL = """%%xla_metrics --steps 4
+import torch, torch_xla, hfxla_nb as hx
+dev = torch_xla.device()
+w = torch.ones(3, device=dev)
+for step in range(1, 5):
+    x = torch.ones(2, step + 1, device=dev)          # a new shape every step
+    loss = (x.sum(1) * w[:2]).sum()
+    hx.report(step=step, loss=loss, inputs={"x": x}, log_every=100)
+    torch_xla.sync()
+    value = loss.item()                              # a fetch every step
+value
+"""
+
+
+def test_magics_in_a_real_kernel():
+    cells = run_notebook([
+        "%load_ext hfxla_nb",
+        "%xla_info",
+        "%xla_config --device cpu",
+        XLA_CELL,
+        "%%xla_metrics --steps nope\nprint('ran')",
+        "%xla_config --cores -3",
+        "%%xla_metrics\nraise KeyError('inside')",
+        "import hfxla_nb._xla as x; print(x.runtime_is_initialized())",
+    ], timeout=180)
+    assert error_of(cells[0]) is None
+    (info,) = bundles_of(cells[1])
+    assert "text/html" in info and info["text/plain"].strip()
+    assert "PJRT_DEVICE=CPU" in stdout_of(cells[2])
+
+    assert error_of(cells[3]) is None, error_of(cells[3])
+    panel, value = bundles_of(cells[3])
+    assert value["text/plain"] == "10.0"  # the cell's last expression still shows
+    page, plain = panel["text/html"], panel["text/plain"]
+    assert plain.startswith("XLA metrics for this cell\nXLA in 4 steps:")
+    assert "4 from device" in plain and ".item() calls: 4" in plain
+    assert "Device-to-host transfers: 4 in 4 steps" in plain
+    assert "input 'x' shapes: (2, 2), (2, 3), (2, 4), (2, 5)" in plain  # from hx.report
+    assert "<table" in page and "device memory" in page and "not available" in page
+
+    # IPython shows a UsageError as one line, without a traceback.
+    assert stderr_of(cells[4]).startswith("UsageError: argument --steps: invalid int value")
+    assert "ran" not in stdout_of(cells[4])
+    assert stderr_of(cells[5]).startswith("UsageError: cores must be a positive integer")
+    # A failing cell still shows its metrics, then fails like any cell.
+    assert error_of(cells[6])["ename"] == "KeyError"
+    assert bundles_of(cells[6])[0]["text/plain"].startswith("XLA metrics for this cell")
+    assert stdout_of(cells[7]).strip() == "True"  # %%xla_metrics ran XLA in the kernel
