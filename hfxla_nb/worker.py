@@ -225,10 +225,21 @@ def run_rank(
         return None
     finally:
         _active.remove(rank)
+    _run_pending_step_closures()
     sys.stdout.flush()
     sys.stderr.flush()
     channel.send(Finished(rank=rank, result=result, duration=time.monotonic() - start))
     return result
+
+
+def _run_pending_step_closures() -> None:
+    """Run step closures queued after the function's last sync (`report`'s final values)."""
+    if not _xla.runtime_is_initialized():
+        return  # the function never used XLA: do not start the runtime now
+    try:
+        _xla.sync()
+    except Exception as error:  # noqa: BLE001 - the function's result matters more
+        print(f"hfxla_nb: could not run the last step closures: {error}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------
