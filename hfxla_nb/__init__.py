@@ -29,6 +29,8 @@ _EXPORTS = {
     "LaunchRecord": "launch",
     "RankRecord": "launch",
     "LaunchError": "launch",
+    "last_launch": "launch",
+    "LaunchRefusedError": "preflight",
     "report": "reporting",
     "fine_tune": "finetune",
     "FineTuneResult": "finetune",
