@@ -316,3 +316,14 @@ def send_to_device(tensor, dev, mesh=None, partition_spec: tuple | None = None):
 
         sharding = xs.ShardingSpec(mesh, partition_spec)
     return xm.send_cpu_data_to_device([tensor], dev, sharding)[0]
+
+
+def replicate(tensor, mesh) -> None:
+    """Mark `tensor` fully replicated over the mesh, in place.
+
+    Fetching a tensor that is sharded compiles a gather per tensor; a result marked replicated
+    inside the step's graph is fetched with no extra compilation.
+    """
+    import torch_xla.distributed.spmd as xs
+
+    xs.mark_sharding(tensor, mesh, (None,) * tensor.dim())

@@ -22,7 +22,9 @@ hits), executions from `ExecuteTime` / `ExecuteReplicatedTime` (SPMD), transfers
 The analyzer applies PyTorch/XLA's own thresholds (the ones `PT_XLA_DEBUG_LEVEL` reports):
 more than 0.5 compiles per step once past 10 warm-up steps, more than 0.5 device-to-host
 transfers per step, any CPU fallback other than `aten::_local_scalar_dense`, any compile over
-300 s or execution over 30 s.
+300 s or execution over 30 s. Rates are per step of each rank when the counters are those of a
+process running several rank threads. Beyond torch_xla's rules, an input reported with more
+than `MAX_QUIET_SHAPES` shapes is named even when every compilation fell in the warm-up.
 """
 
 from __future__ import annotations
@@ -39,8 +41,14 @@ MAX_COMPILE_SECONDS = 300.0
 MAX_EXECUTE_SECONDS = 30.0
 ITEM_OP = "aten::_local_scalar_dense"
 
-# How many distinct shapes one input keeps in a `ShapeTracker` (the rest are only counted).
+# How many distinct shapes one input lists in a `ShapeTracker` (the rest are only counted)...
 MAX_SHAPES_PER_INPUT = 16
+# ... exactly up to this many more (past it, the count is a lower bound): bounded memory.
+MAX_SHAPES_COUNTED = 4096
+# More distinct shapes than this for one input gets an alert even when every compilation
+# happened during warm-up. A few fixed bucket lengths are the recommended fix itself
+# (`hfxla_nb.data` pads to at most 3 buckets), so up to 3 shapes stay quiet.
+MAX_QUIET_SHAPES = 3
 
 _NS = 1e-9
 
@@ -111,10 +119,17 @@ class ShapeTracker:
     `record(step, {"input_ids": (16, 64), ...})` per step; `data()` gives
     `{name: [{"shape": [16, 64], "first": step, "last": step, "count": n}, ...]}` in order of
     first appearance, which the analyzer uses to say which input's shape changed. Thread-safe.
+
+    Storage is bounded: the first `MAX_SHAPES_PER_INPUT` shapes of an input are listed; later
+    ones are only counted (exactly up to `MAX_SHAPES_COUNTED` more) in one last entry
+    `{"shape": ["..."], "first", "last", "count", "more": how many more distinct shapes,
+    "exact": whether "more" is exact}`. Read the data with `input_shapes_of`.
     """
 
     def __init__(self) -> None:
         self._shapes: dict[str, dict[tuple, dict[str, Any]]] = {}
+        self._unlisted: dict[str, set] = {}  # distinct shapes past the listed ones (bounded)
+        self._overflow: dict[str, dict[str, Any]] = {}  # the steps that had unlisted shapes
         self._lock = threading.Lock()
 
     def record(self, step: int, shapes: dict[str, tuple]) -> bool:
@@ -124,13 +139,23 @@ class ShapeTracker:
             for name, shape in shapes.items():
                 seen = self._shapes.setdefault(name, {})
                 entry = seen.get(shape)
-                if entry is None:
-                    if len(seen) >= MAX_SHAPES_PER_INPUT:
-                        shape = ("...",)  # too many to list: count the rest together
-                        entry = seen.get(shape)
+                if entry is None and len(seen) < MAX_SHAPES_PER_INPUT:
+                    entry = seen[shape] = {"shape": list(shape), "first": step, "count": 0}
+                    new = new or len(seen) > 1
+                elif entry is None:  # too many to list: count the rest
+                    entry = self._overflow.get(name)
                     if entry is None:
-                        entry = seen[shape] = {"shape": list(shape), "first": step, "count": 0}
-                        new = new or len(seen) > 1
+                        entry = self._overflow[name] = {
+                            "shape": ["..."], "first": step, "count": 0, "more": 0, "exact": True,
+                        }
+                    unlisted = self._unlisted.setdefault(name, set())
+                    if shape not in unlisted:
+                        new = True
+                        if len(unlisted) < MAX_SHAPES_COUNTED:
+                            unlisted.add(shape)
+                            entry["more"] = len(unlisted)
+                        else:
+                            entry["exact"] = False
                 entry["count"] += 1
                 entry["last"] = step
         return new
@@ -138,8 +163,68 @@ class ShapeTracker:
     def data(self) -> dict[str, list[dict[str, Any]]]:
         """A picklable copy of what was recorded."""
         with self._lock:
-            return {name: [dict(entry) for entry in seen.values()]
-                    for name, seen in self._shapes.items()}
+            result = {}
+            for name, seen in self._shapes.items():
+                entries = [dict(entry) for entry in seen.values()]
+                if name in self._overflow:
+                    entries.append(dict(self._overflow[name]))
+                result[name] = entries
+            return result
+
+
+@dataclass(frozen=True)
+class InputShapes:
+    """The shapes one input had: the first ones seen (listed) and how many in all.
+
+    Attributes:
+        shapes: the listed shapes, in order of first appearance.
+        first_steps: the step at which each listed shape first appeared.
+        distinct: how many distinct shapes the input had (at least `len(shapes)`).
+        exact: False when there were so many that `distinct` is only a lower bound.
+    """
+
+    shapes: list[tuple]
+    first_steps: list[int | None]
+    distinct: int
+    exact: bool = True
+
+    @property
+    def more(self) -> int:
+        """How many distinct shapes are not listed."""
+        return max(self.distinct - len(self.shapes), 0)
+
+    def count_text(self) -> str:
+        """`23 different shapes`, or `more than 4112 different shapes`."""
+        return f"{'' if self.exact else 'more than '}{self.distinct} different shapes"
+
+    def listed_text(self, limit: int) -> str:
+        """`(9, 8), (10, 8), (11, 8) and 20 more`: the first `limit` shapes, then how many
+        were not shown."""
+        if self.distinct == limit + 1:
+            limit += 1  # "and 1 more" says less than the shape itself
+        shown = self.shapes[:limit]
+        text = ", ".join(_shape_text(shape) for shape in shown)
+        rest = self.distinct - len(shown)
+        if rest > 0:
+            text += f" and {'' if self.exact else 'over '}{rest} more"
+        return text
+
+
+def input_shapes_of(data: dict[str, list[dict[str, Any]]] | None) -> dict[str, InputShapes]:
+    """`ShapeTracker.data()` (or a snapshot's `input_shapes`) as `{name: InputShapes}`."""
+    result = {}
+    for name, entries in (data or {}).items():
+        shapes, first_steps, distinct, exact = [], [], 0, True
+        for entry in entries:
+            if list(entry.get("shape", [])) == ["..."]:  # the shapes that were not listed
+                distinct += int(entry.get("more", 1))
+                exact = exact and "more" in entry and bool(entry.get("exact", True))
+                continue
+            shapes.append(tuple(entry["shape"]))
+            first_steps.append(entry.get("first"))
+            distinct += 1
+        result[name] = InputShapes(shapes, first_steps, distinct, exact)
+    return result
 
 
 def shapes_of(inputs: Any) -> dict[str, tuple]:
@@ -158,12 +243,15 @@ def shapes_of(inputs: Any) -> dict[str, tuple]:
 
 
 def changed_inputs(input_shapes: dict[str, list[dict[str, Any]]] | None) -> dict[str, list]:
-    """`{name: [shape, ...]}` for every input that was seen with more than one shape."""
-    return {
-        name: [tuple(entry["shape"]) for entry in entries]
-        for name, entries in (input_shapes or {}).items()
-        if len(entries) > 1
-    }
+    """`{name: [shape, ...]}` (the listed shapes) for every input seen with more than one shape;
+    `shape_changes` also gives how many shapes there were in all."""
+    return {name: info.shapes for name, info in shape_changes(input_shapes).items()}
+
+
+def shape_changes(input_shapes: dict[str, list[dict[str, Any]]] | None) -> dict[str, InputShapes]:
+    """`{name: InputShapes}` for every input that was seen with more than one shape."""
+    return {name: info for name, info in input_shapes_of(input_shapes).items()
+            if info.distinct > 1}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,6 +287,8 @@ class XlaSummary:
     input_shapes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     compiles_after_warmup: int | None = None
     steps_after_warmup: int | None = None
+    ranks: int = 1
+    rank_steps: int | None = None
 
     @property
     def compile_share(self) -> float | None:
@@ -207,7 +297,11 @@ class XlaSummary:
         return self.compile_time / total if total > 0 else None
 
     def per_step(self, count: float) -> float | None:
-        """`count` divided by the number of steps, or None when steps are unknown."""
+        """`count` per step (and per rank, when the counters are those of a process that ran
+        `ranks` rank threads: `rank_steps` is the steps of all of them), or None when steps
+        are unknown."""
+        if self.ranks > 1 and self.rank_steps:
+            return count / self.rank_steps
         return count / self.steps if self.steps else None
 
 
@@ -240,6 +334,10 @@ def summarize(
         memory: device memory (`bytes_used`, `bytes_limit`, `peak_bytes_used`), if known.
         warmup: the snapshot taken after the warm-up steps, to count compiles after warm-up.
         warmup_step: the step at which `warmup` was taken.
+
+    A snapshot sent by `hfxla_nb.report` may carry `process`: `{"pid", "ranks": the ranks
+    running as threads of the process whose counters these are, "rank_steps": their steps
+    added up}`; rates per step are then per step of each rank.
     """
     counters = data.get("counters", {})
     if steps is None:
@@ -284,6 +382,10 @@ def summarize(
         memory=dict(memory) if memory else None,
         input_shapes=dict(data.get("input_shapes") or {}),
     )
+    process = data.get("process") or {}
+    summary.ranks = max(len(process.get("ranks") or ()), 1)
+    if summary.ranks > 1 and process.get("rank_steps"):
+        summary.rank_steps = int(process["rank_steps"])
     if warmup is not None and warmup_step is not None and steps is not None:
         before = summarize(warmup, steps=warmup_step)
         summary.compiles_after_warmup = max(summary.compiles - before.compiles, 0)
@@ -320,15 +422,18 @@ def _shape_text(shape: tuple) -> str:
     return "(" + ", ".join(str(size) for size in shape) + ")"
 
 
-def _shapes_cause(changed: dict[str, list]) -> str:
-    parts = []
-    for name, shapes in changed.items():
-        listed = ", ".join(_shape_text(shape) for shape in shapes[:6])
-        more = f" and {len(shapes) - 6} more" if len(shapes) > 6 else ""
-        parts.append(f"input '{name}' had {len(shapes)} different shapes: {listed}{more}")
+def _shapes_listed(changed: dict[str, InputShapes], limit: int = 6) -> str:
+    """`input 'x' had 23 different shapes: (9, 8), ..., (14, 8) and 17 more; input 'y' ...`."""
+    return "; ".join(
+        f"input '{name}' had {info.count_text()}: {info.listed_text(limit)}"
+        for name, info in changed.items()
+    )
+
+
+def _shapes_cause(changed: dict[str, InputShapes]) -> str:
     return (
         "The likely cause: the input shapes changed ("
-        + "; ".join(parts)
+        + _shapes_listed(changed)
         + "). XLA compiles a new graph for every new shape."
     )
 
@@ -342,7 +447,7 @@ _SHAPES_FIX = (
 
 def _compile_cause(summary: XlaSummary) -> tuple[str, str]:
     """The likely cause of recompilations and its fix, from shapes, transfers and fallbacks."""
-    changed = changed_inputs(summary.input_shapes)
+    changed = shape_changes(summary.input_shapes)
     if changed:
         return _shapes_cause(changed), _SHAPES_FIX
     transfers = summary.per_step(summary.transfers_from_device)
@@ -377,36 +482,62 @@ def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Al
     """
     alerts: list[Alert] = []
     steps = summary.steps
+    unit = "step" if summary.ranks <= 1 else f"step of each of the {summary.ranks} ranks"
+    changed = shape_changes(summary.input_shapes)
 
-    if steps and steps > warmup_steps and summary.compiles / steps > MAX_COMPILES_PER_STEP:
+    compile_rate = summary.per_step(summary.compiles)
+    if steps and steps > warmup_steps and compile_rate > MAX_COMPILES_PER_STEP:
         cause, fix = _compile_cause(summary)
         alerts.append(Alert(
             "frequent-compiles", "warning",
             f"Recompiling: {summary.compiles} compiles in {steps} steps",
-            f"XLA compiled {summary.compiles / steps:.2f} graphs per step (more than "
+            f"XLA compiled {compile_rate:.2f} graphs per {unit} (more than "
             f"{MAX_COMPILES_PER_STEP} per step after {warmup_steps} warm-up steps), taking "
             f"{summary.compile_time:.1f} s. {cause}",
             fix,
         ))
-    elif summary.compiles_after_warmup and summary.steps_after_warmup:
-        changed = changed_inputs(summary.input_shapes)
-        if changed:
-            cause, fix = _compile_cause(summary)
-            alerts.append(Alert(
-                "recompiled", "info",
-                f"{summary.compiles_after_warmup} compiles after warm-up",
-                f"XLA compiled {summary.compiles_after_warmup} new graphs in the "
-                f"{summary.steps_after_warmup} steps after warm-up. {cause}",
-                fix,
-            ))
+    elif summary.compiles_after_warmup and summary.steps_after_warmup and changed:
+        cause, fix = _compile_cause(summary)
+        alerts.append(Alert(
+            "recompiled", "info",
+            f"{summary.compiles_after_warmup} compiles after warm-up",
+            f"XLA compiled {summary.compiles_after_warmup} new graphs in the "
+            f"{summary.steps_after_warmup} steps after warm-up. {cause}",
+            fix,
+        ))
+
+    many = {name: info for name, info in changed.items() if info.distinct > MAX_QUIET_SHAPES}
+    if many and not any(alert.code in ("frequent-compiles", "recompiled") for alert in alerts):
+        # Every compile may have happened during warm-up (shapes that cycle), so the rate rules
+        # stay silent, but each shape still cost a compilation and any new one costs another.
+        names = ", ".join(f"'{name}'" for name in many)
+        if len(many) == 1:
+            title = f"Input {names} took {next(iter(many.values())).count_text()}"
+        else:
+            title = f"Inputs {names} took many different shapes"
+        listed = _shapes_listed(many)
+        compiled = ""
+        if summary.compiles:
+            during = (f", all in the first {warmup_steps} steps"
+                      if summary.compiles_after_warmup == 0 else "")
+            compiled = f" This run compiled {summary.compiles} graphs{during}."
+        alerts.append(Alert(
+            "shape-changes", "info", title,
+            f"{listed[0].upper()}{listed[1:]}. XLA compiles a new graph for every new input "
+            f"shape.{compiled} Later steps reuse those graphs, but each compilation can take "
+            "minutes on a TPU, and every shape not seen yet (a longer text, a smaller last "
+            "batch, an evaluation batch) compiles again.",
+            _SHAPES_FIX,
+        ))
 
     transfers = summary.transfers_from_device
-    if steps and transfers / steps > MAX_TRANSFERS_PER_STEP:
+    transfer_rate = summary.per_step(transfers)
+    if steps and transfer_rate > MAX_TRANSFERS_PER_STEP:
         items = f", {summary.item_calls} of them .item() calls" if summary.item_calls else ""
         alerts.append(Alert(
             "frequent-transfers", "warning",
             f"Device-to-host transfers: {transfers} in {steps} steps",
-            f"The program fetched values from the device {transfers / steps:.2f} times per step "
+            f"The program fetched values from the device {transfer_rate:.2f} times per {unit} "
             f"(more than {MAX_TRANSFERS_PER_STEP}){items}. Each fetch waits for the device to "
             "finish and stops the next step's tracing from overlapping with it. Typical "
             "causes: .item(), print(tensor), `if tensor:`, logging every step (Trainer with "
@@ -448,16 +579,36 @@ def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Al
 
 
 # ---------------------------------------------------------------------------------------------
-# Live: the snapshots a launch sends, per rank
+# Live: the snapshots a launch sends, per process
 # ---------------------------------------------------------------------------------------------
 
 
-class LiveMetrics:
-    """Keeps the `MetricsSnapshot` events of a launch and summarizes them per sending rank.
+def snapshot_ranks(event: Any) -> list[int]:
+    """The ranks whose work a `MetricsSnapshot`'s counters hold: every rank thread of the
+    sending process when `report` said so (`data["process"]["ranks"]`), else the sender."""
+    process = (getattr(event, "data", None) or {}).get("process") or {}
+    ranks = [rank for rank in process.get("ranks") or () if rank is not None]
+    if ranks:
+        return sorted(ranks)
+    return [] if event.rank is None else [event.rank]
 
-    Workers send cumulative snapshots (counters start at zero in a fresh worker), so the
-    latest one describes the whole run so far; the first one taken past the warm-up steps
-    is kept to count the compiles that came after warm-up.
+
+def _source(event: Any) -> tuple:
+    """Which process a snapshot describes: its pid when known, else its rank."""
+    process = (getattr(event, "data", None) or {}).get("process") or {}
+    pid = process.get("pid")
+    return ("pid", pid) if pid is not None else ("rank", event.rank)
+
+
+class LiveMetrics:
+    """Keeps the `MetricsSnapshot` events of a launch and summarizes them per process.
+
+    Workers send cumulative snapshots of their process's counters (counters start at zero in
+    a fresh worker), so the latest one describes the whole run so far; the first one taken
+    past the warm-up steps is kept to count the compiles that came after warm-up. The rank
+    threads of one process share one set of counters, and any of them may send it: snapshots
+    are grouped by process (`data["process"]["pid"]`, else by rank), and a reading that
+    arrives after a newer one of the same process is ignored.
     """
 
     def __init__(self, warmup_steps: int = WARMUP_STEPS) -> None:
@@ -467,37 +618,72 @@ class LiveMetrics:
 
     def add(self, event: Any) -> None:
         """Add a `MetricsSnapshot` event (anything with rank, step, data, memory)."""
-        rank = event.rank
-        self._latest[rank] = event
-        if rank not in self._warm and event.step is not None and event.step > self.warmup_steps:
-            self._warm[rank] = event
+        key = _source(event)
+        old = self._latest.get(key)
+        new_time, old_time = getattr(event, "time", None), getattr(old, "time", None)
+        if old is None or new_time is None or old_time is None or new_time >= old_time:
+            self._latest[key] = event
+        if key not in self._warm and event.step is not None and event.step > self.warmup_steps:
+            self._warm[key] = event
+
+    def _sources(self) -> list:
+        """Process keys, the one holding the lowest rank first."""
+        def order(key):
+            ranks = snapshot_ranks(self._latest[key])
+            return (not ranks, ranks[0] if ranks else 0)
+
+        return sorted(self._latest, key=order)
+
+    def _find(self, rank: Any) -> Any:
+        sources = self._sources()
+        if not sources:
+            return None
+        for key in sources:
+            if rank is not None and rank in snapshot_ranks(self._latest[key]):
+                return key
+        return sources[0]
 
     def ranks(self) -> list:
-        """The ranks that sent snapshots, lowest first."""
-        return sorted(self._latest, key=lambda rank: (rank is None, rank or 0))
+        """For each process that sent snapshots, its lowest rank; lowest first."""
+        result = []
+        for key in self._sources():
+            ranks = snapshot_ranks(self._latest[key])
+            result.append(ranks[0] if ranks else self._latest[key].rank)
+        return result
+
+    def process_ranks(self, rank: Any = None) -> list[int]:
+        """The ranks whose work `summary(rank)` counts (several for rank threads of one
+        process), lowest first."""
+        key = self._find(rank)
+        return [] if key is None else snapshot_ranks(self._latest[key])
 
     def summary(self, rank: Any = None) -> XlaSummary | None:
-        """The summary for `rank` (default: the lowest rank that sent a snapshot)."""
-        ranks = self.ranks()
-        if not ranks:
+        """The summary of the process that runs `rank` (default: the one with the lowest rank)."""
+        key = self._find(rank)
+        if key is None:
             return None
-        event = self._latest[rank if rank in self._latest else ranks[0]]
-        warm = self._warm.get(event.rank)
-        steps = event.step or None
+        return self._summary(key)
+
+    def _summary(self, key: Any) -> XlaSummary:
+        event = self._latest[key]
+        warm = self._warm.get(key)
+        if warm is not None and (warm is event or warm.step is None or event.step is None
+                                 or warm.step >= event.step):
+            warm = None
         return summarize(
             event.data,
-            steps=steps,
+            steps=event.step or None,
             memory=getattr(event, "memory", None),
-            warmup=warm.data if warm is not None and warm is not event else None,
-            warmup_step=warm.step if warm is not None and warm is not event else None,
+            warmup=warm.data if warm is not None else None,
+            warmup_step=warm.step if warm is not None else None,
         )
 
     def alerts(self) -> list[Alert]:
-        """Alerts from every rank's latest snapshot, without repeats."""
+        """Alerts from every process's latest snapshot, without repeats."""
         seen, alerts = set(), []
-        for rank in self.ranks():
-            summary = self.summary(rank)
-            for alert in analyze(summary, warmup_steps=self.warmup_steps) if summary else []:
+        for key in self._sources():
+            summary = self._summary(key)
+            for alert in analyze(summary, warmup_steps=self.warmup_steps):
                 if alert.code not in seen:
                     seen.add(alert.code)
                     alerts.append(alert)

@@ -15,10 +15,15 @@ copies the values to the host after the graph has run anyway: one transfer per `
 steps at most, no extra execution, no `.item()`. Plain numbers are sent as they are. Events
 are throttled by time (a few per second per bar; the final step always goes out).
 
-One rank per process also sends a `MetricsSnapshot` every `SNAPSHOT_INTERVAL` seconds, just
-past the warm-up steps and at the final step: torch_xla's host-side counters (no device sync),
-device memory on TPU, and the input shapes seen so far (`inputs=`), so a recompilation can be
-explained by the input whose shape changed.
+Each process also sends a `MetricsSnapshot` every `SNAPSHOT_INTERVAL` seconds, just past the
+warm-up steps and at the final step: torch_xla's host-side counters (no device sync), device
+memory on TPU, and the input shapes seen so far (`inputs=`), so a recompilation can be
+explained by the input whose shape changed. The counters belong to the process, so when
+several ranks run as threads of one process the snapshot is that of all of them: it names
+them (`data["process"]`) and carries the lowest one as its rank, whichever thread sent it.
+The launcher's worker tells this module when each rank starts and ends (`rank_started`,
+`rank_ended`), so that a last snapshot goes out when a rank fails and after the last rank of
+a process finished, even where no final step was reported (no `total`).
 
 Outside a launched worker (in the notebook kernel itself), `report` does nothing and costs a
 function call, unless a local receiver is installed with `local_events` (`%%xla_metrics`
@@ -45,33 +50,56 @@ MIN_INTERVAL = 0.2
 SNAPSHOT_INTERVAL = 1.5
 
 _local_sink: Callable[[events.Event], None] | None = None
-_UNSET = object()
 
 
 class _BarState:
-    """Per thread and label: how many calls, and when things were last sent."""
+    """Per thread and label: how many calls, when things were last sent, and the latest
+    progress held back by the throttle (sent when the rank ends)."""
 
-    __slots__ = ("calls", "last_sent", "last_fetch")
+    __slots__ = ("calls", "last_sent", "last_fetch", "pending")
 
     def __init__(self) -> None:
         self.calls = 0
         self.last_sent: float | None = None
         self.last_fetch = float("-inf")
+        self.pending: Progress | None = None
 
 
 class _ProcessState:
-    """Per process and channel: who sends snapshots, when, and the input shapes seen."""
+    """Per process and channel: the ranks it runs, their steps, when snapshots were sent, and
+    the input shapes seen."""
 
     def __init__(self, target: Any) -> None:
         self.target = target
         self.lock = threading.Lock()
-        self.owner: Any = _UNSET
         self.last_snapshot: float | None = None
         self.warm_sent = False
         self.shapes = ShapeTracker()
         self.memory_available: bool | None = None
         self.memory: dict[str, int] | None = None
         self.max_step = 0
+        self.ranks: set = set()  # ranks started in this process (rank_started)
+        self.running: set = set()  # ... and not ended yet
+        self.main_label: dict[Any, str] = {}  # rank -> the label it reported first
+        self.steps: dict[Any, int] = {}  # rank -> largest step of its main label
+
+    def all_ranks(self) -> list:
+        """The ranks of this process (started, or seen reporting), lowest first."""
+        ranks = self.ranks | {rank for rank in self.steps if rank is not None}
+        return sorted(ranks)
+
+    def step(self) -> int:
+        """The process's step: that of its slowest reporting rank (their main bars)."""
+        return min(self.steps.values()) if self.steps else self.max_step
+
+    def rank_steps(self) -> int:
+        """Steps of every rank of the process added up (a rank that does not report is
+        counted at the slowest reporting rank's step)."""
+        if not self.steps:
+            return 0
+        slowest = min(self.steps.values())
+        ranks = self.ranks | set(self.steps)
+        return sum(self.steps.get(rank, slowest) for rank in ranks)
 
 
 _process: _ProcessState | None = None
@@ -183,7 +211,10 @@ def _report(key, send, step, loss, total, samples, inputs, log_every, label, val
     total = int(total) if total is not None else None
     samples = int(samples) if samples is not None else None
     final = total is not None and step >= total
-    process.max_step = max(process.max_step, step)
+    with process.lock:
+        process.max_step = max(process.max_step, step)
+        if process.main_label.setdefault(rank, label) == label:
+            process.steps[rank] = max(process.steps.get(rank, 0), step)
     if loss is not None:
         values = {"loss": loss, **values}
     plain, device = _split(values)
@@ -194,14 +225,17 @@ def _report(key, send, step, loss, total, samples, inputs, log_every, label, val
 
     now = time.monotonic()
     every = max(int(log_every), 1)
+    event = Progress(rank, step, total, plain, samples, label)
     if device and (final or (step % every == 0 and now - bar.last_fetch >= MIN_INTERVAL)):
         bar.last_fetch = now
-        progress = Progress(rank, step, total, plain, samples, label)
-        _xla.add_step_closure(_send_fetched, (send, progress, list(device), list(device.values())))
+        _xla.add_step_closure(_send_fetched, (send, event, list(device), list(device.values())))
     if final or bar.last_sent is None or now - bar.last_sent >= MIN_INTERVAL:
         bar.last_sent = now
-        send(Progress(rank, step, total, plain, samples, label))
-    _maybe_snapshot(process, send, rank, step, final, now)
+        bar.pending = None
+        send(event)
+    else:
+        bar.pending = event
+    _maybe_snapshot(process, send, final, now)
 
 
 def _split(values: dict[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
@@ -236,33 +270,83 @@ def _send_fetched(send, progress: Progress, names: list[str], tensors: list) -> 
                       stacklevel=2)
 
 
-def _maybe_snapshot(process: _ProcessState, send, rank, step: int, final: bool, now: float):
-    """Queue a metrics snapshot from one rank per process, every few seconds."""
+def _maybe_snapshot(process: _ProcessState, send, final: bool, now: float) -> None:
+    """Queue a metrics snapshot of this process, every few seconds (from whichever rank thread
+    reports when one is due)."""
     if not _xla.runtime_is_initialized():
         return  # no XLA work in this process yet: nothing to measure
     with process.lock:
-        if process.owner is _UNSET:
-            process.owner = rank
-        if rank != process.owner:
-            return
-        warm = not process.warm_sent and step > WARMUP_STEPS
+        warm = not process.warm_sent and process.step() > WARMUP_STEPS
         due = process.last_snapshot is None or now - process.last_snapshot >= SNAPSHOT_INTERVAL
         if not (final or warm or due):
             return
         process.last_snapshot = now
         process.warm_sent = process.warm_sent or warm
     # After the step's graph ran, so the counters include this step's compile and transfers.
-    _xla.add_step_closure(_send_snapshot, (process, send, rank, step))
+    _xla.add_step_closure(_send_snapshot, (process, send))
 
 
-def _send_snapshot(process: _ProcessState, send, rank, step: int) -> None:
+def _send_snapshot(process: _ProcessState, send) -> None:
+    """Send the process's counters now (a step closure, or the end of a rank)."""
     try:
+        with process.lock:  # progress first: the counters read next include at least that
+            step = process.step()
+            progress = process.rank_steps()
+            ranks = process.all_ranks()
         data = _xla.metrics_snapshot()
         data["input_shapes"] = process.shapes.data()
+        data["process"] = {"pid": os.getpid(), "ranks": ranks, "rank_steps": progress}
+        rank = ranks[0] if ranks else events.worker_rank()
         send(MetricsSnapshot(rank, step, data, _memory(process)))
     except Exception as error:  # noqa: BLE001 - never break the user's sync
         warnings.warn(f"hfxla_nb.report could not read metrics: {error!r}", RuntimeWarning,
                       stacklevel=2)
+
+
+def rank_started(rank: int) -> None:
+    """The launcher's worker: `rank` starts running in this process (after `attach_worker`)."""
+    target = _target()
+    if target is None:
+        return
+    process = _process_state(target[0])
+    with process.lock:
+        process.ranks.add(rank)
+        process.running.add(rank)
+
+
+def rank_ended(rank: int, failed: bool = False) -> None:
+    """The launcher's worker, on `rank`'s thread: its function returned (after its last step
+    closures ran) or raised. Sends the progress the throttle held back, then the process's
+    final metrics snapshot: at once when the rank failed (the launch is about to stop every
+    rank), else when it is the last rank of the process to end, once the device finished the
+    work queued (executions are counted when they complete). Never starts the XLA runtime."""
+    target = _target()
+    if target is None:
+        return
+    key, send = target
+    if getattr(_thread, "target", None) is key:  # the steps the throttle held back
+        for bar in _thread.bars.values():
+            if bar.pending is not None:
+                send(bar.pending)
+                bar.pending = None
+    process = _process_state(key)
+    with process.lock:
+        process.running.discard(rank)
+        last = not process.running
+    if not (failed or last):
+        return
+    try:
+        if not _xla.runtime_is_initialized():
+            return  # no XLA work in this process: nothing to measure, and do not start it
+    except Exception:  # noqa: BLE001 - a broken torch_xla: nothing to read either
+        return
+    if not failed:  # after a failure the device may be what failed: do not wait on it
+        try:
+            _xla.wait_device_ops()
+        except Exception as error:  # noqa: BLE001 - the rank's outcome matters more
+            warnings.warn(f"hfxla_nb could not wait for the device: {error!r}",
+                          RuntimeWarning, stacklevel=2)
+    _send_snapshot(process, send)
 
 
 def _memory(process: _ProcessState) -> dict[str, int] | None:

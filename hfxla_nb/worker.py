@@ -30,7 +30,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import _xla
+from . import _xla, reporting
 from .events import (
     Channel,
     Failed,
@@ -139,11 +139,25 @@ def prepare_process(channel: Channel, output_fd: int, env: dict[str, str | None]
     faulthandler.enable(file=os.fdopen(os.dup(2), "w", closefd=False), all_threads=True)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _avoid_forked_openmp_pool()
     _forget_notebook()
     _capture_tqdm(channel)
     threading.Thread(
         target=_heartbeat, args=(channel,), name="hfxla_nb-heartbeat", daemon=True
     ).start()
+
+
+def _avoid_forked_openmp_pool() -> None:
+    """Keep torch's CPU ops out of the OpenMP thread pool inherited from the notebook.
+
+    GNU OpenMP is not fork-safe: when the kernel already ran parallel CPU ops (building a
+    model, tokenizing into tensors), a forked child hangs in its first parallel region, for
+    example inside a CPU-to-XLA copy. PyTorch's DataLoader workers do the same. XLA's own
+    computations use XLA's thread pool, not this one.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 def _forget_notebook() -> None:
@@ -206,6 +220,7 @@ def run_rank(
     """Run the user's function as `rank`, reporting its start and its outcome."""
     attach_worker(channel, rank)
     _active.add(rank)
+    reporting.rank_started(rank)
     channel.send(Started(rank=rank, world=world, pid=os.getpid()))
     start = time.monotonic()
     try:
@@ -213,6 +228,8 @@ def run_rank(
     except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too
         sys.stdout.flush()
         sys.stderr.flush()
+        # The metrics as they were when it failed, before Failed makes the launcher stop us.
+        reporting.rank_ended(rank, failed=True)
         channel.send(
             Failed(
                 rank=rank,
@@ -226,6 +243,7 @@ def run_rank(
     finally:
         _active.remove(rank)
     _run_pending_step_closures()
+    reporting.rank_ended(rank)  # the last rank of this process sends its final metrics
     sys.stdout.flush()
     sys.stderr.flush()
     channel.send(Finished(rank=rank, result=result, duration=time.monotonic() - start))

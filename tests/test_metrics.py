@@ -144,6 +144,65 @@ def test_transfer_fallback_and_slow_alerts():
     assert metrics.analyze(quiet) == []
 
 
+def cycling(name, period, steps, start=1):
+    """What a ShapeTracker records for x = randn(8 + step % period, 8) over `steps` steps."""
+    tracker = metrics.ShapeTracker()
+    for step in range(start, start + steps):
+        tracker.record(step, {name: (8 + step % period, 8)})
+    return tracker.data()
+
+
+def test_shapes_that_all_compiled_during_warmup_still_get_an_alert():
+    # The QA case: 7 cycling shapes, 7 compiles in the first 10 steps, none after: the rate
+    # rules stay silent, yet each shape cost a compilation (minutes each on a TPU).
+    live = metrics.LiveMetrics()
+    live.add(MetricsSnapshot(0, 11, snap({"MarkStep": 11}, CompileTime=(7, 2 * NS, []))))
+    data = snap({"MarkStep": 150}, CompileTime=(7, 2 * NS, []))
+    data["input_shapes"] = cycling("x", 7, 150)
+    live.add(MetricsSnapshot(0, 150, data))
+    assert live.summary().compiles_after_warmup == 0
+    (alert,) = live.alerts()
+    assert alert.code == "shape-changes" and alert.severity == "info"
+    assert alert.title == "Input 'x' took 7 different shapes"
+    assert ("Input 'x' had 7 different shapes: (9, 8), (10, 8), (11, 8), (12, 8), (13, 8), "
+            "(14, 8), (8, 8).") in alert.explanation  # all 7, not "and 1 more"
+    assert "compiled 7 graphs, all in the first 10 steps" in alert.explanation
+    assert "padding='max_length'" in alert.fix and "bucket" in alert.fix
+
+
+def test_shape_alert_is_not_repeated_and_a_few_buckets_are_quiet():
+    # Recompiling after warm-up: that alert already names the input; no second one.
+    summary = metrics.summarize(snap({"MarkStep": 40}, CompileTime=(30, NS, [])))
+    summary.input_shapes = cycling("x", 7, 40)
+    assert codes(metrics.analyze(summary)) == ["frequent-compiles"]
+    live = metrics.LiveMetrics()
+    live.add(MetricsSnapshot(0, 11, snap({}, CompileTime=(3, NS, []))))
+    data = snap({}, CompileTime=(9, NS, []))
+    data["input_shapes"] = cycling("x", 7, 150)
+    live.add(MetricsSnapshot(0, 150, data))
+    assert codes(live.alerts()) == ["recompiled"]
+    # Up to MAX_QUIET_SHAPES shapes (a few bucket lengths, what fine_tune pads to): quiet.
+    for period, expected in ((3, []), (4, ["shape-changes"])):
+        summary = metrics.summarize(snap({"MarkStep": 150}, CompileTime=(period, NS, [])))
+        summary.input_shapes = cycling("x", period, 150)
+        assert codes(metrics.analyze(summary)) == expected
+    assert metrics.MAX_QUIET_SHAPES == 3
+
+
+def test_rates_of_rank_threads_are_per_rank_step():
+    # 4 rank threads of one process share the counters: 8 compiles in 12 steps of each rank
+    # are 8 in 48 rank-steps (each device compiles its own graph), not 0.67 per step.
+    data = snap({"MarkStep": 48}, CompileTime=(8, NS, []), TransferFromDeviceTime=(24, 1, []))
+    data["process"] = {"pid": 1, "ranks": [0, 1, 2, 3], "rank_steps": 48}
+    summary = metrics.summarize(data, steps=12)
+    assert (summary.ranks, summary.rank_steps) == (4, 48)
+    assert summary.per_step(summary.compiles) == pytest.approx(8 / 48)
+    assert metrics.analyze(summary) == []
+    alone = metrics.summarize(snap({}, CompileTime=(8, NS, []),
+                                   TransferFromDeviceTime=(24, 1, [])), steps=12)
+    assert codes(metrics.analyze(alone)) == ["frequent-compiles", "frequent-transfers"]
+
+
 def test_live_metrics_counts_compiles_after_warmup():
     live = metrics.LiveMetrics()
     live.add(MetricsSnapshot(0, 1, snap({}, CompileTime=(1, NS, []))))
@@ -181,6 +240,43 @@ def test_shape_tracker_and_shapes_of():
         tracker.record(step, {"input_ids": (4, step + 100)})
     assert len(tracker.data()["input_ids"]) == metrics.MAX_SHAPES_PER_INPUT + 1
     pickle.dumps(tracker.data())
+    # ... and a true count of the shapes past the listed ones.
+    info = metrics.input_shapes_of(tracker.data())["input_ids"]
+    assert (info.distinct, len(info.shapes), info.more, info.exact) == (42, 16, 26, True)
+    assert info.shapes[:3] == [(4, 9), (4, 12), (4, 100)]
+
+
+@pytest.mark.parametrize(("period", "steps", "distinct"), [(23, 150, 23), (1000, 60, 60)])
+def test_shape_count_is_true_past_the_listed_shapes(period, steps, distinct):
+    # The QA cases: x = randn(8 + step % period, 8): 23 shapes cycling over 150 steps, or a
+    # new shape every step. The tracker listed 16 and counted its overflow as a 17th shape.
+    tracker = metrics.ShapeTracker()
+    for step in range(1, steps + 1):
+        tracker.record(step, {"x": (8 + step % period, 8), "y": (8,)})
+    info = metrics.input_shapes_of(tracker.data())["x"]
+    assert (info.distinct, info.more, info.exact) == (distinct, distinct - 16, True)
+    assert list(metrics.changed_inputs(tracker.data())) == ["x"]
+    assert len(metrics.changed_inputs(tracker.data())["x"]) == 16  # the listed ones
+    summary = metrics.summarize(snap({"MarkStep": steps}, CompileTime=(distinct, NS, [])))
+    summary.input_shapes = tracker.data()
+    (alert,) = metrics.analyze(summary)  # 60 in 60 steps: recompiling; 23 in 150: shapes
+    assert alert.code == ("frequent-compiles" if distinct == steps else "shape-changes")
+    assert (f"'x' had {distinct} different shapes: (9, 8), (10, 8), (11, 8), (12, 8), "
+            f"(13, 8), (14, 8) and {distinct - 6} more") in alert.explanation
+
+
+def test_shape_count_stays_bounded():
+    tracker = metrics.ShapeTracker()
+    extra = metrics.MAX_SHAPES_COUNTED + 50
+    for step in range(metrics.MAX_SHAPES_PER_INPUT + extra):
+        tracker.record(step, {"x": (step,)})
+    (*listed, overflow) = tracker.data()["x"]
+    assert len(listed) == metrics.MAX_SHAPES_PER_INPUT
+    assert overflow["more"] == metrics.MAX_SHAPES_COUNTED and overflow["exact"] is False
+    assert len(tracker._unlisted["x"]) == metrics.MAX_SHAPES_COUNTED
+    info = metrics.input_shapes_of(tracker.data())["x"]
+    assert info.count_text() == (
+        f"more than {metrics.MAX_SHAPES_PER_INPUT + metrics.MAX_SHAPES_COUNTED} different shapes")
 
 
 def test_metrics_module_does_not_import_torch_xla_at_import():

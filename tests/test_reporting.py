@@ -179,3 +179,144 @@ def test_metrics_snapshots_carry_counters_and_input_shapes(contract):
     assert last.data["input_shapes"]["x"] == [{"shape": [8, 4], "first": 1, "last": 20,
                                                "count": 20}]
     assert last.memory is None  # not available on the CPU
+
+
+# -- the end of a rank: held-back progress and the process's final metrics --------------------
+
+
+class FakeXla:
+    """torch_xla as report() and the worker use it, without torch_xla: a process-wide counter
+    that every `sync()` bumps, then runs the step closures queued in that thread."""
+
+    def __init__(self, monkeypatch, initialized=True):
+        import threading
+
+        self.syncs = 0
+        self.initialized = initialized
+        self.lock = threading.Lock()
+        self.local = threading.local()
+        monkeypatch.setattr(reporting._xla, "runtime_is_initialized", lambda: self.initialized)
+        monkeypatch.setattr(reporting._xla, "metrics_snapshot", self.snapshot)
+        monkeypatch.setattr(reporting._xla, "add_step_closure", self.add_step_closure)
+        monkeypatch.setattr(reporting._xla, "sync", self.sync)
+        monkeypatch.setattr(reporting._xla, "device_type", lambda: "CPU")
+        self.waited = 0
+        monkeypatch.setattr(reporting._xla, "wait_device_ops", self.wait_device_ops)
+
+    def wait_device_ops(self):
+        assert self.initialized
+        self.waited += 1
+
+    def add_step_closure(self, closure, args=()):
+        self.local.__dict__.setdefault("closures", []).append((closure, args))
+
+    def sync(self):
+        with self.lock:
+            self.syncs += 1
+        closures, self.local.closures = self.local.__dict__.get("closures", []), []
+        for closure, args in closures:
+            closure(*args)
+
+    def snapshot(self):
+        assert self.initialized, "the runtime must never be started for a snapshot"
+        return {"counters": {"MarkStep": self.syncs}, "metrics": {}, "fallback_ops": []}
+
+
+def run_ranks(channel, functions):
+    """Run `functions[rank]` as rank threads of this process, through the worker's run_rank."""
+    import threading
+
+    from hfxla_nb import worker
+
+    threads = [threading.Thread(target=worker.run_rank,
+                                args=(channel, rank, len(functions), function, (), True))
+               for rank, function in enumerate(functions)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    events.attach_worker(None, None)
+    received = []
+    while True:
+        batch = channel.receive(timeout=0.5)
+        if not batch:
+            return received
+        received += batch
+
+
+@pytest.fixture
+def worker_channel():
+    channel = Channel()
+    yield channel
+    events.attach_worker(None, None)
+    channel.close()
+
+
+def test_a_failing_rank_sends_its_last_progress_and_metrics(monkeypatch, worker_channel):
+    xla = FakeXla(monkeypatch)
+    monkeypatch.setattr(reporting, "SNAPSHOT_INTERVAL", 1000.0)  # one periodic snapshot only
+
+    def train(index):
+        for step in range(1, 41):  # no total: no final step for report() to know of
+            reporting.report(step=step, loss=1.0 / step)
+            xla.sync()
+        raise ValueError("boom at step 40")
+
+    received = run_ranks(worker_channel, [train])
+    kinds = [type(event).__name__ for event in received]
+    assert kinds[-1] == "Failed"
+    last_metrics = max(i for i, kind in enumerate(kinds) if kind == "MetricsSnapshot")
+    final = received[last_metrics]
+    # Sent before Failed (which makes the launcher stop the process), at the failing step.
+    assert last_metrics < len(kinds) - 1
+    assert final.step == 40 and final.data["counters"]["MarkStep"] == 40
+    assert final.rank == 0 and final.data["process"]["ranks"] == [0]
+    assert xla.waited == 0  # after a failure the device may be what failed: no wait on it
+    bars = [event for event in received if isinstance(event, Progress)]
+    assert bars[-1].step == 40  # the step the throttle held back is sent too
+
+
+def test_the_last_rank_thread_of_a_process_sends_its_final_metrics(monkeypatch,
+                                                                   worker_channel):
+    import time
+
+    xla = FakeXla(monkeypatch)
+
+    def train(index):
+        if index == 0:
+            time.sleep(0.2)  # rank 1 reports first: the snapshots are still the process's
+        for step in range(1, 21):
+            reporting.report(step=step, total=20)
+            xla.sync()
+            time.sleep(0.002 * (4 - index) ** 2)  # rank 0 slowest... rank 3 fastest
+        return index
+
+    received = run_ranks(worker_channel, [train] * 4)
+    snapshots = [event for event in received if isinstance(event, MetricsSnapshot)]
+    assert snapshots
+    # Whichever thread sent it, a snapshot names the process's ranks and its lowest rank.
+    assert {event.rank for event in snapshots} <= {0, 1}
+    final = snapshots[-1]
+    assert final.rank == 0 and final.data["process"]["ranks"] == [0, 1, 2, 3]
+    # After every rank's work and once the device finished it (executions are counted when
+    # they complete): all of the process's syncs, sent before the last Finished.
+    assert xla.waited == 1
+    assert final.data["counters"]["MarkStep"] == xla.syncs >= 80
+    assert final.data["process"]["rank_steps"] == 80 and final.step == 20
+    finished = [i for i, event in enumerate(received) if type(event).__name__ == "Finished"]
+    assert len(finished) == 4 and received.index(final) < finished[-1]
+
+
+def test_no_snapshot_and_no_runtime_when_the_function_used_no_xla(monkeypatch,
+                                                                  worker_channel):
+    xla = FakeXla(monkeypatch, initialized=False)
+
+    def train(index):
+        for step in range(1, 6):
+            reporting.report(step=step, loss=0.5)
+        return "done"
+
+    received = run_ranks(worker_channel, [train])
+    assert not [event for event in received if isinstance(event, MetricsSnapshot)]
+    assert type(received[-1]).__name__ == "Finished" and xla.initialized is False
+    assert [event.step for event in received if isinstance(event, Progress)][-1] == 5

@@ -4,6 +4,7 @@ renderers (widget state without a browser, and in a real kernel through nbclient
 from __future__ import annotations
 
 import json
+import re
 import sys
 from types import SimpleNamespace
 
@@ -140,6 +141,32 @@ def test_state_metrics_from_snapshots():
     assert {alert.code for alert in view.alerts} == {"frequent-transfers", "cpu-fallback"}
 
 
+def process_snapshot(step, executions, *, sender, time, ranks=(0, 1, 2, 3), pid=4242):
+    """A snapshot of a process running `ranks` as threads, sent from `sender`'s thread."""
+    data = {"counters": {"MarkStep": executions}, "fallback_ops": [],
+            "metrics": {"ExecuteTime": {"count": executions, "total": 1e6, "samples": []}},
+            "process": {"pid": pid, "ranks": list(ranks), "rank_steps": executions}}
+    return MetricsSnapshot(sender, step, data, time=time)
+
+
+def test_state_metrics_of_rank_threads_name_their_process():
+    # 4 rank threads in one process share torch_xla's counters: whichever thread sends them,
+    # the panel shows the process (named honestly), and the newest reading wins.
+    state = LaunchState(4, clock=Clock())
+    state.handle(process_snapshot(5, 20, sender=1, time=T0 + 1))
+    state.handle(process_snapshot(30, 100, sender=3, time=T0 + 3))
+    state.handle(process_snapshot(20, 80, sender=0, time=T0 + 2))  # older, arrived late
+    view = state.view()
+    assert view.metrics_ranks == [0, 1, 2, 3] and view.metrics_rank == 0
+    assert view.metrics.executions == 100 and view.metrics.steps == 30
+    assert text.metrics_title(view) == "XLA metrics (process of ranks 0-3)"
+    assert "(process of ranks 0-3)" in text.launch_text(view).splitlines()[1]
+    assert "XLA metrics (process of ranks 0-3) in 30 steps" in html.launch_html(view)
+    assert "rank 1" not in html.launch_html(view)
+    assert text.metrics_label([2]) == "rank 2"
+    assert text.metrics_label([0, 2, 5]) == "process of ranks 0, 2, 5"
+
+
 # -- text ----------------------------------------------------------------------------------------
 
 
@@ -148,6 +175,11 @@ def test_text_formats():
     assert text.duration(125) == "2 min 05 s"
     assert text.duration(3 * 3600 + 120) == "3 h 02 min"
     assert text.duration(None) == "?"
+    # Steps of a few tens of milliseconds read in milliseconds, not "0.0 s".
+    assert text.duration(0.024) == "24 ms" and text.duration(0.0333) == "33 ms"
+    assert text.duration(0.0042) == "4.2 ms" and text.duration(0) == "0 s"
+    assert text.duration(0.9996) == "1.0 s" and text.duration(0.5) == "500 ms"
+    assert text.duration(0.00004) == "40 µs" and text.duration(0.0009999) == "1.0 ms"
     assert text.size(None) == "n/a" and text.size(512) == "512 B"
     assert text.size(3 * 1024**3) == "3.0 GiB"
     assert text.rate(0.5, "it") == "2.00 s/it" and text.rate(12.34, "it") == "12.3 it/s"
@@ -195,6 +227,43 @@ def test_launch_html_escapes_and_colors():
     assert "<svg" in page  # loss and step-time charts
     assert "CPU fallbacks" in page and "aten::nonzero x3" in page
     assert "Fix:" in page
+
+
+def full_view():
+    """A failed launch with every part of the panel: bars, charts, errors, metrics, alerts."""
+    state = LaunchState(2, clock=Clock())
+    for rank in (0, 1):
+        for event in train_events(rank, steps=4, total=8, dt=0.024):
+            state.handle(event)
+    state.handle(Failed(1, "ValueError", "bad batch", ""))
+    data = dict(SNAPSHOT, input_shapes={"x": [
+        {"shape": [8 + i, 8], "first": i, "last": i, "count": 1} for i in range(12)]})
+    state.handle(MetricsSnapshot(0, 20, data))
+    state.close(record(ok=False, r0="failed", r1="failed"))
+    return state.view()
+
+
+def test_html_colours_read_on_light_and_dark_themes():
+    page = html.launch_html(full_view())
+    assert "step time" in page and "24 ms" in page  # a 24 ms step is not "0.0 s"
+    # No fixed grey text (#444 on JupyterLab Dark is unreadable) and no light-only fill.
+    for grey in ("#444", "#555", "#666", "#777", "#e8e8e8"):
+        assert grey not in page
+    # Coloured text names JupyterLab's theme colour, after a plain fallback.
+    for match in re.finditer(r"(?<![-\w])color:(#[0-9a-f]{6});", page):
+        assert page[match.end():].startswith("color:var(--jp-"), page[match.start():][:80]
+    assert "color:var(--jp-error-color1,#d62728)" in page
+    assert "opacity:0.75" in page  # secondary text: the theme's colour, dimmed
+    assert f"background:{html.TRACK}" in page
+
+
+def test_input_shapes_row_says_when_more_exist():
+    page = html.launch_html(full_view())
+    row = re.search(r"input &#x27;x&#x27;</td><td[^>]*>([^<]*)</td>", page).group(1)
+    assert row.startswith("(8, 8), (9, 8), ") and row.endswith(", … (12 shapes in all)")
+    assert row.count("), (") == text.SHAPES_SHOWN - 1
+    assert "input 'x' shapes: (8, 8), " in text.launch_text(full_view())
+    assert "… (12 shapes in all)" in text.launch_text(full_view())
 
 
 def test_metrics_panel_has_html_and_text():
@@ -246,6 +315,10 @@ def test_widget_display_state_without_a_browser():
     display = WidgetDisplay(2)
     status, bars, chart, metrics_html = display.widget.children
     assert bars.children == ()
+    live = display._repr_mimebundle_()  # while it runs: the widget view and a text form
+    assert live["application/vnd.jupyter.widget-view+json"]["model_id"] == (
+        display.widget.model_id)
+    assert live["text/plain"] == repr(display)
     display.min_interval = 0
     for event in train_events(0, steps=2, total=4):
         display.handle(event)
@@ -266,10 +339,66 @@ def test_widget_display_state_without_a_browser():
     assert "finished" in status.value and html.COLORS["finished"] in status.value
     assert "<svg" in chart.value and "aten::nonzero" in metrics_html.value
     assert repr(display).startswith("✔ finished: 2 ranks in 4.0 s")
+    # Closed: displaying the panel again shows its final state as static HTML and text.
     bundle = display._repr_mimebundle_()
-    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == (
-        display.widget.model_id)
+    assert "application/vnd.jupyter.widget-view+json" not in bundle
     assert bundle["text/plain"] == repr(display)
+    assert "✔ finished" in bundle["text/html"] and "<svg" in bundle["text/html"]
+
+
+class Shown:
+    """Stands in for IPython's display(): records what is shown and updated, by display_id."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        monkeypatch.setattr("IPython.display.display", self.display)
+
+    def display(self, obj, display_id=None):
+        assert display_id is True
+        self.calls.append(("display", obj._repr_mimebundle_()))
+        shown = self
+
+        class Handle:
+            def update(self, new):
+                shown.calls.append(("update", new._repr_mimebundle_()))
+
+        return Handle()
+
+
+def test_widget_panel_ends_as_static_html_and_closes_its_widgets(monkeypatch):
+    shown = Shown(monkeypatch)
+    display = WidgetDisplay(2)
+    kind, first = shown.calls[0]
+    assert kind == "display" and "application/vnd.jupyter.widget-view+json" in first
+    display.min_interval = 0
+    for event in train_events(0, steps=2, total=4):
+        display.handle(event)
+    display.refresh()
+    row = display.bars.children[0]
+    row_widgets = [row, *row.children]
+    assert all(widget.comm is not None for widget in row_widgets)
+    feed(display)
+    # The saved notebook keeps the last update: static HTML and text, no widget view.
+    kind, final = shown.calls[-1]
+    assert kind == "update"
+    assert set(final) == {"text/html", "text/plain"}
+    assert final["text/plain"].startswith("✔ finished: 2 ranks")
+    assert "✔ finished" in final["text/html"] and "aten::nonzero" in final["text/html"]
+    # The widgets' comms are closed: no model is left for the page or the saved notebook.
+    closed = [display.widget, display.status, display.bars, display.chart, display.metrics]
+    assert all(widget.comm is None for widget in closed + row_widgets)
+    assert widget_state(display.widget)["children"][1]["children"][0]["children"][0][
+        "bar_style"] == "success"  # still readable
+
+
+def test_widget_bars_keep_a_fixed_width():
+    display = WidgetDisplay(2)
+    display.min_interval = 0
+    display.handle(Progress(0, 1, 4, {"loss": 0.5}))
+    display.handle(Progress(1, 1, 4, {"loss": 123456.789, "lr": 0.001, "grad_norm": 1.5}))
+    display.refresh(force=True)
+    layouts = [row.children[0].layout for row in display.bars.children]
+    assert all((layout.width, layout.flex) == ("45%", "0 0 45%") for layout in layouts)
 
 
 def test_widget_bars_without_total_and_failures():
@@ -376,9 +505,11 @@ def test_panels_in_a_real_kernel():
     assert out[1].startswith("✔ finished: 1 rank in 1.5 s")
     widget_bundles = bundles_of(cells[1])
     (bundle,) = widget_bundles
-    assert "model_id" in bundle["application/vnd.jupyter.widget-view+json"]
-    # What nbconvert stores: the final state, updated in place by close().
+    # What nbconvert stores: the final state, updated in place by close(), as static HTML and
+    # text (a widget view would show "model not found" once the notebook is reopened).
+    assert "application/vnd.jupyter.widget-view+json" not in bundle
     assert bundle["text/plain"].startswith("✔ finished")
+    assert "✔ finished" in bundle["text/html"]
     state = json.loads(stdout_of(cells[2]))
     progress = state["children"][1]["children"][0]["children"][0]
     assert (progress["class"], progress["value"], progress["max"], progress["bar_style"]) == (
@@ -387,3 +518,80 @@ def test_panels_in_a_real_kernel():
     assert "✖ failed" in html_bundle["text/html"] and "ValueError: bad" in html_bundle["text/html"]
     assert html_bundle["text/plain"].startswith("✖ failed after 1.5 s")
     assert error_of(cells[4])["ename"] == "ValueError"
+
+
+LAUNCHES = """
+import time
+import hfxla_nb as hx
+
+def train(index, steps, fail_at):
+    import torch, torch_xla
+    dev = torch_xla.device()
+    for step in range(1, steps + 1):
+        x = torch.randn(16, 8, device=dev)
+        hx.report(step=step, total=steps, loss=(x ** 2).mean(), inputs={"x": x})
+        torch_xla.sync()
+        time.sleep(0.01 * (index + 1))
+        if step == fail_at:
+            raise ValueError(f"boom at step {step}")
+    return index
+"""
+
+
+def panel_outputs(output):
+    """The launch panel's first display and its last update (by display_id)."""
+    (first,) = [d for d in output.displays
+                if "application/vnd.jupyter.widget-view+json" in d["data"]]
+    display_id = first["transient"]["display_id"]
+    updates = [u for u in output.updates if u["transient"]["display_id"] == display_id]
+    return first, updates[-1]["data"]
+
+
+def test_launch_panels_in_a_kernel_end_as_static_html_with_final_metrics():
+    """Real launches in a real kernel: the live widget panel is replaced, at the end, by static
+    HTML and text (what a saved notebook keeps), showing the final metrics: after a failure
+    too, and for rank threads of one process, after every rank's work."""
+    import textwrap
+
+    from tests.kernel import Kernel
+
+    kernel = Kernel()
+    try:
+        assert kernel.run(LAUNCHES).error is None
+        done = kernel.run("hx.notebook_launcher(train, args=(30, 0))", timeout=180)
+        assert done.error is None, done.error
+        first, final = panel_outputs(done)
+        assert "text/plain" in first["data"]  # live: the widget view, with a text form
+        assert set(final) == {"text/html", "text/plain"}
+        assert final["text/plain"].startswith("✔ finished: 1 rank")
+        assert "XLA metrics (rank 0) in 30 steps" in final["text/html"]
+        assert "30/30" in final["text/html"]
+
+        failed = kernel.run(textwrap.dedent("""
+            try:
+                hx.notebook_launcher(train, args=(150, 40))
+            except Exception as error:
+                print(type(error).__name__)
+        """), timeout=180)
+        assert failed.stdout.strip().endswith("LaunchError"), failed.text
+        _, final = panel_outputs(failed)
+        assert set(final) == {"text/html", "text/plain"}
+        assert final["text/plain"].startswith("✖ failed")
+        assert "train [rank 0] ✖ |" in final["text/plain"] and " 40/150 " in final["text/plain"]
+        # The metrics of the step it failed at, not of the last periodic snapshot.
+        assert "XLA in 40 steps" in final["text/plain"]
+
+        threads = kernel.run("import warnings; warnings.simplefilter('ignore')\n"
+                             "hx.notebook_launcher(train, args=(30, 0), num_processes=4)",
+                             timeout=180)
+        assert threads.error is None, threads.error
+        _, final = panel_outputs(threads)
+        lines = final["text/plain"].splitlines()
+        assert lines[0].startswith("✔ finished: 4 ranks")
+        (xla,) = [line for line in lines if line.startswith("XLA in ")]
+        # One process's counters, all 4 rank threads' work (30 executions each), named so.
+        assert xla.startswith("XLA in 30 steps: ") and " 120 executions " in xla
+        assert xla.endswith("(process of ranks 0-3)")
+        assert "XLA metrics (process of ranks 0-3) in 30 steps" in final["text/html"]
+    finally:
+        kernel.close()

@@ -2,13 +2,18 @@
 
 Every function takes the data of `ui.state` / `metrics` and returns a string of HTML with
 inline styles, so it renders the same in Jupyter, Colab, Kaggle, VS Code and nbconvert output.
+
+Colours read on light and dark themes alike: text keeps the theme's own colour (secondary
+text is the same colour, dimmed with `opacity`); coloured text takes JupyterLab's theme
+variable of the same meaning (`--jp-error-color1`, ...), with a fixed colour for notebooks
+without them; fills, borders and chart lines use mid-tone colours that show on both.
 """
 
 from __future__ import annotations
 
 from html import escape
 
-from ..metrics import Alert, XlaSummary, changed_inputs
+from ..metrics import Alert, XlaSummary, shape_changes
 from . import text
 from .state import BarView, LaunchView
 
@@ -22,7 +27,27 @@ COLORS = {
     "warning": "#e6a700",
     "info": "#1f77b4",
 }
+# JupyterLab's theme colour for text of each meaning (light and dark themes define them).
+_THEME_TEXT = {
+    "#1f77b4": "--jp-brand-color1",
+    "#2ca02c": "--jp-success-color1",
+    "#d62728": "--jp-error-color1",
+    "#e6a700": "--jp-warn-color1",
+    "#7f7f7f": "--jp-ui-font-color2",
+}
 _BOX = "font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;line-height:1.4;"
+# Secondary text: the theme's text colour, dimmed, so it reads on light and dark backgrounds.
+MUTED = "opacity:0.75;"
+# The empty part of a progress bar: grey at a quarter strength shows on any background.
+TRACK = "rgba(128,128,128,0.25)"
+
+
+def text_color(color: str) -> str:
+    """CSS for text in `color`: JupyterLab's theme colour of the same meaning when the page
+    has one (readable on its light and dark themes), else `color` itself. Two declarations,
+    so a sanitizer that drops `var()` (untrusted notebooks) keeps the plain one."""
+    variable = _THEME_TEXT.get(color)
+    return f"color:{color};" + (f"color:var({variable},{color});" if variable else "")
 
 
 def sparkline_svg(values: list[float], width: int = 180, height: int = 36,
@@ -54,17 +79,17 @@ def status_html(view: LaunchView) -> str:
     color = COLORS.get(view.state, "#7f7f7f")
     return (
         f'<div style="{_BOX}padding:4px 8px;border-left:4px solid {color};'
-        f'color:{color};font-weight:600">{escape(text.status_line(view))}</div>'
+        f'{text_color(color)}font-weight:600">{escape(text.status_line(view))}</div>'
     )
 
 
 def progress_bar_html(bar: BarView, width: int = 200) -> str:
-    """The bar itself: a filled box (full and striped-blue when the total is unknown)."""
+    """The bar itself: a filled box of fixed width (full when the total is unknown)."""
     fraction = bar.fraction if bar.fraction is not None else 1.0
     color = COLORS.get(bar.state, "#1f77b4")
     return (
-        f'<span style="display:inline-block;width:{width}px;height:12px;background:#e8e8e8;'
-        f'border-radius:3px;vertical-align:middle;overflow:hidden">'
+        f'<span style="display:inline-block;width:{width}px;min-width:{width}px;height:12px;'
+        f'background:{TRACK};border-radius:3px;vertical-align:middle;overflow:hidden">'
         f'<span style="display:block;width:{fraction * 100:.1f}%;height:100%;'
         f'background:{color}"></span></span>'
     )
@@ -76,19 +101,23 @@ def bar_stats_html(bar: BarView) -> str:
     values = text.values_text(bar.values)
     return (
         f'<span style="{_BOX}"><b>{escape(text.counts_text(bar))}</b>{percent} '
-        f'<span style="color:#666">{escape(text.timing_text(bar))}</span>'
+        f'<span style="{MUTED}">{escape(text.timing_text(bar))}</span>'
         + (f" &nbsp; <code>{escape(values)}</code>" if values else "")
         + "</span>"
     )
 
 
 def bar_html(bar: BarView) -> str:
-    """One row: caption, bar, stats."""
+    """One row: caption, bar (fixed width), stats."""
     mark = {"done": " ✔", "failed": " ✖"}.get(bar.state, "")
+    # Caption and bar keep their width; the stats take the rest and wrap when narrow, so
+    # every rank's bar has the same width and place.
     return (
-        f'<div style="{_BOX}white-space:nowrap">'
-        f'<span style="display:inline-block;min-width:9em">{escape(bar.name + mark)}</span> '
-        f"{progress_bar_html(bar)} {bar_stats_html(bar)}</div>"
+        f'<div style="{_BOX}display:flex;align-items:center;column-gap:0.4em">'
+        f'<span style="flex:none;min-width:9em;white-space:nowrap">'
+        f"{escape(bar.name + mark)}</span>"
+        f'<span style="flex:none;line-height:0">{progress_bar_html(bar)}</span>'
+        f'<span style="flex:1 1 0;min-width:0">{bar_stats_html(bar)}</span></div>'
     )
 
 
@@ -98,18 +127,21 @@ def chart_html(bars: list[BarView]) -> str:
         parts = []
         if len(bar.losses) >= 2:
             parts.append(
-                f"loss {sparkline_svg(bar.losses, color='#d62728')} "
+                f'<span style="{MUTED}">loss</span> '
+                f"{sparkline_svg(bar.losses, color=COLORS['failed'])} "
                 f"{escape(text.number(bar.losses[-1]))}"
             )
         if len(bar.step_times) >= 2:
             parts.append(
-                f"step time {sparkline_svg(bar.step_times, color='#1f77b4')} "
+                f'<span style="{MUTED}">step time</span> '
+                f"{sparkline_svg(bar.step_times, color=COLORS['running'])} "
                 f"{escape(text.duration(bar.step_times[-1]))}"
             )
-        if parts:
+        if parts:  # each chart wraps as a whole when the output is narrow
             return (
-                f'<div style="{_BOX}color:#444">{escape(bar.name)}: '
-                + " &nbsp; ".join(parts)
+                f'<div style="{_BOX}"><span style="{MUTED}">{escape(bar.name)}:</span> '
+                + " &nbsp; ".join(f'<span style="display:inline-block;white-space:nowrap">'
+                                  f"{part}</span>" for part in parts)
                 + "</div>"
             )
     return ""
@@ -117,7 +149,7 @@ def chart_html(bars: list[BarView]) -> str:
 
 def _row(name: str, value: str) -> str:
     return (
-        f'<tr><td style="text-align:left;padding:1px 10px 1px 0;color:#555">{escape(name)}</td>'
+        f'<tr><td style="text-align:left;padding:1px 10px 1px 0;{MUTED}">{escape(name)}</td>'
         f'<td style="text-align:left;padding:1px 0">{escape(value)}</td></tr>'
     )
 
@@ -125,7 +157,7 @@ def _row(name: str, value: str) -> str:
 def summary_html(summary: XlaSummary | None, title: str = "XLA metrics") -> str:
     """The metrics table: compiles, executions, transfers, fallbacks, memory, input shapes."""
     if summary is None:
-        return f'<div style="{_BOX}color:#777">{escape(title)}: none yet</div>'
+        return f'<div style="{_BOX}{MUTED}">{escape(title)}: none yet</div>'
     per_step = ""
     if summary.steps:
         per_step = f" in {summary.steps} steps"
@@ -150,8 +182,8 @@ def summary_html(summary: XlaSummary | None, title: str = "XLA metrics") -> str:
                                         summary.fallbacks.items()) or "none"),
         _row("device memory", text.memory_text(summary.memory)),
     ]
-    for name, shapes in changed_inputs(summary.input_shapes).items():
-        rows.append(_row(f"input '{name}'", ", ".join(str(shape) for shape in shapes[:8])))
+    for name, info in shape_changes(summary.input_shapes).items():
+        rows.append(_row(f"input '{name}'", text.shapes_text(info)))
     return (
         f'<div style="{_BOX}"><b>{escape(title)}{escape(per_step)}</b>'
         f'<table style="border-collapse:collapse;margin:2px 0">{"".join(rows)}</table></div>'
@@ -159,13 +191,15 @@ def summary_html(summary: XlaSummary | None, title: str = "XLA metrics") -> str:
 
 
 def alerts_html(alerts: list[Alert]) -> str:
-    """Each alert as a colored box: title, explanation, fix."""
+    """Each alert as a box with a coloured edge and symbol: title, explanation, fix (the text
+    itself in the theme's colour, readable on light and dark backgrounds)."""
     boxes = []
     for alert in alerts:
-        color = COLORS.get(alert.severity, "#e6a700")
+        color = COLORS.get(alert.severity, COLORS["warning"])
         boxes.append(
             f'<div style="{_BOX}border-left:4px solid {color};padding:2px 8px;margin:4px 0">'
-            f'<b style="color:{color}">{escape(text.SEVERITY.get(alert.severity, "!"))} '
+            f'<b><span style="{text_color(color)}">'
+            f"{escape(text.SEVERITY.get(alert.severity, '!'))}</span> "
             f"{escape(alert.title)}</b><br>{escape(alert.explanation)}<br>"
             f"<i>Fix:</i> {escape(alert.fix)}</div>"
         )
@@ -178,15 +212,17 @@ def metrics_html(summary: XlaSummary | None, alerts: list[Alert],
     return f"<div>{summary_html(summary, title)}{alerts_html(alerts)}</div>"
 
 
+def note_html(line: str) -> str:
+    """An error or note line under the bars (red)."""
+    return f'<div style="{_BOX}{text_color(COLORS["failed"])}">{escape(line)}</div>'
+
+
 def launch_html(view: LaunchView) -> str:
     """The whole launch panel: status, bars, chart, errors, metrics and alerts."""
     parts = [status_html(view)]
     parts += [bar_html(bar) for bar in view.bars]
     parts.append(chart_html(view.bars))
-    for error in view.errors[1:] + view.notes:
-        parts.append(f'<div style="{_BOX}color:{COLORS["failed"]}">{escape(error)}</div>')
+    parts += [note_html(line) for line in view.errors[1:] + view.notes]
     if view.metrics is not None:
-        title = "XLA metrics" + (f" (rank {view.metrics_rank})"
-                                 if view.metrics_rank is not None else "")
-        parts.append(metrics_html(view.metrics, view.alerts, title))
+        parts.append(metrics_html(view.metrics, view.alerts, text.metrics_title(view)))
     return f'<div class="hfxla-launch">{"".join(parts)}</div>'

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import html, text
 from .base import PanelDisplay
 from .state import LaunchView
@@ -16,6 +18,9 @@ class HtmlBlock:
 
     def _repr_html_(self) -> str:
         return self.html
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return {"text/html": self.html, "text/plain": self.plain}
 
     def __repr__(self) -> str:
         return self.plain

@@ -70,8 +70,11 @@ class LaunchView:
     errors: list[str]
     notes: list[str]
     metrics: XlaSummary | None = None
-    metrics_rank: int | None = None
+    metrics_rank: int | None = None  # the lowest rank whose work `metrics` counts
     alerts: list[Alert] = field(default_factory=list)
+    # Every rank whose work `metrics` counts: torch_xla's counters belong to a process, and
+    # the rank threads of one process (replicated mode on the CPU, TPU v2/v3) share them.
+    metrics_ranks: list[int] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -249,7 +252,7 @@ class LaunchState:
                 heard = self.last_heard.get(rank)
                 if status == "running" and heard is not None and now - heard > SILENT_AFTER:
                     notes.append(f"rank {rank} silent for {now - heard:.0f} s")
-        metrics_ranks = self.metrics.ranks()
+        metrics_ranks = self.metrics.process_ranks()
         return LaunchView(
             world=self.world,
             state=state,
@@ -261,6 +264,7 @@ class LaunchState:
             metrics=self.metrics.summary(),
             metrics_rank=metrics_ranks[0] if metrics_ranks else None,
             alerts=self.metrics.alerts(),
+            metrics_ranks=metrics_ranks,
         )
 
     def _bar_view(self, bar: _Bar, now: float) -> BarView:

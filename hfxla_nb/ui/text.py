@@ -5,18 +5,31 @@ Pure functions of the data in `ui.state` and `metrics`; nothing is computed here
 
 from __future__ import annotations
 
-from ..metrics import Alert, XlaSummary, changed_inputs
+from ..metrics import Alert, InputShapes, XlaSummary, shape_changes
 from .state import BarView, LaunchView
 
 SYMBOLS = {"finished": "✔", "failed": "✖", "running": "…", "starting": "…"}
 SEVERITY = {"error": "✖", "warning": "⚠", "info": "ℹ"}
 
 
+# Input shapes listed in a panel row (the alerts name how many there were in all).
+SHAPES_SHOWN = 8
+
+
 def duration(seconds: float | None) -> str:
-    """`3.2 s`, `4 min 05 s`, `1 h 02 min`; '?' for None."""
+    """`40 µs`, `3.5 ms`, `24 ms`, `3.2 s`, `4 min 05 s`, `1 h 02 min`; '?' for None."""
     if seconds is None:
         return "?"
     seconds = max(float(seconds), 0.0)
+    if seconds == 0:
+        return "0 s"
+    milliseconds = seconds * 1000
+    if milliseconds < 0.9995:
+        return f"{milliseconds * 1000:.0f} µs"
+    if milliseconds < 9.95:
+        return f"{milliseconds:.1f} ms"
+    if milliseconds < 999.5:
+        return f"{milliseconds:.0f} ms"
     if seconds < 60:
         return f"{seconds:.1f} s"
     minutes, secs = divmod(int(round(seconds)), 60)
@@ -134,9 +147,44 @@ def summary_lines(summary: XlaSummary | None) -> list[str]:
     else:
         lines.append("CPU fallbacks: none")
     lines.append("device memory: " + memory_text(summary.memory))
-    for name, shapes in changed_inputs(summary.input_shapes).items():
-        lines.append(f"input {name!r} shapes: " + ", ".join(str(shape) for shape in shapes[:8]))
+    for name, info in shape_changes(summary.input_shapes).items():
+        lines.append(f"input {name!r} shapes: " + shapes_text(info))
     return lines
+
+
+def shapes_text(info: InputShapes) -> str:
+    """`(9, 8), (10, 8), …, (16, 8), … (23 shapes in all)`: the first shapes an input had,
+    and how many there were when not all are shown."""
+    shown = info.shapes[:SHAPES_SHOWN]
+    text = ", ".join(str(shape) for shape in shown)
+    if info.distinct > len(shown):
+        total = f"{info.distinct}" if info.exact else f"over {info.distinct}"
+        text += f", … ({total} shapes in all)"
+    return text
+
+
+def metrics_label(ranks: list[int]) -> str:
+    """Whose counters a metrics panel shows: `rank 0`, `process of ranks 0-3`, or ''."""
+    ranks = sorted(ranks)
+    if not ranks:
+        return ""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"process of ranks {ranks[0]}-{ranks[-1]}"
+    return "process of ranks " + ", ".join(str(rank) for rank in ranks)
+
+
+def _metrics_whose(view: LaunchView) -> str:
+    """` (rank 0)`, ` (process of ranks 0-3)` or ''."""
+    ranks = view.metrics_ranks or ([] if view.metrics_rank is None else [view.metrics_rank])
+    label = metrics_label(ranks)
+    return f" ({label})" if label else ""
+
+
+def metrics_title(view: LaunchView) -> str:
+    """`XLA metrics (rank 0)`, `XLA metrics (process of ranks 0-3)`."""
+    return "XLA metrics" + _metrics_whose(view)
 
 
 def memory_text(memory: dict[str, int] | None) -> str:
@@ -173,9 +221,8 @@ def launch_text(view: LaunchView) -> str:
     lines += [f"error: {error}" for error in view.errors[1:]]
     lines += view.notes
     if view.metrics is not None:
-        rank = f" (rank {view.metrics_rank})" if view.metrics_rank is not None else ""
         metrics = summary_lines(view.metrics)
-        metrics[0] = metrics[0] + rank
+        metrics[0] = metrics[0] + _metrics_whose(view)
         lines += metrics
     lines += alert_lines(view.alerts)
     return "\n".join(lines)

@@ -3,17 +3,21 @@
 The panel is a `VBox`: a status line (HTML), one row per bar (`HBox` of an `IntProgress` and
 an `HTML` with counts, timing and values), a chart (`HTML` with inline SVG sparklines) and the
 XLA metrics with alerts (`HTML`). The panel object displays itself with the widget view and a
-text form, and updates that output once more when closed, so nbconvert, nbval and terminals
-keep a readable final state.
+text form (one output with a `display_id`), live while the launch runs.
+
+When the launch ends, that output is replaced (`update_display_data`) by the final state as
+static HTML with its text form, and the widgets are closed: a saved notebook holds no widget
+view that would need the kernel's widget models (reopened, it would show "Error displaying
+widget: model not found"), and nbconvert, nbval and terminals read the same final state.
 """
 
 from __future__ import annotations
 
-from html import escape
 from typing import Any
 
 from . import html, text
 from .base import PanelDisplay
+from .html_display import HtmlBlock
 from .state import BarView, LaunchView
 
 BAR_STYLES = {"running": "", "done": "success", "failed": "danger"}
@@ -23,12 +27,19 @@ class _Row:
     """The widgets of one bar."""
 
     def __init__(self, widgets: Any, bar: BarView) -> None:
+        # A fixed share of the row that never shrinks, so every rank's bar has the same
+        # width whatever the length of its stats (which wrap instead).
         self.progress = widgets.IntProgress(
             value=0, min=0, max=1, description=bar.name, bar_style="",
-            style={"description_width": "initial"}, layout=widgets.Layout(width="45%"),
+            style={"description_width": "initial"},
+            layout=widgets.Layout(width="45%", min_width="45%", flex="0 0 45%"),
         )
-        self.stats = widgets.HTML(value="")
+        self.stats = widgets.HTML(value="", layout=widgets.Layout(flex="1 1 0%", min_width="0"))
         self.box = widgets.HBox([self.progress, self.stats])
+
+    def close(self) -> None:
+        for widget in (self.progress, self.stats, self.box):
+            widget.close()
 
     def update(self, bar: BarView) -> None:
         if bar.total:
@@ -69,6 +80,10 @@ class WidgetDisplay(PanelDisplay):
         self._handle = display(self, display_id=True)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """The live widget view (and a text form) while the launch runs; static HTML and text
+        once it ended (the widgets are closed then)."""
+        if self._closed:
+            return self._final_block()._repr_mimebundle_()
         return {
             "text/plain": repr(self),
             "application/vnd.jupyter.widget-view+json": {
@@ -77,6 +92,10 @@ class WidgetDisplay(PanelDisplay):
                 "model_id": self.widget.model_id,
             },
         }
+
+    def _final_block(self) -> HtmlBlock:
+        view = self.state.view()
+        return HtmlBlock(html.launch_html(view), text.launch_text(view))
 
     def _draw(self, view: LaunchView) -> None:
         self.status.value = html.status_html(view)
@@ -91,20 +110,26 @@ class WidgetDisplay(PanelDisplay):
         children = tuple(self._rows[key].box for key in keys)
         if tuple(self.bars.children) != children:
             self.bars.children = children
-        extra = "".join(
-            f'<div style="color:{html.COLORS["failed"]}">{text_line}</div>'
-            for text_line in (escape(line) for line in view.errors[1:] + view.notes)
-        )
+        extra = "".join(html.note_html(line) for line in view.errors[1:] + view.notes)
         self.chart.value = html.chart_html(view.bars) + extra
         if view.metrics is not None:
-            title = "XLA metrics" + (f" (rank {view.metrics_rank})"
-                                     if view.metrics_rank is not None else "")
-            self.metrics.value = html.metrics_html(view.metrics, view.alerts, title)
+            self.metrics.value = html.metrics_html(view.metrics, view.alerts,
+                                                   text.metrics_title(view))
 
     def _finish(self, view: LaunchView) -> None:
-        self._draw(view)
+        self._draw(view)  # the widgets' last state, for code that still reads them
         if self._handle is not None:
-            self._handle.update(self)  # the stored output's text form: the final state
+            # What the notebook keeps: static HTML and text in place of the widget view.
+            self._handle.update(self._final_block())
+            self._close_widgets()
+
+    def _close_widgets(self) -> None:
+        """Close the widgets' comms (their view was replaced): the kernel and the page drop
+        the models, and no widget state is left for the notebook to save."""
+        for row in self._rows.values():
+            row.close()
+        for widget in (self.status, self.chart, self.metrics, self.bars, self.widget):
+            widget.close()
 
     def __repr__(self) -> str:
         return text.launch_text(self.state.view())
