@@ -327,3 +327,11 @@ def replicate(tensor, mesh) -> None:
     import torch_xla.distributed.spmd as xs
 
     xs.mark_sharding(tensor, mesh, (None,) * tensor.dim())
+
+
+def broadcast_master_param(model) -> None:
+    """Copy rank 0's parameters to every replica (`xm.broadcast_master_param`)."""
+    _require()
+    import torch_xla.core.xla_model as xm
+
+    xm.broadcast_master_param(model)

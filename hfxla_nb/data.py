@@ -1,0 +1,607 @@
+"""Dataset preparation for `fine_tune`: validate, map labels, tokenize to fixed shapes, batch.
+
+Everything here runs in the notebook kernel before a worker is forked: plain Python, NumPy,
+`datasets` and a tokenizer, never the XLA device. XLA compiles one graph per input shape, so
+the output of this module is shaped for it:
+
+- every row is padded to one of a few *bucket* lengths (one length when `max_length` is
+  given), so training compiles one set of graphs per bucket whatever the text lengths;
+- a training step takes `batch_size x gradient_accumulation_steps` rows of one bucket; the
+  ragged remainder of each bucket is dropped (a different remainder every epoch);
+- evaluation batches keep every row: the last batch of a bucket is filled up with copies of a
+  real row whose weight is 0, so evaluation never recompiles and metrics are exact.
+
+Each batch travels to the device as one int32 tensor (inputs, labels, weights side by side),
+one host-to-device transfer per step instead of one per input.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: Split names tried, in order, for evaluation when a DatasetDict is given.
+EVAL_SPLITS = ("validation", "valid", "eval", "dev", "test")
+#: Bucket lengths are multiples of this (TPU tiles like multiples of 8).
+LENGTH_MULTIPLE = 8
+#: Below this length one bucket is always used: compiling costs more than padding.
+SINGLE_BUCKET_BELOW = 64
+MAX_BUCKETS = 3
+#: A further bucket must save at least this share of the padded tokens.
+MIN_BUCKET_SAVING = 0.2
+_FILE_BUILDERS = {
+    ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet",
+    ".arrow": "arrow", ".txt": "text",
+}
+
+
+class DataError(ValueError):
+    """The data cannot be used as given; the message says what to change."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Any supported input -> datasets.Dataset
+# ---------------------------------------------------------------------------------------------
+
+
+def to_dataset(data: Any, what: str = "dataset"):
+    """Turn `data` into a `datasets.Dataset` or `DatasetDict`.
+
+    Accepted: `datasets.Dataset` / `DatasetDict`, a pandas `DataFrame`, a list of dicts, a dict
+    of lists, a local file (csv, tsv, json, jsonl, parquet, arrow, txt), a folder (written by
+    `save_to_disk`, or data files `load_dataset` understands), or a dataset name on the Hub.
+    """
+    import datasets
+
+    if isinstance(data, (datasets.Dataset, datasets.DatasetDict)):
+        return data
+    if isinstance(data, datasets.IterableDataset | datasets.IterableDatasetDict):
+        raise DataError(
+            f"{what} is a streaming (iterable) dataset; fine_tune needs the rows up front to "
+            "choose fixed shapes. Load it without streaming=True, or take a slice with "
+            "Dataset.from_list(list(ds.take(n)))."
+        )
+    if type(data).__name__ == "DataFrame" and hasattr(data, "to_dict"):
+        try:
+            return datasets.Dataset.from_pandas(data, preserve_index=False)
+        except Exception as error:  # noqa: BLE001
+            columns = {str(name): list(data[name]) for name in data.columns}
+            raise DataError(_conversion_message(what, "DataFrame", columns, error)) from None
+    if isinstance(data, Mapping):
+        try:
+            return datasets.Dataset.from_dict(dict(data))
+        except Exception as error:  # noqa: BLE001 - arrow's message is the useful part
+            columns = {str(k): list(v) if isinstance(v, (list, tuple)) else [v]
+                       for k, v in data.items()}
+            raise DataError(_conversion_message(what, "dict", columns, error)) from None
+    if isinstance(data, (list, tuple)):
+        if not data:
+            raise DataError(f"{what} is empty: pass at least one row.")
+        if not all(isinstance(row, Mapping) for row in data):
+            kinds = sorted({type(row).__name__ for row in data if not isinstance(row, Mapping)})
+            raise DataError(
+                f"{what} is a list, but not of dicts (found {', '.join(kinds)}). Pass rows as "
+                "dicts such as [{'text': 'great movie', 'label': 'positive'}, ...]."
+            )
+        try:
+            return datasets.Dataset.from_list([dict(row) for row in data])
+        except Exception as error:  # noqa: BLE001
+            names = list(dict.fromkeys(key for row in data for key in row))
+            columns = {str(name): [row.get(name) for row in data] for name in names}
+            raise DataError(_conversion_message(what, "rows", columns, error)) from None
+    if isinstance(data, (str, os.PathLike)):
+        return _load(os.fspath(data), what)
+    raise DataError(
+        f"{what} has an unsupported type {type(data).__name__}. Pass a datasets.Dataset or "
+        "DatasetDict, a pandas DataFrame, a list of dicts, a local data file or folder, or a "
+        "dataset name on the Hugging Face Hub."
+    )
+
+
+def _conversion_message(what: str, form: str, columns: Mapping[str, list], error) -> str:
+    """Why a table could not be built: usually a column that mixes value types."""
+    for name, values in columns.items():
+        seen: dict[str, int] = {}
+        for row, value in enumerate(values):
+            if value is not None:
+                seen.setdefault(_kind(value), row)
+        if len(seen) > 1:
+            examples = ", ".join(
+                f"{kind} (row {row}: {_short(values[row])})" for kind, row in seen.items()
+            )
+            return (
+                f"{what}: column {name!r} mixes types: {examples}. Use one type per column: "
+                "for labels, either class names (strings) or class ids (integers 0..N-1); for "
+                "text, strings."
+            )
+    return f"{what}: could not make a dataset from the {form}: {error}"
+
+
+def _load(source: str, what: str):
+    import datasets
+
+    path = os.path.expanduser(source)
+    try:
+        if os.path.isfile(path):
+            extension = os.path.splitext(path)[1].lower()
+            builder = _FILE_BUILDERS.get(extension)
+            if builder is None:
+                raise DataError(
+                    f"{what}: {path} has the extension {extension or '(none)'!r}; use one of "
+                    f"{', '.join(sorted(_FILE_BUILDERS))}."
+                )
+            kwargs = {"delimiter": "\t"} if extension == ".tsv" else {}
+            return datasets.load_dataset(builder, data_files=path, **kwargs)
+        if os.path.isdir(path):
+            if os.path.exists(os.path.join(path, "dataset_dict.json")) or os.path.exists(
+                os.path.join(path, "state.json")
+            ):
+                return datasets.load_from_disk(path)
+            return datasets.load_dataset(path)
+        return datasets.load_dataset(source)
+    except DataError:
+        raise
+    except Exception as error:  # noqa: BLE001 - add what to do to whatever went wrong
+        hint = (
+            "It is neither a local file nor a folder, so it was looked up on the Hugging Face "
+            "Hub; check the name and the network, or pass a local file, a folder, or a "
+            "datasets.Dataset."
+            if not os.path.exists(path)
+            else "Check the file's format."
+        )
+        raise DataError(f"{what}: could not load {source!r}: {error}. {hint}") from None
+
+
+def pick_splits(data: Any, eval_data: Any = None) -> tuple[Any, Any, str | None]:
+    """The training `Dataset`, the evaluation `Dataset` (or None) and the evaluation split's
+    name, from what the user passed."""
+    import datasets
+
+    data = to_dataset(data)
+    eval_name = None
+    if isinstance(data, datasets.DatasetDict):
+        if "train" not in data:
+            raise DataError(
+                f"the DatasetDict has no 'train' split (it has: {', '.join(data) or 'none'}). "
+                "Pass dataset=ds['<split>'] and eval_dataset=ds['<other split>']."
+            )
+        splits = data
+        data = splits["train"]
+        if eval_data is None:
+            eval_name = next((name for name in EVAL_SPLITS if name in splits), None)
+            eval_data = splits[eval_name] if eval_name else None
+    if eval_data is not None:
+        eval_data = to_dataset(eval_data, "eval_dataset")
+        if isinstance(eval_data, datasets.DatasetDict):
+            name = next((n for n in EVAL_SPLITS if n in eval_data), None)
+            if name is None:
+                raise DataError(
+                    "eval_dataset is a DatasetDict without a validation or test split (it "
+                    f"has: {', '.join(eval_data)}). Pass one split: eval_dataset=ds['<split>']."
+                )
+            eval_data = eval_data[name]
+        eval_name = eval_name or "eval"
+    return data, eval_data, eval_name
+
+
+# ---------------------------------------------------------------------------------------------
+# Columns, texts and labels
+# ---------------------------------------------------------------------------------------------
+
+
+def check_columns(dataset, split: str, columns: Sequence[str | None]) -> None:
+    """Raise `DataError` naming the columns present when a requested one is missing."""
+    present = list(dataset.column_names)
+    for column in columns:
+        if column is not None and column not in present:
+            raise DataError(
+                f"the {split} data has no column {column!r}; its columns are: "
+                f"{', '.join(map(repr, present)) or '(none)'}. Pass text_column=..., "
+                "label_column=... (or text_pair_column=...) with the names of yours."
+            )
+
+
+def column_values(dataset, column: str) -> list:
+    """All values of a column as a Python list (respects `select`/`shuffle` index maps)."""
+    return list(dataset[column])
+
+
+def check_texts(values: list, column: str, split: str) -> list[str]:
+    """Every value must be a string; say which row is not and how to convert."""
+    for row, value in enumerate(values):
+        if not isinstance(value, str):
+            if value is None:
+                raise DataError(
+                    f"row {row} of column {column!r} ({split}) is empty (None). Drop such rows "
+                    f"first: dataset.filter(lambda row: row[{column!r}] is not None)."
+                )
+            raise DataError(
+                f"column {column!r} ({split}) must hold text, but row {row} holds a "
+                f"{type(value).__name__} ({_short(value)}). Convert it first, e.g. "
+                f"dataset.map(lambda row: {{{column!r}: str(row[{column!r}])}}), or pick the "
+                "right text_column."
+            )
+    return values
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, (bool, np.bool_)):
+        return "int"
+    if isinstance(value, (int, np.integer)):
+        return "int"
+    if isinstance(value, (float, np.floating)):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    return type(value).__name__
+
+
+def class_label_names(dataset, column: str) -> list[str] | None:
+    """The names of a `ClassLabel` column, or None for any other type."""
+    feature = dataset.features.get(column) if hasattr(dataset, "features") else None
+    names = getattr(feature, "names", None)
+    return list(names) if names else None
+
+
+def meaningful_label_names(id2label: Mapping | None) -> list[str] | None:
+    """A model config's label names, unless they are transformers' defaults (LABEL_0, ...)."""
+    if not id2label:
+        return None
+    names = [str(id2label[key]) for key in sorted(id2label, key=int)]
+    if all(name == f"LABEL_{i}" for i, name in enumerate(names)):
+        return None
+    return names
+
+
+def map_labels(
+    splits: Mapping[str, list],
+    *,
+    column: str,
+    dataset_names: Mapping[str, list[str] | None] | None = None,
+    model_names: list[str] | None = None,
+    model_num_labels: int | None = None,
+) -> tuple[list[str], dict[str, np.ndarray]]:
+    """Check labels and turn them into class ids.
+
+    Args:
+        splits: split name -> raw label values; the first split decides the classes.
+        column: the label column's name, for messages.
+        dataset_names: split name -> `ClassLabel` names of that split (or None).
+        model_names: the label names the model already has (a fine-tuned head), if any.
+        model_num_labels: the head size when it cannot change (a model instance was passed).
+
+    Returns:
+        `(label_names, {split: int64 ids})`.
+    """
+    dataset_names = dataset_names or {}
+    kinds: dict[str, tuple[int, str]] = {}
+    for split, values in splits.items():
+        if not values:
+            raise DataError(f"the {split} data is empty: it needs at least one row.")
+        for row, value in enumerate(values):
+            if value is None:
+                raise DataError(
+                    f"row {row} of label column {column!r} ({split}) is empty (None). Every "
+                    "row needs a label; drop unlabeled rows with dataset.filter(...)."
+                )
+            kinds.setdefault(_kind(value), (row, split))
+    if len(kinds) > 1:
+        examples = ", ".join(
+            f"{kind} (row {row} of {split}: {_short(splits[split][row])})"
+            for kind, (row, split) in kinds.items()
+        )
+        raise DataError(
+            f"label column {column!r} mixes types: {examples}. Use either class names "
+            "(strings) or class ids (integers 0..N-1) throughout."
+        )
+    kind = next(iter(kinds))
+    first = next(iter(splits))
+    if kind == "float":
+        raise DataError(
+            f"label column {column!r} holds floats (e.g. {_short(splits[first][0])}): fine_tune "
+            "trains classifiers. Map the values to class ids (0..N-1) or class names first."
+        )
+    if kind not in ("int", "str"):
+        row, split = kinds[kind]
+        raise DataError(
+            f"label column {column!r} holds {kind} values (row {row} of {split}: "
+            f"{_short(splits[split][row])}); labels must be class names (str) or ids (int)."
+        )
+    ids: dict[str, np.ndarray] = {}
+    if kind == "str":
+        all_values = {value for values in splits.values() for value in values}
+        if model_names and all_values <= set(model_names):
+            names = list(model_names)
+        else:
+            names = sorted(set(splits[first]))
+        index = {name: i for i, name in enumerate(names)}
+        for split, values in splits.items():
+            unknown = sorted({value for value in values if value not in index})
+            if unknown:
+                raise DataError(
+                    f"the {split} data has labels the training data does not have: "
+                    f"{', '.join(map(repr, unknown[:5]))}. Every class must appear in the "
+                    f"training data (classes: {', '.join(map(repr, names[:10]))})."
+                )
+            ids[split] = np.fromiter((index[value] for value in values), np.int64, len(values))
+    else:
+        names = next((n for n in dataset_names.values() if n), None)
+        highest = max(int(max(values)) for values in splits.values())
+        for split, values in splits.items():
+            array = np.asarray(values, dtype=np.int64)
+            low = int(array.min())
+            limit = len(names) if names else None
+            if low < 0 or (limit is not None and int(array.max()) >= limit):
+                bad = int(array[array < 0][0]) if low < 0 else int(array.max())
+                allowed = f"0..{limit - 1}" if limit else "0 or more"
+                raise DataError(
+                    f"label {bad} in column {column!r} ({split}) is out of range: class ids "
+                    f"must be {allowed}. Remove or fix those rows (a ClassLabel uses -1 for "
+                    "a missing label)."
+                )
+            ids[split] = array
+        if names is None:
+            if model_names and len(model_names) > highest:
+                names = list(model_names)
+            else:
+                names = [f"LABEL_{i}" for i in range(highest + 1)]
+    if model_num_labels is not None and len(names) > model_num_labels:
+        raise DataError(
+            f"the labels need {len(names)} classes, but the model's classification head has "
+            f"{model_num_labels} outputs (labels out of range). Create the model with "
+            f"num_labels={len(names)}, or pass the model's name or folder so fine_tune can "
+            "size the head."
+        )
+    if model_num_labels is not None and len(names) < model_num_labels:
+        names = names + [f"LABEL_{i}" for i in range(len(names), model_num_labels)]
+    return names, ids
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizing to buckets
+# ---------------------------------------------------------------------------------------------
+
+
+def round_up(value: float, multiple: int = LENGTH_MULTIPLE) -> int:
+    return int(math.ceil(value / multiple) * multiple)
+
+
+def padded_tokens(lengths: np.ndarray, buckets: Sequence[int]) -> int:
+    """Tokens computed when each row is padded to the smallest bucket that holds it."""
+    edges = np.asarray(sorted(buckets))
+    slots = np.searchsorted(edges, np.minimum(lengths, edges[-1]), side="left")
+    return int(edges[slots].sum())
+
+
+def choose_buckets(
+    lengths: Sequence[int],
+    cap: int,
+    *,
+    min_rows: int = 1,
+    max_buckets: int = MAX_BUCKETS,
+) -> list[int]:
+    """A few padded lengths for rows of these lengths, trading padding against compiles.
+
+    One bucket (the longest row, rounded up to a multiple of 8, at most `cap`) unless rows
+    are long and varied: each further bucket costs one more set of compiled graphs, so it is
+    added only when it saves at least `MIN_BUCKET_SAVING` of the padded tokens and holds at
+    least `min_rows` rows.
+    """
+    lengths = np.minimum(np.asarray(lengths, dtype=np.int64), cap)
+    top = min(cap, round_up(int(lengths.max()), LENGTH_MULTIPLE))
+    buckets = [top]
+    if top <= SINGLE_BUCKET_BELOW or max_buckets <= 1:
+        return buckets
+    candidates = {
+        min(cap, max(round_up(float(np.quantile(lengths, q)), 16), 16))
+        for q in (0.25, 0.5, 0.75, 0.9)
+    } - {top}
+    cost = padded_tokens(lengths, buckets)
+    while len(buckets) < max_buckets:
+        best = None
+        for candidate in sorted(candidates - set(buckets)):
+            trial = sorted(buckets + [candidate])
+            edges = np.asarray(trial)
+            counts = np.bincount(np.searchsorted(edges, lengths, side="left"), minlength=len(trial))
+            if counts.min() < min_rows:
+                continue
+            trial_cost = padded_tokens(lengths, trial)
+            saves_enough = trial_cost <= cost * (1 - MIN_BUCKET_SAVING)
+            if saves_enough and (best is None or trial_cost < best[0]):
+                best = (trial_cost, trial)
+        if best is None:
+            break
+        cost, buckets = best
+    return sorted(buckets)
+
+
+@dataclass
+class Bucket:
+    """Rows of one split padded to one length.
+
+    Attributes:
+        length: the padded length.
+        inputs: `[rows, length * len(input_names)]` int32, the model inputs side by side.
+        labels: `[rows]` int64 class ids.
+        rows: `[rows]` positions of these rows in the split (to restore the order).
+    """
+
+    length: int
+    inputs: np.ndarray
+    labels: np.ndarray
+    rows: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@dataclass
+class EncodedSplit:
+    """One split, tokenized and bucketed."""
+
+    name: str
+    buckets: list[Bucket]
+    num_rows: int
+    truncated: int = 0
+
+
+@dataclass
+class EncodedData:
+    """Everything the worker needs to build batches; plain NumPy, cheap to fork."""
+
+    train: EncodedSplit
+    eval: EncodedSplit | None
+    input_names: list[str]
+    bucket_lengths: list[int]
+    label_names: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def tokenize(tokenizer, texts: list[str], pairs: list[str] | None, cap: int) -> tuple[dict, int]:
+    """Tokenize without padding, truncating to `cap` tokens.
+
+    Returns:
+        `(encoded, truncated)`: the tokenizer's output as lists, and how many rows were cut.
+    """
+
+    def run(rows_texts, rows_pairs, limit):
+        return dict(tokenizer(rows_texts, rows_pairs, truncation=True, max_length=limit,
+                              padding=False, return_attention_mask=True))
+
+    # One token of headroom shows which rows are too long; only those are tokenized again.
+    encoded = run(texts, pairs, cap + 1)
+    long = [i for i, ids in enumerate(encoded["input_ids"]) if len(ids) > cap]
+    if long:
+        again = run([texts[i] for i in long], [pairs[i] for i in long] if pairs else None, cap)
+        for key, values in again.items():
+            for i, value in zip(long, values, strict=True):
+                encoded[key][i] = value
+    return encoded, len(long)
+
+
+def input_names_of(tokenizer, encoded) -> list[str]:
+    """The model inputs this tokenizer produces, `input_ids` first."""
+    wanted = list(getattr(tokenizer, "model_input_names", None) or ["input_ids", "attention_mask"])
+    names = [name for name in wanted if name in encoded]
+    if "input_ids" not in names:
+        raise DataError("the tokenizer does not produce input_ids; pass a text tokenizer.")
+    if "attention_mask" not in names and "attention_mask" in encoded:
+        names.append("attention_mask")
+    return ["input_ids"] + [name for name in names if name != "input_ids"]
+
+
+def encode_split(
+    name: str,
+    encoded,
+    labels: np.ndarray,
+    input_names: list[str],
+    buckets: Sequence[int],
+    pad_values: Mapping[str, int],
+    padding_side: str = "right",
+    truncated: int = 0,
+) -> EncodedSplit:
+    """Pad tokenized rows into buckets (each row to the smallest bucket that holds it).
+
+    `truncated` counts rows the tokenizer already cut; rows longer than the largest bucket are
+    cut here (keeping their first tokens) and counted too.
+    """
+    ids = encoded["input_ids"]
+    lengths = np.fromiter((len(row) for row in ids), np.int64, len(ids))
+    edges = np.asarray(sorted(buckets))
+    truncated = int(truncated) + int((lengths > edges[-1]).sum())
+    slots = np.searchsorted(edges, np.minimum(lengths, edges[-1]), side="left")
+    result = []
+    for slot, length in enumerate(edges):
+        rows = np.flatnonzero(slots == slot)
+        if len(rows) == 0:
+            continue
+        length = int(length)
+        inputs = np.empty((len(rows), length * len(input_names)), dtype=np.int32)
+        for k, input_name in enumerate(input_names):
+            block = np.full((len(rows), length), pad_values.get(input_name, 0), dtype=np.int32)
+            column = encoded[input_name]
+            for i, row in enumerate(rows):
+                values = column[row][:length]
+                if padding_side == "left":
+                    block[i, length - len(values):] = values
+                else:
+                    block[i, : len(values)] = values
+            inputs[:, k * length:(k + 1) * length] = block
+        result.append(Bucket(length, inputs, labels[rows], rows))
+    return EncodedSplit(name, result, len(ids), truncated)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches
+# ---------------------------------------------------------------------------------------------
+
+
+def steps_per_epoch(split: EncodedSplit, rows_per_step: int) -> int:
+    """Optimizer steps in one epoch: full steps of each bucket (the ragged rest is dropped)."""
+    return sum(len(bucket) // rows_per_step for bucket in split.buckets)
+
+
+def epoch_schedule(
+    split: EncodedSplit, rows_per_step: int, seed: int, epoch: int
+) -> list[tuple[int, np.ndarray]]:
+    """The steps of one epoch as `(bucket index, positions in that bucket)`, shuffled.
+
+    A pure function of `(seed, epoch)`, so a resumed run sees the same batches in the same
+    order as an uninterrupted one.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    steps = []
+    for index, bucket in enumerate(split.buckets):
+        order = rng.permutation(len(bucket))
+        for k in range(len(bucket) // rows_per_step):
+            steps.append((index, order[k * rows_per_step:(k + 1) * rows_per_step]))
+    return [steps[i] for i in rng.permutation(len(steps))]
+
+
+def train_batch(bucket: Bucket, positions: np.ndarray, micro_batches: int) -> np.ndarray:
+    """`[micro_batches, batch, width + 1]` int32: inputs side by side, then the label."""
+    packed = np.concatenate(
+        [bucket.inputs[positions], bucket.labels[positions, None].astype(np.int32)], axis=1
+    )
+    return packed.reshape(micro_batches, len(positions) // micro_batches, -1)
+
+
+def eval_batches(split: EncodedSplit, batch_size: int) -> list[tuple[int, np.ndarray, int]]:
+    """Evaluation batches `(bucket index, positions, real rows)`, every row exactly once.
+
+    The last batch of a bucket is filled up to `batch_size` with the bucket's first row; the
+    filler rows get weight 0 (see `eval_batch`), so the shapes stay fixed and nothing is lost.
+    """
+    batches = []
+    for index, bucket in enumerate(split.buckets):
+        for start in range(0, len(bucket), batch_size):
+            positions = np.arange(start, min(start + batch_size, len(bucket)))
+            real = len(positions)
+            if real < batch_size:
+                positions = np.concatenate([positions, np.zeros(batch_size - real, np.int64)])
+            batches.append((index, positions, real))
+    return batches
+
+
+def eval_batch(bucket: Bucket, positions: np.ndarray, real: int) -> np.ndarray:
+    """`[1, batch, width + 2]` int32: inputs, label, weight (1 for real rows, 0 for filler)."""
+    weights = (np.arange(len(positions)) < real).astype(np.int32)
+    packed = np.concatenate(
+        [
+            bucket.inputs[positions],
+            bucket.labels[positions, None].astype(np.int32),
+            weights[:, None],
+        ],
+        axis=1,
+    )
+    return packed[None]

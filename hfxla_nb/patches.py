@@ -1,0 +1,127 @@
+"""Small, reversible fixes that make transformers trace cleanly on XLA.
+
+Each patch removes a host-device synchronization (or a recompilation) that transformers
+triggers on XLA, without changing what the model computes. They are applied only inside a
+launched worker, by `fine_tune`, and undone when it ends; the notebook kernel's transformers
+stays untouched.
+
+```python
+from hfxla_nb import patches
+
+with patches.applied():          # or patches.apply() ... patches.remove()
+    train()
+```
+
+The patches:
+
+- `bidirectional_mask`: BERT-style encoders build their attention mask through
+  `transformers.masking_utils.sdpa_mask`, which asks `_ignore_bidirectional_mask_sdpa`
+  whether the padding mask can be dropped. That check evaluates `padding_mask.all()` on the
+  device, every forward pass: on XLA it cuts the lazy graph in two (two executions per
+  training step instead of one) and copies a boolean to the host, which also stops the next
+  step's tracing from overlapping this step's execution. On XLA tensors the patched check
+  answers "keep the mask". Keeping an all-ones mask gives the same attention as dropping it
+  (masked positions add 0 to the scores), so results do not change; only the chance to
+  dispatch to a flash kernel without a mask is lost, which XLA does not use anyway.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+_lock = threading.Lock()
+# patch name -> (module, attribute, original value); present while applied
+_applied: dict[str, tuple[Any, str, Any]] = {}
+# How many `applied()` blocks are open: rank threads of one process (TPU v2/v3, XLA:CPU) each
+# open one, and the patches stay until the last of them closes.
+_users = 0
+_outside: set[str] = set()
+
+
+def _on_xla(tensor: Any) -> bool:
+    return getattr(getattr(tensor, "device", None), "type", None) == "xla"
+
+
+def _bidirectional_mask_patch(original: Callable[..., bool]) -> Callable[..., bool]:
+    def _ignore_bidirectional_mask_sdpa(padding_mask, *args, **kwargs) -> bool:
+        if _on_xla(padding_mask):
+            return False  # keep the mask: reading it would sync the device (see module doc)
+        return original(padding_mask, *args, **kwargs)
+
+    _ignore_bidirectional_mask_sdpa.__wrapped__ = original  # type: ignore[attr-defined]
+    _ignore_bidirectional_mask_sdpa.__hfxla_nb_patch__ = True  # type: ignore[attr-defined]
+    return _ignore_bidirectional_mask_sdpa
+
+
+def _targets() -> dict[str, tuple[Any, str, Callable[[Any], Any]]]:
+    """name -> (module, attribute, make_replacement) for the patches this transformers has."""
+    targets = {}
+    try:
+        from transformers import masking_utils
+    except ImportError:  # transformers < 4.53 builds masks elsewhere, without this check
+        return targets
+    if hasattr(masking_utils, "_ignore_bidirectional_mask_sdpa"):
+        targets["bidirectional_mask"] = (
+            masking_utils,
+            "_ignore_bidirectional_mask_sdpa",
+            _bidirectional_mask_patch,
+        )
+    return targets
+
+
+def apply() -> list[str]:
+    """Apply every patch this version of transformers needs; returns the names applied.
+
+    Idempotent: applying twice patches once. Call `remove()` to restore the originals.
+    """
+    names = []
+    with _lock:
+        for name, (module, attribute, make) in _targets().items():
+            if name in _applied:
+                continue
+            original = getattr(module, attribute)
+            setattr(module, attribute, make(original))
+            _applied[name] = (module, attribute, original)
+            names.append(name)
+    return names
+
+
+def remove() -> None:
+    """Restore every original that `apply()` replaced."""
+    with _lock:
+        for module, attribute, original in _applied.values():
+            setattr(module, attribute, original)
+        _applied.clear()
+
+
+def active() -> list[str]:
+    """Names of the patches applied now."""
+    return sorted(_applied)
+
+
+@contextmanager
+def applied() -> Iterator[list[str]]:
+    """Apply the patches for the duration of a block; yields the names of those active.
+
+    Blocks may overlap (one per rank thread): the originals come back when the last one ends.
+    Patches applied with `apply()` outside any block stay until `remove()`.
+    """
+    global _users, _outside
+    with _lock:
+        if _users == 0:
+            _outside = set(_applied)  # applied by apply() before any block: left alone
+        _users += 1
+    apply()
+    try:
+        yield active()
+    finally:
+        with _lock:
+            _users -= 1
+            if _users == 0:
+                for name in list(_applied):
+                    if name not in _outside:
+                        module, attribute, original = _applied.pop(name)
+                        setattr(module, attribute, original)

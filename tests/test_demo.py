@@ -1,0 +1,95 @@
+"""The embedded demo data, tokenizer and tiny BERT (hfxla_nb.demo): offline and deterministic."""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import pytest
+
+from hfxla_nb import _xla, demo
+
+
+@pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory):
+    """One cache folder for the session, shared by every test module that builds demo files."""
+    return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
+
+
+def test_dataset_is_deterministic_labeled_and_split():
+    first = demo.demo_dataset(n=500, seed=0)
+    again = demo.demo_dataset(n=500, seed=0)
+    other = demo.demo_dataset(n=500, seed=1)
+    assert list(first) == ["train", "validation", "test"]
+    assert [len(first[s]) for s in first] == [400, 50, 50]
+    assert first["train"].features["label"].names == ["negative", "positive"]
+    assert list(first["train"]["text"]) == list(again["train"]["text"])
+    assert list(first["train"]["text"]) != list(other["train"]["text"])
+    counts = collections.Counter(first["train"]["label"])
+    assert abs(counts[0] - counts[1]) < 40  # balanced
+    words = [len(text.split()) for text in first["train"]["text"]]
+    assert min(words) <= 6 and max(words) >= 30  # varying lengths
+
+
+def test_three_classes():
+    data = demo.demo_dataset(n=300, num_classes=3)
+    assert data["train"].features["label"].names == ["negative", "neutral", "positive"]
+    assert set(data["train"]["label"]) == {0, 1, 2}
+    with pytest.raises(ValueError, match="num_classes must be 2 or 3"):
+        demo.demo_dataset(num_classes=4)
+
+
+def test_tokenizer_covers_the_demo_words_and_is_cached(demo_cache):
+    tokenizer = demo.demo_tokenizer(demo_cache)
+    folder = next(demo_cache.glob("demo-tokenizer-*"))
+    stamp = os.stat(folder / "tokenizer.json").st_mtime_ns
+    texts = list(demo.demo_dataset(n=300, seed=7)["train"]["text"])
+    encoded = tokenizer(texts)
+    assert all(tokenizer.unk_token_id not in ids for ids in encoded["input_ids"])
+    assert encoded["input_ids"][0][0] == tokenizer.cls_token_id
+    assert encoded["input_ids"][0][-1] == tokenizer.sep_token_id
+    assert tokenizer.pad_token == "[PAD]" and tokenizer.model_max_length == 128
+    pair = tokenizer("the movie", "was great")
+    assert pair["token_type_ids"][-1] == 1
+    demo.demo_tokenizer(demo_cache)  # reused, not retrained
+    assert os.stat(folder / "tokenizer.json").st_mtime_ns == stamp
+
+
+def test_config_is_tiny():
+    config = demo.demo_config(3, vocab_size=500)
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (2, 64, 2)
+    assert (config.intermediate_size, config.max_position_embeddings) == (128, 128)
+    assert config.num_labels == 3 and config.id2label[1] == "neutral"
+
+
+def test_model_dir_loads_through_from_pretrained(demo_cache, tmp_path):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = demo.demo_model_dir(cache=demo_cache)
+    assert sorted(os.listdir(folder)) >= ["config.json", "model.safetensors"]
+    model = AutoModelForSequenceClassification.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert type(model).__name__ == "BertForSequenceClassification"
+    assert model.config.id2label == {0: "negative", 1: "positive"}
+    # A second folder with the same seed holds the same weights; another seed does not.
+    same = AutoModelForSequenceClassification.from_pretrained(
+        demo.demo_model_dir(tmp_path / "same", cache=demo_cache)
+    )
+    other = AutoModelForSequenceClassification.from_pretrained(
+        demo.demo_model_dir(tmp_path / "other", seed=1, cache=demo_cache)
+    )
+    weight = "classifier.weight"
+    assert torch.equal(model.state_dict()[weight], same.state_dict()[weight])
+    assert not torch.equal(model.state_dict()[weight], other.state_dict()[weight])
+    logits = model(**tokenizer(["what a great movie"], return_tensors="pt")).logits
+    assert logits.shape == (1, 2)
+    assert demo.demo_model_dir(folder) == folder  # an existing model folder is reused
+    assert not _xla.runtime_is_initialized()
+
+
+def test_model_dir_refuses_a_folder_with_other_files(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="does not hold a model"):
+        demo.demo_model_dir(tmp_path)
+    assert os.listdir(tmp_path) == ["notes.txt"]
