@@ -22,9 +22,9 @@ How it works:
    (`patches.py`). It evaluates with padded, weighted batches (exact metrics, no
    recompilation), saves the model and tokenizer atomically and returns a `FineTuneResult`.
 
-Compiled graphs, whatever the number of steps, epochs or text lengths: at most 3 for
-training per length bucket (first step, steady step, and one more when a later bucket first
-appears) and 1 for evaluation per bucket.
+Compiled graphs, whatever the number of steps, epochs or text lengths: for training one
+first-step graph (it creates the optimizer state) plus one steady graph per length bucket (2
+with one bucket), and one evaluation graph per bucket.
 """
 
 from __future__ import annotations

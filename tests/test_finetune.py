@@ -384,6 +384,13 @@ def test_prepare_reads_every_input_form(model_dir, tmp_path):
         assert plan.data.label_names == ["negative", "positive"], name
     assert plan.data.eval is not None and plan.data.eval.num_rows == 8
     assert plan.total_steps == 10 and plan.model_kwargs["num_labels"] == 2
+    # A model instance keeps its head; its tokenizer is found from the folder it came from.
+    from transformers import AutoModelForSequenceClassification
+
+    instance = AutoModelForSequenceClassification.from_pretrained(model_dir)
+    plan = prepare_fine_tune(instance, rows, batch_size=4, output_dir=None)
+    assert plan.model is instance and plan.model_kwargs == {}
+    assert plan.tokenizer.pad_token == "[PAD]"
     assert not _xla.runtime_is_initialized()
 
 
