@@ -328,10 +328,10 @@ class _Supervision:
                 # Whatever the workers sent before exiting is in the channel now.
                 for event in channel.receive(timeout=0.05):
                     self._handle(event)
-                self._stop("stopped")  # grandchildren that outlived the supervisor
-                self.record.outcome = "finished" if self._all_finished() else "failed"
                 if self.failure is None and not self._all_finished():
                     self._mark_unfinished_as_failed(exited)
+                self._stop("stopped")  # grandchildren that outlived the supervisor
+                self.record.outcome = "finished" if self._all_finished() else "failed"
                 return
             if self.timeout is not None and now - start > self.timeout:
                 self._stop("timeout")
@@ -369,10 +369,18 @@ class _Supervision:
 
     def _record_failure(self, rank_record: RankRecord | None, event: Failed) -> None:
         if rank_record is None:  # the supervisor itself failed (e.g. xmp.spawn raised)
-            if self.failure is not None or "BrokenProcessPool" in event.exc_type:
+            if self.failure is not None:
                 return  # the cause was already reported by a rank or a ProcessExited
             rank_record = next((r for r in self.record.ranks if r.exit_state != "finished"), None)
             if rank_record is None:
+                return
+            if "BrokenProcessPool" in event.exc_type:
+                rank_record.exit_state = "killed"
+                rank_record.error = (
+                    "its process ended abruptly without reporting: a signal (SIGKILL from the "
+                    "out-of-memory killer is the usual one: check host memory) or os._exit()"
+                )
+                self.failure = rank_record
                 return
         rank_record.exit_state = "failed"
         rank_record.error = f"{event.exc_type}: {event.message}"

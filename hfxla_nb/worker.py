@@ -286,6 +286,7 @@ def supervise(
 ) -> None:
     """Body of the forked supervisor. Ends the process; never returns."""
     code = 0
+    child_reported: threading.Event | None = None
     try:
         os.setsid()
         prepare_process(channel, output_fd, env)
@@ -295,11 +296,15 @@ def supervise(
         elif strategy == "replicated":
             global _replicated_job
             _replicated_job = (channel, world, function, args, pass_index)
-            _watch_children(channel)
+            child_reported = _watch_children(channel)
             _xla.spawn(_replicated_entry)
         else:
             code = _run_debug(channel, world, function, args, pass_index, env)
     except BaseException as error:  # noqa: BLE001 - report everything, then leave
+        if child_reported is not None:
+            # xmp.spawn's pool saw a child die (BrokenProcessPool): let the watcher report
+            # its signal or exit code before this process exits.
+            child_reported.wait(2.0)
         channel.send(
             Failed(
                 rank=None,
@@ -318,30 +323,51 @@ def supervise(
         os._exit(code)
 
 
-def _watch_children(channel: Channel) -> None:
-    """Report children that die by a signal or `os._exit` before xmp.spawn's pool reaps them.
+def _watch_children(channel: Channel) -> threading.Event:
+    """Report pool processes of xmp.spawn that die by a signal or `os._exit`.
 
-    `waitid(..., WNOWAIT)` reads a child's exit status without reaping it, so the pool still
-    sees its child die (and raises its `BrokenProcessPool`), while the notebook learns why.
+    The pool reaps its dead child and only raises a bare `BrokenProcessPool`. This thread keeps
+    a reference to every multiprocessing child of the supervisor and reads its exit status
+    either without reaping it (`waitid(..., WNOWAIT)`) or, when the pool was faster, from the
+    `returncode` the pool's reaping stored on the same object, so the notebook learns why.
+    Returns an event set once such a death has been reported.
     """
+    import multiprocessing.process
+
+    reported = threading.Event()
+
+    def status(process) -> tuple[int, int] | None:
+        """(si_code, si_status) of a dead child, or None while it runs."""
+        popen = getattr(process, "_popen", None)
+        if popen is None:
+            return None
+        if popen.returncode is not None:  # already reaped by the pool
+            code = popen.returncode
+            return (os.CLD_KILLED, -code) if code < 0 else (os.CLD_EXITED, code)
+        try:
+            info = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+        except ChildProcessError:
+            return None  # reaped between the two looks: returncode is set next round
+        return None if info is None else (info.si_code, info.si_status)
 
     def watch() -> None:
-        seen: set[int] = set()
+        watched: dict[int, Any] = {}
         while True:
-            try:
-                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
-            except ChildProcessError:
-                time.sleep(0.05)
-                continue
-            if info is None or info.si_pid in seen:
-                time.sleep(0.01)
-                continue
-            seen.add(info.si_pid)
-            event = _exit_event(info.si_pid, info.si_code, info.si_status)
-            if event is not None:
-                channel.send(event)
+            for process in list(multiprocessing.process._children):
+                watched.setdefault(process.pid, process)
+            for pid, process in list(watched.items()):
+                found = status(process)
+                if found is None:
+                    continue
+                del watched[pid]
+                event = _exit_event(pid, *found)
+                if event is not None:
+                    channel.send(event)
+                    reported.set()
+            time.sleep(0.02)
 
     threading.Thread(target=watch, name="hfxla_nb-child-watch", daemon=True).start()
+    return reported
 
 
 def _exit_event(pid: int, code: int, status: int) -> ProcessExited | None:
