@@ -336,19 +336,20 @@ def _watch_children(channel: Channel) -> threading.Event:
 
     reported = threading.Event()
 
-    def status(process) -> tuple[int, int] | None:
-        """(si_code, si_status) of a dead child, or None while it runs."""
+    def returncode(process) -> int | None:
+        """A dead child's return code (negative: the signal), or None while it runs."""
         popen = getattr(process, "_popen", None)
         if popen is None:
             return None
         if popen.returncode is not None:  # already reaped by the pool
-            code = popen.returncode
-            return (os.CLD_KILLED, -code) if code < 0 else (os.CLD_EXITED, code)
+            return popen.returncode
         try:
             info = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
         except ChildProcessError:
             return None  # reaped between the two looks: returncode is set next round
-        return None if info is None else (info.si_code, info.si_status)
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
     def watch() -> None:
         watched: dict[int, Any] = {}
@@ -356,11 +357,11 @@ def _watch_children(channel: Channel) -> threading.Event:
             for process in list(multiprocessing.process._children):
                 watched.setdefault(process.pid, process)
             for pid, process in list(watched.items()):
-                found = status(process)
-                if found is None:
+                code = returncode(process)
+                if code is None:
                     continue
                 del watched[pid]
-                event = _exit_event(pid, *found)
+                event = _exit_event(pid, code)
                 if event is not None:
                     channel.send(event)
                     reported.set()
@@ -370,11 +371,13 @@ def _watch_children(channel: Channel) -> threading.Event:
     return reported
 
 
-def _exit_event(pid: int, code: int, status: int) -> ProcessExited | None:
-    if code in (os.CLD_KILLED, os.CLD_DUMPED):
-        return ProcessExited(rank=None, pid=pid, signal=status)
-    if code == os.CLD_EXITED and status != 0:
-        return ProcessExited(rank=None, pid=pid, exitcode=status)
+def _exit_event(pid: int, returncode: int) -> ProcessExited | None:
+    """The event for a worker process that ended abnormally (`returncode` as in
+    `subprocess`/`multiprocessing`: negative for a signal), or None for a clean exit."""
+    if returncode < 0:
+        return ProcessExited(rank=None, pid=pid, signal=-returncode)
+    if returncode > 0:
+        return ProcessExited(rank=None, pid=pid, exitcode=returncode)
     return None
 
 
@@ -409,11 +412,9 @@ def _run_debug(
     while pids:
         pid, status = os.wait()
         pids.pop(pid, None)
-        if os.WIFSIGNALED(status):
-            channel.send(ProcessExited(rank=None, pid=pid, signal=os.WTERMSIG(status)))
-            worst = 1
-        elif os.WEXITSTATUS(status) != 0:
-            channel.send(ProcessExited(rank=None, pid=pid, exitcode=os.WEXITSTATUS(status)))
+        event = _exit_event(pid, os.waitstatus_to_exitcode(status))
+        if event is not None:
+            channel.send(event)
             worst = 1
     return worst
 
