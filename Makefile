@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml requirements-test.txt
 
 setup: $(STAMP)
 
+# ruff, and the layer contracts of docs/architecture.md (pyproject.toml [tool.importlinter]).
 lint: setup
 	$(PY) -m ruff check hfxla_nb tests bench
+	$(VENV)/bin/lint-imports
 
 test: setup lint
 	$(PY) -m pytest -q

@@ -18,27 +18,35 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 # public name -> module that defines it (imported on first use)
 _EXPORTS = {
-    "detect": "runtime",
-    "configure": "runtime",
-    "RuntimeInfo": "runtime",
-    "notebook_launcher": "launch",
-    "LaunchRecord": "launch",
-    "RankRecord": "launch",
-    "LaunchError": "launch",
-    "last_launch": "launch",
-    "LaunchRefusedError": "preflight",
-    "report": "reporting",
-    "fine_tune": "finetune",
-    "FineTuneResult": "finetune",
-    "XlaProgressCallback": "trainer",
-    "xla_training_arguments": "trainer",
+    "detect": "runtime.info",
+    "RuntimeInfo": "runtime.info",
+    "configure": "runtime.configure",
+    "RuntimeAlreadyStartedError": "runtime.configure",
+    "TpuNotFoundError": "runtime.configure",
+    "notebook_launcher": "launch.launcher",
+    "last_launch": "launch.launcher",
+    "LaunchRecord": "launch.record",
+    "RankRecord": "launch.record",
+    "LaunchError": "launch.record",
+    "LaunchRefusedError": "launch.preflight",
+    "report": "observe.reporting",
+    "fine_tune": "train.finetune",
+    "prepare_fine_tune": "train.prepare",
+    "FineTuneConfig": "train.config",
+    "FineTuneError": "train.config",
+    "FineTuneResult": "train.result",
+    "XlaProgressCallback": "train.trainer",
+    "xla_training_arguments": "train.trainer",
+    "TrainingArgumentsInKernelError": "train.trainer",
 }
 
-__all__ = sorted(_EXPORTS) + ["load_ipython_extension", "unload_ipython_extension"]
+__all__ = sorted(_EXPORTS) + ["__version__", "load_ipython_extension",
+                              "unload_ipython_extension"]
+_display_registered = False
 
 
 def __getattr__(name: str) -> Any:
@@ -47,7 +55,18 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'hfxla_nb' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{module_name}"), name)
     globals()[name] = value
+    _register_display()
     return value
+
+
+def _register_display() -> None:
+    """Once per process, in a running IPython shell: draw `RuntimeInfo` and `FineTuneResult`
+    as panels (`ui.formatters`). The data classes themselves never import `ui`."""
+    global _display_registered
+    if not _display_registered:
+        from .ui import formatters
+
+        _display_registered = formatters.register()
 
 
 def __dir__() -> list[str]:

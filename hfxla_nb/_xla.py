@@ -184,14 +184,6 @@ def data_parallel_mesh():
     return xs.Mesh(np.arange(count), (count, 1), ("data", "model"))
 
 
-def shard_batch(tensor, mesh) -> None:
-    """Shard `tensor`'s first dimension over the mesh's "data" axis, in place."""
-    import torch_xla.distributed.spmd as xs
-
-    spec = ("data",) + (None,) * (tensor.dim() - 1)
-    xs.mark_sharding(tensor, mesh, spec)
-
-
 def optimizer_step(optimizer) -> None:
     """`xm.optimizer_step`: all-reduce gradients across replicas, then step."""
     import torch_xla.core.xla_model as xm
@@ -241,22 +233,6 @@ def metrics_snapshot() -> dict[str, Any]:
             }
     fallback_ops = [str(op) for op in met.executed_fallback_ops()]
     return {"counters": counters, "metrics": metrics, "fallback_ops": fallback_ops}
-
-
-def clear_metrics() -> None:
-    """Reset counters and metrics (the compile cache stays)."""
-    _require()
-    import torch_xla.debug.metrics as met
-
-    met.clear_all()
-
-
-def initialize_cache(path: str) -> None:
-    """Persistent compile cache. Works on TPU; on the CPU a second process cannot load it."""
-    _require()
-    import torch_xla.runtime as xr
-
-    xr.initialize_cache(path, readonly=False)
 
 
 # ---------------------------------------------------------------------------------------------

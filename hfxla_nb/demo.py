@@ -425,12 +425,12 @@ def run_demo(
         The `FineTuneResult`. The randomly initialized tiny BERT reaches >= 0.9 validation
         accuracy with the defaults (2 epochs of 2,400 rows, about a minute on 2 CPU cores).
     """
-    import hfxla_nb
     from hfxla_nb.runtime import detect_accelerator
+    from hfxla_nb.train import fine_tune
 
     # Without a TPU, rehearse one: XLA on the CPU with virtual devices, the batch sharded.
     on_tpu = detect_accelerator().kind == "tpu"
-    return hfxla_nb.fine_tune(
+    return fine_tune(
         demo_model_dir(cache=cache),
         demo_dataset(n=rows),
         epochs=epochs,
@@ -458,13 +458,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", default="demo_output/tiny-bert")
     args = parser.parse_args(argv)
 
-    import hfxla_nb
+    from hfxla_nb.runtime import configure, detect, detect_accelerator
+    from hfxla_nb.ui.finetune_panel import result_text
+    from hfxla_nb.ui.runtime_panel import runtime_text
 
+    if detect_accelerator().kind != "tpu":
+        # What the panel below shows is what the run uses: this many virtual devices.
+        configure(device="cpu", cores=args.devices)
     # XLA's C++ warnings (a GSPMD deprecation notice per compiled graph) would bury the demo's
     # own output; errors still show. Only for the demo: the library leaves logging alone.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     start = time.perf_counter()
-    print(hfxla_nb.detect(), flush=True)
+    print(runtime_text(detect()), flush=True)
     result = run_demo(
         rows=args.rows,
         epochs=args.epochs,
@@ -474,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         strategy=args.strategy,
         output_dir=args.output_dir,
     )
-    print(result, flush=True)
+    print(result_text(result), flush=True)
     accuracy = result.metrics.get("eval_accuracy", float("nan"))
     print(
         f"final accuracy: {accuracy:.4f}   graphs compiled: {result.compiles} training + "

@@ -1,7 +1,7 @@
 """`%load_ext hfxla_nb`: the `%xla_info`, `%xla_config` and `%%xla_metrics` magics.
 
 The magics only parse arguments and call the API (`hfxla_nb.detect`, `hfxla_nb.configure`,
-`hfxla_nb.metrics`); panels come from `hfxla_nb.ui`. Bad arguments raise `UsageError`, which
+`hfxla_nb.observe`); panels come from `hfxla_nb.ui`. Bad arguments raise `UsageError`, which
 IPython shows as a one-line error; `%xla_info?` shows each magic's help.
 """
 
@@ -42,8 +42,9 @@ class XlaMagics(Magics):
         """
         _parse(self.xla_info, line)
         from . import runtime
+        from .ui.runtime_panel import RuntimePanel
 
-        _display(runtime.detect())
+        _display(RuntimePanel(runtime.detect()))
 
     @magic_arguments()
     @argument("--device", choices=("auto", "tpu", "cpu"), default="auto",
@@ -90,7 +91,7 @@ class XlaMagics(Magics):
             raise UsageError("--steps must be a positive integer")
         if args.warmup is not None and args.warmup < 0:
             raise UsageError("--warmup must be zero or more")
-        from . import metrics, reporting
+        from .observe import analyzer, metrics, reporting
         from .ui.metrics_panel import MetricsPanel
 
         before = metrics.snapshot()
@@ -107,7 +108,7 @@ class XlaMagics(Magics):
                     memory=seen["memory"] or metrics.device_memory(),
                 )
                 warmup = metrics.WARMUP_STEPS if args.warmup is None else args.warmup
-                alerts = metrics.analyze(summary, warmup_steps=warmup)
+                alerts = analyzer.analyze(summary, warmup_steps=warmup)
                 _display(MetricsPanel(summary, alerts, title="XLA metrics for this cell"))
 
     def _run(self, cell: str) -> Any:
@@ -125,8 +126,11 @@ class XlaMagics(Magics):
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register the magics (`%load_ext hfxla_nb`)."""
+    """Register the magics (`%load_ext hfxla_nb`) and the panels of hfxla_nb's results."""
+    from .ui import formatters
+
     ipython.register_magics(XlaMagics)
+    formatters.register(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:

@@ -67,7 +67,7 @@ def test_model_dir_loads_through_from_pretrained(demo_cache, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     folder = demo.demo_model_dir(cache=demo_cache)
-    assert sorted(os.listdir(folder)) >= ["config.json", "model.safetensors"]
+    assert {"config.json", "model.safetensors"} <= set(os.listdir(folder))
     model = AutoModelForSequenceClassification.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert type(model).__name__ == "BertForSequenceClassification"

@@ -91,6 +91,108 @@ def test_all_ranks_output_is_prefixed(kernel):
     assert_clean(kernel)
 
 
+def test_output_lists_and_none_filter_what_reaches_the_cell(kernel):
+    output = run_ok(
+        kernel,
+        """
+        def hello(index):
+            print(f"hello {index}")
+            print(f"oops {index}", file=sys.stderr)
+            return index
+
+        hx.notebook_launcher(hello, num_processes=3, strategy="debug", output=[1, 2],
+                             progress=False)
+        """,
+    )
+    assert "[rank 1] hello 1\n" in output.stdout and "[rank 2] hello 2\n" in output.stdout
+    assert "[rank 2] oops 2\n" in output.stderr  # stderr stays stderr
+    assert "hello 0" not in output.text
+    silent = run_ok(
+        kernel,
+        """
+        hx.notebook_launcher(hello, num_processes=2, strategy="debug", output="none",
+                             progress=False)
+        """,
+    )
+    assert "hello" not in silent.text and "oops" not in silent.text
+    assert kernel.value("last_launch().results") == [0, 1]
+    assert_clean(kernel)
+
+
+def test_native_output_on_the_file_descriptors_reaches_the_cell(kernel):
+    output = run_ok(
+        kernel,
+        """
+        def native(index):
+            os.write(1, b"native stdout line\\n")
+            os.write(2, b"native stderr line\\n")
+            return 1
+
+        hx.notebook_launcher(native, progress=False)
+        """,
+    )
+    assert "native stdout line\n" in output.text and "native stderr line\n" in output.text
+    assert_clean(kernel)
+
+
+def test_use_port_is_the_debug_rendezvous_port(kernel):
+    output = run_ok(
+        kernel,
+        """
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+
+        def where(index):
+            import torch.distributed as dist
+            return (os.environ["MASTER_PORT"], dist.get_world_size(), dist.get_rank())
+
+        print("VALUE", port, hx.notebook_launcher(where, num_processes=2, strategy="debug",
+                                                  use_port=port, progress=False))
+        """,
+    )
+    line = next(line for line in output.stdout.splitlines() if line.startswith("VALUE"))
+    _, port, value = line.split(" ", 2)
+    assert value == f"('{port}', 2, 0)"
+    assert_clean(kernel)
+
+
+def test_a_frozen_process_is_stopped_by_heartbeat_timeout(kernel):
+    output = kernel.run(
+        textwrap.dedent(
+            """
+            def freeze(index):
+                os.kill(os.getpid(), signal.SIGSTOP)  # no heartbeat thread runs any more
+
+            hx.notebook_launcher(freeze, heartbeat_timeout=3, progress=False)
+            """
+        ),
+        timeout=90,
+    )
+    assert output.error is not None and output.error["ename"] == "LaunchError"
+    assert "no heartbeat for" in output.error["evalue"] and "frozen" in output.error["evalue"]
+    assert kernel.value("last_launch().ranks[0].exit_state") == "timeout"
+    assert_clean(kernel)
+
+
+def test_cuda_initialized_in_the_kernel_is_refused():
+    # No GPU exists here: torch.cuda's answers are replaced in a kernel of its own.
+    kernel = Kernel()
+    try:
+        output = kernel.run(textwrap.dedent(
+            """
+            import torch, hfxla_nb as hx
+            torch.cuda.is_available = lambda: True
+            torch.cuda.is_initialized = lambda: True
+            hx.notebook_launcher(lambda i: i)
+            """), timeout=60)
+        assert output.error is not None and output.error["ename"] == "LaunchRefusedError"
+        assert "CUDA is already initialized" in output.error["evalue"]
+        assert kernel.value("hfxla_nb.launch.last_launch() is None") is True
+    finally:
+        kernel.close()
+
+
 def test_spmd_sees_four_virtual_devices(kernel):
     output = run_ok(
         kernel,
@@ -177,13 +279,13 @@ def test_timeout_names_the_stalled_rank(kernel):
                     hfxla_nb_step += 1
                     time.sleep(0.05)
 
-            hx.notebook_launcher(endless, timeout=4, progress=False)
+            hx.notebook_launcher(endless, timeout=8, progress=False)
             """
         ),
         timeout=60,
     )
     assert output.error is not None and output.error["ename"] == "LaunchError"
-    assert "timed out after 4s" in output.error["evalue"]
+    assert "timed out after 8s" in output.error["evalue"]
     assert "rank 0 at step" in output.error["evalue"]
     assert output.duration < 20
     assert kernel.value("last_launch().outcome") == "timeout"
@@ -257,7 +359,7 @@ def test_tqdm_in_a_worker_becomes_progress(kernel):
                 seen.append(event)
             def refresh(self): pass
             def close(self, record): pass
-        import hfxla_nb.ui as ui
+        import hfxla_nb.launch.launcher as ui  # where the launcher finds its display
         original = ui.launch_display
         ui.launch_display = lambda world, mode: Recorder()
         try:

@@ -127,3 +127,21 @@ def test_magics_in_a_real_kernel():
     assert error_of(cells[6])["ename"] == "KeyError"
     assert bundles_of(cells[6])[0]["text/plain"].startswith("XLA metrics for this cell")
     assert stdout_of(cells[7]).strip() == "True"  # %%xla_metrics ran XLA in the kernel
+
+
+def test_detect_and_a_result_show_their_panels_without_the_extension():
+    # The data classes import nothing from `ui`: IPython's formatters draw them
+    # (`hfxla_nb.ui.formatters`), registered when a public name is first used.
+    cells = run_notebook([
+        "import hfxla_nb as hx\nhx.detect()",
+        "from hfxla_nb.train.result import FineTuneResult\n"
+        "FineTuneResult(None, [(1, 0.7), (2, 0.5)], {'eval_accuracy': 0.9}, 2, 1.0, 10.0, 1.0, 2,"
+        " 1, 1.0, 0.1, ['a', 'b'], 'spmd', 4, 'fp32', [16])",
+    ])
+    (info,) = bundles_of(cells[0])
+    assert info["text/plain"].startswith("hfxla_nb runtime:")
+    assert "torch_xla" in info["text/html"] and "<" in info["text/html"]
+    (result,) = bundles_of(cells[1])
+    assert result["text/plain"].startswith("FineTuneResult\n  training")
+    assert "eval_accuracy=0.9000" in result["text/plain"]
+    assert "<svg" in result["text/html"] and "spmd over 4 devices" in result["text/html"]

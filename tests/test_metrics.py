@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hfxla_nb import metrics
 from hfxla_nb.events import MetricsSnapshot
+from hfxla_nb.observe import analyzer, metrics
+from hfxla_nb.observe import live as live_metrics
 from tests.kernel_helpers import run_python
 
 NS = 1e9
@@ -91,7 +92,7 @@ def test_dynamic_padding_alert_names_the_input_and_its_shapes():
     # torch_xla stays silent; 30 compiles in 40 steps crosses its 0.5 threshold.
     summary = metrics.summarize(snap({"MarkStep": 40}, CompileTime=(30, 60 * NS, [2 * NS])))
     summary.input_shapes = shapes("input_ids", [64, 48, 57, 33])
-    alerts = metrics.analyze(summary)
+    alerts = analyzer.analyze(summary)
     assert codes(alerts) == ["frequent-compiles"]
     alert = alerts[0]
     assert alert.severity == "warning"
@@ -107,17 +108,17 @@ def test_dynamic_padding_alert_names_the_input_and_its_shapes():
 )
 def test_compile_threshold_is_torch_xlas(compiles, steps, expected):
     summary = metrics.summarize(snap({"MarkStep": steps}, CompileTime=(compiles, NS, [])))
-    assert codes(metrics.analyze(summary)) == expected
+    assert codes(analyzer.analyze(summary)) == expected
 
 
 def test_compile_cause_without_shapes_points_to_fetches_or_fallbacks():
     fetching = metrics.summarize(snap({"MarkStep": 20}, CompileTime=(20, NS, []),
                                       TransferFromDeviceTime=(20, 1, [])))
-    alerts = metrics.analyze(fetching)
+    alerts = analyzer.analyze(fetching)
     assert codes(alerts) == ["frequent-compiles", "frequent-transfers"]
     assert "fetched from the device inside the step" in alerts[0].explanation
     silent = metrics.summarize(snap({"MarkStep": 20}, CompileTime=(20, NS, [])))
-    assert "PT_XLA_DEBUG_LEVEL=2" in metrics.analyze(silent)[0].explanation
+    assert "PT_XLA_DEBUG_LEVEL=2" in analyzer.analyze(silent)[0].explanation
 
 
 def test_transfer_fallback_and_slow_alerts():
@@ -127,7 +128,7 @@ def test_transfer_fallback_and_slow_alerts():
         CompileTime=(1, 301 * NS, [301 * NS]),
         ExecuteTime=(40, 31 * NS, [31 * NS]),
     ))
-    alerts = metrics.analyze(summary)
+    alerts = analyzer.analyze(summary)
     assert set(codes(alerts)) == {"frequent-transfers", "cpu-fallback", "slow-compile",
                                   "slow-execution"}
     transfer = next(a for a in alerts if a.code == "frequent-transfers")
@@ -141,7 +142,7 @@ def test_transfer_fallback_and_slow_alerts():
         CompileTime=(3, 299 * NS, [299 * NS]),
         ExecuteTime=(40, 29 * NS, [29 * NS]),
     ))
-    assert metrics.analyze(quiet) == []
+    assert analyzer.analyze(quiet) == []
 
 
 def cycling(name, period, steps, start=1):
@@ -155,7 +156,7 @@ def cycling(name, period, steps, start=1):
 def test_shapes_that_all_compiled_during_warmup_still_get_an_alert():
     # The QA case: 7 cycling shapes, 7 compiles in the first 10 steps, none after: the rate
     # rules stay silent, yet each shape cost a compilation (minutes each on a TPU).
-    live = metrics.LiveMetrics()
+    live = live_metrics.LiveMetrics()
     live.add(MetricsSnapshot(0, 11, snap({"MarkStep": 11}, CompileTime=(7, 2 * NS, []))))
     data = snap({"MarkStep": 150}, CompileTime=(7, 2 * NS, []))
     data["input_shapes"] = cycling("x", 7, 150)
@@ -174,8 +175,8 @@ def test_shape_alert_is_not_repeated_and_a_few_buckets_are_quiet():
     # Recompiling after warm-up: that alert already names the input; no second one.
     summary = metrics.summarize(snap({"MarkStep": 40}, CompileTime=(30, NS, [])))
     summary.input_shapes = cycling("x", 7, 40)
-    assert codes(metrics.analyze(summary)) == ["frequent-compiles"]
-    live = metrics.LiveMetrics()
+    assert codes(analyzer.analyze(summary)) == ["frequent-compiles"]
+    live = live_metrics.LiveMetrics()
     live.add(MetricsSnapshot(0, 11, snap({}, CompileTime=(3, NS, []))))
     data = snap({}, CompileTime=(9, NS, []))
     data["input_shapes"] = cycling("x", 7, 150)
@@ -185,7 +186,7 @@ def test_shape_alert_is_not_repeated_and_a_few_buckets_are_quiet():
     for period, expected in ((3, []), (4, ["shape-changes"])):
         summary = metrics.summarize(snap({"MarkStep": 150}, CompileTime=(period, NS, [])))
         summary.input_shapes = cycling("x", period, 150)
-        assert codes(metrics.analyze(summary)) == expected
+        assert codes(analyzer.analyze(summary)) == expected
     assert metrics.MAX_QUIET_SHAPES == 3
 
 
@@ -197,14 +198,14 @@ def test_rates_of_rank_threads_are_per_rank_step():
     summary = metrics.summarize(data, steps=12)
     assert (summary.ranks, summary.rank_steps) == (4, 48)
     assert summary.per_step(summary.compiles) == pytest.approx(8 / 48)
-    assert metrics.analyze(summary) == []
+    assert analyzer.analyze(summary) == []
     alone = metrics.summarize(snap({}, CompileTime=(8, NS, []),
                                    TransferFromDeviceTime=(24, 1, [])), steps=12)
-    assert codes(metrics.analyze(alone)) == ["frequent-compiles", "frequent-transfers"]
+    assert codes(analyzer.analyze(alone)) == ["frequent-compiles", "frequent-transfers"]
 
 
 def test_live_metrics_counts_compiles_after_warmup():
-    live = metrics.LiveMetrics()
+    live = live_metrics.LiveMetrics()
     live.add(MetricsSnapshot(0, 1, snap({}, CompileTime=(1, NS, []))))
     live.add(MetricsSnapshot(0, 11, snap({}, CompileTime=(3, NS, []))))
     data = snap({}, CompileTime=(7, NS, []))
@@ -259,7 +260,7 @@ def test_shape_count_is_true_past_the_listed_shapes(period, steps, distinct):
     assert len(metrics.changed_inputs(tracker.data())["x"]) == 16  # the listed ones
     summary = metrics.summarize(snap({"MarkStep": steps}, CompileTime=(distinct, NS, [])))
     summary.input_shapes = tracker.data()
-    (alert,) = metrics.analyze(summary)  # 60 in 60 steps: recompiling; 23 in 150: shapes
+    (alert,) = analyzer.analyze(summary)  # 60 in 60 steps: recompiling; 23 in 150: shapes
     assert alert.code == ("frequent-compiles" if distinct == steps else "shape-changes")
     assert (f"'x' had {distinct} different shapes: (9, 8), (10, 8), (11, 8), (12, 8), "
             f"(13, 8), (14, 8) and {distinct - 6} more") in alert.explanation
@@ -290,7 +291,8 @@ def test_metrics_module_does_not_import_torch_xla_at_import():
 DYNAMIC_LOOP = """
 import json, pickle, torch, torch_xla
 import torch_xla.debug.metrics as met
-from hfxla_nb import events, reporting
+from hfxla_nb import events
+from hfxla_nb.observe import reporting
 import hfxla_nb as hx
 
 reporting.SNAPSHOT_INTERVAL = 0.0   # a snapshot every step, to see every compile
@@ -324,7 +326,7 @@ def test_real_dynamic_padding_loop_alert_names_changing_input():
     received = pickle.loads(bytes.fromhex(result["events"]))
     snapshots = [e for e in received if isinstance(e, MetricsSnapshot)]
     assert snapshots and snapshots[-1].step == 14
-    live = metrics.LiveMetrics()
+    live = live_metrics.LiveMetrics()
     for event in snapshots:
         live.add(event)
     summary = live.summary()
@@ -345,6 +347,6 @@ def test_real_dynamic_padding_loop_alert_names_changing_input():
 
 def test_summary_from_namespace_events():
     # LiveMetrics takes anything shaped like a MetricsSnapshot (duck-typed).
-    live = metrics.LiveMetrics()
+    live = live_metrics.LiveMetrics()
     live.add(SimpleNamespace(rank=1, step=5, data=snap({"MarkStep": 5}), memory=None))
     assert live.summary().steps == 5 and live.alerts() == []

@@ -10,7 +10,7 @@ import hfxla_nb
 
 def test_import_pulls_in_no_heavy_module_and_starts_nothing():
     code = (
-        "import sys, hfxla_nb, hfxla_nb.runtime, hfxla_nb.launch, hfxla_nb.reporting, "
+        "import sys, hfxla_nb, hfxla_nb.runtime, hfxla_nb.launch, hfxla_nb.observe.reporting, "
         "hfxla_nb.magics\n"
         "heavy = ('torch', 'torch_xla', 'transformers', 'datasets')\n"
         "heavy = [m for m in heavy if m in sys.modules]\n"

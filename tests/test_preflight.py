@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hfxla_nb.preflight import LaunchRefusedError, check_function, plan_launch
+from hfxla_nb.launch.preflight import LaunchRefusedError, check_function, plan_launch
 
 
 def test_index_is_passed_when_the_function_needs_one_more_argument():

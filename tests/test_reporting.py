@@ -7,8 +7,9 @@ import pickle
 import numpy as np
 import pytest
 
-from hfxla_nb import events, reporting
+from hfxla_nb import events
 from hfxla_nb.events import Channel, MetricsSnapshot, Progress
+from hfxla_nb.observe import reporting
 from tests.kernel_helpers import run_python
 
 
@@ -102,7 +103,8 @@ CONTRACT = """
 import json, pickle, torch, torch_xla
 import torch_xla.core.xla_model as xm
 import torch_xla.debug.metrics as met
-from hfxla_nb import events, reporting
+from hfxla_nb import events
+from hfxla_nb.observe import reporting
 import hfxla_nb as hx
 
 N, K = 20, 5
@@ -226,7 +228,7 @@ def run_ranks(channel, functions):
     """Run `functions[rank]` as rank threads of this process, through the worker's run_rank."""
     import threading
 
-    from hfxla_nb import worker
+    from hfxla_nb.launch import worker
 
     threads = [threading.Thread(target=worker.run_rank,
                                 args=(channel, rank, len(functions), function, (), True))

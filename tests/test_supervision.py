@@ -1,24 +1,24 @@
-"""How the notebook side turns worker events into the record and the error (no fork)."""
+"""How the notebook side turns worker events into the record and the error (no fork):
+`RecordKeeper` is driven by events alone."""
 
 from __future__ import annotations
 
 import signal
 
 from hfxla_nb.events import Failed, ProcessExited, Started
-from hfxla_nb.launch import LaunchRecord, RankRecord, _Supervision
-from hfxla_nb.ui import NullDisplay
+from hfxla_nb.launch import LaunchRecord, RankRecord, RecordKeeper
 
 
-def supervision(world: int) -> _Supervision:
+def supervision(world: int, **options) -> RecordKeeper:
     record = LaunchRecord("replicated", world, [RankRecord(rank) for rank in range(world)])
-    return _Supervision(record, NullDisplay(), {0}, None, None)
+    return RecordKeeper(record, **options)
 
 
 def test_a_signal_names_every_rank_of_the_dead_process():
     watch = supervision(2)
     for rank in range(2):
-        watch._handle(Started(rank=rank, world=2, pid=1234))
-    watch._handle(ProcessExited(rank=None, pid=1234, signal=signal.SIGKILL))
+        watch.handle(Started(rank=rank, world=2, pid=1234))
+    watch.handle(ProcessExited(rank=None, pid=1234, signal=signal.SIGKILL))
     assert [r.exit_state for r in watch.record.ranks] == ["killed", "killed"]
     assert "killed by SIGKILL" in watch.failure_message()
     assert "out-of-memory" in watch.failure_message()
@@ -26,8 +26,8 @@ def test_a_signal_names_every_rank_of_the_dead_process():
 
 def test_a_bare_broken_pool_still_names_the_rank_and_the_likely_cause():
     watch = supervision(1)
-    watch._handle(Started(rank=0, world=1, pid=99))
-    watch._handle(Failed(None, "BrokenProcessPool", "terminated abruptly", ""))
+    watch.handle(Started(rank=0, world=1, pid=99))
+    watch.handle(Failed(None, "BrokenProcessPool", "terminated abruptly", ""))
     assert watch.record.ranks[0].exit_state == "killed"
     assert "rank 0 failed" in watch.failure_message()
     assert "out-of-memory" in watch.failure_message()
@@ -35,8 +35,33 @@ def test_a_bare_broken_pool_still_names_the_rank_and_the_likely_cause():
 
 def test_the_first_failure_is_the_one_reported():
     watch = supervision(3)
-    watch._handle(Failed(2, "ValueError", "first", "Traceback: first"))
-    watch._handle(Failed(1, "KeyError", "second", "Traceback: second"))
+    watch.handle(Failed(2, "ValueError", "first", "Traceback: first"))
+    watch.handle(Failed(1, "KeyError", "second", "Traceback: second"))
     message = watch.failure_message()
     assert message.startswith("rank 2 failed: ValueError: first")
     assert "Traceback: first" in message and "second" not in message
+
+
+def test_heartbeat_timeout_stops_a_silent_rank_and_a_quiet_one_gets_one_warning():
+    watch = supervision(2, heartbeat_timeout=5.0)
+    watch.handle(Started(rank=0, world=2, pid=1))
+    watch.handle(Started(rank=1, world=2, pid=2))
+    now = watch.record.ranks[0].last_seen
+    watch.record.ranks[1].last_seen = now + 10  # rank 1 spoke recently, rank 0 did not
+    assert watch.check_heartbeats(now + 6) == []
+    assert watch.record.ranks[0].exit_state == "timeout"
+    assert "no heartbeat for 6s" in watch.record.ranks[0].error
+    assert watch.failure is watch.record.ranks[0]
+    assert watch.record.ranks[1].exit_state == "running"
+
+
+def test_a_rank_quiet_past_the_warning_is_named_once_without_a_heartbeat_timeout():
+    from hfxla_nb.launch.record import HEARTBEAT_WARNING
+
+    watch = supervision(1)
+    watch.handle(Started(rank=0, world=1, pid=1))
+    later = watch.record.ranks[0].last_seen + HEARTBEAT_WARNING + 1
+    warnings = watch.check_heartbeats(later)
+    assert len(warnings) == 1 and "rank 0 has sent nothing for 61s" in warnings[0]
+    assert watch.check_heartbeats(later + 1) == []  # once per rank
+    assert watch.record.ranks[0].exit_state == "running" and watch.failure is None

@@ -1,4 +1,4 @@
-"""hfxla_nb.trainer: XLA-safe TrainingArguments and the progress callback, in a launched run."""
+"""hfxla_nb.train.trainer: XLA-safe TrainingArguments and the progress callback, launched."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import hfxla_nb as hx
 from hfxla_nb import _xla, demo
 from hfxla_nb.launch import last_launch
-from hfxla_nb.trainer import TrainingArgumentsInKernelError
+from hfxla_nb.train.trainer import TrainingArgumentsInKernelError
 
 
 @pytest.fixture(scope="session")

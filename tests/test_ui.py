@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from hfxla_nb.events import Failed, Finished, Heartbeat, MetricsSnapshot, Progress, Started
+from hfxla_nb.launch.record import LaunchRecord, RankRecord
 from hfxla_nb.ui import NullDisplay, html, launch_display, modes, text
 from hfxla_nb.ui.console import ConsoleDisplay
 from hfxla_nb.ui.html_display import HtmlDisplay
@@ -31,12 +32,12 @@ class Clock:
 
 
 def record(ok=True, **ranks):
-    """A launch record, duck-typed like launch.LaunchRecord."""
-    rank_records = [SimpleNamespace(rank=int(r[1:]), exit_state=state, duration=1.0,
-                                    result=None, error=None if state == "finished" else
-                                    "ValueError: bad batch")
+    """A real `LaunchRecord` as the launcher leaves it: `record(r0="finished", r1="failed")`."""
+    rank_records = [RankRecord(rank=int(r[1:]), exit_state=state, duration=1.0,
+                               error=None if state == "finished" else "ValueError: bad batch")
                     for r, state in ranks.items()]
-    return SimpleNamespace(ok=ok, duration=4.0, ranks=rank_records)
+    outcome = "finished" if ok else "failed"
+    return LaunchRecord("spmd", len(rank_records), rank_records, duration=4.0, outcome=outcome)
 
 
 SNAPSHOT = {
@@ -129,7 +130,7 @@ def test_state_close_tolerates_any_record():
     view = state.view()
     assert view.state == "finished" and view.bars[0].state == "done"
     state = LaunchState(1, clock=Clock())
-    state.close(SimpleNamespace(ok=False, outcome="timeout"))
+    state.close(LaunchRecord("spmd", 1, [RankRecord(0)], outcome="timeout"))
     assert state.view().state == "failed" and state.view().errors == ["launch timeout"]
 
 
@@ -139,6 +140,24 @@ def test_state_metrics_from_snapshots():
     view = state.view()
     assert view.metrics.compiles == 2 and view.metrics_rank == 0
     assert {alert.code for alert in view.alerts} == {"frequent-transfers", "cpu-fallback"}
+
+
+# `xm.get_memory_info()` as a TPU v5e answers it (XLA on the CPU raises UNIMPLEMENTED): the
+# panel is tested with these recorded values.
+TPU_V5E_MEMORY = {"bytes_used": 1_288_490_189, "bytes_limit": 17_179_869_184,
+                  "peak_bytes_used": 2_147_483_648}
+
+
+def test_device_memory_of_a_tpu_reaches_every_panel():
+    state = LaunchState(1, clock=Clock())
+    state.handle(MetricsSnapshot(0, 20, SNAPSHOT, memory=dict(TPU_V5E_MEMORY)))
+    view = state.view()
+    line = "device memory: 1.2 GiB used of 16.0 GiB (peak 2.0 GiB)"
+    assert line in text.launch_text(view)
+    assert "1.2 GiB used of 16.0 GiB (peak 2.0 GiB)" in html.launch_html(view)
+    state = LaunchState(1, clock=Clock())
+    state.handle(MetricsSnapshot(0, 20, SNAPSHOT))
+    assert "device memory: not available" in text.launch_text(state.view())
 
 
 def process_snapshot(step, executions, *, sender, time, ranks=(0, 1, 2, 3), pid=4242):
@@ -267,10 +286,10 @@ def test_input_shapes_row_says_when_more_exist():
 
 
 def test_metrics_panel_has_html_and_text():
-    from hfxla_nb import metrics
+    from hfxla_nb.observe import analyzer, metrics
 
     summary = metrics.summarize(SNAPSHOT)
-    panel = MetricsPanel(summary, metrics.analyze(summary), title="cell")
+    panel = MetricsPanel(summary, analyzer.analyze(summary), title="cell")
     assert "<table" in panel._repr_html_() and "20 executions" not in panel._repr_html_()
     assert "20 (1.0 s)" in panel._repr_html_()
     assert repr(panel).startswith("cell\nXLA in 20 steps: 2 compiles")

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from html import escape
 
-from ..metrics import Alert, XlaSummary, shape_changes
+from ..observe.analyzer import Alert
+from ..observe.metrics import XlaSummary, shape_changes
 from . import text
 from .state import BarView, LaunchView
 

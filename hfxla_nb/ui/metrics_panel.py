@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..metrics import Alert, XlaSummary
+from ..observe.analyzer import Alert
+from ..observe.metrics import XlaSummary
 from . import html, text
 
 

@@ -5,22 +5,16 @@ from __future__ import annotations
 import sys
 import warnings
 
-MODES = ("auto", "widgets", "html", "console", "none")
+from .._choices import PROGRESS_MODES
+from ..runtime.environment import shell_class_names
+
+MODES = PROGRESS_MODES
 MIN_IPYWIDGETS = (7, 6)
 
 
 def in_notebook() -> bool:
     """Whether this runs in a Jupyter kernel (Jupyter, Colab, Kaggle, VS Code), not a terminal."""
-    ipython_module = sys.modules.get("IPython")
-    if ipython_module is None:
-        return False
-    shell = ipython_module.get_ipython()
-    if shell is None:
-        return False
-    if "IPKernelApp" in getattr(shell, "config", {}):
-        return True
-    names = {cls.__name__ for cls in type(shell).__mro__}
-    return "ZMQInteractiveShell" in names
+    return "ZMQInteractiveShell" in shell_class_names(sys.modules)
 
 
 def widgets_problem() -> str | None:

@@ -178,3 +178,16 @@ def runtime_html(info: RuntimeInfo) -> str:
         f'<table style="border-collapse:collapse;margin:0">{rows}</table>'
         f"{problems}</div>"
     )
+
+
+class RuntimePanel:
+    """A `RuntimeInfo` drawn as a panel: HTML in a notebook, text from `repr()`."""
+
+    def __init__(self, info: RuntimeInfo) -> None:
+        self.info = info
+
+    def _repr_html_(self) -> str:
+        return runtime_html(self.info)
+
+    def __repr__(self) -> str:
+        return runtime_text(self.info)

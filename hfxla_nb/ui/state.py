@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..events import Failed, Finished, Heartbeat, MetricsSnapshot, Progress, Started
-from ..metrics import Alert, LiveMetrics, XlaSummary
+from ..observe.analyzer import Alert
+from ..observe.live import LiveMetrics
+from ..observe.metrics import XlaSummary
 
 # Points kept per bar for the charts.
 HISTORY = 200

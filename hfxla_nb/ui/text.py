@@ -5,7 +5,8 @@ Pure functions of the data in `ui.state` and `metrics`; nothing is computed here
 
 from __future__ import annotations
 
-from ..metrics import Alert, InputShapes, XlaSummary, shape_changes
+from ..observe.analyzer import Alert
+from ..observe.metrics import InputShapes, XlaSummary, shape_changes
 from .state import BarView, LaunchView
 
 SYMBOLS = {"finished": "✔", "failed": "✖", "running": "…", "starting": "…"}

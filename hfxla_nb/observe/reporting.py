@@ -40,8 +40,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import _xla, events
-from .events import MetricsSnapshot, Progress
+from .. import _xla, events
+from ..events import MetricsSnapshot, Progress
 from .metrics import WARMUP_STEPS, ShapeTracker, shapes_of
 
 # Seconds between two Progress events of one bar (the final step is always sent).

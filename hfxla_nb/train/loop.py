@@ -1,6 +1,6 @@
 """The worker side of `fine_tune`: the training loop, evaluation, checkpoints and saving.
 
-Runs inside the worker that `notebook_launcher` forked (`_train_worker(index, plan)`), never in
+Runs inside the worker that `notebook_launcher` forked (`train_worker(index, plan)`), never in
 the notebook kernel. What happens per training step, and why:
 
 - one packed int32 tensor (all inputs, labels) is uploaded, sharded over the "data" axis of
@@ -19,21 +19,24 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .. import _xla
+from ..events import Progress, emit, worker_rank
+from ..observe.reporting import report
+from . import batching, patches
 from . import checkpoint as ckpt
-from . import data as D
+from .counts import COUNTED, EXECUTE
+from .evaluate import evaluate
+from .plan import TrainPlan, resolve_precision
+from .saving import save_checkpoint, save_final
 
-#: Steps before throughput and per-step counts are measured (the first steps compile).
-WARMUP_STEPS = 3
-_EXECUTE = ("ExecuteTime", "ExecuteReplicatedTime")
-_COUNTED = ("CompileTime", *_EXECUTE, "TransferFromDeviceTime", "TransferToDeviceTime")
+#: Steps left out of the steady-state figures (samples/s, executions and transfers per step):
+#: the first two compile, the third still waits for them.
+STEADY_AFTER_STEPS = 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -41,48 +44,13 @@ _COUNTED = ("CompileTime", *_EXECUTE, "TransferFromDeviceTime", "TransferToDevic
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass
-class TrainPlan:
-    """What the worker does. Built by `prepare_fine_tune`; crosses the fork by memory."""
-
-    model: Any  # a name/folder (str) or a model instance
-    model_kwargs: dict[str, Any]
-    tokenizer: Any
-    data: Any  # data.EncodedData
-    batch_size: int
-    gradient_accumulation_steps: int
-    learning_rate: float
-    weight_decay: float
-    warmup_steps: int
-    max_grad_norm: float | None
-    total_steps: int
-    steps_per_epoch: int
-    precision: str  # "auto", "fp32", "bf16"
-    strategy: str
-    output_dir: str
-    save_steps: int | None
-    resume_from: str | None
-    seed: int
-    metrics: tuple
-    log_every: int
-    devices: int
-    fingerprint: dict[str, Any] = field(default_factory=dict)
-    save: bool = True
-
-    @property
-    def rows_per_step(self) -> int:
-        return self.batch_size * self.gradient_accumulation_steps
-
-
 # ---------------------------------------------------------------------------------------------
 # The worker side
 # ---------------------------------------------------------------------------------------------
 
 
-def _train_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
+def train_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
     """Runs in the launched worker: train, evaluate, save; returns `FineTuneResult` data."""
-    from . import _xla, patches
-
     if plan.strategy == "spmd" and not _xla.is_spmd():
         _xla.use_spmd()  # before any tensor touches the device
     with patches.applied() as applied:
@@ -98,8 +66,6 @@ class _Run:
     def __init__(self, index: int, plan: TrainPlan) -> None:
         import torch
 
-        from . import _xla
-
         self.plan = plan
         self.torch = torch
         self.xla = _xla
@@ -109,10 +75,7 @@ class _Run:
         self.world = 1 if self.spmd else _xla.world_size()
         self.devices = _xla.global_device_count() if self.spmd else self.world
         self.mesh = _xla.data_parallel_mesh() if self.spmd else None
-        if plan.precision == "auto":
-            self.precision = "bf16" if _xla.device_type() == "TPU" else "fp32"
-        else:
-            self.precision = plan.precision
+        self.precision = resolve_precision(plan.precision, _xla.device_type())
         if plan.rows_per_step % self.world:
             raise ValueError(
                 f"batch_size x gradient_accumulation_steps = {plan.rows_per_step} does not "
@@ -123,7 +86,7 @@ class _Run:
         self.checkpoints: list[str] = []
         self._logged = (0, 0.0)  # (step, cumulative loss) at the previous log
         self._steady_since: float | None = None
-        self._checkpoint_marks: list[tuple[float, float, dict[str, int]]] = []
+        self.checkpoint_marks: list[tuple[float, float, dict[str, int]]] = []
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -169,12 +132,12 @@ class _Run:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return optimizer, scheduler
 
-    def _counts(self) -> dict[str, int]:
-        return self.xla.metric_counts(_COUNTED)
+    def counts(self) -> dict[str, int]:
+        return self.xla.metric_counts(COUNTED)
 
     # -- the batches ---------------------------------------------------------------------------
 
-    def _upload(self, array: np.ndarray):
+    def upload(self, array: np.ndarray):
         tensor = self.torch.from_numpy(np.ascontiguousarray(array))
         if self.spmd:
             spec = (None, "data", None)
@@ -185,7 +148,7 @@ class _Run:
         names = self.plan.data.input_names
         return {name: x[:, k * length:(k + 1) * length] for k, name in enumerate(names)}
 
-    def _logits(self, x, length: int):
+    def logits(self, x, length: int):
         autocast = (
             self.torch.autocast("xla", dtype=self.torch.bfloat16)
             if self.precision == "bf16"
@@ -228,22 +191,22 @@ class _Run:
         self.xla.set_rng_state(seed)
         # The running loss stays on the device; it is read once per logging interval.
         self.loss_total = torch.tensor(loss_total, dtype=torch.float32).to(self.device)
-        counts_start = self._counts()
+        counts_start = self.counts()
         train_start = time.perf_counter()
         steady = self._train(start_step)
         self.xla.sync()  # runs the last step closures
         self.xla.wait_device_ops()
         train_end = time.perf_counter()
-        counts_end = self._counts()
+        counts_end = self.counts()
         train_seconds = train_end - train_start - self._checkpoint_time_after(train_start)
 
         metrics, eval_compiles, eval_seconds = {}, 0, 0.0
         if plan.data.eval is not None:
-            before = self._counts()
+            before = self.counts()
             eval_start = time.perf_counter()
-            metrics = self._evaluate()
+            metrics = evaluate(self)
             eval_seconds = time.perf_counter() - eval_start
-            eval_compiles = self._counts()["CompileTime"] - before["CompileTime"]
+            eval_compiles = self.counts()["CompileTime"] - before["CompileTime"]
 
         compiles = counts_end["CompileTime"] - counts_start["CompileTime"]
         samples_per_second = executions = transfers = None
@@ -252,8 +215,8 @@ class _Run:
             elapsed = train_end - steady_time - self._checkpoint_time_after(steady_time)
             samples_per_second = steady_steps * plan.rows_per_step / max(elapsed, 1e-9)
             delta = {k: counts_end[k] - steady_counts[k] - self._checkpoint_counts_after(k)
-                     for k in _COUNTED}
-            executions = sum(delta[k] for k in _EXECUTE) / steady_steps
+                     for k in COUNTED}
+            executions = sum(delta[k] for k in EXECUTE) / steady_steps
             transfers = delta["TransferFromDeviceTime"] / steady_steps
         result = {
             "output_dir": plan.output_dir if plan.save else None,
@@ -280,14 +243,11 @@ class _Run:
             "total_seconds": time.perf_counter() - start_time,
         }
         if plan.save and self.rank == 0:
-            self._save_final(result)
+            save_final(self, result)
         return result
 
     def _train(self, start_step: int):
         """The loop. Returns (counts, time, steps) of the steady part, or None if too short."""
-        from .events import Progress, emit, worker_rank
-        from .reporting import report
-
         torch = self.torch
         plan = self.plan
         data = plan.data
@@ -311,15 +271,15 @@ class _Run:
         for step in range(start_step, plan.total_steps):
             epoch, k = divmod(step, plan.steps_per_epoch)
             if epoch not in schedules:
-                schedules = {epoch: D.epoch_schedule(data.train, plan.rows_per_step,
+                schedules = {epoch: batching.epoch_schedule(data.train, plan.rows_per_step,
                                                      plan.seed, epoch)}
             bucket_index, positions = schedules[epoch][k]
             bucket = data.train.buckets[bucket_index]
             positions = positions[self.rank * per_rank:(self.rank + 1) * per_rank]
-            x = self._upload(D.train_batch(bucket, positions, micro))
+            x = self.upload(batching.train_batch(bucket, positions, micro))
             step_loss = None
             for m in range(micro):
-                logits = self._logits(x[m], bucket.length)
+                logits = self.logits(x[m], bucket.length)
                 labels = x[m][:, -1].long()
                 loss = torch.nn.functional.cross_entropy(logits, labels)
                 (loss / micro).backward()
@@ -342,192 +302,19 @@ class _Run:
                 lr = float(self.scheduler.get_last_lr()[0])
                 self.xla.add_step_closure(log, (done, self.loss_total, lr))
             if plan.save_steps and done % plan.save_steps == 0:
-                self._checkpoint(done)
-            if done == start_step + WARMUP_STEPS and done < plan.total_steps:
+                save_checkpoint(self, done)
+            if done == start_step + STEADY_AFTER_STEPS and done < plan.total_steps:
                 self.xla.wait_device_ops()  # so the warm-up's executions are counted before
                 self._steady_since = time.perf_counter()
-                steady = (self._counts(), self._steady_since, plan.total_steps - done)
+                steady = (self.counts(), self._steady_since, plan.total_steps - done)
         return steady
 
     def _checkpoint_time_after(self, since: float) -> float:
-        return sum(end - begin for begin, end, _ in self._checkpoint_marks if begin >= since)
+        return sum(end - begin for begin, end, _ in self.checkpoint_marks if begin >= since)
 
     def _checkpoint_counts_after(self, name: str) -> int:
         since = self._steady_since
-        return sum(delta.get(name, 0) for begin, _, delta in self._checkpoint_marks
+        return sum(delta.get(name, 0) for begin, _, delta in self.checkpoint_marks
                    if since is None or begin >= since)
 
     # -- checkpoints ---------------------------------------------------------------------------
-
-    def _cpu_state(self) -> tuple[dict, dict, float]:
-        """Model and optimizer state on the host, with the running loss, in one transfer."""
-        torch = self.torch
-        model_state = self.model.state_dict()
-        optimizer_state = self.optimizer.state_dict()
-        names, tensors = [], []
-        for name, tensor in model_state.items():
-            names.append(("model", name, None))
-            tensors.append(tensor)
-        for pid, slots in optimizer_state["state"].items():
-            for key, value in slots.items():
-                if isinstance(value, torch.Tensor) and value.device.type == "xla":
-                    names.append(("optimizer", pid, key))
-                    tensors.append(value)
-        tensors.append(self.loss_total)
-        fetched = self.xla.to_cpu(tensors)
-        loss_total = float(fetched.pop())
-        cpu_model = {}
-        cpu_optimizer = {"state": {pid: dict(slots) for pid, slots in
-                                   optimizer_state["state"].items()},
-                         "param_groups": optimizer_state["param_groups"]}
-        for (kind, key, slot), value in zip(names, fetched, strict=True):
-            if kind == "model":
-                cpu_model[key] = value
-            else:
-                cpu_optimizer["state"][key][slot] = value
-        return cpu_model, cpu_optimizer, loss_total
-
-    def _checkpoint(self, step: int) -> None:
-        # The fetch below waits for the step's execution anyway; waiting first keeps that
-        # execution out of the checkpoint's own counts (subtracted from the per-step figures).
-        self.xla.wait_device_ops()
-        begin = time.perf_counter()
-        before = self._counts()
-        cpu_model, cpu_optimizer, loss_total = self._cpu_state()
-        if self.rank == 0:
-            # The loss history as of this step. Closures of earlier steps have run; this step's
-            # log entry (its closure runs at the next sync) is computed here from the same
-            # fetched total, so a resumed run's history matches an uninterrupted one.
-            history = [pair for pair in self.history if pair[0] <= step]
-            plan = self.plan
-            if (step % plan.log_every == 0 or step == plan.total_steps) and (
-                not history or history[-1][0] < step
-            ):
-                last_step, last_value = self._logged
-                history.append((step, (loss_total - last_value) / max(1, step - last_step)))
-            state = {
-                "step": step,
-                "optimizer": cpu_optimizer,
-                "scheduler": self.scheduler.state_dict(),
-                "loss_total": loss_total,
-                "history": history,
-                "python_rng": random.getstate(),
-                "numpy_rng": np.random.get_state(),
-                "torch_rng": self.torch.get_rng_state(),
-                "xla_rng": self.xla.get_rng_state(),
-                "fingerprint": self.plan.fingerprint,
-            }
-
-            def write_model(folder: Path) -> None:
-                self.model.save_pretrained(folder, state_dict=cpu_model)
-                self.plan.tokenizer.save_pretrained(folder)
-
-            info = {"step": step, "fingerprint": self.plan.fingerprint}
-            path = ckpt.save_checkpoint(self.plan.output_dir, step, write_model, state, info)
-            self.checkpoints.append(str(path))
-        after = self._counts()
-        self._checkpoint_marks.append(
-            (begin, time.perf_counter(), {k: after[k] - before[k] for k in _COUNTED})
-        )
-
-    def _save_final(self, result: dict[str, Any]) -> None:
-        cpu_model, _, _ = self._cpu_state()
-        with ckpt.atomic_folder(self.plan.output_dir, keep=(ckpt.CHECKPOINTS,)) as tmp:
-            self.model.save_pretrained(tmp, state_dict=cpu_model)
-            self.plan.tokenizer.save_pretrained(tmp)
-            ckpt.write_json(tmp / ckpt.RUN_FILE, result)
-
-    # -- evaluate ------------------------------------------------------------------------------
-
-    def _evaluate(self) -> dict[str, float]:
-        from .events import Progress, emit, worker_rank
-
-        torch = self.torch
-        plan = self.plan
-        split = plan.data.eval
-        last_sent = float("-inf")
-        batches = D.eval_batches(split, plan.batch_size)
-        self.model.eval()
-        outputs = []
-        with torch.no_grad():
-            for i, (bucket_index, positions, real) in enumerate(batches):
-                bucket = split.buckets[bucket_index]
-                x = self._upload(D.eval_batch(bucket, positions, real))[0]
-                logits = self._logits(x, bucket.length)
-                labels = x[:, -2].long()
-                weights = x[:, -1].float()
-                losses = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
-                # Filler rows weigh 0; `where` keeps a NaN of a filler row out of the sum.
-                losses = torch.where(weights > 0, losses, torch.zeros_like(losses))
-                predictions = logits.argmax(-1)
-                if self.mesh is not None:
-                    # Gathered in the graph: fetching sharded results would compile per tensor.
-                    self.xla.replicate(predictions, self.mesh)
-                    self.xla.replicate(losses, self.mesh)
-                outputs += [predictions, losses]
-                self.xla.sync()
-                now = time.monotonic()
-                if i + 1 == len(batches) or now - last_sent >= 0.2:
-                    # Sent directly, not through report(): its metrics snapshots would make
-                    # the panel's per-step figures count evaluation batches as steps.
-                    last_sent = now
-                    emit(Progress(worker_rank(), i + 1, len(batches), {}, None, "eval"))
-        fetched = self.xla.to_cpu(outputs)  # one transfer for every batch
-        self.model.train()
-        predictions = np.empty(split.num_rows, dtype=np.int64)
-        row_losses = np.empty(split.num_rows, dtype=np.float64)
-        for (bucket_index, positions, real), prediction, loss in zip(
-            batches, fetched[0::2], fetched[1::2], strict=True
-        ):
-            rows = split.buckets[bucket_index].rows[positions[:real]]
-            predictions[rows] = prediction.numpy()[:real]
-            row_losses[rows] = loss.float().numpy()[:real]
-        labels = np.empty(split.num_rows, dtype=np.int64)
-        for bucket in split.buckets:
-            labels[bucket.rows] = bucket.labels
-        values = {"eval_loss": float(row_losses.mean())}
-        values.update(compute_metrics(plan.metrics, predictions, labels,
-                                      len(plan.data.label_names)))
-        values["eval_rows"] = float(split.num_rows)
-        return values
-
-
-# ---------------------------------------------------------------------------------------------
-# Metrics (host side, NumPy)
-# ---------------------------------------------------------------------------------------------
-
-
-def compute_metrics(
-    metrics: Sequence[str | Callable], predictions: np.ndarray, labels: np.ndarray,
-    num_labels: int,
-) -> dict[str, float]:
-    """`eval_<name>` for each metric: accuracy, or macro-averaged f1/precision/recall, or what a
-    function `f(predictions, labels)` returns (a float, or a dict of floats)."""
-    values: dict[str, float] = {}
-    confusion = np.zeros((num_labels, num_labels), dtype=np.int64)
-    np.add.at(confusion, (labels, predictions), 1)
-    true_positive = np.diag(confusion).astype(np.float64)
-    predicted = confusion.sum(axis=0).astype(np.float64)
-    actual = confusion.sum(axis=1).astype(np.float64)
-    present = actual > 0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        precision = np.where(predicted > 0, true_positive / predicted, 0.0)
-        recall = np.where(actual > 0, true_positive / actual, 0.0)
-        f1 = np.where(precision + recall > 0, 2 * precision * recall / (precision + recall), 0.0)
-    for metric in metrics:
-        if callable(metric):
-            value = metric(predictions, labels)
-            name = getattr(metric, "__name__", "metric")
-            if isinstance(value, dict):
-                values.update({f"eval_{k}": float(v) for k, v in value.items()})
-            else:
-                values[f"eval_{name}"] = float(value)
-        elif metric == "accuracy":
-            values["eval_accuracy"] = float((predictions == labels).mean())
-        elif metric == "precision":
-            values["eval_precision"] = float(precision[present].mean())
-        elif metric == "recall":
-            values["eval_recall"] = float(recall[present].mean())
-        elif metric == "f1":
-            values["eval_f1"] = float(f1[present].mean())
-    return values

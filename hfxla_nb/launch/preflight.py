@@ -13,7 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from . import _xla
+from .. import _xla
+from ..runtime.hardware import cpu_device_count
 
 STRATEGIES = ("replicated", "spmd", "debug")
 MIXED_PRECISIONS = ("no", "bf16", "fp16")
@@ -177,7 +178,7 @@ def plan_launch(
         count = device_count
     else:
         env["PJRT_DEVICE"] = "CPU"
-        count = num_processes or int(os.environ.get("CPU_NUM_DEVICES", "0") or 0) or 1
+        count = num_processes or cpu_device_count(os.environ) or 1
         if count > MAX_CPU_VIRTUAL_DEVICES:
             raise LaunchRefusedError(
                 f"num_processes={count} virtual CPU devices is more than XLA:CPU handles well "

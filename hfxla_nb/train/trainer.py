@@ -21,8 +21,8 @@ import os
 import warnings
 from typing import Any
 
-from . import _xla, events
-from .events import Progress
+from .. import _xla, events
+from ..events import Progress
 
 try:  # transformers is optional for the package; the callback needs it
     from transformers import TrainerCallback
@@ -115,7 +115,7 @@ class XlaProgressCallback(TrainerCallback):
         self._send(state.global_step, state.max_steps or None, samples=0)
 
     def on_step_end(self, args, state, control, **kwargs):
-        from .reporting import report
+        from ..observe.reporting import report
 
         # No device values: report never fetches here, it only throttles the bar updates.
         report(step=state.global_step, total=state.max_steps or None,
@@ -146,7 +146,7 @@ class XlaProgressCallback(TrainerCallback):
             total = len(loader) if loader is not None else None
         except TypeError:
             pass
-        from .reporting import report
+        from ..observe.reporting import report
 
         report(step=self._eval_step, total=total, label="eval")
 

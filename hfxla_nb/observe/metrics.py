@@ -1,9 +1,7 @@
-"""Snapshots and diffs of torch_xla's metrics, and the analyzer that turns them into alerts.
+"""Snapshots and diffs of torch_xla's counters, input-shape tracking, and the summary of a run.
 
-Everything here is plain data in, plain data out: `metrics.py` never draws (the panels in
-`hfxla_nb.ui` do) and, apart from `snapshot()`, never touches torch_xla.
-
-A snapshot is the dict `_xla.metrics_snapshot()` returns:
+Plain data in, plain data out; only `snapshot()` and `device_memory()` reach torch_xla (through
+`_xla`). A snapshot is the dict `_xla.metrics_snapshot()` returns:
 
 ```python
 {"counters": {"UncachedCompile": 2, "aten::nonzero": 1, ...},
@@ -13,18 +11,10 @@ A snapshot is the dict `_xla.metrics_snapshot()` returns:
 ```
 
 Names read from torch_xla 2.9 (XLA on the CPU and TPU): compile count and time from the metric
-`CompileTime` (nanoseconds; counter `UncachedCompile` as a fallback, `CachedCompile` for cache
-hits), executions from `ExecuteTime` / `ExecuteReplicatedTime` (SPMD), transfers from
+`CompileTime` (counter `UncachedCompile` as a fallback, `CachedCompile` for cache hits),
+executions from `ExecuteTime` / `ExecuteReplicatedTime` (SPMD), transfers from
 `TransferFromDeviceTime` / `TransferToDeviceTime` with their bytes in `InboundData` /
-`OutboundData`, CPU fallbacks from the `aten::*` counters (`aten::_local_scalar_dense` is
-`.item()`), steps from the `MarkStep` counter.
-
-The analyzer applies PyTorch/XLA's own thresholds (the ones `PT_XLA_DEBUG_LEVEL` reports):
-more than 0.5 compiles per step once past 10 warm-up steps, more than 0.5 device-to-host
-transfers per step, any CPU fallback other than `aten::_local_scalar_dense`, any compile over
-300 s or execution over 30 s. Rates are per step of each rank when the counters are those of a
-process running several rank threads. Beyond torch_xla's rules, an input reported with more
-than `MAX_QUIET_SHAPES` shapes is named even when every compilation fell in the warm-up.
+`OutboundData`, CPU fallbacks from the `aten::*` counters, steps from `MarkStep`.
 """
 
 from __future__ import annotations
@@ -33,13 +23,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-# PyTorch/XLA's own thresholds (torch_xla/csrc/runtime/metrics_analysis.cc, PT_XLA_DEBUG).
+# PyTorch/XLA's own debug analysis (PT_XLA_DEBUG_LEVEL) judges rates only after 10 steps.
 WARMUP_STEPS = 10
-MAX_COMPILES_PER_STEP = 0.5
-MAX_TRANSFERS_PER_STEP = 0.5
-MAX_COMPILE_SECONDS = 300.0
-MAX_EXECUTE_SECONDS = 30.0
-ITEM_OP = "aten::_local_scalar_dense"
+ITEM_OP = "aten::_local_scalar_dense"  # what `.item()` shows up as among the CPU fallbacks
 
 # How many distinct shapes one input lists in a `ShapeTracker` (the rest are only counted)...
 MAX_SHAPES_PER_INPUT = 16
@@ -58,7 +44,7 @@ def snapshot() -> dict[str, Any]:
 
     Reading the counters is host-side only (no device sync) and does not start the XLA runtime.
     """
-    from . import _xla
+    from .. import _xla
 
     return _xla.metrics_snapshot()
 
@@ -66,7 +52,7 @@ def snapshot() -> dict[str, Any]:
 def device_memory() -> dict[str, int] | None:
     """Device memory (`bytes_used`, `bytes_limit`, `peak_bytes_used`) when this process runs
     the XLA runtime on a TPU; None elsewhere (XLA on the CPU does not report it)."""
-    from . import _xla
+    from .. import _xla
 
     if not _xla.runtime_is_initialized() or _xla.device_type() in (None, "CPU"):
         return None
@@ -172,6 +158,11 @@ class ShapeTracker:
             return result
 
 
+def shape_text(shape: tuple) -> str:
+    """"(16, 64)" for a shape."""
+    return "(" + ", ".join(str(size) for size in shape) + ")"
+
+
 @dataclass(frozen=True)
 class InputShapes:
     """The shapes one input had: the first ones seen (listed) and how many in all.
@@ -203,7 +194,7 @@ class InputShapes:
         if self.distinct == limit + 1:
             limit += 1  # "and 1 more" says less than the shape itself
         shown = self.shapes[:limit]
-        text = ", ".join(_shape_text(shape) for shape in shown)
+        text = ", ".join(shape_text(shape) for shape in shown)
         rest = self.distinct - len(shown)
         if rest > 0:
             text += f" and {'' if self.exact else 'over '}{rest} more"
@@ -392,299 +383,3 @@ def summarize(
         summary.steps_after_warmup = max(steps - warmup_step, 0)
     return summary
 
-
-# ---------------------------------------------------------------------------------------------
-# The analyzer
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Alert:
-    """One finding, in plain language.
-
-    Attributes:
-        code: a stable identifier ("frequent-compiles", "frequent-transfers", "cpu-fallback",
-            "recompiled", "slow-compile", "slow-execution").
-        severity: "error", "warning" or "info".
-        title: one line.
-        explanation: what happened and its likely cause.
-        fix: what to change.
-    """
-
-    code: str
-    severity: str
-    title: str
-    explanation: str
-    fix: str
-
-
-def _shape_text(shape: tuple) -> str:
-    return "(" + ", ".join(str(size) for size in shape) + ")"
-
-
-def _shapes_listed(changed: dict[str, InputShapes], limit: int = 6) -> str:
-    """`input 'x' had 23 different shapes: (9, 8), ..., (14, 8) and 17 more; input 'y' ...`."""
-    return "; ".join(
-        f"input '{name}' had {info.count_text()}: {info.listed_text(limit)}"
-        for name, info in changed.items()
-    )
-
-
-def _shapes_cause(changed: dict[str, InputShapes]) -> str:
-    return (
-        "The likely cause: the input shapes changed ("
-        + _shapes_listed(changed)
-        + "). XLA compiles a new graph for every new shape."
-    )
-
-
-_SHAPES_FIX = (
-    "Give every batch the same shape: pad to a fixed length (tokenizer(..., "
-    "padding='max_length', max_length=N, truncation=True)) or to a few bucket lengths, and "
-    "use drop_last=True so the last batch is not smaller."
-)
-
-
-def _compile_cause(summary: XlaSummary) -> tuple[str, str]:
-    """The likely cause of recompilations and its fix, from shapes, transfers and fallbacks."""
-    changed = shape_changes(summary.input_shapes)
-    if changed:
-        return _shapes_cause(changed), _SHAPES_FIX
-    transfers = summary.per_step(summary.transfers_from_device)
-    if transfers is not None and transfers > MAX_TRANSFERS_PER_STEP:
-        return (
-            "The likely cause: a value is fetched from the device inside the step "
-            f"({summary.transfers_from_device} transfers in {summary.steps} steps), which cuts "
-            "the graph in two, and the pieces differ from step to step.",
-            "Do not call .item(), print a tensor or branch on a tensor's value inside the step; "
-            "report values with hfxla_nb.report(loss=loss), which fetches them every few steps.",
-        )
-    if summary.fallbacks:
-        ops = ", ".join(summary.fallbacks)
-        return (
-            f"The likely cause: operations that ran on the CPU ({ops}) split the graph.",
-            "Replace the operations listed in the CPU-fallback alert.",
-        )
-    return (
-        "No input shape change was reported. Pass the batch to hfxla_nb.report(inputs=batch) to "
-        "see which input changes shape, or run with PT_XLA_DEBUG_LEVEL=2 to have PyTorch/XLA "
-        "print the cause of each compilation.",
-        "Keep shapes and Python control flow the same in every step.",
-    )
-
-
-def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Alert]:
-    """Alerts for a summary, at PyTorch/XLA's own thresholds, most severe first.
-
-    Args:
-        summary: from `summarize`.
-        warmup_steps: steps allowed to compile freely before compiles per step count.
-    """
-    alerts: list[Alert] = []
-    steps = summary.steps
-    unit = "step" if summary.ranks <= 1 else f"step of each of the {summary.ranks} ranks"
-    changed = shape_changes(summary.input_shapes)
-
-    compile_rate = summary.per_step(summary.compiles)
-    if steps and steps > warmup_steps and compile_rate > MAX_COMPILES_PER_STEP:
-        cause, fix = _compile_cause(summary)
-        alerts.append(Alert(
-            "frequent-compiles", "warning",
-            f"Recompiling: {summary.compiles} compiles in {steps} steps",
-            f"XLA compiled {compile_rate:.2f} graphs per {unit} (more than "
-            f"{MAX_COMPILES_PER_STEP} per step after {warmup_steps} warm-up steps), taking "
-            f"{summary.compile_time:.1f} s. {cause}",
-            fix,
-        ))
-    elif summary.compiles_after_warmup and summary.steps_after_warmup and changed:
-        cause, fix = _compile_cause(summary)
-        alerts.append(Alert(
-            "recompiled", "info",
-            f"{summary.compiles_after_warmup} compiles after warm-up",
-            f"XLA compiled {summary.compiles_after_warmup} new graphs in the "
-            f"{summary.steps_after_warmup} steps after warm-up. {cause}",
-            fix,
-        ))
-
-    many = {name: info for name, info in changed.items() if info.distinct > MAX_QUIET_SHAPES}
-    if many and not any(alert.code in ("frequent-compiles", "recompiled") for alert in alerts):
-        # Every compile may have happened during warm-up (shapes that cycle), so the rate rules
-        # stay silent, but each shape still cost a compilation and any new one costs another.
-        names = ", ".join(f"'{name}'" for name in many)
-        if len(many) == 1:
-            title = f"Input {names} took {next(iter(many.values())).count_text()}"
-        else:
-            title = f"Inputs {names} took many different shapes"
-        listed = _shapes_listed(many)
-        compiled = ""
-        if summary.compiles:
-            during = (f", all in the first {warmup_steps} steps"
-                      if summary.compiles_after_warmup == 0 else "")
-            compiled = f" This run compiled {summary.compiles} graphs{during}."
-        alerts.append(Alert(
-            "shape-changes", "info", title,
-            f"{listed[0].upper()}{listed[1:]}. XLA compiles a new graph for every new input "
-            f"shape.{compiled} Later steps reuse those graphs, but each compilation can take "
-            "minutes on a TPU, and every shape not seen yet (a longer text, a smaller last "
-            "batch, an evaluation batch) compiles again.",
-            _SHAPES_FIX,
-        ))
-
-    transfers = summary.transfers_from_device
-    transfer_rate = summary.per_step(transfers)
-    if steps and transfer_rate > MAX_TRANSFERS_PER_STEP:
-        items = f", {summary.item_calls} of them .item() calls" if summary.item_calls else ""
-        alerts.append(Alert(
-            "frequent-transfers", "warning",
-            f"Device-to-host transfers: {transfers} in {steps} steps",
-            f"The program fetched values from the device {transfer_rate:.2f} times per {unit} "
-            f"(more than {MAX_TRANSFERS_PER_STEP}){items}. Each fetch waits for the device to "
-            "finish and stops the next step's tracing from overlapping with it. Typical "
-            "causes: .item(), print(tensor), `if tensor:`, logging every step (Trainer with "
-            "logging_steps=1), and transformers' attention-mask check on padded batches.",
-            "Fetch values only every N steps: hfxla_nb.report(loss=loss, log_every=N) or "
-            "xm.add_step_closure; log less often; keep decisions on the host.",
-        ))
-
-    if summary.fallbacks:
-        ops = ", ".join(f"{op} ({count}x)" for op, count in summary.fallbacks.items())
-        alerts.append(Alert(
-            "cpu-fallback", "warning",
-            f"Operations ran on the CPU: {', '.join(summary.fallbacks)}",
-            f"PyTorch/XLA has no XLA lowering for {ops}: each call copies its inputs to the "
-            "host, runs there and copies the result back, which splits the graph.",
-            "Replace the operation with one XLA supports (for example masks and torch.where "
-            "instead of nonzero/boolean indexing), or move it outside the training step.",
-        ))
-
-    if summary.max_compile_time > MAX_COMPILE_SECONDS:
-        alerts.append(Alert(
-            "slow-compile", "warning",
-            f"A compilation took {summary.max_compile_time:.0f} s",
-            f"One graph took longer than {MAX_COMPILE_SECONDS:.0f} s to compile; large graphs "
-            "(long unrolled loops, huge models traced at once) compile slowly.",
-            "Sync more often (torch_xla.sync() inside long loops), use scan for repeated "
-            "layers, or turn on the persistent compile cache on TPU.",
-        ))
-    if summary.max_execute_time > MAX_EXECUTE_SECONDS:
-        alerts.append(Alert(
-            "slow-execution", "warning",
-            f"An execution took {summary.max_execute_time:.0f} s",
-            f"One graph ran for longer than {MAX_EXECUTE_SECONDS:.0f} s: the step may be doing "
-            "far more work than intended (a graph that keeps growing because it is never cut).",
-            "Call torch_xla.sync() (or use MpDeviceLoader) once per step.",
-        ))
-    order = {"error": 0, "warning": 1, "info": 2}
-    return sorted(alerts, key=lambda alert: order.get(alert.severity, 3))
-
-
-# ---------------------------------------------------------------------------------------------
-# Live: the snapshots a launch sends, per process
-# ---------------------------------------------------------------------------------------------
-
-
-def snapshot_ranks(event: Any) -> list[int]:
-    """The ranks whose work a `MetricsSnapshot`'s counters hold: every rank thread of the
-    sending process when `report` said so (`data["process"]["ranks"]`), else the sender."""
-    process = (getattr(event, "data", None) or {}).get("process") or {}
-    ranks = [rank for rank in process.get("ranks") or () if rank is not None]
-    if ranks:
-        return sorted(ranks)
-    return [] if event.rank is None else [event.rank]
-
-
-def _source(event: Any) -> tuple:
-    """Which process a snapshot describes: its pid when known, else its rank."""
-    process = (getattr(event, "data", None) or {}).get("process") or {}
-    pid = process.get("pid")
-    return ("pid", pid) if pid is not None else ("rank", event.rank)
-
-
-class LiveMetrics:
-    """Keeps the `MetricsSnapshot` events of a launch and summarizes them per process.
-
-    Workers send cumulative snapshots of their process's counters (counters start at zero in
-    a fresh worker), so the latest one describes the whole run so far; the first one taken
-    past the warm-up steps is kept to count the compiles that came after warm-up. The rank
-    threads of one process share one set of counters, and any of them may send it: snapshots
-    are grouped by process (`data["process"]["pid"]`, else by rank), and a reading that
-    arrives after a newer one of the same process is ignored.
-    """
-
-    def __init__(self, warmup_steps: int = WARMUP_STEPS) -> None:
-        self.warmup_steps = warmup_steps
-        self._latest: dict[Any, Any] = {}
-        self._warm: dict[Any, Any] = {}
-
-    def add(self, event: Any) -> None:
-        """Add a `MetricsSnapshot` event (anything with rank, step, data, memory)."""
-        key = _source(event)
-        old = self._latest.get(key)
-        new_time, old_time = getattr(event, "time", None), getattr(old, "time", None)
-        if old is None or new_time is None or old_time is None or new_time >= old_time:
-            self._latest[key] = event
-        if key not in self._warm and event.step is not None and event.step > self.warmup_steps:
-            self._warm[key] = event
-
-    def _sources(self) -> list:
-        """Process keys, the one holding the lowest rank first."""
-        def order(key):
-            ranks = snapshot_ranks(self._latest[key])
-            return (not ranks, ranks[0] if ranks else 0)
-
-        return sorted(self._latest, key=order)
-
-    def _find(self, rank: Any) -> Any:
-        sources = self._sources()
-        if not sources:
-            return None
-        for key in sources:
-            if rank is not None and rank in snapshot_ranks(self._latest[key]):
-                return key
-        return sources[0]
-
-    def ranks(self) -> list:
-        """For each process that sent snapshots, its lowest rank; lowest first."""
-        result = []
-        for key in self._sources():
-            ranks = snapshot_ranks(self._latest[key])
-            result.append(ranks[0] if ranks else self._latest[key].rank)
-        return result
-
-    def process_ranks(self, rank: Any = None) -> list[int]:
-        """The ranks whose work `summary(rank)` counts (several for rank threads of one
-        process), lowest first."""
-        key = self._find(rank)
-        return [] if key is None else snapshot_ranks(self._latest[key])
-
-    def summary(self, rank: Any = None) -> XlaSummary | None:
-        """The summary of the process that runs `rank` (default: the one with the lowest rank)."""
-        key = self._find(rank)
-        if key is None:
-            return None
-        return self._summary(key)
-
-    def _summary(self, key: Any) -> XlaSummary:
-        event = self._latest[key]
-        warm = self._warm.get(key)
-        if warm is not None and (warm is event or warm.step is None or event.step is None
-                                 or warm.step >= event.step):
-            warm = None
-        return summarize(
-            event.data,
-            steps=event.step or None,
-            memory=getattr(event, "memory", None),
-            warmup=warm.data if warm is not None else None,
-            warmup_step=warm.step if warm is not None else None,
-        )
-
-    def alerts(self) -> list[Alert]:
-        """Alerts from every process's latest snapshot, without repeats."""
-        seen, alerts = set(), []
-        for key in self._sources():
-            summary = self._summary(key)
-            for alert in analyze(summary, warmup_steps=self.warmup_steps):
-                if alert.code not in seen:
-                    seen.add(alert.code)
-                    alerts.append(alert)
-        return alerts

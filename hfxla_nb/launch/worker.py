@@ -30,8 +30,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import _xla, reporting
-from .events import (
+from .. import _xla
+from ..events import (
     Channel,
     Failed,
     Finished,
@@ -43,6 +43,7 @@ from .events import (
     attach_worker,
     worker_rank,
 )
+from ..observe import reporting
 
 HEARTBEAT_INTERVAL = 1.0
 

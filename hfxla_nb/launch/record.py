@@ -1,0 +1,266 @@
+"""What a launch did, rank by rank: the records, and the keeper that turns events into them.
+
+`RecordKeeper` is the events-to-record state machine of the notebook side of a launch; it
+forks, reads and draws nothing (`supervision.py` does), so tests drive it with events alone.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._words import plural
+from ..events import Event, Failed, Finished, Heartbeat, ProcessExited, Progress, Started
+
+HEARTBEAT_WARNING = 60.0  # seconds of silence before a rank is said to be quiet
+
+
+@dataclass
+class RankRecord:
+    """How one rank of a launch went.
+
+    Attributes:
+        rank: the rank index.
+        pid: the process it ran in (ranks share a process on TPU v2/v3 and XLA:CPU).
+        exit_state: "finished", "failed", "killed", "timeout", "interrupted", "stopped"
+            (stopped because another rank failed) or "pending" (never started).
+        result: the function's return value (finished ranks only).
+        error: a one-line description of what went wrong, or None.
+        traceback: the remote traceback, when the rank raised.
+        duration: seconds from the rank's start to its end.
+        last_step: the last step the rank reported, if any.
+    """
+
+    rank: int
+    pid: int | None = None
+    exit_state: str = "pending"
+    result: Any = None
+    error: str | None = None
+    traceback: str = ""
+    duration: float = 0.0
+    last_step: int | None = None
+    last_seen: float = field(default=0.0, repr=False)
+    started_at: float = field(default=0.0, repr=False)
+
+
+@dataclass
+class LaunchRecord:
+    """Everything about one `notebook_launcher` call (see `last_launch()`).
+
+    Attributes:
+        strategy: "replicated", "spmd" or "debug".
+        world: number of ranks.
+        ranks: one `RankRecord` per rank, in rank order.
+        duration: wall-clock seconds of the whole launch.
+        outcome: "finished", "failed", "timeout" or "interrupted".
+        process_group: the process group of every process the launch started (all gone when
+            the launcher returns; `group_processes(process_group)` lists any that are not).
+    """
+
+    strategy: str
+    world: int
+    ranks: list[RankRecord]
+    duration: float = 0.0
+    outcome: str = "running"
+    process_group: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether every rank finished."""
+        return self.outcome == "finished"
+
+    @property
+    def value(self) -> Any:
+        """Rank 0's return value (what `notebook_launcher` returns)."""
+        return self.ranks[0].result if self.ranks else None
+
+    @property
+    def results(self) -> list[Any]:
+        """Every rank's return value, in rank order (None where a rank did not finish)."""
+        return [rank.result for rank in self.ranks]
+
+    def __str__(self) -> str:
+        lines = [
+            f"{self.strategy} launch, {plural(self.world, 'rank')}: {self.outcome} in "
+            f"{self.duration:.1f}s"
+        ]
+        for rank in self.ranks:
+            detail = f" ({rank.error})" if rank.error else ""
+            lines.append(f"  rank {rank.rank}: {rank.exit_state}, {rank.duration:.1f}s{detail}")
+        return "\n".join(lines)
+
+
+
+class LaunchError(RuntimeError):
+    """A launched function failed. `record` holds every rank's state; the message carries the
+    failing rank, its exception and its remote traceback."""
+
+    def __init__(self, message: str, record: LaunchRecord) -> None:
+        super().__init__(message)
+        self.record = record
+
+
+
+class RecordKeeper:
+    """Applies a launch's events to its `LaunchRecord` and knows which rank failed first."""
+
+    def __init__(self, record: LaunchRecord, timeout: float | None = None,
+                 heartbeat_timeout: float | None = None) -> None:
+        self.record = record
+        self.timeout = timeout
+        self.heartbeat_timeout = heartbeat_timeout
+        self.failure: RankRecord | None = None
+        self.pid_ranks: dict[int, set[int]] = {}
+        self.warned_silent: set[int] = set()
+
+    def handle(self, event: Event) -> None:
+        """Update the record for one event (`Log` events only mark the rank as alive)."""
+        now = time.monotonic()
+        rank_record = self.rank(event.rank)
+        if rank_record is not None:
+            rank_record.last_seen = now
+        if isinstance(event, Started) and rank_record is not None:
+            rank_record.pid = event.pid
+            rank_record.exit_state = "running"
+            rank_record.started_at = now
+            self.pid_ranks.setdefault(event.pid, set()).add(event.rank)
+        elif isinstance(event, Progress) and rank_record is not None:
+            if event.label == "train" or rank_record.last_step is None:
+                rank_record.last_step = event.step
+        elif isinstance(event, Finished) and rank_record is not None:
+            rank_record.exit_state = "finished"
+            rank_record.result = event.result
+            rank_record.duration = event.duration
+        elif isinstance(event, Failed):
+            self._record_failure(rank_record, event)
+        elif isinstance(event, ProcessExited):
+            self._record_exit(event)
+        elif isinstance(event, Heartbeat):
+            pass
+
+    def _record_failure(self, rank_record: RankRecord | None, event: Failed) -> None:
+        if rank_record is None:  # the supervisor itself failed (e.g. xmp.spawn raised)
+            if self.failure is not None:
+                return  # the cause was already reported by a rank or a ProcessExited
+            rank_record = next((r for r in self.record.ranks if r.exit_state != "finished"), None)
+            if rank_record is None:
+                return
+            if "BrokenProcessPool" in event.exc_type:
+                rank_record.exit_state = "killed"
+                rank_record.error = (
+                    "its process ended abruptly without reporting: a signal (SIGKILL from the "
+                    "out-of-memory killer is the usual one: check host memory) or os._exit()"
+                )
+                self.failure = rank_record
+                return
+        rank_record.exit_state = "failed"
+        rank_record.error = f"{event.exc_type}: {event.message}"
+        rank_record.traceback = event.traceback
+        rank_record.duration = event.duration
+        if self.failure is None:
+            self.failure = rank_record
+
+    def _record_exit(self, event: ProcessExited) -> None:
+        ranks = self.pid_ranks.get(event.pid)
+        if not ranks:
+            ranks = {r.rank for r in self.record.ranks if r.exit_state in ("running", "pending")}
+        if event.signal is not None:
+            name = signal.Signals(event.signal).name
+            reason = f"killed by {name}"
+            hint = _signal_hint(event.signal)
+        else:
+            reason = f"exited with code {event.exitcode} before returning"
+            hint = "(os._exit() or a native library ended the process)"
+        for rank in sorted(ranks):
+            rank_record = self.rank(rank)
+            if rank_record is None or rank_record.exit_state in ("finished", "failed"):
+                continue
+            rank_record.exit_state = "killed"
+            rank_record.error = f"process {event.pid} {reason} {hint}".strip()
+            rank_record.duration = time.monotonic() - (rank_record.started_at or time.monotonic())
+            if self.failure is None:
+                self.failure = rank_record
+
+    def mark_unfinished_as_failed(self, status: int) -> None:
+        for rank_record in self.record.ranks:
+            if rank_record.exit_state in ("running", "pending"):
+                rank_record.exit_state = "failed"
+                rank_record.error = (
+                    f"the rank never reported a result (the launch's supervisor exited with "
+                    f"status {status})"
+                )
+                if self.failure is None:
+                    self.failure = rank_record
+
+    def check_heartbeats(self, now: float) -> list[str]:
+        """Mark ranks silent past `heartbeat_timeout` as timed out; return one warning per rank
+        quiet past `HEARTBEAT_WARNING` (once each), for the caller to print."""
+        warnings = []
+        for rank_record in self.record.ranks:
+            if rank_record.exit_state != "running":
+                continue
+            silent = now - rank_record.last_seen
+            if self.heartbeat_timeout is not None and silent > self.heartbeat_timeout:
+                rank_record.exit_state = "timeout"
+                rank_record.error = f"no heartbeat for {silent:.0f}s: the process is frozen"
+                self.failure = self.failure or rank_record
+            elif silent > HEARTBEAT_WARNING and rank_record.rank not in self.warned_silent:
+                self.warned_silent.add(rank_record.rank)
+                warnings.append(f"hfxla_nb: rank {rank_record.rank} has sent nothing for "
+                                f"{silent:.0f}s (a long compile, or a frozen process).")
+        return warnings
+
+    def mark_stopped(self, state: str) -> None:
+        """Ranks still running (or never started) end in `state`."""
+        for rank_record in self.record.ranks:
+            if rank_record.exit_state in ("running", "pending"):
+                rank_record.exit_state = state
+
+    def rank(self, rank: int | None) -> RankRecord | None:
+        if rank is None or not 0 <= rank < len(self.record.ranks):
+            return None
+        return self.record.ranks[rank]
+
+    def all_finished(self) -> bool:
+        return all(rank.exit_state == "finished" for rank in self.record.ranks)
+
+    # -- the error the cell raises -------------------------------------------------------------
+
+    def failure_message(self) -> str:
+        record = self.record
+        if record.outcome == "timeout":
+            stalled = [
+                f"rank {r.rank} "
+                + (f"at step {r.last_step}" if r.last_step is not None else "before its first step")
+                for r in record.ranks
+                if r.exit_state == "timeout"
+            ]
+            return (
+                f"the launch timed out after {self.timeout:g}s and was stopped. Still running: "
+                f"{', '.join(stalled) or 'none'}. Every worker process was terminated."
+            )
+        failed = self.failure or next((r for r in record.ranks if r.error), None)
+        if failed is None:
+            return f"the launch ended without a result ({record.outcome})."
+        others = [r.rank for r in record.ranks if r.exit_state == "stopped"]
+        stopped = f" Ranks {others} were stopped." if others else ""
+        message = f"rank {failed.rank} failed: {failed.error}.{stopped}"
+        if failed.traceback:
+            traceback = failed.traceback.rstrip()
+            message += f"\n\nRemote traceback (rank {failed.rank}):\n{traceback}"
+        return message
+
+
+def _signal_hint(number: int) -> str:
+    if number == signal.SIGKILL:
+        return (
+            "- with no traceback this is most often the out-of-memory killer: check host "
+            "memory (free -h, dmesg), and lower the batch size or model size"
+        )
+    if number == signal.SIGSEGV:
+        return "- a crash in native code; the traceback printed above shows where"
+    if number == signal.SIGABRT:
+        return "- a native library aborted; its message is printed above"
+    return ""

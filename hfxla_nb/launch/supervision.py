@@ -1,0 +1,197 @@
+"""The notebook side of a launch: fork the supervisor, relay its output, watch, stop, record.
+
+Runs on the cell's main thread (ipykernel drops display updates from other threads). What the
+events mean for the record is `record.RecordKeeper`'s job; this module moves bytes and signals.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import sys
+import time
+from typing import Any
+
+from ..events import Channel, Event, Log
+from .processes import stop_group
+from .record import LaunchRecord, RecordKeeper
+
+POLL_INTERVAL = 0.1
+REFRESH_INTERVAL = 0.25
+
+
+class Supervision:
+    """One launch, from the kernel: `run()` returns when every process of it is gone."""
+
+    def __init__(self, record: LaunchRecord, display: Any, shown_ranks: set[int] | str,
+                 timeout: float | None, heartbeat_timeout: float | None) -> None:
+        self.record = record
+        self.keeper = RecordKeeper(record, timeout, heartbeat_timeout)
+        self.display = display
+        self.shown_ranks = shown_ranks
+        self.timeout = timeout
+        self.pid: int | None = None  # the supervisor, until reaped
+        self.group: int | None = None  # its process group: every process of the launch
+        self.native_output = b""
+
+    def run(self, function, args, pass_index, env) -> None:
+        from .worker import supervise
+
+        channel = Channel()
+        output_read, output_write = os.pipe()
+        start = time.monotonic()
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:  # the supervisor; supervise() ends with os._exit
+                os.close(output_read)
+                supervise(self.record.strategy, channel, output_write, env, self.record.world,
+                          function, args, pass_index)
+            self.pid = self.group = self.record.process_group = pid
+            os.close(output_write)
+            os.set_blocking(output_read, False)
+            self._watch(channel, output_read, start)
+        except KeyboardInterrupt:
+            self._stop("interrupted")
+            self.record.outcome = "interrupted"
+            self._finish(channel, output_read, start)
+            print(
+                "hfxla_nb: interrupted; every worker process of this launch was stopped. "
+                "The kernel is ready for the next launch.",
+                file=sys.stderr,
+            )
+            raise
+        except BaseException:
+            self._stop("stopped")
+            self._finish(channel, output_read, start)
+            raise
+        self._finish(channel, output_read, start)
+
+    def failure_message(self) -> str:
+        return self.keeper.failure_message()
+
+    def _watch(self, channel: Channel, output_read: int, start: float) -> None:
+        last_refresh = 0.0
+        while True:
+            ready, _, _ = select.select([channel, output_read], [], [], POLL_INTERVAL)
+            if output_read in ready:
+                self._relay_native(output_read)
+            for event in channel.receive():
+                self._handle(event)
+            now = time.monotonic()
+            if now - last_refresh >= REFRESH_INTERVAL:
+                self.display.refresh()
+                last_refresh = now
+            if self.keeper.failure is not None:
+                self._stop("stopped")
+                self.record.outcome = "failed"
+                return
+            exited = self._supervisor_exited()
+            if exited is not None:
+                # Whatever the workers sent before exiting is in the channel now.
+                for event in channel.receive(timeout=0.05):
+                    self._handle(event)
+                if self.keeper.failure is None and not self.keeper.all_finished():
+                    self.keeper.mark_unfinished_as_failed(exited)
+                self._stop("stopped")  # grandchildren that outlived the supervisor
+                self.record.outcome = "finished" if self.keeper.all_finished() else "failed"
+                return
+            if self.timeout is not None and now - start > self.timeout:
+                self._stop("timeout")
+                self.record.outcome = "timeout"
+                return
+            for warning in self.keeper.check_heartbeats(now):
+                print(warning, file=sys.stderr)
+
+    def _handle(self, event: Event) -> None:
+        self.keeper.handle(event)
+        if isinstance(event, Log):
+            self._print_log(event)
+        else:
+            self.display.handle(event)
+
+    # -- output ------------------------------------------------------------------------------
+
+    def _print_log(self, event: Log) -> None:
+        if self.shown_ranks == "none":
+            return
+        if (
+            event.rank is not None
+            and self.shown_ranks != "all"
+            and event.rank not in self.shown_ranks
+        ):
+            return
+        stream = sys.stderr if event.stream == "stderr" else sys.stdout
+        text = event.text
+        if self.record.world > 1 and event.rank is not None:
+            prefix = f"[rank {event.rank}] "
+            text = "".join(prefix + line for line in text.splitlines(keepends=True))
+        stream.write(text)
+        stream.flush()
+
+    def _relay_native(self, fd: int) -> None:
+        """What native code wrote to file descriptors 1 and 2, whole lines at a time."""
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError as error:
+                if error.errno == errno.EBADF:
+                    return
+                raise
+            if not chunk:
+                break
+            self.native_output += chunk
+        if self.shown_ranks == "none":
+            self.native_output = b""
+            return
+        cut = self.native_output.rfind(b"\n") + 1
+        if cut:
+            sys.stderr.write(self.native_output[:cut].decode(errors="replace"))
+            sys.stderr.flush()
+            self.native_output = self.native_output[cut:]
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    def _supervisor_exited(self) -> int | None:
+        if self.pid is None:
+            return None
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return 0
+        if pid == 0:
+            return None
+        self.pid = None
+        return os.waitstatus_to_exitcode(status)
+
+    def _stop(self, state: str) -> None:
+        """Stop every process of the launch: SIGTERM to its group, then SIGKILL."""
+        self.keeper.mark_stopped(state)
+        if self.group is None:
+            return
+        stop_group(self.group, reap=self._supervisor_exited)
+        if self.pid is not None:
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+            self.pid = None
+
+    def _finish(self, channel: Channel, output_read: int, start: float) -> None:
+        try:
+            self._relay_native(output_read)
+            if self.native_output:
+                sys.stderr.write(self.native_output.decode(errors="replace") + "\n")
+                self.native_output = b""
+        finally:
+            os.close(output_read)
+            channel.close()
+        self.record.duration = time.monotonic() - start
+        try:
+            self.display.close(self.record)
+        except Exception as error:  # noqa: BLE001 - a drawing bug must not hide the result
+            print(f"hfxla_nb: could not draw the final panel: {error}", file=sys.stderr)

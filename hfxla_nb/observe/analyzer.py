@@ -1,0 +1,202 @@
+"""The analyzer: a run's `XlaSummary` in, alerts in plain language out.
+
+It applies PyTorch/XLA's own thresholds (the ones `PT_XLA_DEBUG_LEVEL` reports): more than 0.5
+compiles per step once past 10 warm-up steps, more than 0.5 device-to-host transfers per step,
+any CPU fallback other than `aten::_local_scalar_dense`, any compile over 300 s or execution
+over 30 s. Beyond torch_xla's rules, an input reported with more than `MAX_QUIET_SHAPES` shapes
+is named even when every compilation fell in the warm-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .metrics import (
+    MAX_QUIET_SHAPES,
+    WARMUP_STEPS,
+    InputShapes,
+    XlaSummary,
+    shape_changes,
+)
+
+# torch_xla/csrc/runtime/metrics_analysis.cc
+MAX_COMPILES_PER_STEP = 0.5
+MAX_TRANSFERS_PER_STEP = 0.5
+MAX_COMPILE_SECONDS = 300.0
+MAX_EXECUTE_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One finding, in plain language.
+
+    Attributes:
+        code: a stable identifier ("frequent-compiles", "frequent-transfers", "cpu-fallback",
+            "recompiled", "slow-compile", "slow-execution").
+        severity: "error", "warning" or "info".
+        title: one line.
+        explanation: what happened and its likely cause.
+        fix: what to change.
+    """
+
+    code: str
+    severity: str
+    title: str
+    explanation: str
+    fix: str
+
+
+def _shapes_listed(changed: dict[str, InputShapes], limit: int = 6) -> str:
+    """`input 'x' had 23 different shapes: (9, 8), ..., (14, 8) and 17 more; input 'y' ...`."""
+    return "; ".join(
+        f"input '{name}' had {info.count_text()}: {info.listed_text(limit)}"
+        for name, info in changed.items()
+    )
+
+
+def _shapes_cause(changed: dict[str, InputShapes]) -> str:
+    return (
+        "The likely cause: the input shapes changed ("
+        + _shapes_listed(changed)
+        + "). XLA compiles a new graph for every new shape."
+    )
+
+
+_SHAPES_FIX = (
+    "Give every batch the same shape: pad to a fixed length (tokenizer(..., "
+    "padding='max_length', max_length=N, truncation=True)) or to a few bucket lengths, and "
+    "use drop_last=True so the last batch is not smaller."
+)
+
+
+def _compile_cause(summary: XlaSummary) -> tuple[str, str]:
+    """The likely cause of recompilations and its fix, from shapes, transfers and fallbacks."""
+    changed = shape_changes(summary.input_shapes)
+    if changed:
+        return _shapes_cause(changed), _SHAPES_FIX
+    transfers = summary.per_step(summary.transfers_from_device)
+    if transfers is not None and transfers > MAX_TRANSFERS_PER_STEP:
+        return (
+            "The likely cause: a value is fetched from the device inside the step "
+            f"({summary.transfers_from_device} transfers in {summary.steps} steps), which cuts "
+            "the graph in two, and the pieces differ from step to step.",
+            "Do not call .item(), print a tensor or branch on a tensor's value inside the step; "
+            "report values with hfxla_nb.report(loss=loss), which fetches them every few steps.",
+        )
+    if summary.fallbacks:
+        ops = ", ".join(summary.fallbacks)
+        return (
+            f"The likely cause: operations that ran on the CPU ({ops}) split the graph.",
+            "Replace the operations listed in the CPU-fallback alert.",
+        )
+    return (
+        "No input shape change was reported. Pass the batch to hfxla_nb.report(inputs=batch) to "
+        "see which input changes shape, or run with PT_XLA_DEBUG_LEVEL=2 to have PyTorch/XLA "
+        "print the cause of each compilation.",
+        "Keep shapes and Python control flow the same in every step.",
+    )
+
+
+def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Alert]:
+    """Alerts for a summary, at PyTorch/XLA's own thresholds, most severe first.
+
+    Args:
+        summary: from `summarize`.
+        warmup_steps: steps allowed to compile freely before compiles per step count.
+    """
+    alerts: list[Alert] = []
+    steps = summary.steps
+    unit = "step" if summary.ranks <= 1 else f"step of each of the {summary.ranks} ranks"
+    changed = shape_changes(summary.input_shapes)
+
+    compile_rate = summary.per_step(summary.compiles)
+    if steps and steps > warmup_steps and compile_rate > MAX_COMPILES_PER_STEP:
+        cause, fix = _compile_cause(summary)
+        alerts.append(Alert(
+            "frequent-compiles", "warning",
+            f"Recompiling: {summary.compiles} compiles in {steps} steps",
+            f"XLA compiled {compile_rate:.2f} graphs per {unit} (more than "
+            f"{MAX_COMPILES_PER_STEP} per step after {warmup_steps} warm-up steps), taking "
+            f"{summary.compile_time:.1f} s. {cause}",
+            fix,
+        ))
+    elif summary.compiles_after_warmup and summary.steps_after_warmup and changed:
+        cause, fix = _compile_cause(summary)
+        alerts.append(Alert(
+            "recompiled", "info",
+            f"{summary.compiles_after_warmup} compiles after warm-up",
+            f"XLA compiled {summary.compiles_after_warmup} new graphs in the "
+            f"{summary.steps_after_warmup} steps after warm-up. {cause}",
+            fix,
+        ))
+
+    many = {name: info for name, info in changed.items() if info.distinct > MAX_QUIET_SHAPES}
+    if many and not any(alert.code in ("frequent-compiles", "recompiled") for alert in alerts):
+        # Every compile may have happened during warm-up (shapes that cycle), so the rate rules
+        # stay silent, but each shape still cost a compilation and any new one costs another.
+        names = ", ".join(f"'{name}'" for name in many)
+        if len(many) == 1:
+            title = f"Input {names} took {next(iter(many.values())).count_text()}"
+        else:
+            title = f"Inputs {names} took many different shapes"
+        listed = _shapes_listed(many)
+        compiled = ""
+        if summary.compiles:
+            during = (f", all in the first {warmup_steps} steps"
+                      if summary.compiles_after_warmup == 0 else "")
+            compiled = f" This run compiled {summary.compiles} graphs{during}."
+        alerts.append(Alert(
+            "shape-changes", "info", title,
+            f"{listed[0].upper()}{listed[1:]}. XLA compiles a new graph for every new input "
+            f"shape.{compiled} Later steps reuse those graphs, but each compilation can take "
+            "minutes on a TPU, and every shape not seen yet (a longer text, a smaller last "
+            "batch, an evaluation batch) compiles again.",
+            _SHAPES_FIX,
+        ))
+
+    transfers = summary.transfers_from_device
+    transfer_rate = summary.per_step(transfers)
+    if steps and transfer_rate > MAX_TRANSFERS_PER_STEP:
+        items = f", {summary.item_calls} of them .item() calls" if summary.item_calls else ""
+        alerts.append(Alert(
+            "frequent-transfers", "warning",
+            f"Device-to-host transfers: {transfers} in {steps} steps",
+            f"The program fetched values from the device {transfer_rate:.2f} times per {unit} "
+            f"(more than {MAX_TRANSFERS_PER_STEP}){items}. Each fetch waits for the device to "
+            "finish and stops the next step's tracing from overlapping with it. Typical "
+            "causes: .item(), print(tensor), `if tensor:`, logging every step (Trainer with "
+            "logging_steps=1), and transformers' attention-mask check on padded batches.",
+            "Fetch values only every N steps: hfxla_nb.report(loss=loss, log_every=N) or "
+            "xm.add_step_closure; log less often; keep decisions on the host.",
+        ))
+
+    if summary.fallbacks:
+        ops = ", ".join(f"{op} ({count}x)" for op, count in summary.fallbacks.items())
+        alerts.append(Alert(
+            "cpu-fallback", "warning",
+            f"Operations ran on the CPU: {', '.join(summary.fallbacks)}",
+            f"PyTorch/XLA has no XLA lowering for {ops}: each call copies its inputs to the "
+            "host, runs there and copies the result back, which splits the graph.",
+            "Replace the operation with one XLA supports (for example masks and torch.where "
+            "instead of nonzero/boolean indexing), or move it outside the training step.",
+        ))
+
+    if summary.max_compile_time > MAX_COMPILE_SECONDS:
+        alerts.append(Alert(
+            "slow-compile", "warning",
+            f"A compilation took {summary.max_compile_time:.0f} s",
+            f"One graph took longer than {MAX_COMPILE_SECONDS:.0f} s to compile; large graphs "
+            "(long unrolled loops, huge models traced at once) compile slowly.",
+            "Sync more often (torch_xla.sync() inside long loops), use scan for repeated "
+            "layers, or turn on the persistent compile cache on TPU.",
+        ))
+    if summary.max_execute_time > MAX_EXECUTE_SECONDS:
+        alerts.append(Alert(
+            "slow-execution", "warning",
+            f"An execution took {summary.max_execute_time:.0f} s",
+            f"One graph ran for longer than {MAX_EXECUTE_SECONDS:.0f} s: the step may be doing "
+            "far more work than intended (a graph that keeps growing because it is never cut).",
+            "Call torch_xla.sync() (or use MpDeviceLoader) once per step.",
+        ))
+    order = {"error": 0, "warning": 1, "info": 2}
+    return sorted(alerts, key=lambda alert: order.get(alert.severity, 3))

@@ -1,0 +1,361 @@
+"""TPU chips, device files and their holders, read from sysfs, /dev and /proc (pure functions).
+
+Every function takes the file-system root (`sys_root`) and the environment as arguments, so
+tests drive them with fake trees; nothing here starts the XLA runtime or imports torch_xla.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .._words import plural
+
+# Tables from tpu-info (`tpu_info/device.py`) and torch_xla's `_internal/tpu.py`.
+GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
+@dataclass(frozen=True)
+class TpuGeneration:
+    """One TPU generation as the PCI bus shows it.
+
+    Attributes:
+        name: "v2", "v3", "v4", "v5e", "v5p", "v6e" or "7x".
+        pci_device: PCI device id of its chips (vendor 0x1ae0).
+        pci_subsystem: subsystem id, where the device id is shared (v2 and v3).
+        cores_per_chip: XLA devices per chip (2 on v2/v3/7x, else 1).
+        hbm_gib: HBM per chip, GiB.
+    """
+
+    name: str
+    pci_device: str
+    pci_subsystem: str | None
+    cores_per_chip: int
+    hbm_gib: int
+
+
+TPU_GENERATIONS: tuple[TpuGeneration, ...] = (
+    TpuGeneration("v2", "0x0027", "0x004e", 2, 8),
+    TpuGeneration("v3", "0x0027", "0x004f", 2, 16),
+    TpuGeneration("v4", "0x005e", None, 1, 32),
+    TpuGeneration("v5e", "0x0063", None, 1, 16),
+    TpuGeneration("v5p", "0x0062", None, 1, 95),
+    TpuGeneration("v6e", "0x006f", None, 1, 32),
+    TpuGeneration("7x", "0x0076", None, 2, 192),
+)
+_GENERATIONS_BY_NAME = {generation.name: generation for generation in TPU_GENERATIONS}
+
+
+@dataclass
+class Accelerator:
+    """The hardware a launch runs on.
+
+    Attributes:
+        kind: "tpu", "cpu", or "gpu" (only when `PJRT_DEVICE` asks for CUDA and a GPU exists).
+        generation: TPU generation ("v2" ... "7x"); None when not a TPU or not known.
+        chips: TPU chips (GPUs for "gpu"; 0 on the CPU).
+        cores_per_chip: XLA devices per chip.
+        devices: XLA devices a launch gets: chips x cores per chip, or on the CPU the virtual
+            devices of `CPU_NUM_DEVICES` (default 1).
+        hbm_per_chip_gib: HBM per TPU chip in GiB; None when unknown or not a TPU.
+        found_by: how it was found ("PCI 0x1ae0:0x0063 x4", "/dev/vfio x4", "PJRT_DEVICE=TPU").
+        host_cores: CPU cores of the host (`os.cpu_count()`).
+        gpus: NVIDIA GPUs seen on the host (noted even when the launch uses the CPU).
+        holders: other processes holding the TPU device files, pid -> command name.
+    """
+
+    kind: Literal["tpu", "cpu", "gpu"]
+    generation: str | None = None
+    chips: int = 0
+    cores_per_chip: int = 1
+    devices: int = 1
+    hbm_per_chip_gib: int | None = None
+    found_by: list[str] = field(default_factory=list)
+    host_cores: int | None = None
+    gpus: int = 0
+    holders: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def description(self) -> str:
+        """One line: "TPU v5e: 4 chips x 1 core = 4 devices, 16 GiB HBM per chip"."""
+        if self.kind == "tpu":
+            name = f"TPU {self.generation}" if self.generation else "TPU (generation unknown)"
+            text = (
+                f"{name}: {plural(self.chips, 'chip')} x {plural(self.cores_per_chip, 'core')}"
+                f" = {plural(self.devices, 'device')}"
+            )
+            if self.hbm_per_chip_gib:
+                text += f", {self.hbm_per_chip_gib} GiB HBM per chip"
+            return text
+        if self.kind == "gpu":
+            return f"GPU: {plural(self.devices, 'device')}"
+        text = f"CPU: {plural(self.devices, 'virtual XLA device')}"
+        if self.host_cores:
+            text += f" on {plural(self.host_cores, 'host core')}"
+        if self.gpus:
+            text += f" (also {plural(self.gpus, 'NVIDIA GPU')}, unused by XLA here)"
+        return text
+
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as file:
+            return file.read().strip().lower()
+    except OSError:
+        return None
+
+
+def _under(sys_root: str, path: str) -> str:
+    return os.path.join(sys_root, path.lstrip("/"))
+
+
+def tpu_generation(pci_device: str, pci_subsystem: str | None = None) -> TpuGeneration | None:
+    """The TPU generation of a Google PCI device id (and subsystem id, for v2 vs v3).
+
+    Returns:
+        The `TpuGeneration`, or None for ids that are not TPUs (or a v2/v3 whose subsystem id is
+        unknown).
+    """
+    for generation in TPU_GENERATIONS:
+        if generation.pci_device != pci_device:
+            continue
+        if generation.pci_subsystem is None or generation.pci_subsystem == pci_subsystem:
+            return generation
+    return None
+
+
+def scan_pci(sys_root: str = "/") -> list[tuple[str, str | None]]:
+    """Google TPU chips on the PCI bus, as `(device id, subsystem id)` pairs, one per chip.
+
+    Reads `<sys_root>/sys/bus/pci/devices/*/{vendor,device,subsystem_device}` (what torch_xla and
+    tpu-info read), so it needs neither the runtime nor the GCE metadata server.
+    """
+    chips = []
+    pattern = _under(sys_root, "/sys/bus/pci/devices/*/vendor")
+    for vendor_path in sorted(glob.glob(pattern)):
+        if _read(vendor_path) != GOOGLE_PCI_VENDOR:
+            continue
+        folder = os.path.dirname(vendor_path)
+        device = _read(os.path.join(folder, "device"))
+        if device is None or device not in {g.pci_device for g in TPU_GENERATIONS}:
+            continue
+        chips.append((device, _read(os.path.join(folder, "subsystem_device"))))
+    return chips
+
+
+def scan_device_files(sys_root: str = "/") -> list[str]:
+    """TPU device files: `/dev/accel<N>` (v2-v4) and `/dev/vfio/<N>` (v5e and later).
+
+    Returned as absolute paths as seen inside `sys_root` (e.g. "/dev/vfio/0"). `/dev/vfio/vfio`
+    is VFIO's control file, not a chip, so it is left out.
+    """
+    found = []
+    for path in sorted(glob.glob(_under(sys_root, "/dev/accel*"))):
+        name = os.path.basename(path)
+        # /dev/accel/ (a directory) is the kernel's generic accelerator class, not a TPU.
+        if re.fullmatch(r"accel\d+", name) and not os.path.isdir(path):
+            found.append(f"/dev/{name}")
+    for path in sorted(glob.glob(_under(sys_root, "/dev/vfio/*"))):
+        name = os.path.basename(path)
+        if name.isdigit():
+            found.append(f"/dev/vfio/{name}")
+    return found
+
+
+def scan_gpus(sys_root: str = "/") -> int:
+    """NVIDIA GPUs on the host: `/dev/nvidia<N>` files, or 1 when only the driver is present."""
+    count = sum(
+        1
+        for path in glob.glob(_under(sys_root, "/dev/nvidia*"))
+        if re.fullmatch(r"nvidia\d+", os.path.basename(path))
+    )
+    if count == 0 and os.path.isdir(_under(sys_root, "/proc/driver/nvidia")):
+        return 1
+    return count
+
+
+def find_device_holders(sys_root: str = "/", own_pid: int | None = None) -> dict[int, str]:
+    """Processes other than `own_pid` that hold TPU device files open.
+
+    A forgotten kernel or a stale worker holding `/dev/accel*` or `/dev/vfio/*` makes the TPU
+    unusable for everyone else; tpu-info finds them the same way, through `/proc/*/fd` links.
+
+    Returns:
+        pid -> command name (from `/proc/<pid>/comm`), for every holder found.
+    """
+    own_pid = os.getpid() if own_pid is None else own_pid
+    holders: dict[int, str] = {}
+    for proc in glob.glob(_under(sys_root, "/proc/[0-9]*")):
+        pid = int(os.path.basename(proc))
+        if pid == own_pid:
+            continue
+        try:
+            fds = os.listdir(os.path.join(proc, "fd"))
+        except OSError:  # other users' processes, or gone since the glob
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(os.path.join(proc, "fd", fd))
+            except OSError:
+                continue
+            if target.startswith("/dev/accel") or target.startswith("/dev/vfio/"):
+                comm = _read(os.path.join(proc, "comm"))
+                holders[pid] = comm or "?"
+                break
+    return holders
+
+
+def generation_from_accelerator_type(accelerator_type: str | None) -> str | None:
+    """The generation named by `TPU_ACCELERATOR_TYPE` ("v3-8" -> "v3", "v5litepod-8" -> "v5e")."""
+    if not accelerator_type:
+        return None
+    value = accelerator_type.strip().lower()
+    patterns = (
+        (r"v5(litepod|lite|e)\b", "v5e"),
+        (r"v5p\b", "v5p"),
+        (r"v6e\b", "v6e"),
+        (r"(tpu)?v?7x?\b", "7x"),
+        (r"v2\b", "v2"),
+        (r"v3\b", "v3"),
+        (r"v4\b", "v4"),
+    )
+    for pattern, name in patterns:
+        if re.match(pattern, value):
+            return name
+    return None
+
+
+def cpu_device_count(environ: Mapping[str, str]) -> int | None:
+    """Virtual CPU devices `CPU_NUM_DEVICES` asks for (1 when unset); None when it is invalid."""
+    value = environ.get("CPU_NUM_DEVICES", "").strip()
+    if not value:
+        return 1
+    try:
+        count = int(value)
+    except ValueError:
+        return None
+    return count if count > 0 else None
+
+
+def accelerator_from_facts(
+    pci_chips: list[tuple[str, str | None]],
+    device_files: list[str],
+    environ: Mapping[str, str],
+    *,
+    host_cores: int | None = None,
+    gpus: int = 0,
+    holders: dict[int, str] | None = None,
+) -> Accelerator:
+    """Decide the accelerator from what the scans found (pure).
+
+    PCI is the authority on chips and generation; device files count chips where PCI is not
+    visible (some containers), with the generation then taken from `TPU_ACCELERATOR_TYPE`.
+    Environment variables alone never make a TPU: `PJRT_DEVICE=TPU` on a machine without one
+    is a problem, not a TPU.
+    """
+    found_by: list[str] = []
+    generation: TpuGeneration | None = None
+    generation_name: str | None = None
+    chips = 0
+    if pci_chips:
+        chips = len(pci_chips)
+        names = [tpu_generation(device, subsystem) for device, subsystem in pci_chips]
+        known = [g for g in names if g is not None]
+        if known:
+            generation = max(set(known), key=known.count)
+            generation_name = generation.name
+        device, _ = pci_chips[0]
+        found_by.append(f"PCI {GOOGLE_PCI_VENDOR}:{device} x{chips}")
+    if device_files:
+        accel = [path for path in device_files if path.startswith("/dev/accel")]
+        vfio = [path for path in device_files if path.startswith("/dev/vfio/")]
+        if accel:
+            found_by.append(f"/dev/accel* x{len(accel)}")
+        if vfio:
+            found_by.append(f"/dev/vfio/* x{len(vfio)}")
+        if not chips:
+            chips = max(len(accel), len(vfio))
+    if chips:
+        accelerator_type = environ.get("TPU_ACCELERATOR_TYPE")
+        if generation is None:
+            generation_name = generation_from_accelerator_type(accelerator_type)
+            generation = _GENERATIONS_BY_NAME.get(generation_name or "")
+            if generation is not None:
+                found_by.append(f"TPU_ACCELERATOR_TYPE={accelerator_type}")
+        if environ.get("PJRT_DEVICE", "").upper() == "TPU":
+            found_by.append("PJRT_DEVICE=TPU")
+        cores = generation.cores_per_chip if generation else 1
+        if generation is None and pci_chips and pci_chips[0][0] == "0x0027":
+            # v2 or v3 with an unknown subsystem id: both have two cores per chip.
+            generation_name, cores = "v2/v3", 2
+        return Accelerator(
+            kind="tpu",
+            generation=generation_name,
+            chips=chips,
+            cores_per_chip=cores,
+            devices=chips * cores,
+            hbm_per_chip_gib=generation.hbm_gib if generation else None,
+            found_by=found_by,
+            host_cores=host_cores,
+            gpus=gpus,
+            holders=dict(holders or {}),
+        )
+    pjrt = environ.get("PJRT_DEVICE", "").upper()
+    if gpus and pjrt in ("CUDA", "GPU"):
+        count = _positive_int(environ.get("GPU_NUM_DEVICES")) or gpus
+        return Accelerator(
+            kind="gpu",
+            chips=gpus,
+            devices=count,
+            found_by=[f"PJRT_DEVICE={pjrt}", "/dev/nvidia*"],
+            host_cores=host_cores,
+            gpus=gpus,
+        )
+    found_by = ["no TPU on the PCI bus or in /dev"]
+    if "CPU_NUM_DEVICES" in environ:
+        found_by.append(f"CPU_NUM_DEVICES={environ['CPU_NUM_DEVICES']}")
+    return Accelerator(
+        kind="cpu",
+        devices=cpu_device_count(environ) or 1,
+        found_by=found_by,
+        host_cores=host_cores,
+        gpus=gpus,
+    )
+
+
+def detect_accelerator(
+    sys_root: str = "/", environ: Mapping[str, str] | None = None
+) -> Accelerator:
+    """Scan `sys_root` for TPU chips, device files, holders and GPUs; never starts the runtime."""
+    environ = os.environ if environ is None else environ
+    pci_chips = scan_pci(sys_root)
+    device_files = scan_device_files(sys_root)
+    # Scanning every process's fds is only worth it where there is a TPU to hold.
+    holders = find_device_holders(sys_root) if device_files else {}
+    return accelerator_from_facts(
+        pci_chips,
+        device_files,
+        environ,
+        host_cores=os.cpu_count(),
+        gpus=scan_gpus(sys_root),
+        holders=holders,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Where it runs, versions, environment variables
+# ---------------------------------------------------------------------------------------------
+
+
+
+def _positive_int(value: str | None) -> int | None:
+    try:
+        number = int(value or "")
+    except ValueError:
+        return None
+    return number if number > 0 else None

@@ -1,0 +1,271 @@
+"""What is wrong with a runtime, each with a concrete fix: one small check per kind of problem.
+
+A check takes the gathered `Facts` and returns the problems it finds (usually none or one).
+Only variable names and non-secret values (PJRT_DEVICE, CPU_NUM_DEVICES) go into the messages,
+so the result is safe to show.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from .._words import plural
+from .hardware import Accelerator, cpu_device_count
+
+RESTART_ADVICE = (
+    "Restart the kernel and move device code (torch_xla.device(), "
+    "transformers.TrainingArguments(...), met.metrics_report()) into the launched function"
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something wrong (or worth knowing) about this runtime, with a concrete fix.
+
+    Attributes:
+        severity: "error" (a launch will fail or misbehave), "warning" (works, but not as
+            intended) or "info".
+        title: what is wrong, in one sentence.
+        fix: what to do about it.
+    """
+
+    severity: Literal["error", "warning", "info"]
+    title: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the checks look at: the scans' results, versions and environment variables."""
+
+    accelerator: Accelerator
+    environment: str
+    versions: Mapping[str, str | None]
+    runtime_initialized: bool
+    environ: Mapping[str, str]
+
+    @property
+    def on_tpu(self) -> bool:
+        return self.accelerator.kind == "tpu"
+
+    @property
+    def pjrt(self) -> str:
+        return self.environ.get("PJRT_DEVICE", "").strip()
+
+    @property
+    def torch_minor(self) -> tuple[int, int] | None:
+        return major_minor(self.versions.get("torch"))
+
+    @property
+    def matching_xla(self) -> str:
+        """A pip requirement for the torch_xla that matches this torch."""
+        minor = self.torch_minor
+        extra = "[tpu]" if self.on_tpu else ""
+        return f"torch_xla{extra}=={minor[0]}.{minor[1]}.*" if minor else f"torch_xla{extra}==2.9.*"
+
+
+Check = Callable[[Facts], Iterator[Problem]]
+
+
+def major_minor(version: str | None) -> tuple[int, int] | None:
+    """(2, 9) for "2.9.0+cpu"; None for a missing or odd version."""
+    match = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def torch_missing(facts: Facts) -> Iterator[Problem]:
+    if facts.versions.get("torch") is None:
+        extra = "[tpu]" if facts.on_tpu else ""
+        yield Problem("error", "torch is not installed.",
+                      f"pip install 'torch==2.9.*' 'torch_xla{extra}==2.9.*' (the same minor "
+                      "version for both).")
+
+
+def torch_xla_missing(facts: Facts) -> Iterator[Problem]:
+    if facts.versions.get("torch_xla") is not None:
+        return
+    fix = f"pip install '{facts.matching_xla}'"
+    if facts.torch_minor:
+        fix += f" to match torch {'.'.join(map(str, facts.torch_minor))}"
+    if facts.environment == "colab":
+        fix += (". On Colab choose Runtime > Change runtime type > TPU: its image ships "
+                "matching torch and torch_xla; do not reinstall torch there")
+    yield Problem("error", "torch_xla is not installed.", fix + ".")
+
+
+def versions_mismatch(facts: Facts) -> Iterator[Problem]:
+    torch_version, xla_version = facts.versions.get("torch"), facts.versions.get("torch_xla")
+    xla_minor = major_minor(xla_version)
+    if not (facts.torch_minor and xla_minor) or xla_minor == facts.torch_minor:
+        return
+    minor = ".".join(map(str, facts.torch_minor))
+    fix = f"pip install '{facts.matching_xla}' to match torch {minor}, then restart the kernel."
+    if facts.environment == "colab":
+        fix = ("Do not reinstall torch on Colab: the TPU runtime ships matching versions. " + fix
+               + " If torch itself was upgraded, use Runtime > Disconnect and delete runtime.")
+    yield Problem("error", f"torch {torch_version} and torch_xla {xla_version} do not match: "
+                  "torch_xla only works with the torch release of the same minor version.", fix)
+
+
+def runtime_started(facts: Facts) -> Iterator[Problem]:
+    if facts.runtime_initialized:
+        yield Problem("error", "The XLA runtime has already started in this process: the "
+                      "launcher will refuse to fork, since forked workers that use XLA hang "
+                      "forever.",
+                      RESTART_ADVICE + "; call hx.configure() and hx.detect() before anything "
+                      "else.")
+
+
+def libtpu_missing(facts: Facts) -> Iterator[Problem]:
+    xla_version = facts.versions.get("torch_xla")
+    if facts.on_tpu and xla_version is not None and facts.versions.get("libtpu") is None:
+        yield Problem("error", "A TPU is attached but libtpu (the TPU runtime library) is not "
+                      "installed.",
+                      f"pip install 'torch_xla[tpu]=={xla_version}', then restart the kernel.")
+
+
+def tpu_left_idle(facts: Facts) -> Iterator[Problem]:
+    if facts.on_tpu and facts.pjrt.upper() == "CPU":
+        chip = facts.accelerator.description.split(":")[0]
+        yield Problem("warning", f"This machine has a {chip}, but PJRT_DEVICE=CPU: torch_xla "
+                      "will run on the CPU and leave the TPU idle.",
+                      "Call hx.configure(device='tpu') (or unset PJRT_DEVICE) before the runtime "
+                      "starts; if it already started, restart the kernel first.")
+
+
+def tpu_asked_but_missing(facts: Facts) -> Iterator[Problem]:
+    if facts.on_tpu:
+        return
+    if facts.pjrt.upper() == "TPU":
+        yield Problem("error", "PJRT_DEVICE=TPU, but no TPU was found (no Google device on the "
+                      "PCI bus, no /dev/accel* or /dev/vfio/*).",
+                      "On Colab or Kaggle pick a TPU runtime/accelerator. To rehearse on the CPU, "
+                      "call hx.configure(device='cpu', cores=8), which sets PJRT_DEVICE=CPU.")
+    elif facts.environ.get("TPU_ACCELERATOR_TYPE"):
+        yield Problem("warning", "TPU_ACCELERATOR_TYPE is set, but no TPU is visible on the PCI "
+                      "bus or in /dev.",
+                      "Inside a container, start it with --privileged (or pass the /dev/accel* or "
+                      "/dev/vfio devices and mount /sys); otherwise this is not a TPU host.")
+
+
+def pjrt_device_unknown(facts: Facts) -> Iterator[Problem]:
+    if facts.pjrt and facts.pjrt.upper() not in ("TPU", "CPU", "CUDA", "GPU"):
+        yield Problem("error", f"PJRT_DEVICE={facts.pjrt} is not a device torch_xla knows.",
+                      "Call hx.configure(device='auto') or set PJRT_DEVICE to TPU or CPU.")
+    elif not facts.pjrt and not facts.on_tpu and facts.versions.get("torch_xla") is not None:
+        yield Problem("info", "PJRT_DEVICE is not set: torch_xla will fall back to the CPU with "
+                      "a warning.",
+                      "Call hx.configure() (or hx.configure(device='cpu', cores=8)) before the "
+                      "runtime starts.")
+
+
+def device_files_hidden(facts: Facts) -> Iterator[Problem]:
+    found_by = facts.accelerator.found_by
+    if facts.on_tpu and found_by and not any(item.startswith("/dev/") for item in found_by):
+        yield Problem("error", "TPU chips are on the PCI bus, but no /dev/accel* or /dev/vfio/* "
+                      "device files are visible, so the runtime cannot open them.",
+                      "Inside a container, run it with --privileged or pass the TPU device files "
+                      "(--device /dev/vfio/0 ... or /dev/accel0 ...).")
+
+
+def tpu_held_elsewhere(facts: Facts) -> Iterator[Problem]:
+    holders = facts.accelerator.holders
+    if holders:
+        listing = ", ".join(f"{pid} ({name})" for pid, name in sorted(holders.items()))
+        pids = " ".join(str(pid) for pid in sorted(holders))
+        yield Problem("error", f"The TPU is held by another process: {listing}. Only one "
+                      "process can open the TPU at a time.",
+                      "Shut down the other notebook's kernel or the stale worker (Kernel > Shut "
+                      f"Down, or `kill {pids}`), then run your cell again.")
+
+
+def retired_tpu_node_variables(facts: Facts) -> Iterator[Problem]:
+    stale = [name for name in ("COLAB_TPU_ADDR", "XRT_TPU_CONFIG") if name in facts.environ]
+    if stale:
+        one = len(stale) == 1
+        unset = "; ".join(f"os.environ.pop({name!r}, None)" for name in stale)
+        yield Problem("warning", f"{' and '.join(stale)} {'is' if one else 'are'} set: leftovers "
+                      "of the retired TPU Node (XRT) setup, which torch_xla 2.x ignores.",
+                      f"Unset {'it' if one else 'them'} ({unset}) and drop old notebook code "
+                      "that reads them; PJRT_DEVICE=TPU (hx.configure()) replaces them.")
+
+
+def kaggle_process_addresses(facts: Facts) -> Iterator[Problem]:
+    names = ("TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID")
+    if facts.environment == "kaggle" and any(name in facts.environ for name in names):
+        yield Problem("warning", "TPU_PROCESS_ADDRESSES / CLOUD_TPU_TASK_ID are set by Kaggle's "
+                      "TPU image; xmp.spawn on Kaggle misbehaves with them.",
+                      "hx.notebook_launcher removes them in its workers. With xmp.spawn directly, "
+                      "do as pytorch/xla's Kaggle notebook: os.environ.pop("
+                      "'TPU_PROCESS_ADDRESSES', None); os.environ.pop('CLOUD_TPU_TASK_ID', None).")
+
+
+def deprecated_bf16_variables(facts: Facts) -> Iterator[Problem]:
+    for name in ("XLA_USE_BF16", "XLA_DOWNCAST_BF16"):
+        if facts.environ.get(name, "0") not in ("", "0"):
+            yield Problem("warning", f"{name} is deprecated since torch_xla 2.6 and changes "
+                          "every float tensor.",
+                          f"Unset {name} and convert the model itself (model.to(torch.bfloat16)),"
+                          " or use torch.autocast('xla', dtype=torch.bfloat16).")
+
+
+def cpu_device_count_odd(facts: Facts) -> Iterator[Problem]:
+    if "CPU_NUM_DEVICES" not in facts.environ:
+        return
+    count = cpu_device_count(facts.environ)
+    host_cores = facts.accelerator.host_cores
+    if count is None:
+        yield Problem("error", f"CPU_NUM_DEVICES={facts.environ['CPU_NUM_DEVICES']!r} is not a "
+                      "positive integer.",
+                      "Call hx.configure(device='cpu', cores=N) or set CPU_NUM_DEVICES to a "
+                      "number such as 8.")
+    elif not facts.on_tpu and host_cores and count > host_cores:
+        yield Problem("info", f"CPU_NUM_DEVICES={count} is more than the "
+                      f"{plural(host_cores, 'host core')}.",
+                      "That is fine for rehearsing sharding over a TPU-sized mesh; steps just run "
+                      "slower than on fewer devices.")
+
+
+def gpu_unused(facts: Facts) -> Iterator[Problem]:
+    gpus = facts.accelerator.gpus
+    if facts.accelerator.kind == "cpu" and gpus:
+        yield Problem("info", f"{plural(gpus, 'NVIDIA GPU')} found: hfxla_nb runs XLA on the CPU "
+                      "here, to rehearse TPU code.",
+                      "For GPU training use plain PyTorch; for TPUs pick a TPU runtime.")
+
+
+CHECKS: tuple[Check, ...] = (
+    torch_missing,
+    torch_xla_missing,
+    versions_mismatch,
+    runtime_started,
+    libtpu_missing,
+    tpu_left_idle,
+    tpu_asked_but_missing,
+    pjrt_device_unknown,
+    device_files_hidden,
+    tpu_held_elsewhere,
+    retired_tpu_node_variables,
+    kaggle_process_addresses,
+    deprecated_bf16_variables,
+    cpu_device_count_odd,
+    gpu_unused,
+)
+_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def find_problems(
+    *,
+    accelerator: Accelerator,
+    environment: str,
+    versions: Mapping[str, str | None],
+    runtime_initialized: bool,
+    environ: Mapping[str, str],
+) -> list[Problem]:
+    """Everything wrong with these facts, errors first, each with a concrete fix."""
+    facts = Facts(accelerator, environment, versions, runtime_initialized, environ)
+    problems = [problem for check in CHECKS for problem in check(facts)]
+    return sorted(problems, key=lambda problem: _ORDER[problem.severity])

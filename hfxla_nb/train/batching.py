@@ -1,0 +1,266 @@
+"""Fixed shapes for XLA: rows tokenized into a few bucket lengths, and the batches built from them.
+
+XLA compiles one graph per input shape, so:
+- every row is padded to one of a few *bucket* lengths (one length when `max_length` is
+  given), so training compiles one set of graphs per bucket whatever the text lengths;
+- a training step takes `batch_size x gradient_accumulation_steps` rows of one bucket; the
+  ragged remainder of each bucket is dropped (a different remainder every epoch);
+- evaluation batches keep every row: the last batch of a bucket is filled up with copies of a
+  real row whose weight is 0, so evaluation never recompiles and metrics are exact.
+
+Each batch travels to the device as one int32 tensor (inputs, labels, weights side by side),
+one host-to-device transfer per step instead of one per input.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .data import DataError
+
+#: Bucket lengths are multiples of this (TPU tiles like multiples of 8).
+LENGTH_MULTIPLE = 8
+#: Below this length one bucket is always used: compiling costs more than padding.
+SINGLE_BUCKET_BELOW = 64
+MAX_BUCKETS = 3
+#: A further bucket must save at least this share of the padded tokens.
+MIN_BUCKET_SAVING = 0.2
+
+
+def round_up(value: float, multiple: int = LENGTH_MULTIPLE) -> int:
+    return int(math.ceil(value / multiple) * multiple)
+
+
+def padded_tokens(lengths: np.ndarray, buckets: Sequence[int]) -> int:
+    """Tokens computed when each row is padded to the smallest bucket that holds it."""
+    edges = np.asarray(sorted(buckets))
+    slots = np.searchsorted(edges, np.minimum(lengths, edges[-1]), side="left")
+    return int(edges[slots].sum())
+
+
+def choose_buckets(
+    lengths: Sequence[int],
+    cap: int,
+    *,
+    min_rows: int = 1,
+    max_buckets: int = MAX_BUCKETS,
+) -> list[int]:
+    """A few padded lengths for rows of these lengths, trading padding against compiles.
+
+    One bucket (the longest row, rounded up to a multiple of 8, at most `cap`) unless rows
+    are long and varied: each further bucket costs one more set of compiled graphs, so it is
+    added only when it saves at least `MIN_BUCKET_SAVING` of the padded tokens and holds at
+    least `min_rows` rows.
+    """
+    lengths = np.minimum(np.asarray(lengths, dtype=np.int64), cap)
+    top = min(cap, round_up(int(lengths.max()), LENGTH_MULTIPLE))
+    buckets = [top]
+    if top <= SINGLE_BUCKET_BELOW or max_buckets <= 1:
+        return buckets
+    candidates = {
+        min(cap, max(round_up(float(np.quantile(lengths, q)), 16), 16))
+        for q in (0.25, 0.5, 0.75, 0.9)
+    } - {top}
+    cost = padded_tokens(lengths, buckets)
+    while len(buckets) < max_buckets:
+        best = None
+        for candidate in sorted(candidates - set(buckets)):
+            trial = sorted(buckets + [candidate])
+            edges = np.asarray(trial)
+            counts = np.bincount(np.searchsorted(edges, lengths, side="left"), minlength=len(trial))
+            if counts.min() < min_rows:
+                continue
+            trial_cost = padded_tokens(lengths, trial)
+            saves_enough = trial_cost <= cost * (1 - MIN_BUCKET_SAVING)
+            if saves_enough and (best is None or trial_cost < best[0]):
+                best = (trial_cost, trial)
+        if best is None:
+            break
+        cost, buckets = best
+    return sorted(buckets)
+
+
+@dataclass
+class Bucket:
+    """Rows of one split padded to one length.
+
+    Attributes:
+        length: the padded length.
+        inputs: `[rows, length * len(input_names)]` int32, the model inputs side by side.
+        labels: `[rows]` int64 class ids.
+        rows: `[rows]` positions of these rows in the split (to restore the order).
+    """
+
+    length: int
+    inputs: np.ndarray
+    labels: np.ndarray
+    rows: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@dataclass
+class EncodedSplit:
+    """One split, tokenized and bucketed."""
+
+    name: str
+    buckets: list[Bucket]
+    num_rows: int
+    truncated: int = 0
+
+
+@dataclass
+class EncodedData:
+    """Everything the worker needs to build batches; plain NumPy, cheap to fork."""
+
+    train: EncodedSplit
+    eval: EncodedSplit | None
+    input_names: list[str]
+    bucket_lengths: list[int]
+    label_names: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def tokenize(tokenizer, texts: list[str], pairs: list[str] | None, cap: int) -> tuple[dict, int]:
+    """Tokenize without padding, truncating to `cap` tokens.
+
+    Returns:
+        `(encoded, truncated)`: the tokenizer's output as lists, and how many rows were cut.
+    """
+
+    def run(rows_texts, rows_pairs, limit):
+        return dict(tokenizer(rows_texts, rows_pairs, truncation=True, max_length=limit,
+                              padding=False, return_attention_mask=True))
+
+    # One token of headroom shows which rows are too long; only those are tokenized again.
+    encoded = run(texts, pairs, cap + 1)
+    long = [i for i, ids in enumerate(encoded["input_ids"]) if len(ids) > cap]
+    if long:
+        again = run([texts[i] for i in long], [pairs[i] for i in long] if pairs else None, cap)
+        for key, values in again.items():
+            for i, value in zip(long, values, strict=True):
+                encoded[key][i] = value
+    return encoded, len(long)
+
+
+def input_names_of(tokenizer, encoded) -> list[str]:
+    """The model inputs this tokenizer produces, `input_ids` first."""
+    wanted = list(getattr(tokenizer, "model_input_names", None) or ["input_ids", "attention_mask"])
+    names = [name for name in wanted if name in encoded]
+    if "input_ids" not in names:
+        raise DataError("the tokenizer does not produce input_ids; pass a text tokenizer.")
+    if "attention_mask" not in names and "attention_mask" in encoded:
+        names.append("attention_mask")
+    return ["input_ids"] + [name for name in names if name != "input_ids"]
+
+
+def encode_split(
+    name: str,
+    encoded,
+    labels: np.ndarray,
+    input_names: list[str],
+    buckets: Sequence[int],
+    pad_values: Mapping[str, int],
+    padding_side: str = "right",
+    truncated: int = 0,
+) -> EncodedSplit:
+    """Pad tokenized rows into buckets (each row to the smallest bucket that holds it).
+
+    `truncated` counts rows the tokenizer already cut; rows longer than the largest bucket are
+    cut here (keeping their first tokens) and counted too.
+    """
+    ids = encoded["input_ids"]
+    lengths = np.fromiter((len(row) for row in ids), np.int64, len(ids))
+    edges = np.asarray(sorted(buckets))
+    truncated = int(truncated) + int((lengths > edges[-1]).sum())
+    slots = np.searchsorted(edges, np.minimum(lengths, edges[-1]), side="left")
+    result = []
+    for slot, length in enumerate(edges):
+        rows = np.flatnonzero(slots == slot)
+        if len(rows) == 0:
+            continue
+        length = int(length)
+        inputs = np.empty((len(rows), length * len(input_names)), dtype=np.int32)
+        for k, input_name in enumerate(input_names):
+            block = np.full((len(rows), length), pad_values.get(input_name, 0), dtype=np.int32)
+            column = encoded[input_name]
+            for i, row in enumerate(rows):
+                values = column[row][:length]
+                if padding_side == "left":
+                    block[i, length - len(values):] = values
+                else:
+                    block[i, : len(values)] = values
+            inputs[:, k * length:(k + 1) * length] = block
+        result.append(Bucket(length, inputs, labels[rows], rows))
+    return EncodedSplit(name, result, len(ids), truncated)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches
+# ---------------------------------------------------------------------------------------------
+
+
+def steps_per_epoch(split: EncodedSplit, rows_per_step: int) -> int:
+    """Optimizer steps in one epoch: full steps of each bucket (the ragged rest is dropped)."""
+    return sum(len(bucket) // rows_per_step for bucket in split.buckets)
+
+
+def epoch_schedule(
+    split: EncodedSplit, rows_per_step: int, seed: int, epoch: int
+) -> list[tuple[int, np.ndarray]]:
+    """The steps of one epoch as `(bucket index, positions in that bucket)`, shuffled.
+
+    A pure function of `(seed, epoch)`, so a resumed run sees the same batches in the same
+    order as an uninterrupted one.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    steps = []
+    for index, bucket in enumerate(split.buckets):
+        order = rng.permutation(len(bucket))
+        for k in range(len(bucket) // rows_per_step):
+            steps.append((index, order[k * rows_per_step:(k + 1) * rows_per_step]))
+    return [steps[i] for i in rng.permutation(len(steps))]
+
+
+def train_batch(bucket: Bucket, positions: np.ndarray, micro_batches: int) -> np.ndarray:
+    """`[micro_batches, batch, width + 1]` int32: inputs side by side, then the label."""
+    packed = np.concatenate(
+        [bucket.inputs[positions], bucket.labels[positions, None].astype(np.int32)], axis=1
+    )
+    return packed.reshape(micro_batches, len(positions) // micro_batches, -1)
+
+
+def eval_batches(split: EncodedSplit, batch_size: int) -> list[tuple[int, np.ndarray, int]]:
+    """Evaluation batches `(bucket index, positions, real rows)`, every row exactly once.
+
+    The last batch of a bucket is filled up to `batch_size` with the bucket's first row; the
+    filler rows get weight 0 (see `eval_batch`), so the shapes stay fixed and nothing is lost.
+    """
+    batches = []
+    for index, bucket in enumerate(split.buckets):
+        for start in range(0, len(bucket), batch_size):
+            positions = np.arange(start, min(start + batch_size, len(bucket)))
+            real = len(positions)
+            if real < batch_size:
+                positions = np.concatenate([positions, np.zeros(batch_size - real, np.int64)])
+            batches.append((index, positions, real))
+    return batches
+
+
+def eval_batch(bucket: Bucket, positions: np.ndarray, real: int) -> np.ndarray:
+    """`[1, batch, width + 2]` int32: inputs, label, weight (1 for real rows, 0 for filler)."""
+    weights = (np.arange(len(positions)) < real).astype(np.int32)
+    packed = np.concatenate(
+        [
+            bucket.inputs[positions],
+            bucket.labels[positions, None].astype(np.int32),
+            weights[:, None],
+        ],
+        axis=1,
+    )
+    return packed[None]

@@ -1,0 +1,199 @@
+"""`FineTuneConfig`: every option of `fine_tune` and `prepare_fine_tune`, written once."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._choices import PROGRESS_MODES
+
+STRATEGIES = ("spmd", "replicated")
+PRECISIONS = ("auto", "fp32", "bf16")
+METRICS = ("accuracy", "f1", "precision", "recall")
+
+
+class FineTuneError(ValueError):
+    """`fine_tune` cannot run as asked; raised before anything is forked or written."""
+
+
+@dataclass
+class FineTuneConfig:
+    """How `fine_tune` trains. Pass one as `config=`, or its fields as keyword arguments.
+
+    Args:
+        tokenizer: a tokenizer, name or folder; default: the model's own.
+        text_column: the column with the text.
+        text_pair_column: a second text column for sentence-pair tasks (NLI, paraphrase).
+        label_column: the column with the labels: class names (str), class ids (int), or a
+            `ClassLabel`.
+        eval_dataset: evaluation data (same forms as `dataset`); default: the validation or
+            test split of a `DatasetDict`, else none.
+        max_length: pad (and truncate) every text to this many tokens. Default: a few length
+            buckets chosen from the data (one when texts are short), at most the model's
+            positions.
+        epochs: passes over the training data (may be fractional).
+        max_steps: stop after this many optimizer steps (overrides `epochs`).
+        batch_size: rows per step over all devices (split across them); the ragged last batch
+            of an epoch is dropped.
+        learning_rate: peak learning rate of AdamW (linear decay to 0).
+        gradient_accumulation_steps: micro-batches of `batch_size` per optimizer step.
+        precision: "auto" (bfloat16 autocast on TPU, float32 elsewhere), "bf16" or "fp32".
+        strategy: "spmd" (one process, the batch sharded over every device; default) or
+            "replicated" (`xmp.spawn`, one process per TPU chip, `xm.optimizer_step`).
+        num_processes: devices to use; on a machine without a TPU, the number of virtual XLA
+            CPU devices (default `CPU_NUM_DEVICES` or 1). On a TPU always all.
+        output_dir: where the model, tokenizer and checkpoints go; "auto" (default):
+            `hfxla_nb_output/<model name>`; None: save nothing. Must be new, empty, or an
+            earlier fine_tune output.
+        save_steps: write a checkpoint every this many steps (model, optimizer, scheduler,
+            step, random states) under `output_dir/checkpoints/`.
+        resume_from_checkpoint: True (the latest checkpoint in `output_dir`), or a checkpoint
+            folder; training continues exactly as if it had not stopped. Pass the same data
+            and settings as the interrupted run.
+        seed: seeds data order, head initialization and dropout.
+        metrics: "accuracy", "f1", "precision", "recall" (macro averages), or functions
+            `f(predictions, labels) -> float | dict`.
+        weight_decay: AdamW weight decay (not applied to biases and LayerNorm weights).
+        warmup_steps: linear warm-up steps of the learning rate.
+        max_grad_norm: gradient clipping norm (None: no clipping).
+        log_every: fetch the loss (one device-to-host transfer) every this many steps.
+        progress: True (live panels: widgets, HTML or console, whichever fits), "widgets",
+            "html", "console", or False.
+        timeout: stop the worker after this many seconds.
+
+    Raises:
+        FineTuneError: on construction, for a value that cannot work (the message says what
+            to change).
+    """
+
+    tokenizer: Any = None
+    text_column: str = "text"
+    text_pair_column: str | None = None
+    label_column: str = "label"
+    eval_dataset: Any = None
+    max_length: int | None = None
+    epochs: float = 1
+    max_steps: int | None = None
+    batch_size: int = 8
+    learning_rate: float = 2e-5
+    gradient_accumulation_steps: int = 1
+    precision: str = "auto"
+    strategy: str = "spmd"
+    num_processes: int | None = None
+    output_dir: str | os.PathLike | None = "auto"
+    save_steps: int | None = None
+    resume_from_checkpoint: bool | str | os.PathLike | None = None
+    seed: int = 0
+    metrics: Sequence[str | Callable] = ("accuracy",)
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    max_grad_norm: float | None = 1.0
+    log_every: int = 10
+    progress: bool | str = True
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.metrics, str) or callable(self.metrics):
+            self.metrics = (self.metrics,)
+        self.metrics = tuple(self.metrics)
+        self.validate()
+
+    @classmethod
+    def build(cls, config: FineTuneConfig | None, options: Mapping[str, Any]) -> FineTuneConfig:
+        """`config` (or the defaults) with `options` applied; unknown names are refused."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = [name for name in options if name not in names]
+        if unknown:
+            hints = []
+            for name in unknown:
+                close = difflib.get_close_matches(name, names, n=1)
+                hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise FineTuneError(
+                f"unknown option {', '.join(hints)}: fine_tune takes the fields of "
+                "hx.FineTuneConfig (help(hx.FineTuneConfig) lists them)."
+            )
+        if config is not None and not isinstance(config, cls):
+            raise FineTuneError(f"config must be a hx.FineTuneConfig, got {type(config).__name__}.")
+        base = config if config is not None else cls()
+        return dataclasses.replace(base, **options) if options else base
+
+    @property
+    def rows_per_step(self) -> int:
+        return self.batch_size * self.gradient_accumulation_steps
+
+    def validate(self) -> None:
+        """Refuse values that cannot work, with a `FineTuneError` that says what to pass."""
+        _check_choices(self)
+        for name in ("batch_size", "gradient_accumulation_steps", "log_every"):
+            _check_int(name, getattr(self, name))
+        for name in ("max_steps", "save_steps"):
+            _check_int(name, getattr(self, name), allow_none=True)
+        _check_int("max_length", self.max_length, minimum=2, allow_none=True)
+        _check_int("warmup_steps", self.warmup_steps, minimum=0)
+        _check_int("seed", self.seed, minimum=0)
+        _check_numbers(self)
+        for metric in self.metrics:
+            if not callable(metric) and metric not in METRICS:
+                raise FineTuneError(
+                    f"unknown metric {metric!r}: use {', '.join(map(repr, METRICS))} or a "
+                    "function f(predictions, labels) -> float or dict."
+                )
+        if self.resume_from_checkpoint is True and self.output_dir is None:
+            raise FineTuneError(
+                "resume_from_checkpoint=True needs the output_dir of the interrupted run."
+            )
+
+
+def _check_choices(config: FineTuneConfig) -> None:
+    if config.strategy not in STRATEGIES:
+        raise FineTuneError(
+            f"strategy={config.strategy!r} is not supported by fine_tune: use 'spmd' (one "
+            "process, the batch sharded over every device; recommended) or 'replicated' "
+            "(xmp.spawn, one process per TPU chip)."
+        )
+    if config.precision not in PRECISIONS:
+        raise FineTuneError(
+            f"precision={config.precision!r} is not one of {', '.join(map(repr, PRECISIONS))}: "
+            "'auto' uses bfloat16 on TPU and float32 elsewhere; TPUs have no fast float16."
+        )
+    if not (isinstance(config.progress, bool) or config.progress in PROGRESS_MODES):
+        raise FineTuneError(
+            f"progress={config.progress!r}: use True, False, 'widgets', 'html' or 'console'."
+        )
+
+
+def _check_int(name: str, value: Any, minimum: int = 1, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        more = " or None" if allow_none else ""
+        raise FineTuneError(f"{name} must be an integer >= {minimum}{more}, got {value!r}.")
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
+def _check_numbers(config: FineTuneConfig) -> None:
+    if not _is_number(config.epochs) or not config.epochs > 0:
+        raise FineTuneError(f"epochs must be a positive number, got {config.epochs!r}.")
+    if not _is_number(config.learning_rate) or not config.learning_rate > 0:
+        raise FineTuneError(
+            f"learning_rate must be a positive number, got {config.learning_rate!r}."
+        )
+    if not _is_number(config.weight_decay) or config.weight_decay < 0:
+        raise FineTuneError(
+            f"weight_decay must be a non-negative number, got {config.weight_decay!r}."
+        )
+    norm = config.max_grad_norm
+    if norm is not None and (not _is_number(norm) or norm <= 0):
+        raise FineTuneError(f"max_grad_norm must be a positive number or None, got {norm!r}.")
+    timeout = config.timeout
+    if timeout is not None and (not _is_number(timeout) or timeout <= 0):
+        raise FineTuneError(f"timeout must be a positive number of seconds, got {timeout!r}.")

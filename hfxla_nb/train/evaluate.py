@@ -1,0 +1,102 @@
+"""Evaluation in the worker (padded, weighted batches: exact metrics, no recompilation) and
+the metrics computed from its predictions on the host."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..events import Progress, emit, worker_rank
+from . import batching
+
+
+def evaluate(run: Any) -> dict[str, float]:
+    """Evaluate `run.model` on the plan's evaluation split: padded, weighted batches (one
+    graph per bucket), every result fetched in one transfer at the end."""
+    torch = run.torch
+    plan = run.plan
+    split = plan.data.eval
+    last_sent = float("-inf")
+    batches = batching.eval_batches(split, plan.batch_size)
+    run.model.eval()
+    outputs = []
+    with torch.no_grad():
+        for i, (bucket_index, positions, real) in enumerate(batches):
+            bucket = split.buckets[bucket_index]
+            x = run.upload(batching.eval_batch(bucket, positions, real))[0]
+            logits = run.logits(x, bucket.length)
+            labels = x[:, -2].long()
+            weights = x[:, -1].float()
+            losses = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+            # Filler rows weigh 0; `where` keeps a NaN of a filler row out of the sum.
+            losses = torch.where(weights > 0, losses, torch.zeros_like(losses))
+            predictions = logits.argmax(-1)
+            if run.mesh is not None:
+                # Gathered in the graph: fetching sharded results would compile per tensor.
+                run.xla.replicate(predictions, run.mesh)
+                run.xla.replicate(losses, run.mesh)
+            outputs += [predictions, losses]
+            run.xla.sync()
+            now = time.monotonic()
+            if i + 1 == len(batches) or now - last_sent >= 0.2:
+                # Sent directly, not through report(): its metrics snapshots would make
+                # the panel's per-step figures count evaluation batches as steps.
+                last_sent = now
+                emit(Progress(worker_rank(), i + 1, len(batches), {}, None, "eval"))
+    fetched = run.xla.to_cpu(outputs)  # one transfer for every batch
+    run.model.train()
+    predictions = np.empty(split.num_rows, dtype=np.int64)
+    row_losses = np.empty(split.num_rows, dtype=np.float64)
+    for (bucket_index, positions, real), prediction, loss in zip(
+        batches, fetched[0::2], fetched[1::2], strict=True
+    ):
+        rows = split.buckets[bucket_index].rows[positions[:real]]
+        predictions[rows] = prediction.numpy()[:real]
+        row_losses[rows] = loss.float().numpy()[:real]
+    labels = np.empty(split.num_rows, dtype=np.int64)
+    for bucket in split.buckets:
+        labels[bucket.rows] = bucket.labels
+    values = {"eval_loss": float(row_losses.mean())}
+    values.update(compute_metrics(plan.metrics, predictions, labels,
+                                  len(plan.data.label_names)))
+    values["eval_rows"] = float(split.num_rows)
+    return values
+
+
+def compute_metrics(
+    metrics: Sequence[str | Callable], predictions: np.ndarray, labels: np.ndarray,
+    num_labels: int,
+) -> dict[str, float]:
+    """`eval_<name>` for each metric: accuracy, or macro-averaged f1/precision/recall, or what a
+    function `f(predictions, labels)` returns (a float, or a dict of floats)."""
+    values: dict[str, float] = {}
+    confusion = np.zeros((num_labels, num_labels), dtype=np.int64)
+    np.add.at(confusion, (labels, predictions), 1)
+    true_positive = np.diag(confusion).astype(np.float64)
+    predicted = confusion.sum(axis=0).astype(np.float64)
+    actual = confusion.sum(axis=1).astype(np.float64)
+    present = actual > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        precision = np.where(predicted > 0, true_positive / predicted, 0.0)
+        recall = np.where(actual > 0, true_positive / actual, 0.0)
+        f1 = np.where(precision + recall > 0, 2 * precision * recall / (precision + recall), 0.0)
+    for metric in metrics:
+        if callable(metric):
+            value = metric(predictions, labels)
+            name = getattr(metric, "__name__", "metric")
+            if isinstance(value, dict):
+                values.update({f"eval_{k}": float(v) for k, v in value.items()})
+            else:
+                values[f"eval_{name}"] = float(value)
+        elif metric == "accuracy":
+            values["eval_accuracy"] = float((predictions == labels).mean())
+        elif metric == "precision":
+            values["eval_precision"] = float(precision[present].mean())
+        elif metric == "recall":
+            values["eval_recall"] = float(recall[present].mean())
+        elif metric == "f1":
+            values["eval_f1"] = float(f1[present].mean())
+    return values

@@ -1,0 +1,94 @@
+"""`fine_tune`: fine-tune a Hugging Face text classifier on every XLA device, in one call.
+
+```python
+result = hx.fine_tune("bert-base-cased", dataset, text_column="text", label_column="label")
+result.metrics          # {'eval_accuracy': ..., 'eval_loss': ...}
+model = result.load_model()
+```
+
+In the kernel `prepare_fine_tune` checks and tokenizes everything; then `notebook_launcher`
+forks the worker (`loop.py`). docs/architecture.md tells how the shapes stay fixed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+from ..launch import notebook_launcher
+from .config import FineTuneConfig
+from .loop import train_worker
+from .prepare import prepare_fine_tune
+from .result import FineTuneResult
+
+
+def fine_tune(
+    model: Any, dataset: Any, config: FineTuneConfig | None = None, **options: Any
+) -> FineTuneResult:
+    """Fine-tune a sequence classifier on every XLA device, from one notebook cell.
+
+    Everything is checked and tokenized in the notebook process first, without starting the
+    XLA runtime, then a worker is forked by `notebook_launcher`, trains with fixed shapes
+    (a constant handful of compiled graphs), evaluates, and saves the model and tokenizer.
+
+    Args:
+        model: a model name on the Hub, a local folder (loaded with
+            `AutoModelForSequenceClassification.from_pretrained`, the head sized for the
+            labels), or a `...ForSequenceClassification` model instance.
+        dataset: the training data: a `datasets.Dataset`, a `DatasetDict` (its "train" split;
+            "validation" or "test" for evaluation), a dataset name on the Hub, a local file
+            or folder, a pandas DataFrame, or a list of dicts.
+        config: a `hx.FineTuneConfig`; keyword arguments override its fields.
+        options: any field of `hx.FineTuneConfig` (`epochs`, `batch_size`, `learning_rate`,
+            `max_length`, `output_dir`, `save_steps`, `resume_from_checkpoint`, ...; see
+            `help(hx.FineTuneConfig)`).
+
+    Returns:
+        `FineTuneResult` with the loss history, evaluation metrics, throughput, compile and
+        transfer counts, and the output folder (`result.load_model()` loads the model on CPU).
+
+    Raises:
+        FineTuneError: before anything is forked or written, for any argument or data that
+            cannot work (the message says what to change).
+        hfxla_nb.LaunchError: when the worker failed (with its traceback).
+
+    Example:
+
+    ```python
+    >>> from hfxla_nb.demo import demo_dataset, demo_model_dir
+    >>> result = hx.fine_tune(demo_model_dir(), demo_dataset(), learning_rate=1e-3,
+    ...                       batch_size=32, epochs=2)
+    >>> result.metrics["eval_accuracy"] > 0.9
+    True
+    ```
+    """
+    config = FineTuneConfig.build(config, options)
+    plan = prepare_fine_tune(model, dataset, config)
+    raw = notebook_launcher(
+        train_worker,
+        args=(plan,),
+        num_processes=config.num_processes,
+        strategy=config.strategy,
+        progress="auto" if config.progress is True else config.progress,
+        timeout=config.timeout,
+    )
+    return FineTuneResult.from_dict(raw)
+
+
+def _signature_with_options(function: Any) -> inspect.Signature:
+    """`function`'s signature with every `FineTuneConfig` field as a keyword (for shift-tab
+    and `help()`); the fields stay written once, in the dataclass."""
+    signature = inspect.signature(function)
+    fixed = [p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
+    defaults = FineTuneConfig.__dataclass_fields__
+    keywords = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                          annotation=f.type)
+        for f in dataclasses.fields(FineTuneConfig) if f.name in defaults
+    ]
+    return signature.replace(parameters=fixed + keywords)
+
+
+fine_tune.__signature__ = _signature_with_options(fine_tune)  # type: ignore[attr-defined]
+prepare_fine_tune.__signature__ = _signature_with_options(prepare_fine_tune)  # type: ignore

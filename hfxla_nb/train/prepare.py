@@ -1,0 +1,278 @@
+"""`prepare_fine_tune`: everything `fine_tune` does before forking, as named steps.
+
+Runs in the notebook kernel without starting the XLA runtime: check the options, load the
+config and tokenizer, read and check the data, tokenize into fixed-shape buckets, check the
+output folder and a checkpoint to resume. Writes nothing; any refusal is a `FineTuneError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import batching, data, sources
+from . import checkpoint as ckpt
+from .config import FineTuneConfig, FineTuneError
+from .plan import TrainPlan
+
+
+@dataclass
+class _Texts:
+    """The checked columns of every split (train first), before tokenizing."""
+
+    texts: dict[str, list[str]]
+    pairs: dict[str, list[str]]
+    label_names: list[str]
+    label_ids: dict[str, Any]
+    eval_name: str | None
+    notes: list[str] = field(default_factory=list)
+
+
+def prepare_fine_tune(
+    model: Any, dataset: Any, config: FineTuneConfig | None = None, **options: Any
+) -> TrainPlan:
+    """Everything `fine_tune` does before forking, without starting the XLA runtime.
+
+    Same arguments as `fine_tune`. Returns the `TrainPlan` its worker runs; raises
+    `FineTuneError` (a `ValueError`) with a message naming the fix for anything that cannot
+    work. Writes nothing.
+    """
+    config = FineTuneConfig.build(config, options)
+    source, model_config, fixed_labels, model_name = sources.model_source(model)
+    tokenizer = sources.load_tokenizer(config.tokenizer, model, source)
+    columns = _read_columns(dataset, config, model_config, fixed_labels)
+    cap = _length_cap(config, model_config, tokenizer)
+    encoded, truncated = {}, {}
+    for split, texts in columns.texts.items():
+        encoded[split], truncated[split] = batching.tokenize(
+            tokenizer, texts, columns.pairs.get(split), cap)
+    _check_batch_fits(config, len(columns.texts["train"]))
+    buckets = _bucket_lengths(config, encoded, cap)
+    pad_id = _pad_id(tokenizer, columns.notes)
+    input_names = batching.input_names_of(tokenizer, encoded["train"])
+    pad_values = {
+        "input_ids": pad_id if pad_id is not None else 0,
+        "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0) or 0,
+    }
+    side = getattr(tokenizer, "padding_side", "right") or "right"
+    splits = {
+        split: batching.encode_split(split, encoded[split], columns.label_ids[split],
+                                     input_names, buckets, pad_values, side, truncated[split])
+        for split in encoded
+    }
+    per_epoch = _steps_per_epoch(config, splits, columns, buckets)
+    total = (int(config.max_steps) if config.max_steps is not None
+             else max(1, math.ceil(config.epochs * per_epoch)))
+    devices = _devices(config)
+    output_dir = sources.check_output_dir(config.output_dir, model_name)
+    fingerprint = {
+        "train_rows": len(columns.texts["train"]),
+        "batch_size": config.batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "buckets": list(map(int, buckets)),
+        "seed": config.seed,
+        "total_steps": total,
+        "labels": list(columns.label_names),
+        "train_digest": _digest(splits["train"]),
+    }
+    resume = _checkpoint_to_resume(config, output_dir, fingerprint)
+    encoded_data = batching.EncodedData(
+        train=splits["train"],
+        eval=splits.get(columns.eval_name) if columns.eval_name else None,
+        input_names=input_names,
+        bucket_lengths=list(map(int, buckets)),
+        label_names=list(columns.label_names),
+        notes=columns.notes,
+    )
+    return TrainPlan(
+        model=source,
+        model_kwargs=_model_kwargs(model_config, fixed_labels, columns.label_names, pad_id),
+        tokenizer=tokenizer,
+        data=encoded_data,
+        batch_size=int(config.batch_size),
+        gradient_accumulation_steps=int(config.gradient_accumulation_steps),
+        learning_rate=float(config.learning_rate),
+        weight_decay=float(config.weight_decay),
+        warmup_steps=int(config.warmup_steps),
+        max_grad_norm=None if config.max_grad_norm is None else float(config.max_grad_norm),
+        total_steps=total,
+        steps_per_epoch=per_epoch,
+        precision=config.precision,
+        strategy=config.strategy,
+        output_dir=output_dir,
+        save_steps=config.save_steps,
+        resume_from=str(resume) if resume is not None else None,
+        seed=int(config.seed),
+        metrics=tuple(config.metrics),
+        log_every=int(config.log_every),
+        devices=devices,
+        fingerprint=fingerprint,
+        save=output_dir is not None,
+    )
+
+
+def _read_columns(dataset: Any, config: FineTuneConfig, model_config: Any,
+                  fixed_labels: int | None) -> _Texts:
+    """Texts, pairs and labels of every split, checked; labels mapped to the model's ids."""
+    try:
+        train_ds, eval_ds, eval_name = data.pick_splits(dataset, config.eval_dataset)
+        splits = {"train": train_ds} if eval_ds is None else {"train": train_ds, eval_name: eval_ds}
+        texts, pairs, raw_labels, class_names = {}, {}, {}, {}
+        for split, ds in splits.items():
+            if len(ds) == 0:
+                raise data.DataError(f"the {split} data is empty: it needs at least one row.")
+            data.check_columns(ds, split, [config.text_column, config.text_pair_column,
+                                        config.label_column])
+            texts[split] = data.check_texts(data.column_values(ds, config.text_column),
+                                         config.text_column, split)
+            if config.text_pair_column:
+                pairs[split] = data.check_texts(data.column_values(ds, config.text_pair_column),
+                                             config.text_pair_column, split)
+            raw_labels[split] = data.column_values(ds, config.label_column)
+            class_names[split] = data.class_label_names(ds, config.label_column)
+        label_names, label_ids = data.map_labels(
+            raw_labels,
+            column=config.label_column,
+            dataset_names=class_names,
+            model_names=data.meaningful_label_names(getattr(model_config, "id2label", None)),
+            model_num_labels=fixed_labels,
+        )
+    except data.DataError as error:
+        raise FineTuneError(str(error)) from None
+    return _Texts(texts, pairs, list(label_names), label_ids, eval_name if eval_ds is not None
+                  else None)
+
+
+def _length_cap(config: FineTuneConfig, model_config: Any, tokenizer: Any) -> int:
+    """The longest row in tokens: `max_length`, else what the model and tokenizer allow."""
+    limit = sources.position_limit(model_config)
+    if config.max_length is not None:
+        if limit is not None and config.max_length > limit:
+            raise FineTuneError(
+                f"max_length={config.max_length} is beyond the {limit} positions the model has "
+                f"(max_position_embeddings); pass max_length<={limit} (longer texts are "
+                "truncated)."
+            )
+        return config.max_length
+    candidates = [limit] if limit else []
+    tokenizer_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tokenizer_limit, int) and 0 < tokenizer_limit < 100_000:
+        candidates.append(tokenizer_limit)
+    return min(candidates) if candidates else 512
+
+
+def _check_batch_fits(config: FineTuneConfig, train_rows: int) -> None:
+    if config.rows_per_step > train_rows:
+        what = "batch_size" if config.gradient_accumulation_steps == 1 else (
+            "batch_size x gradient_accumulation_steps")
+        raise FineTuneError(
+            f"{what} = {config.rows_per_step} is larger than the {train_rows} training rows; "
+            f"use batch_size <= {train_rows // config.gradient_accumulation_steps} or more data."
+        )
+
+
+def _bucket_lengths(config: FineTuneConfig, encoded: dict[str, dict], cap: int) -> list[int]:
+    if config.max_length is not None:
+        return [config.max_length]
+    lengths = [len(row) for split in encoded for row in encoded[split]["input_ids"]]
+    train_lengths = [len(row) for row in encoded["train"]["input_ids"]]
+    buckets = batching.choose_buckets(train_lengths, cap, min_rows=4 * config.rows_per_step)
+    longest = min(cap, batching.round_up(max(lengths)))
+    if longest > buckets[-1]:
+        buckets[-1] = longest  # evaluation rows longer than every training row
+    return buckets
+
+
+def _pad_id(tokenizer: Any, notes: list[str]) -> int | None:
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    if pad_id is None:
+        # Decoder tokenizers (GPT-2 style) have no padding token; the end-of-text token is the
+        # usual stand-in, and the model must know it to find each row's last real token.
+        pad_id = getattr(tokenizer, "eos_token_id", None)
+        notes.append("the tokenizer has no padding token: padding with its end-of-text token")
+    return pad_id
+
+
+def _steps_per_epoch(config: FineTuneConfig, splits: dict, columns: _Texts,
+                     buckets: list[int]) -> int:
+    """Full steps in one epoch; notes what is dropped or truncated."""
+    train_rows = len(columns.texts["train"])
+    per_epoch = batching.steps_per_epoch(splits["train"], config.rows_per_step)
+    if per_epoch == 0:
+        raise FineTuneError(
+            f"no length bucket has {config.rows_per_step} training rows for a full step; pass "
+            "max_length=... (one bucket) or a smaller batch_size."
+        )
+    used = per_epoch * config.rows_per_step
+    if used < train_rows:
+        columns.notes.append(f"{train_rows - used} of {train_rows} training rows left out per "
+                             "epoch (ragged batches are dropped; a different remainder each "
+                             "epoch)")
+    for split in splits.values():
+        if split.truncated:
+            columns.notes.append(f"{split.truncated} {split.name} rows truncated to "
+                                 f"{buckets[-1]} tokens")
+    return per_epoch
+
+
+def _devices(config: FineTuneConfig) -> int:
+    devices = sources.device_count(config.num_processes)
+    if config.strategy == "spmd" and config.batch_size % devices:
+        raise FineTuneError(
+            f"batch_size={config.batch_size} does not split evenly over the {devices} devices; "
+            f"use a multiple of {devices} (e.g. {devices * max(1, config.batch_size // devices)})."
+        )
+    return devices
+
+
+def _checkpoint_to_resume(config: FineTuneConfig, output_dir: str | None,
+                          fingerprint: dict[str, Any]):
+    """The checkpoint to continue from (or None); refused when it was written by other
+    settings or other data."""
+    try:
+        resume = ckpt.resolve_checkpoint(config.resume_from_checkpoint, output_dir or ".")
+    except ValueError as error:
+        raise FineTuneError(str(error)) from None
+    if resume is None:
+        return None
+    previous = ckpt.read_checkpoint_info(resume).get("fingerprint", {})
+    different = sorted(k for k in fingerprint if previous.get(k) != fingerprint[k])
+    if different:
+        details = ", ".join(f"{k}: {previous.get(k)!r} then, {fingerprint[k]!r} now"
+                            for k in different if k != "train_digest")
+        if "train_digest" in different:
+            details = (details + ", " if details else "") + "the training rows differ"
+        raise FineTuneError(
+            f"the checkpoint {resume} was written by a run with other settings ({details}). "
+            "Resume with the same data, batch_size, seed, max_steps/epochs and max_length, or "
+            "start a new run without resume_from_checkpoint."
+        )
+    return resume
+
+
+def _model_kwargs(model_config: Any, fixed_labels: int | None, label_names: list[str],
+                  pad_id: int | None) -> dict[str, Any]:
+    """`from_pretrained` arguments that size the head for the labels (a loaded instance
+    keeps its own)."""
+    if fixed_labels is not None:
+        return {}
+    kwargs: dict[str, Any] = {
+        "num_labels": len(label_names),
+        "id2label": dict(enumerate(label_names)),
+        "label2id": {name: i for i, name in enumerate(label_names)},
+    }
+    if int(getattr(model_config, "num_labels", 0)) != len(label_names):
+        kwargs["ignore_mismatched_sizes"] = True
+    if getattr(model_config, "pad_token_id", None) is None and pad_id is not None:
+        kwargs["pad_token_id"] = int(pad_id)
+    return kwargs
+
+
+def _digest(split) -> str:
+    digest = hashlib.sha1()
+    for bucket in split.buckets:
+        digest.update(bucket.inputs.tobytes())
+        digest.update(bucket.labels.tobytes())
+    return digest.hexdigest()[:16]

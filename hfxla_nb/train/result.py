@@ -1,0 +1,107 @@
+"""`FineTuneResult`: what a `fine_tune` run did and where its model is (plain data).
+
+It is drawn by `hfxla_nb.ui.finetune_panel` (HTML in a notebook, text elsewhere).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import checkpoint as ckpt
+
+
+@dataclass
+class FineTuneResult:
+    """What a `fine_tune` run did and where its model is.
+
+    Attributes:
+        output_dir: the folder with the trained model and tokenizer (`from_pretrained`-ready).
+        loss_history: `(step, mean training loss since the previous entry)` pairs.
+        metrics: evaluation metrics (`eval_accuracy`, `eval_loss`, ...); empty without
+            evaluation data.
+        steps: optimizer steps done in total (including those before a resume).
+        epochs: passes over the training data (fractional when `max_steps` cut one short).
+        samples_per_second: training throughput after the warm-up (compiling) steps.
+        train_seconds: wall time of the training loop.
+        compiles: graphs compiled for training (fixed whatever the number of steps).
+        eval_compiles: graphs compiled for evaluation.
+        executions_per_step: graph executions per training step after the warm-up.
+        transfers_per_step: device-to-host transfers per training step after the warm-up
+            (the loss fetch once per logging interval).
+        label_names: class names, in the order of the model's outputs.
+        strategy, devices, precision: how it ran.
+        bucket_lengths: the padded sequence lengths used.
+        checkpoints: checkpoint folders written by this run.
+        resumed_from: the checkpoint this run continued from, if any.
+        notes: things worth knowing (truncated rows, dropped rows, patches applied).
+    """
+
+    output_dir: str | None
+    loss_history: list[tuple[int, float]]
+    metrics: dict[str, float]
+    steps: int
+    epochs: float
+    samples_per_second: float | None
+    train_seconds: float
+    compiles: int
+    eval_compiles: int
+    executions_per_step: float | None
+    transfers_per_step: float | None
+    label_names: list[str]
+    strategy: str
+    devices: int
+    precision: str
+    bucket_lengths: list[int]
+    batch_size: int = 0
+    checkpoints: list[str] = field(default_factory=list)
+    resumed_from: str | None = None
+    eval_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FineTuneResult:
+        known = {name for name in cls.__dataclass_fields__}
+        values = {key: value for key, value in data.items() if key in known}
+        values["loss_history"] = [tuple(pair) for pair in values.get("loss_history", [])]
+        return cls(**values)
+
+    @classmethod
+    def load(cls, output_dir: str | os.PathLike) -> FineTuneResult:
+        """The result of an earlier run, read from its output folder."""
+        return cls.from_dict(ckpt.read_json(Path(output_dir) / ckpt.RUN_FILE))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def final_loss(self) -> float | None:
+        """The last logged training loss."""
+        return self.loss_history[-1][1] if self.loss_history else None
+
+    def load_model(self, **kwargs: Any):
+        """The trained model, loaded on the CPU in this process (the XLA runtime stays off).
+
+        Args:
+            kwargs: passed to `AutoModelForSequenceClassification.from_pretrained`.
+        """
+        if self.output_dir is None:
+            raise FileNotFoundError("this run saved no model (output_dir was None).")
+        from transformers import AutoModelForSequenceClassification
+
+        return AutoModelForSequenceClassification.from_pretrained(self.output_dir, **kwargs)
+
+    def load_tokenizer(self, **kwargs: Any):
+        """The tokenizer saved next to the model."""
+        if self.output_dir is None:
+            raise FileNotFoundError("this run saved no tokenizer (output_dir was None).")
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.output_dir, **kwargs)
+
+    def __repr__(self) -> str:
+        metrics = ", ".join(f"{k}={v:.4g}" for k, v in self.metrics.items())
+        return (f"<FineTuneResult: {self.steps} steps, {metrics or 'no evaluation'}, "
+                f"saved to {self.output_dir}>")

@@ -1,0 +1,95 @@
+"""Checkpoints and the final save, from the worker: state fetched to the host in one transfer,
+written to a temporary folder and renamed into place (`checkpoint.py`)."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import checkpoint as ckpt
+from .counts import COUNTED
+
+
+def cpu_state(run: Any) -> tuple[dict, dict, float]:
+    """Model and optimizer state on the host, with the running loss, in one transfer."""
+    torch = run.torch
+    model_state = run.model.state_dict()
+    optimizer_state = run.optimizer.state_dict()
+    names, tensors = [], []
+    for name, tensor in model_state.items():
+        names.append(("model", name, None))
+        tensors.append(tensor)
+    for pid, slots in optimizer_state["state"].items():
+        for key, value in slots.items():
+            if isinstance(value, torch.Tensor) and value.device.type == "xla":
+                names.append(("optimizer", pid, key))
+                tensors.append(value)
+    tensors.append(run.loss_total)
+    fetched = run.xla.to_cpu(tensors)
+    loss_total = float(fetched.pop())
+    cpu_model = {}
+    cpu_optimizer = {"state": {pid: dict(slots) for pid, slots in
+                               optimizer_state["state"].items()},
+                     "param_groups": optimizer_state["param_groups"]}
+    for (kind, key, slot), value in zip(names, fetched, strict=True):
+        if kind == "model":
+            cpu_model[key] = value
+        else:
+            cpu_optimizer["state"][key][slot] = value
+    return cpu_model, cpu_optimizer, loss_total
+
+def save_checkpoint(run: Any, step: int) -> None:
+    """Write checkpoint `step` (model, optimizer, scheduler, loss, random states) atomically."""
+    # The fetch below waits for the step's execution anyway; waiting first keeps that
+    # execution out of the checkpoint's own counts (subtracted from the per-step figures).
+    run.xla.wait_device_ops()
+    begin = time.perf_counter()
+    before = run.counts()
+    cpu_model, cpu_optimizer, loss_total = cpu_state(run)
+    if run.rank == 0:
+        # The loss history as of this step. Closures of earlier steps have run; this step's
+        # log entry (its closure runs at the next sync) is computed here from the same
+        # fetched total, so a resumed run's history matches an uninterrupted one.
+        history = [pair for pair in run.history if pair[0] <= step]
+        plan = run.plan
+        if (step % plan.log_every == 0 or step == plan.total_steps) and (
+            not history or history[-1][0] < step
+        ):
+            last_step, last_value = run._logged
+            history.append((step, (loss_total - last_value) / max(1, step - last_step)))
+        state = {
+            "step": step,
+            "optimizer": cpu_optimizer,
+            "scheduler": run.scheduler.state_dict(),
+            "loss_total": loss_total,
+            "history": history,
+            "python_rng": random.getstate(),
+            "numpy_rng": np.random.get_state(),
+            "torch_rng": run.torch.get_rng_state(),
+            "xla_rng": run.xla.get_rng_state(),
+            "fingerprint": run.plan.fingerprint,
+        }
+
+        def write_model(folder: Path) -> None:
+            run.model.save_pretrained(folder, state_dict=cpu_model)
+            run.plan.tokenizer.save_pretrained(folder)
+
+        info = {"step": step, "fingerprint": run.plan.fingerprint}
+        path = ckpt.save_checkpoint(run.plan.output_dir, step, write_model, state, info)
+        run.checkpoints.append(str(path))
+    after = run.counts()
+    run.checkpoint_marks.append(
+        (begin, time.perf_counter(), {k: after[k] - before[k] for k in COUNTED})
+    )
+
+def save_final(run: Any, result: dict[str, Any]) -> None:
+    """The trained model, tokenizer and run summary, published atomically in `output_dir`."""
+    cpu_model, _, _ = cpu_state(run)
+    with ckpt.atomic_folder(run.plan.output_dir, keep=(ckpt.CHECKPOINTS,)) as tmp:
+        run.model.save_pretrained(tmp, state_dict=cpu_model)
+        run.plan.tokenizer.save_pretrained(tmp)
+        ckpt.write_json(tmp / ckpt.RUN_FILE, result)

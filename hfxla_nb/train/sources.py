@@ -1,0 +1,143 @@
+"""What `fine_tune` loads in the kernel: the model's config, its tokenizer, the output folder.
+
+Each function refuses what cannot work with a `FineTuneError` that says what to pass instead.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..runtime import cpu_device_count, detect_accelerator
+from . import checkpoint as ckpt
+from .config import FineTuneError
+
+
+def _fail(message: str) -> FineTuneError:
+    return FineTuneError(message)
+
+
+def model_source(model: Any) -> tuple[Any, Any, int | None, str]:
+    """(what the worker loads, its config, the fixed head size or None, a short name)."""
+    if isinstance(model, (str, os.PathLike)):
+        source = os.fspath(model)
+        path = os.path.expanduser(source)
+        if os.path.isdir(path):
+            if not os.path.isfile(os.path.join(path, "config.json")):
+                raise _fail(
+                    f"model folder {path} has no config.json; pass a folder written by "
+                    "save_pretrained (config.json and weights) or a model name on the Hub."
+                )
+            source = path
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(source)
+        except Exception as error:  # noqa: BLE001 - say what to do, whatever failed
+            raise _fail(
+                f"could not load the config of model {source!r}: {error}. Pass a local folder "
+                "written by save_pretrained, or check the name and the network (no Hub "
+                "access: download the model on a machine that has it and copy the folder)."
+            ) from None
+        return source, config, None, Path(source.rstrip("/")).name or "model"
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(model, "forward"):
+        raise _fail(
+            f"model must be a model name, a folder, or a transformers model instance; got "
+            f"{type(model).__name__}."
+        )
+    if "ForSequenceClassification" not in type(model).__name__:
+        raise _fail(
+            f"model is a {type(model).__name__}, which has no classification head. Pass "
+            "AutoModelForSequenceClassification.from_pretrained(..., num_labels=N), or the "
+            "model's name or folder."
+        )
+    if any(getattr(p, "device", None) is not None and p.device.type != "cpu"
+           for p in model.parameters()):
+        raise _fail(
+            "the model instance is not on the CPU. Pass it on the CPU (or its name/folder): "
+            "the worker moves it to the XLA devices itself."
+        )
+    name = Path(str(getattr(config, "_name_or_path", "") or "").rstrip("/")).name
+    return model, config, int(config.num_labels), name or type(model).__name__
+
+
+def load_tokenizer(tokenizer: Any, model: Any, source: Any):
+    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
+        if not callable(tokenizer):
+            raise _fail(f"tokenizer must be a tokenizer, a name or a folder; got "
+                        f"{type(tokenizer).__name__}.")
+        return tokenizer
+    where = tokenizer
+    if where is None:
+        if isinstance(source, str):
+            where = source
+        else:
+            where = getattr(model.config, "_name_or_path", None)
+            if not where or not os.path.isdir(where):
+                raise _fail(
+                    "the model instance does not say where its tokenizer is: pass "
+                    "tokenizer=AutoTokenizer.from_pretrained(...) (or its name or folder)."
+                )
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(os.fspath(where))
+    except Exception as error:  # noqa: BLE001
+        raise _fail(
+            f"could not load a tokenizer from {os.fspath(where)!r}: {error}. Pass "
+            "tokenizer=... (a tokenizer, a name, or a folder with tokenizer files)."
+        ) from None
+
+
+def position_limit(config: Any) -> int | None:
+    """How many positions the model can embed (None when it does not say)."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if not isinstance(limit, int) or limit <= 0:
+        return None
+    # RoBERTa-style models offset positions by padding_idx + 1.
+    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert", "longformer",
+                                             "data2vec-text", "xmod"):
+        pad = getattr(config, "pad_token_id", 1) or 1
+        limit -= pad + 1
+    return limit
+
+
+def check_output_dir(output_dir: Any, model_name: str) -> str | None:
+    if output_dir is None:
+        return None
+    if output_dir == "auto":
+        output_dir = os.path.join("hfxla_nb_output", model_name)
+    path = Path(os.fspath(output_dir)).expanduser().absolute()
+    if path.exists():
+        if not path.is_dir():
+            raise _fail(f"output_dir {path} exists and is a file; pass a folder path.")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise _fail(f"output_dir {path} is not writable; pass a folder you can write to.")
+        entries = [e for e in os.listdir(path) if not e.startswith(".")]
+        ours = {ckpt.RUN_FILE, ckpt.CHECKPOINTS}
+        if entries and not (ours & set(entries)):
+            raise _fail(
+                f"output_dir {path} already holds other files ({', '.join(sorted(entries)[:5])})"
+                "; pass a new or empty folder (or an earlier fine_tune output to replace it)."
+            )
+        return str(path)
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise _fail(
+            f"output_dir {path} cannot be created: {parent} is not a writable folder. Pass a "
+            "folder you can write to (or output_dir=None to save nothing)."
+        )
+    return str(path)
+
+
+def device_count(num_processes: int | None) -> int:
+    accelerator = detect_accelerator()
+    if accelerator.kind == "tpu":
+        return int(accelerator.devices)
+    if num_processes:
+        return int(num_processes)
+    return cpu_device_count(os.environ) or 1
