@@ -19,6 +19,7 @@ class CellOutput:
     displays: list[dict] = field(default_factory=list)  # display_data / execute_result bundles
     updates: list[dict] = field(default_factory=list)  # update_display_data bundles
     duration: float = 0.0
+    after_interrupt: float | None = None  # seconds from the stop button to the cell's end
 
     @property
     def text(self) -> str:
@@ -42,24 +43,32 @@ class Kernel:
         return self.manager.provisioner.process.pid
 
     def run(
-        self, code: str, timeout: float = 120, interrupt_after: float | None = None
+        self, code: str, timeout: float = 120, interrupt_after: float | None = None,
+        interrupt_on: str | None = None,
     ) -> CellOutput:
-        """Execute `code` as one cell; optionally press the stop button after some seconds."""
+        """Execute `code` as one cell; optionally press the stop button after some seconds,
+        or `interrupt_after` seconds after `interrupt_on` first appears in the cell's output
+        (a machine under load may take longer than usual to get there)."""
         output = CellOutput()
         start = time.monotonic()
         msg_id = self.client.execute(code)
-        interrupted = False
+        interrupted: float | bool = False
+        seen_at: float | None = None
         while True:
             remaining = timeout - (time.monotonic() - start)
             if remaining <= 0:
                 raise TimeoutError(f"cell did not finish in {timeout}s:\n{code}\n{output.text}")
+            if interrupt_on is not None and seen_at is None and interrupt_on in output.text:
+                seen_at = time.monotonic()
+            since = start if interrupt_on is None else seen_at
             if (
                 interrupt_after is not None
                 and not interrupted
-                and time.monotonic() - start > interrupt_after
+                and since is not None
+                and time.monotonic() - since > interrupt_after
             ):
                 self.manager.interrupt_kernel()
-                interrupted = True
+                interrupted = time.monotonic()
             try:
                 message = self.client.get_iopub_msg(timeout=min(remaining, 0.5))
             except Exception:  # noqa: BLE001 - queue.Empty: nothing yet
@@ -81,6 +90,8 @@ class Kernel:
             elif kind == "status" and content["execution_state"] == "idle":
                 break
         output.duration = time.monotonic() - start
+        if interrupted:
+            output.after_interrupt = time.monotonic() - interrupted
         return output
 
     def value(self, expression: str, timeout: float = 60):

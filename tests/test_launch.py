@@ -181,7 +181,7 @@ def test_cuda_initialized_in_the_kernel_is_refused():
     try:
         output = kernel.run(textwrap.dedent(
             """
-            import torch, hfxla_nb as hx
+            import torch, hfxla_nb, hfxla_nb as hx
             torch.cuda.is_available = lambda: True
             torch.cuda.is_initialized = lambda: True
             hx.notebook_launcher(lambda i: i)
@@ -304,13 +304,14 @@ def test_interrupt_stops_workers_and_kernel_stays_usable(kernel):
             hx.notebook_launcher(forever, progress=False)
             """
         ),
-        timeout=60,
-        interrupt_after=5,
+        timeout=90,
+        interrupt_after=1,
+        interrupt_on="started",
     )
     assert output.error is not None and output.error["ename"] == "KeyboardInterrupt"
     assert "started" in output.stdout
     assert "every worker process of this launch was stopped" in output.stderr
-    assert output.duration < 20
+    assert output.after_interrupt < 15  # the cell returns promptly
     assert kernel.value("last_launch().outcome") == "interrupted"
     assert_clean(kernel)
     # the next launch in the same kernel works
