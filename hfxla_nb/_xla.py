@@ -166,6 +166,15 @@ def world_size() -> int:
     return int(xr.world_size())
 
 
+def process_device_count() -> int:
+    """Devices this process drives: 1 per chip on v4 and later, one thread each on v2/v3 and on
+    the CPU (starts the runtime)."""
+    _require()
+    import torch_xla.runtime as xr
+
+    return int(xr.addressable_runtime_device_count())
+
+
 def global_ordinal() -> int:
     """This replica's rank (starts the runtime)."""
     _require()

@@ -11,6 +11,7 @@ one datagram travel through a temporary file whose path is sent instead.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import select
@@ -96,6 +97,15 @@ class ProcessExited(Event):
 
 
 @dataclass(frozen=True)
+class OutputPipes(Event):
+    """A worker process's own pipes for file descriptors 1 and 2: their read ends travel with
+    the datagram (SCM_RIGHTS) and arrive in `fds` as (stdout, stderr)."""
+
+    pid: int
+    fds: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class _Spilled:
     """A payload too large for a datagram, left in a file for the receiver to read and delete."""
 
@@ -130,6 +140,14 @@ class Channel:
         except OSError:
             pass  # the notebook side is gone: nobody is listening any more
 
+    def send_fds(self, event: Event, fds: list[int]) -> None:
+        """Send a small event with open file descriptors; the receiver gets copies of them in
+        the event's `fds` (the sender may close its own right after)."""
+        try:
+            socket.send_fds(self._writer, [pickle.dumps(event)], fds)
+        except OSError:
+            pass
+
     def receive(self, timeout: float = 0.0) -> list[Event]:
         """Every event waiting now, or the first ones to arrive within `timeout` seconds."""
         events: list[Event] = []
@@ -138,12 +156,14 @@ class Channel:
             return events
         while True:
             try:
-                payload = self._reader.recv(_MAX_DATAGRAM + 1024)
+                payload, fds, _, _ = socket.recv_fds(self._reader, _MAX_DATAGRAM + 1024, 4)
             except (BlockingIOError, InterruptedError):
                 return events
             except OSError:
                 return events
             event = pickle.loads(payload)
+            if fds:
+                event = dataclasses.replace(event, fds=tuple(fds))
             if isinstance(event, _Spilled):
                 path = event.path
                 with open(path, "rb") as file:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -33,7 +34,9 @@ class Kernel:
         self.manager = KernelManager(kernel_name="python3")
         kernel_env = dict(os.environ, PJRT_DEVICE="CPU", **env)
         kernel_env.pop("CPU_NUM_DEVICES", None)
-        self.manager.start_kernel(env=kernel_env)
+        # The kernel's own log (what a terminal running `jupyter lab` would show).
+        self._log = tempfile.TemporaryFile(mode="w+")
+        self.manager.start_kernel(env=kernel_env, stdout=self._log, stderr=self._log)
         self.client = self.manager.client()
         self.client.start_channels()
         self.client.wait_for_ready(timeout=60)
@@ -102,6 +105,12 @@ class Kernel:
         if result.error:
             raise RuntimeError(f"{result.error['ename']}: {result.error['evalue']}")
         return ast.literal_eval(result.stdout.strip().splitlines()[-1])
+
+    def log(self) -> str:
+        """Everything the kernel process wrote to its own stdout and stderr so far."""
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read()
 
     def close(self) -> None:
         self.client.stop_channels()

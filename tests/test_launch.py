@@ -33,6 +33,8 @@ def kernel():
     setup = kernel.run(SETUP)
     assert setup.error is None, setup.error
     yield kernel
+    # A forked worker never sends on the kernel's sockets (ipykernel would log each attempt).
+    assert "send message from fork" not in kernel.log()
     kernel.close()
 
 
@@ -119,7 +121,7 @@ def test_output_lists_and_none_filter_what_reaches_the_cell(kernel):
     assert_clean(kernel)
 
 
-def test_native_output_on_the_file_descriptors_reaches_the_cell(kernel):
+def test_native_output_keeps_its_stream_and_its_rank(kernel):
     output = run_ok(
         kernel,
         """
@@ -131,7 +133,23 @@ def test_native_output_on_the_file_descriptors_reaches_the_cell(kernel):
         hx.notebook_launcher(native, progress=False)
         """,
     )
-    assert "native stdout line\n" in output.text and "native stderr line\n" in output.text
+    # fd 1 stays stdout and fd 2 stays stderr; one rank: no tag.
+    assert "native stdout line\n" in output.stdout and "native stderr line\n" in output.stderr
+    tagged = run_ok(
+        kernel,
+        """
+        def native_ranks(index):
+            os.write(1, f"native out {index}\\n".encode())
+            os.write(2, f"native err {index}\\n".encode())
+
+        hx.notebook_launcher(native_ranks, num_processes=3, strategy="debug", output=[0, 2],
+                             progress=False)
+        """,
+    )
+    for rank in (0, 2):
+        assert f"[rank {rank}] native out {rank}\n" in tagged.stdout
+        assert f"[rank {rank}] native err {rank}\n" in tagged.stderr
+    assert "native out 1" not in tagged.text and "native err 1" not in tagged.text
     assert_clean(kernel)
 
 

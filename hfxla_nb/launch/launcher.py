@@ -6,6 +6,7 @@ PyTorch/XLA in a notebook; what it guarantees and how is in docs/architecture.md
 
 from __future__ import annotations
 
+import os
 import socket
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -89,6 +90,7 @@ def notebook_launcher(
     preflight.check_runtime_not_started()
 
     info = detect()
+    preflight.check_environment(info.accelerator, os.environ)
     plan = preflight.plan_launch(
         strategy,
         num_processes,

@@ -10,8 +10,9 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import _xla
 from ..runtime.hardware import cpu_device_count
@@ -100,6 +101,37 @@ def check_runtime_not_started() -> None:
             "CUDA is already initialized in this kernel, and forked processes cannot use it. "
             "Restart the kernel and keep every `.cuda()` / `.to('cuda')` inside the launched "
             "function."
+        )
+
+
+def check_environment(accelerator: Any, environ: Mapping[str, str]) -> None:
+    """Refuse environments in which every worker would fail, before anything is forked.
+
+    Args:
+        accelerator: `RuntimeInfo.accelerator` (kind, device files' holders).
+        environ: the variables the workers inherit.
+    """
+    if "CPU_NUM_DEVICES" in environ and cpu_device_count(environ) is None:
+        raise LaunchRefusedError(
+            f"CPU_NUM_DEVICES={environ['CPU_NUM_DEVICES']!r} is not a positive integer, and "
+            "torch_xla would fail in every worker. Call hx.configure(device='cpu', cores=N), or "
+            "pass num_processes=N."
+        )
+    pjrt = environ.get("PJRT_DEVICE", "").strip().upper()
+    if pjrt == "TPU" and accelerator.kind != "tpu":
+        raise LaunchRefusedError(
+            "PJRT_DEVICE=TPU, but this machine has no TPU (no Google device on the PCI bus, no "
+            "/dev/accel* or /dev/vfio/*). On Colab or Kaggle pick a TPU runtime; to rehearse on "
+            "the CPU call hx.configure(device='cpu', cores=8) before launching."
+        )
+    if accelerator.kind == "tpu" and accelerator.holders:
+        holders = "; ".join(f"pid {pid}: {command}"
+                            for pid, command in sorted(accelerator.holders.items()))
+        pids = " ".join(str(pid) for pid in sorted(accelerator.holders))
+        raise LaunchRefusedError(
+            f"The TPU is held by another process ({holders}), and only one process can open "
+            "it: every worker would fail to start. Shut down that notebook's kernel (Kernel > "
+            f"Shut Down) or stop the stale worker (`kill {pids}`), then launch again."
         )
 
 

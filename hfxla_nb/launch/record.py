@@ -31,6 +31,8 @@ class RankRecord:
         traceback: the remote traceback, when the rank raised.
         duration: seconds from the rank's start to its end.
         last_step: the last step the rank reported, if any.
+        bars: every progress bar of the rank (`report` labels, tqdm descriptions) -> its
+            last (step, total).
     """
 
     rank: int
@@ -41,6 +43,7 @@ class RankRecord:
     traceback: str = ""
     duration: float = 0.0
     last_step: int | None = None
+    bars: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     last_seen: float = field(default=0.0, repr=False)
     started_at: float = field(default=0.0, repr=False)
 
@@ -129,6 +132,7 @@ class RecordKeeper:
         elif isinstance(event, Progress) and rank_record is not None:
             if event.label == "train" or rank_record.last_step is None:
                 rank_record.last_step = event.step
+            rank_record.bars[event.label] = (event.step, event.total)
         elif isinstance(event, Finished) and rank_record is not None:
             rank_record.exit_state = "finished"
             rank_record.result = event.result

@@ -6,14 +6,14 @@ events mean for the record is `record.RecordKeeper`'s job; this module moves byt
 
 from __future__ import annotations
 
-import errno
 import os
 import select
 import sys
 import time
 from typing import Any
 
-from ..events import Channel, Event, Log
+from ..events import Channel, Event, Log, OutputPipes
+from .native_output import NativeRelay
 from .processes import stop_group
 from .record import LaunchRecord, RecordKeeper
 
@@ -33,30 +33,37 @@ class Supervision:
         self.timeout = timeout
         self.pid: int | None = None  # the supervisor, until reaped
         self.group: int | None = None  # its process group: every process of the launch
-        self.native_output = b""
+        self.native = NativeRelay(
+            ranks_of=lambda pid: sorted(self.keeper.pid_ranks.get(pid, ())),
+            shown=self._shown,
+            tagged=record.world > 1,
+        )
 
     def run(self, function, args, pass_index, env) -> None:
         from .worker import supervise
 
         channel = Channel()
-        output_read, output_write = os.pipe()
+        (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
         start = time.monotonic()
         try:
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:  # the supervisor; supervise() ends with os._exit
-                os.close(output_read)
-                supervise(self.record.strategy, channel, output_write, env, self.record.world,
-                          function, args, pass_index)
+                os.close(out_read)
+                os.close(err_read)
+                supervise(self.record.strategy, channel, (out_write, err_write), env,
+                          self.record.world, function, args, pass_index)
             self.pid = self.group = self.record.process_group = pid
-            os.close(output_write)
-            os.set_blocking(output_read, False)
-            self._watch(channel, output_read, start)
+            os.close(out_write)
+            os.close(err_write)
+            self.native.add(out_read, "stdout")
+            self.native.add(err_read, "stderr")
+            self._watch(channel, start)
         except KeyboardInterrupt:
             self._stop("interrupted")
             self.record.outcome = "interrupted"
-            self._finish(channel, output_read, start)
+            self._finish(channel, start)
             print(
                 "hfxla_nb: interrupted; every worker process of this launch was stopped. "
                 "The kernel is ready for the next launch.",
@@ -65,21 +72,22 @@ class Supervision:
             raise
         except BaseException:
             self._stop("stopped")
-            self._finish(channel, output_read, start)
+            self._finish(channel, start)
             raise
-        self._finish(channel, output_read, start)
+        self._finish(channel, start)
 
     def failure_message(self) -> str:
         return self.keeper.failure_message()
 
-    def _watch(self, channel: Channel, output_read: int, start: float) -> None:
+    def _watch(self, channel: Channel, start: float) -> None:
         last_refresh = 0.0
         while True:
-            ready, _, _ = select.select([channel, output_read], [], [], POLL_INTERVAL)
-            if output_read in ready:
-                self._relay_native(output_read)
-            for event in channel.receive():
+            ready, _, _ = select.select([channel, *self.native.fds()], [], [], POLL_INTERVAL)
+            for event in channel.receive():  # first: a process's Started names its output
                 self._handle(event)
+            for fd in ready:
+                if fd is not channel:
+                    self.native.read(fd)
             now = time.monotonic()
             if now - last_refresh >= REFRESH_INTERVAL:
                 self.display.refresh()
@@ -109,19 +117,21 @@ class Supervision:
         self.keeper.handle(event)
         if isinstance(event, Log):
             self._print_log(event)
+        elif isinstance(event, OutputPipes):
+            self.native.add_process(event)
         else:
             self.display.handle(event)
 
     # -- output ------------------------------------------------------------------------------
 
+    def _shown(self, ranks: list[int]) -> bool:
+        """Whether output of these ranks reaches the cell ([]: the launcher's own)."""
+        if self.shown_ranks in ("none", "all"):
+            return self.shown_ranks == "all"
+        return not ranks or any(rank in self.shown_ranks for rank in ranks)
+
     def _print_log(self, event: Log) -> None:
-        if self.shown_ranks == "none":
-            return
-        if (
-            event.rank is not None
-            and self.shown_ranks != "all"
-            and event.rank not in self.shown_ranks
-        ):
+        if not self._shown([] if event.rank is None else [event.rank]):
             return
         stream = sys.stderr if event.stream == "stderr" else sys.stdout
         text = event.text
@@ -130,29 +140,6 @@ class Supervision:
             text = "".join(prefix + line for line in text.splitlines(keepends=True))
         stream.write(text)
         stream.flush()
-
-    def _relay_native(self, fd: int) -> None:
-        """What native code wrote to file descriptors 1 and 2, whole lines at a time."""
-        while True:
-            try:
-                chunk = os.read(fd, 65536)
-            except BlockingIOError:
-                break
-            except OSError as error:
-                if error.errno == errno.EBADF:
-                    return
-                raise
-            if not chunk:
-                break
-            self.native_output += chunk
-        if self.shown_ranks == "none":
-            self.native_output = b""
-            return
-        cut = self.native_output.rfind(b"\n") + 1
-        if cut:
-            sys.stderr.write(self.native_output[:cut].decode(errors="replace"))
-            sys.stderr.flush()
-            self.native_output = self.native_output[cut:]
 
     # -- stopping ----------------------------------------------------------------------------
 
@@ -181,14 +168,12 @@ class Supervision:
                 pass
             self.pid = None
 
-    def _finish(self, channel: Channel, output_read: int, start: float) -> None:
+    def _finish(self, channel: Channel, start: float) -> None:
         try:
-            self._relay_native(output_read)
-            if self.native_output:
-                sys.stderr.write(self.native_output.decode(errors="replace") + "\n")
-                self.native_output = b""
+            for event in channel.receive():  # what was sent while the launch was stopped
+                self._handle(event)
+            self.native.close()
         finally:
-            os.close(output_read)
             channel.close()
         self.record.duration = time.monotonic() - start
         try:

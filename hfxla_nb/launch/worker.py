@@ -38,12 +38,13 @@ from ..events import (
     Heartbeat,
     Log,
     ProcessExited,
-    Progress,
     Started,
     attach_worker,
     worker_rank,
 )
 from ..observe import reporting
+from .native_output import route_this_process
+from .script_mode import leave_the_notebook
 
 HEARTBEAT_INTERVAL = 1.0
 
@@ -125,10 +126,11 @@ def _heartbeat(channel: Channel) -> None:
             channel.send(Heartbeat(rank=rank))
 
 
-def prepare_process(channel: Channel, output_fd: int, env: dict[str, str | None]) -> None:
+def prepare_process(channel: Channel, output_fds: tuple[int, int],
+                    env: dict[str, str | None]) -> None:
     """Turn a freshly forked process into a worker: output, environment, notebook state."""
-    os.dup2(output_fd, 1)
-    os.dup2(output_fd, 2)
+    os.dup2(output_fds[0], 1)
+    os.dup2(output_fds[1], 2)
     for name, value in env.items():
         if value is None:
             os.environ.pop(name, None)
@@ -141,8 +143,7 @@ def prepare_process(channel: Channel, output_fd: int, env: dict[str, str | None]
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _avoid_forked_openmp_pool()
-    _forget_notebook()
-    _capture_tqdm(channel)
+    leave_the_notebook(channel)
     threading.Thread(
         target=_heartbeat, args=(channel,), name="hfxla_nb-heartbeat", daemon=True
     ).start()
@@ -161,64 +162,11 @@ def _avoid_forked_openmp_pool() -> None:
         torch.set_num_threads(1)
 
 
-def _forget_notebook() -> None:
-    """Make this process look like a script: no IPython shell, so no widget is displayed."""
-    shell_module = sys.modules.get("IPython.core.interactiveshell")
-    if shell_module is not None:
-        shell_module.InteractiveShell.clear_instance()
-
-
-def _capture_tqdm(channel: Channel) -> None:
-    """Replace `tqdm.auto`'s bar with one that reports `Progress` events instead of drawing."""
-    try:
-        import tqdm.auto
-        import tqdm.std
-    except ImportError:
-        return
-
-    class WorkerTqdm(tqdm.std.tqdm):
-        """tqdm for a launched worker: the notebook draws it from `Progress` events."""
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["file"] = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the bar
-            super().__init__(*args, **kwargs)
-
-        def display(self, msg: str | None = None, pos: int | None = None) -> bool:
-            values = {}
-            postfix = getattr(self, "postfix", None)
-            if isinstance(postfix, dict):
-                values = {k: float(v) for k, v in postfix.items() if _is_number(v)}
-            channel.send(
-                Progress(
-                    rank=worker_rank(),
-                    step=int(self.n),
-                    total=int(self.total) if self.total else None,
-                    values=values,
-                    label=str(self.desc or "tqdm").rstrip(": "),
-                )
-            )
-            return True
-
-    for name in ("tqdm.auto", "tqdm.autonotebook", "tqdm.notebook"):
-        module = sys.modules.get(name)
-        if module is not None:
-            module.tqdm = WorkerTqdm
-            if hasattr(module, "trange"):
-                module.trange = lambda *a, **k: WorkerTqdm(range(*a), **k)
-
-
-def _is_number(value: Any) -> bool:
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
 def run_rank(
     channel: Channel, rank: int, world: int, function: Callable, args: tuple, pass_index: bool
 ) -> Any:
     """Run the user's function as `rank`, reporting its start and its outcome."""
+    route_this_process(channel)
     attach_worker(channel, rank)
     _active.add(rank)
     reporting.rank_started(rank)
@@ -272,13 +220,24 @@ _replicated_job: tuple | None = None
 
 def _replicated_entry(index: int) -> None:
     channel, world, function, args, pass_index = _replicated_job
+    if _xla.process_device_count() == 1:
+        set_rank_variables(_xla.global_ordinal(), index, world)
     run_rank(channel, index, world, function, args, pass_index)
+
+
+def set_rank_variables(rank: int, local_rank: int, world: int) -> None:
+    """The torch.distributed-style variables, for a process that runs exactly one rank.
+
+    accelerate reads LOCAL_RANK on XLA devices other than a TPU (for `accelerator.print`,
+    `is_local_main_process`); rank threads sharing one process cannot have one each."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
+                      LOCAL_WORLD_SIZE=os.environ.get("LOCAL_WORLD_SIZE", str(world)))
 
 
 def supervise(
     strategy: str,
     channel: Channel,
-    output_fd: int,
+    output_fds: tuple[int, int],
     env: dict[str, str],
     world: int,
     function: Callable,
@@ -290,9 +249,10 @@ def supervise(
     child_reported: threading.Event | None = None
     try:
         os.setsid()
-        prepare_process(channel, output_fd, env)
+        prepare_process(channel, output_fds, env)
         if strategy == "spmd":
             _xla.use_spmd()
+            set_rank_variables(0, 0, 1)
             run_rank(channel, 0, world, function, args, pass_index)
         elif strategy == "replicated":
             global _replicated_job
@@ -398,7 +358,8 @@ def _run_debug(
         if pid == 0:
             code = 0
             try:
-                os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+                set_rank_variables(rank, rank, world)
+                route_this_process(channel, rank)  # gloo's own messages carry the rank too
                 _init_gloo(rank, world, port)
                 run_rank(channel, rank, world, function, args, pass_index)
             except BaseException as error:  # noqa: BLE001

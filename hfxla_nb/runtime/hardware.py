@@ -186,7 +186,7 @@ def find_device_holders(sys_root: str = "/", own_pid: int | None = None) -> dict
     unusable for everyone else; tpu-info finds them the same way, through `/proc/*/fd` links.
 
     Returns:
-        pid -> command name (from `/proc/<pid>/comm`), for every holder found.
+        pid -> command line (from `/proc/<pid>/cmdline`, else its name), for every holder.
     """
     own_pid = os.getpid() if own_pid is None else own_pid
     holders: dict[int, str] = {}
@@ -204,10 +204,22 @@ def find_device_holders(sys_root: str = "/", own_pid: int | None = None) -> dict
             except OSError:
                 continue
             if target.startswith("/dev/accel") or target.startswith("/dev/vfio/"):
-                comm = _read(os.path.join(proc, "comm"))
-                holders[pid] = comm or "?"
+                holders[pid] = _command(proc)
                 break
     return holders
+
+
+def _command(proc: str, limit: int = 80) -> str:
+    """A process's command line (shortened), else its name, from `/proc/<pid>`."""
+    try:
+        with open(os.path.join(proc, "cmdline"), "rb") as file:
+            words = [word.decode(errors="replace") for word in file.read().split(b"\0") if word]
+    except OSError:
+        words = []
+    command = " ".join(words)
+    if not command:
+        return _read(os.path.join(proc, "comm")) or "?"
+    return command if len(command) <= limit else command[:limit - 1] + "…"
 
 
 def generation_from_accelerator_type(accelerator_type: str | None) -> str | None:

@@ -23,6 +23,7 @@ from .environment import (
     relevant_environment,
 )
 from .hardware import Accelerator, detect_accelerator
+from .hosts import host_name, launch_plan
 from .problems import Problem, find_problems
 
 
@@ -38,6 +39,8 @@ class RuntimeInfo:
         runtime_initialized: whether this process already started the XLA runtime.
         env: the environment variables that matter, secrets replaced by "<hidden>".
         problems: what is wrong, each with a fix.
+        host: which host this is ("Colab TPU v5e-1", "Kaggle TPU v5e-8", ...).
+        launch_plan: what `notebook_launcher` and `fine_tune` will do here.
     """
 
     accelerator: Accelerator
@@ -46,6 +49,8 @@ class RuntimeInfo:
     runtime_initialized: bool
     env: dict[str, str]
     problems: list[Problem] = field(default_factory=list)
+    host: str = ""
+    launch_plan: str = ""
 
     @property
     def ok(self) -> bool:
@@ -132,4 +137,6 @@ def detect(*, sys_root: str = "/", environ: Mapping[str, str] | None = None) -> 
         runtime_initialized=initialized,
         env=redact_environment(relevant_environment(environ)),
         problems=problems,
+        host=host_name(accelerator, environment),
+        launch_plan=launch_plan(accelerator, environment),
     )

@@ -219,6 +219,13 @@ def _steps_per_epoch(config: FineTuneConfig, splits: dict, columns: _Texts,
 
 def _devices(config: FineTuneConfig) -> int:
     devices = sources.device_count(config.num_processes)
+    if config.strategy == "replicated" and devices > 1 and not sources.on_tpu():
+        raise FineTuneError(
+            f"strategy='replicated' over {devices} devices cannot train on the CPU: XLA's "
+            "gradient all-reduce between CPU virtual devices hangs upstream (pytorch/xla #5005, "
+            "#9089). Use strategy='spmd' (the default; real data parallelism on the CPU too), "
+            "or num_processes=1."
+        )
     if config.strategy == "spmd" and config.batch_size % devices:
         raise FineTuneError(
             f"batch_size={config.batch_size} does not split evenly over the {devices} devices; "

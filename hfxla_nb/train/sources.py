@@ -134,6 +134,10 @@ def check_output_dir(output_dir: Any, model_name: str) -> str | None:
     return str(path)
 
 
+def on_tpu() -> bool:
+    return detect_accelerator().kind == "tpu"
+
+
 def device_count(num_processes: int | None) -> int:
     accelerator = detect_accelerator()
     if accelerator.kind == "tpu":

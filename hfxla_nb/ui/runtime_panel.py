@@ -40,15 +40,16 @@ def _runtime_state(info: RuntimeInfo) -> str:
 
 
 def _versions(info: RuntimeInfo) -> list[str]:
-    return [f"{name} {value if value else '-'}" for name, value in info.versions.items()]
+    return [f"{name} {value or 'not installed'}" for name, value in info.versions.items()]
 
 
 def _facts(info: RuntimeInfo) -> list[tuple[str, str]]:
     accelerator = info.accelerator
     facts = [
+        ("host", info.host or info.environment),
         ("accelerator", accelerator.description),
         ("found by", ", ".join(accelerator.found_by) or "-"),
-        ("launch", f"{info.device_count} XLA device{'' if info.device_count == 1 else 's'}"),
+        ("launcher", info.launch_plan or f"{info.device_count} XLA device(s)"),
         ("runs in", info.environment),
         ("XLA runtime", _runtime_state(info)),
     ]

@@ -1,0 +1,153 @@
+"""What native code writes to file descriptors 1 and 2, relayed to the cell per process.
+
+Worker side: each process of a launch gets its own pipes for fds 1 and 2 when its first rank
+starts, and hands their read ends to the notebook over the event channel (SCM_RIGHTS). The
+notebook holds the read ends, so what a process wrote just before a crash (a segfault's
+faulthandler traceback) is still read after it died. Until a process has its own pipes (the
+supervisor, xmp.spawn's own messages), fds 1 and 2 go to the launch's shared pipes.
+
+Notebook side: `NativeRelay` reads every pipe, keeps stdout on stdout and stderr on stderr,
+and writes whole lines tagged with the ranks of the writing process, filtered like Python
+output (`output=`).
+"""
+
+from __future__ import annotations
+
+import errno
+import faulthandler
+import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..events import Channel, OutputPipes
+
+_routed_pid: int | None = None
+_route_lock = threading.Lock()
+
+
+def route_this_process(channel: Channel, rank: int | None = None) -> None:
+    """Give this process its own pipes for fds 1 and 2 (once per process, any thread).
+
+    `rank` names the process's rank until its `Started` event says which ranks it runs."""
+    global _routed_pid
+    with _route_lock:
+        if _routed_pid == os.getpid():
+            return
+        _routed_pid = os.getpid()
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        channel.send_fds(OutputPipes(rank=rank, pid=os.getpid()), [out_read, err_read])
+        os.dup2(out_write, 1)
+        os.dup2(err_write, 2)
+        for fd in (out_read, err_read, out_write, err_write):
+            os.close(fd)
+        # A crash in native code still leaves a traceback, now on this process's own pipe.
+        faulthandler.enable(file=os.fdopen(os.dup(2), "w", closefd=False), all_threads=True)
+
+
+@dataclass
+class _Pipe:
+    stream: str  # "stdout" or "stderr"
+    pid: int | None  # None: the launch's shared pipe
+    rank: int | None = None  # the process's rank as it said when handing the pipe over
+    pending: bytes = field(default=b"", repr=False)
+
+
+class NativeRelay:
+    """The notebook's end of every native-output pipe of one launch.
+
+    Args:
+        ranks_of: pid -> the ranks that process runs (known once it sent `Started`).
+        shown: whether output of these ranks reaches the cell (`output=`); called with [] for
+            a process whose ranks are not known.
+        tagged: whether lines get a rank tag (more than one rank in the launch).
+    """
+
+    def __init__(self, ranks_of: Callable[[int], list[int]],
+                 shown: Callable[[list[int]], bool], tagged: bool) -> None:
+        self.ranks_of = ranks_of
+        self.shown = shown
+        self.tagged = tagged
+        self.pipes: dict[int, _Pipe] = {}
+
+    def add(self, fd: int, stream: str, pid: int | None = None, rank: int | None = None) -> None:
+        os.set_blocking(fd, False)
+        self.pipes[fd] = _Pipe(stream, pid, rank)
+
+    def add_process(self, event: OutputPipes) -> None:
+        stdout_fd, stderr_fd = event.fds
+        self.add(stdout_fd, "stdout", event.pid, event.rank)
+        self.add(stderr_fd, "stderr", event.pid, event.rank)
+
+    def fds(self) -> list[int]:
+        return list(self.pipes)
+
+    def read(self, fd: int) -> None:
+        """Read what is there; write its whole lines; close the pipe at its end."""
+        pipe = self.pipes.get(fd)
+        if pipe is None:
+            return
+        ended = False
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError as error:
+                if error.errno != errno.EBADF:
+                    raise
+                ended = True
+                break
+            if not chunk:
+                ended = True
+                break
+            pipe.pending += chunk
+        cut = pipe.pending.rfind(b"\n") + 1
+        if cut:
+            self._write(pipe, pipe.pending[:cut])
+            pipe.pending = pipe.pending[cut:]
+        if ended:
+            self._close(fd)
+
+    def close(self) -> None:
+        """Read what is left in every pipe, write it (a last partial line too), close them."""
+        for fd in list(self.pipes):
+            self.read(fd)
+            if fd in self.pipes:
+                self._close(fd)
+
+    def _close(self, fd: int) -> None:
+        pipe = self.pipes.pop(fd)
+        if pipe.pending:
+            self._write(pipe, pipe.pending + b"\n")
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+    def _write(self, pipe: _Pipe, data: bytes) -> None:
+        ranks = self.ranks_of(pipe.pid) if pipe.pid is not None else []
+        if not ranks and pipe.rank is not None:
+            ranks = [pipe.rank]
+        if not self.shown(ranks):
+            return
+        text = data.decode(errors="replace")
+        if self.tagged and pipe.pid is not None:
+            tag = _tag(ranks, pipe.pid)
+            text = "".join(f"{tag} {line}" for line in text.splitlines(keepends=True))
+        target = sys.stderr if pipe.stream == "stderr" else sys.stdout
+        target.write(text)
+        target.flush()
+
+
+def _tag(ranks: list[int], pid: int) -> str:
+    """`[rank 2]`, `[ranks 0-3]` (rank threads of one process), or `[pid 1234]` when unknown."""
+    if len(ranks) == 1:
+        return f"[rank {ranks[0]}]"
+    if ranks and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"[ranks {ranks[0]}-{ranks[-1]}]"
+    if ranks:
+        return "[ranks " + ",".join(map(str, ranks)) + "]"
+    return f"[pid {pid}]"
