@@ -7,7 +7,7 @@ STAMP := $(VENV)/.hfxla_nb-installed
 export PJRT_DEVICE ?= CPU
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test lint demo bench lab clean
+.PHONY: setup test lint demo bench lab clean test-browser
 
 $(STAMP): pyproject.toml requirements-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,24 @@ lint: setup
 
 test: setup lint
 	$(PY) -m pytest -q
+
+# JupyterLab in Debian's Chromium (headless, through Playwright; no browser download): the live
+# panels as a person sees them, light and dark theme. Screenshots go to artifacts/browser/.
+# `make test` never collects tests/browser (tests/conftest.py).
+BROWSER_STAMP := $(VENV)/.hfxla_nb-browser-installed
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell test "$$(id -u)" = 0 || echo sudo)
+
+$(BROWSER_STAMP): $(STAMP) requirements-browser.txt
+	$(PY) -m pip install --quiet -r requirements-browser.txt
+	touch $(BROWSER_STAMP)
+
+$(CHROMIUM):
+	$(SUDO) apt-get update
+	$(SUDO) apt-get install -y chromium
+
+test-browser: setup $(BROWSER_STAMP) $(CHROMIUM)
+	$(PY) -m pytest -q -rP tests/browser
 
 demo: setup
 	$(PY) -m hfxla_nb.demo
