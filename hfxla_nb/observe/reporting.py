@@ -42,6 +42,7 @@ from typing import Any
 
 from .. import _xla, events
 from ..events import MetricsSnapshot, Progress
+from ..runtime import compile_cache
 from .metrics import WARMUP_STEPS, ShapeTracker, shapes_of
 
 # Seconds between two Progress events of one bar (the final step is always sent).
@@ -296,6 +297,7 @@ def _send_snapshot(process: _ProcessState, send) -> None:
         data = _xla.metrics_snapshot()
         data["input_shapes"] = process.shapes.data()
         data["process"] = {"pid": os.getpid(), "ranks": ranks, "rank_steps": progress}
+        data["compile_cache"] = compile_cache.worker_status()
         rank = ranks[0] if ranks else events.worker_rank()
         send(MetricsSnapshot(rank, step, data, _memory(process)))
     except Exception as error:  # noqa: BLE001 - never break the user's sync

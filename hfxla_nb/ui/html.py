@@ -16,6 +16,7 @@ from html import escape
 from ..observe.analyzer import Alert
 from ..observe.metrics import XlaSummary, shape_changes
 from . import text
+from .compilations import compilations_html
 from .state import BarView, LaunchView
 
 COLORS = {
@@ -187,7 +188,8 @@ def summary_html(summary: XlaSummary | None, title: str = "XLA metrics") -> str:
         rows.append(_row(f"input '{name}'", text.shapes_text(info)))
     return (
         f'<div style="{_BOX}"><b>{escape(title)}{escape(per_step)}</b>'
-        f'<table style="border-collapse:collapse;margin:2px 0">{"".join(rows)}</table></div>'
+        f'<table style="border-collapse:collapse;margin:2px 0">{"".join(rows)}</table>'
+        f"{compilations_html(summary)}</div>"
     )
 
 
