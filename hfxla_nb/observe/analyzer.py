@@ -219,11 +219,15 @@ def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Al
 
 
 def compiles_every_step(summary: XlaSummary) -> bool:
-    """Whether nearly every step compiled a new graph: compiles >= steps over at least
-    `MIN_EVERY_STEP` steps (per rank, for rank threads sharing a process's counters)."""
-    rate = summary.per_step(summary.compiles)
-    return bool(summary.steps and summary.steps >= MIN_EVERY_STEP and rate is not None
-                and rate >= 1.0)
+    """Whether nearly every step compiled a new graph, over at least `MIN_EVERY_STEP` steps
+    (per rank, for rank threads sharing a process's counters): with a trace, one line
+    compiled at least as many different graphs as there were steps (so the usual first-step
+    graph and a final fetch do not count); without one, compiles >= steps."""
+    if not summary.steps or summary.steps < MIN_EVERY_STEP:
+        return False
+    row = recompiling_row(summary)
+    rate = summary.per_step(row.graphs if row is not None else summary.compiles)
+    return rate is not None and rate >= 1.0
 
 
 def recompiling_row(summary: XlaSummary) -> CompileRow | None:

@@ -344,10 +344,14 @@ def begin_cell(cells: Mapping[str, int] | None = None) -> CellTrace:
                                    TraceParser(cells))
             return CellTrace(_kernel, None, None, False)
         return CellTrace(None, None, TOO_LATE, False)
-    fd, path = tempfile.mkstemp(prefix="hfxla_nb-xla-analysis-", suffix=".log")
-    os.close(fd)
-    previous = _switch_on(path)
-    tail = FileTail(path, owned=True)
-    atexit.register(tail.remove)
+    users = os.environ.get(_FILE)  # the user's own file: read it, leave it in place
+    if users:
+        tail = FileTail(users, owned=False, from_end=True)
+    else:
+        fd, path = tempfile.mkstemp(prefix="hfxla_nb-xla-analysis-", suffix=".log")
+        os.close(fd)
+        tail = FileTail(path, owned=True)
+        atexit.register(tail.remove)
+    previous = _switch_on(tail.path)
     _kernel = _KernelState(tail, TraceParser(cells))
     return CellTrace(_kernel, previous, None, True)

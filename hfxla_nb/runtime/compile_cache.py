@@ -145,6 +145,25 @@ def resolve(setting: bool | str | os.PathLike | None, *, accelerator: Any, envir
     return CacheSettings(root, folder, _limit(environ, environment))
 
 
+def describe(*, accelerator: Any, environment: str, versions: Mapping[str, str | None],
+             environ: Mapping[str, str], home: str | None = None) -> str:
+    """Where launches keep compiled programs, in one line for `%xla_info`."""
+    try:
+        settings = resolve(None, accelerator=accelerator, environment=environment,
+                           versions=versions, environ=environ, home=home)
+    except CompileCacheRefusedError as error:
+        return f"refused: {error}"
+    if settings is None:
+        if getattr(accelerator, "kind", None) == "tpu":
+            return "off (hx.configure(compile_cache=True) turns it on)"
+        return ("off: XLA on the CPU cannot load compiled programs back "
+                "(hx.configure(compile_cache=True) writes them anyway); on by default on TPUs")
+    found = entries(settings.folder)
+    size = sum(entry[1] for entry in found)
+    return (f"{settings.folder} ({len(found)} {'entry' if len(found) == 1 else 'entries'}, "
+            f"{size / _GIB:.2f} GiB of {settings.limit / _GIB:g} GiB)")
+
+
 def check_folder(path: str) -> None:
     """Refuse a cache folder that someone else could plant a program in: one owned by another
     user or writable by group or others, or, before it exists, an existing parent writable by
@@ -178,8 +197,21 @@ def check_folder(path: str) -> None:
 
 
 def prepare(folder: str) -> str:
-    """Create `folder` (and its parents) owner-only, and check it; returns it."""
-    os.makedirs(folder, mode=0o700, exist_ok=True)
+    """Create `folder` and every missing folder above it owner-only, and check it; returns
+    it. (`os.makedirs` gives only the last one the mode.)"""
+    missing = []
+    path = os.path.abspath(folder)
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
     check_folder(folder)
     return folder
 
@@ -300,6 +332,8 @@ def worker_status(fresh: bool = False) -> dict[str, Any] | None:
 
 
 def finish_in_worker() -> None:
-    """At the end of the worker: keep the folder under its limit."""
+    """At the end of the worker: keep the folder under its limit; the next status looks
+    at the folder again (the final metrics count the entries this run wrote)."""
     if _active is not None and _started_pid == os.getpid():
         evict(_active["folder"], _active["limit"])
+        _active["seen"] = float("-inf")

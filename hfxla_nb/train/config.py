@@ -66,6 +66,10 @@ class FineTuneConfig:
         progress: True (live panels: widgets, HTML or console, whichever fits), "widgets",
             "html", "console", or False.
         timeout: stop the worker after this many seconds.
+        trace_compiles: capture PyTorch/XLA's analysis of each compilation for the panel's
+            compilations view (the line, cause, graph and memory of each); False turns it off.
+        compile_cache: the persistent compile cache: None (`hx.configure`'s choice, else on
+            for TPU hosts), True, False, or a folder.
 
     Raises:
         FineTuneError: on construction, for a value that cannot work (the message says what
@@ -97,6 +101,8 @@ class FineTuneConfig:
     log_every: int = 10
     progress: bool | str = True
     timeout: float | None = None
+    trace_compiles: bool = True
+    compile_cache: bool | str | os.PathLike | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.metrics, str) or callable(self.metrics):
