@@ -191,33 +191,9 @@ def test_nearly_every_step_compiling_is_flagged_even_in_warm_up(steps, compiles,
     assert ("frequent-compiles" in codes) is flagged
 
 
-# The post-compilation analysis of a decoder's training step on a TPU, as pytorch/xla's own
-# debugging guide shows it (torch_xla prints GB with 6 decimals).
-TPU_STEP = """\
-Compilation Analysis: ================================================================================
-Compilation Analysis: Compilation Cause
-Compilation Analysis:   mark_step in parallel loader at step end
-Compilation Analysis: Graph Info:
-Compilation Analysis:   Graph Hash: c74c3b91b855b2b123f833b0d5f86943
-Compilation Analysis:   Number of Graph Inputs: 35
-Compilation Analysis:   Number of Graph Outputs: 107
-Compilation Analysis: Python Frame Triggered Execution:
-Compilation Analysis:   mark_step (/usr/local/lib/python3.10/site-packages/torch_xla/core/xla_model.py:1055)
-Compilation Analysis:   next (/usr/local/lib/python3.10/site-packages/torch_xla/distributed/parallel_loader.py:44)
-Compilation Analysis:   __next__ (/usr/local/lib/python3.10/site-packages/torch_xla/distributed/parallel_loader.py:32)
-Compilation Analysis:   train_loop_fn (/tmp/ipykernel_81/3412.py:48)
-Compilation Analysis: --------------------------------------------------------------------------------
-Compilation Analysis: ================================================================================
-
-Post Compilation Analysis: ================================================================================
-Post Compilation Analysis: Graph input size: 1.548000 GB
-Post Compilation Analysis: Graph output size: 7.922460 GB
-Post Compilation Analysis: Aliased Input size: 1.547871 GB
-Post Compilation Analysis: Intermediate tensor size: 12.124478 GB
-Post Compilation Analysis: Compiled program size: 0.028210 GB
-Post Compilation Analysis: --------------------------------------------------------------------------------
-Post Compilation Analysis: ================================================================================
-"""
+# A decoder's training step compiled on a TPU: the post-compilation sizes are those
+# pytorch/xla's own debugging guide shows (torch_xla prints GB with 6 decimals).
+TPU_STEP = (Path(__file__).parent / "data" / "xla_analysis_tpu_step.log").read_text()
 
 
 def tpu_step_log(tmp_path, generation: str = "v5e") -> TraceLog:
@@ -252,7 +228,8 @@ def test_graph_memory_against_the_chip_with_recorded_tpu_values(tmp_path):
     v3 = tpu_step_log(tmp_path, "v3")
     assert (v3.device_memory, v3.device_name) == (8 * GIB, "a v3 core (16 GiB per chip of 2 cores)")
     # The live memory of the device (xm.get_memory_info on a TPU), when known, wins.
-    live = summary_with(log, steps=20, compiles=1, memory={"bytes_used": 1, "bytes_limit": 32 * GIB})
+    live = summary_with(log, steps=20, compiles=1,
+                        memory={"bytes_used": 1, "bytes_limit": 32 * GIB})
     assert "; the device has 32.0 GiB" in text.metrics_text(live, [])
     assert analyzer.graph_memory_alert(live) is None
     assert tracing.device_of(str(tmp_path / "none"), {}) is None  # no TPU: nothing to compare
