@@ -137,6 +137,7 @@ def resolve(setting: bool | str | os.PathLike | None, *, accelerator: Any, envir
             setting = configured
     if setting is False:
         return None
+    home = home or environ.get("HOME")
     root = default_root(environment, home) if setting is True else os.fspath(setting)
     root = os.path.abspath(os.path.expanduser(root))
     folder = os.path.join(root, cache_key(versions, accelerator, environ))
