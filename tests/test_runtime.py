@@ -483,7 +483,9 @@ def test_panel_of_a_healthy_cpu():
     )
     text = runtime_text(info)
     assert text.splitlines()[0] == "hfxla_nb runtime: OK"
-    assert "CPU: 8 virtual XLA devices on 2 host cores" in text and "8 XLA devices" in text
+    assert "CPU: 8 virtual XLA devices on 2 host cores" in text
+    assert "host          Jupyter, no TPU" in text
+    assert "launcher      XLA on the CPU with 8 virtual devices" in text
     assert ">OK<" in runtime_html(info) and "problems:" not in text
 
 
