@@ -213,3 +213,27 @@ def test_pairs_learn_only_the_response(lm_dir):
         "positive[SEP]", "negative[SEP]")
     assert (labels[mask == 0] == -100).all()
     assert ids[0] == tokenizer.bos_token_id
+
+
+def test_gradient_checkpointing_with_torch_xlas_checkpoint_keeps_the_losses(lm_cache, fsdp_4):
+    for sharding, devices in (("fsdp", 4), ("data", 1)):
+        result = run(lm_cache, None, devices, sharding, gradient_checkpointing=True)
+        assert result.gradient_checkpointing is True
+        assert any("torch_xla's checkpoint on each layer (LlamaDecoderLayer)" in note
+                   for note in result.notes)
+        np.testing.assert_allclose(losses(result), losses(fsdp_4), rtol=1e-4, atol=1e-5)
+
+
+def test_auto_sharding_picks_fsdp_when_the_state_outgrows_one_chip():
+    from hfxla_nb.runtime import Accelerator
+    from hfxla_nb.train.prepare_lm import choose_sharding
+
+    # A TPU v5e host as detection reports it (16 GiB HBM per chip, one device per chip).
+    v5e = Accelerator("tpu", generation="v5e", chips=8, devices=8, hbm_per_chip_gib=16)
+    assert choose_sharding(125_000_000, v5e) == ("data", None)  # 2 GiB of state: fits
+    choice, note = choose_sharding(1_000_000_000, v5e)  # 16 GB: more than 60% of 16 GiB
+    assert choice == "fsdp" and "need 14.9 GiB, more than 60% of one device's 16 GiB" in note
+    v6e = Accelerator("tpu", generation="v6e", chips=8, devices=8, hbm_per_chip_gib=32)
+    assert choose_sharding(1_000_000_000, v6e)[0] == "data"
+    cpu = Accelerator("cpu", devices=8)
+    assert choose_sharding(10**11, cpu) == ("data", None)  # one memory for every CPU device

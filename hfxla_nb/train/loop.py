@@ -111,10 +111,12 @@ class _Run:
         asked. Returns the module to call; `self.base_model` stays the one to save."""
         layers = {type(module) for module in model.modules()
                   if type(module).__name__ in set(getattr(model, "_no_split_modules", None) or ())}
+        if self.plan.gradient_checkpointing:
+            names = ", ".join(sorted(layer.__name__ for layer in layers)) or "none found"
+            self.notes.append(f"gradient checkpointing with torch_xla's checkpoint on each "
+                              f"layer ({names})")
         if self.plan.sharding == "fsdp":
-            wrapped = self.xla.fsdp_v2(model, self.mesh, layers,
-                                       self.plan.gradient_checkpointing)
-            return wrapped
+            return self.xla.fsdp_v2(model, self.mesh, layers, self.plan.gradient_checkpointing)
         if self.plan.gradient_checkpointing and layers:
             self.xla.checkpoint_layers(model, layers)
         return model

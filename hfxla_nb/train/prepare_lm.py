@@ -160,22 +160,28 @@ def _note_lengths(splits: dict[str, lm_data.LmRows], max_length: int, packing: b
 
 
 def _sharding(config: FineTuneConfig, model_config: Any, devices: int, notes: list[str]) -> str:
-    """"data" or "fsdp"; "auto" is "fsdp" when the training state would not fit one device."""
     if config.sharding != "auto":
         return config.sharding
     if devices == 1 or config.strategy != "spmd":
         return "data"
-    accelerator = detect_accelerator()
+    choice, note = choose_sharding(parameter_count(model_config), detect_accelerator())
+    if note:
+        notes.append(note)
+    return choice
+
+
+def choose_sharding(parameters: int, accelerator: Any) -> tuple[str, str | None]:
+    """What `sharding="auto"` picks for a model of `parameters` on `accelerator`, and why:
+    "fsdp" when parameters, gradients and AdamW state would not fit one device's HBM."""
     if accelerator.kind != "tpu" or not accelerator.hbm_per_chip_gib:
-        return "data"  # a CPU's memory is shared by its virtual devices: sharding saves none
+        return "data", None  # a CPU's memory is shared by its virtual devices: nothing saved
     per_device = accelerator.hbm_per_chip_gib * 2**30 / accelerator.cores_per_chip
-    needed = parameter_count(model_config) * BYTES_PER_PARAMETER
+    needed = parameters * BYTES_PER_PARAMETER
     if needed <= STATE_SHARE * per_device:
-        return "data"
-    notes.append(f"sharding='auto' chose 'fsdp': parameters, gradients and AdamW state need "
-                 f"{needed / 2**30:.1f} GiB, more than {STATE_SHARE:.0%} of one device's "
-                 f"{per_device / 2**30:.0f} GiB")
-    return "fsdp"
+        return "data", None
+    return "fsdp", (f"sharding='auto' chose 'fsdp': parameters, gradients and AdamW state need "
+                    f"{needed / 2**30:.1f} GiB, more than {STATE_SHARE:.0%} of one device's "
+                    f"{per_device / 2**30:.0f} GiB")
 
 
 def parameter_count(model_config: Any) -> int:

@@ -65,7 +65,10 @@ class CausalLM:
         inputs = run.inputs(x, length)
         labels = inputs.pop("labels").long()
         with run.autocast():
-            return run.model(**inputs, labels=labels if with_labels else None), labels
+            # No key/value cache while training: nothing reads it, and a layer recomputed by
+            # gradient checkpointing would append to it a second time.
+            output = run.model(**inputs, labels=labels if with_labels else None, use_cache=False)
+        return output, labels
 
     def train_loss(self, run: Any, x: Any, length: int) -> Any:
         output, _ = self._output(run, x, length, with_labels=True)
