@@ -252,6 +252,13 @@ def test_processes_holding_the_tpu_are_found_except_this_one(tmp_path):
     assert not info.ok
 
 
+def test_a_holder_is_named_by_its_command_line_when_proc_shows_it(tmp_path):
+    make_tpu_host(tmp_path, "v5e", chips=1)
+    holds(tmp_path, 4242, "/dev/vfio/0", comm="python3")
+    (tmp_path / "proc/4242/cmdline").write_bytes(b"python3\0-m\0ipykernel_launcher\0-f\0k.json\0")
+    assert find_device_holders(str(tmp_path)) == {4242: "python3 -m ipykernel_launcher -f k.json"}
+
+
 # ---------------------------------------------------------------------------------------------
 # Where it runs
 # ---------------------------------------------------------------------------------------------
