@@ -45,7 +45,7 @@ def prepare_fine_tune(
     if task == "causal-lm":
         return prepare_causal_lm(dataset, config, source, model_config, tokenizer, model_name)
     columns = _read_columns(dataset, config, model_config, fixed_labels)
-    cap = _length_cap(config, model_config, tokenizer)
+    cap = steps.length_cap(config, model_config, tokenizer)
     encoded, truncated = {}, {}
     for split, texts in columns.texts.items():
         encoded[split], truncated[split] = batching.tokenize(
@@ -146,24 +146,6 @@ def _read_columns(dataset: Any, config: FineTuneConfig, model_config: Any,
         raise FineTuneError(str(error)) from None
     return _Texts(texts, pairs, list(label_names), label_ids, eval_name if eval_ds is not None
                   else None)
-
-
-def _length_cap(config: FineTuneConfig, model_config: Any, tokenizer: Any) -> int:
-    """The longest row in tokens: `max_length`, else what the model and tokenizer allow."""
-    limit = sources.position_limit(model_config)
-    if config.max_length is not None:
-        if limit is not None and config.max_length > limit:
-            raise FineTuneError(
-                f"max_length={config.max_length} is beyond the {limit} positions the model has "
-                f"(max_position_embeddings); pass max_length<={limit} (longer texts are "
-                "truncated)."
-            )
-        return config.max_length
-    candidates = [limit] if limit else []
-    tokenizer_limit = getattr(tokenizer, "model_max_length", None)
-    if isinstance(tokenizer_limit, int) and 0 < tokenizer_limit < 100_000:
-        candidates.append(tokenizer_limit)
-    return min(candidates) if candidates else 512
 
 
 def _bucket_lengths(config: FineTuneConfig, encoded: dict[str, dict], cap: int) -> list[int]:

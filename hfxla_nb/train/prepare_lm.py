@@ -29,7 +29,7 @@ def prepare_causal_lm(dataset: Any, config: FineTuneConfig, source: Any, model_c
     """`prepare_fine_tune` for a causal language model (see `lm_data.py` for the rows)."""
     notes: list[str] = []
     pad_id = _pad_token(tokenizer, notes)
-    max_length = _max_length(config, model_config, tokenizer)
+    max_length = steps.length_cap(config, model_config, tokenizer, DEFAULT_MAX_LENGTH)
     splits = _read_splits(dataset, config, tokenizer, max_length, notes)
     encoded = {name: lm_data.encode_rows(name, rows, max_length, pad_id)
                for name, rows in splits.items()}
@@ -85,22 +85,6 @@ def _pad_token(tokenizer: Any, notes: list[str]) -> int:
     notes.append(f"the tokenizer has no padding token: padding with its end-of-text token "
                  f"{tokenizer.eos_token!r} (padding is masked out of the loss)")
     return int(eos)
-
-
-def _max_length(config: FineTuneConfig, model_config: Any, tokenizer: Any) -> int:
-    limit = sources.position_limit(model_config)
-    if config.max_length is not None:
-        if limit is not None and config.max_length > limit:
-            raise FineTuneError(
-                f"max_length={config.max_length} is beyond the {limit} positions the model has "
-                f"(max_position_embeddings); pass max_length<={limit}."
-            )
-        return int(config.max_length)
-    candidates = [DEFAULT_MAX_LENGTH] + ([limit] if limit else [])
-    tokenizer_limit = getattr(tokenizer, "model_max_length", None)
-    if isinstance(tokenizer_limit, int) and 0 < tokenizer_limit < 100_000:
-        candidates.append(tokenizer_limit)
-    return min(candidates)
 
 
 def _read_splits(dataset: Any, config: FineTuneConfig, tokenizer: Any, max_length: int,

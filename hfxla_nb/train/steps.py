@@ -11,6 +11,25 @@ from . import sources
 from .config import FineTuneConfig, FineTuneError
 
 
+def length_cap(config: FineTuneConfig, model_config: Any, tokenizer: Any,
+               default: int | None = None) -> int:
+    """The longest row in tokens: `max_length` (refused beyond the model's positions), else
+    the least of what the model, the tokenizer and `default` allow (512 without any)."""
+    limit = sources.position_limit(model_config)
+    if config.max_length is not None:
+        if limit is not None and config.max_length > limit:
+            raise FineTuneError(
+                f"max_length={config.max_length} is beyond the {limit} positions the model has "
+                f"(max_position_embeddings); pass max_length<={limit} (longer texts are cut)."
+            )
+        return int(config.max_length)
+    candidates = [value for value in (limit, default) if value]
+    tokenizer_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tokenizer_limit, int) and 0 < tokenizer_limit < 100_000:
+        candidates.append(tokenizer_limit)
+    return min(candidates) if candidates else 512
+
+
 def check_batch_fits(config: FineTuneConfig, train_rows: int) -> None:
     if config.rows_per_step > train_rows:
         what = "batch_size" if config.gradient_accumulation_steps == 1 else (
