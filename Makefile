@@ -45,8 +45,10 @@ $(CHROMIUM):
 test-browser: setup $(BROWSER_STAMP) $(CHROMIUM)
 	$(PY) -m pytest -q -rP tests/browser
 
+# `make demo` fine-tunes the tiny BERT; `make demo TASK=causal-lm` the tiny Llama with FSDPv2.
+TASK ?= classification
 demo: setup
-	$(PY) -m hfxla_nb.demo
+	$(PY) -m hfxla_nb.$(if $(filter causal-lm,$(TASK)),demo_lm,demo)
 
 bench: setup
 	$(PY) bench/finetune.py

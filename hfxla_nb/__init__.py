@@ -37,6 +37,7 @@ _EXPORTS = {
     "report": "observe.reporting",
     "fine_tune": "train.finetune",
     "prepare_fine_tune": "train.prepare",
+    "generate": "train.generation",
     "FineTuneConfig": "train.config",
     "FineTuneError": "train.config",
     "FineTuneResult": "train.result",
