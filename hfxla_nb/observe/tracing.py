@@ -313,7 +313,8 @@ class CellTrace:
         try:
             records, executions = state.parser.feed(state.tail.read())
             records += state.parser.finish()
-            log = TraceLog(device_memory=None)
+            device = device_of() or {}
+            log = TraceLog(device_memory=device.get("memory"), device_name=device.get("name"))
             log.add(with_compile_times(records))
             log.executions = execution_sites(tally_executions(executions))
         finally:

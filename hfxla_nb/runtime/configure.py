@@ -40,7 +40,9 @@ def configure(
         cores: on the CPU, the number of virtual XLA devices (`CPU_NUM_DEVICES`), e.g. 8 to
             rehearse a TPU host. On a TPU, all devices (the default) or those of one chip.
         debug: set `PT_XLA_DEBUG_LEVEL=2`, PyTorch/XLA's own analysis of every compilation and
-            device-to-host transfer (why it happened, from which line).
+            device-to-host transfer (why it happened, from which line). Launched workers
+            capture it for the panel's compilations view anyway (`trace_compiles`); this
+            prints it raw where nothing captures it (the kernel, scripts).
         compile_cache: the persistent compile cache of later launches: True (on, in this
             environment's folder; the default on TPU hosts), False (off), or a folder (the
             entries go in a subfolder per torch_xla/libtpu version and device kind). None
