@@ -1,6 +1,7 @@
 """What compilation tracing costs: steady-state steps/s with `trace_compiles` on and off.
 
-Run with `PJRT_DEVICE=CPU python bench/trace_overhead.py` (also part of `make bench`). The
+Run with `PJRT_DEVICE=CPU python bench/trace_overhead.py` (also part of `make bench`;
+`--micro` times an almost empty graph instead, to see the cost per step itself). The
 same training function (a hand-written loop over the demo's tiny BERT, batch 16, fixed
 padding, AdamW, `hx.report(...)` every step) runs in a fresh forked worker
 (`hfxla_nb.notebook_launcher`) with `trace_compiles=True` and `False`, alternating,
@@ -63,11 +64,36 @@ def train(batches: dict, steps: int, warmup: int) -> dict:
             "traced": os.environ.get("PT_XLA_DEBUG_LEVEL") == "2"}
 
 
+def tiny(steps: int, warmup: int) -> dict:
+    """The launched function of `--micro`: a graph that does almost nothing, so the cost per
+    step is what a step costs torch_xla, hfxla_nb's report and tracing themselves."""
+    import torch
+    import torch_xla
+
+    import hfxla_nb as hx
+    from hfxla_nb import _xla
+
+    x = torch.zeros(8, device=torch_xla.device())
+    for step in range(1, steps + 1):
+        x = x * 0.5 + 1.0
+        hx.report(step=step, total=steps, log_every=10)
+        torch_xla.sync()
+        if step == warmup:
+            _xla.wait_device_ops()
+            start, cpu = time.perf_counter(), time.process_time()
+    _xla.wait_device_ops()
+    return {"steps_per_second": (steps - warmup) / (time.perf_counter() - start),
+            "cpu_per_step": (time.process_time() - cpu) / (steps - warmup),
+            "traced": os.environ.get("PT_XLA_DEBUG_LEVEL") == "2"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--micro", action="store_true",
+                        help="an almost empty graph instead of BERT: the cost per step itself")
     args = parser.parse_args(argv)
 
     import torch  # noqa: F401 - imported once here, inherited by every forked worker
@@ -83,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     cpu: dict[bool, list[float]] = {True: [], False: []}
     for repeat in range(args.repeats):
         for traced in ((True, False) if repeat % 2 == 0 else (False, True)):
-            result = hx.notebook_launcher(train, args=(batches, args.steps, args.warmup),
-                                          progress=False, trace_compiles=traced)
+            function, call = (tiny, (args.steps, args.warmup)) if args.micro else (
+                train, (batches, args.steps, args.warmup))
+            result = hx.notebook_launcher(function, args=call, progress=False,
+                                          trace_compiles=traced)
             assert result["traced"] is traced
             rates[traced].append(result["steps_per_second"])
             cpu[traced].append(result["cpu_per_step"])
@@ -103,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_ms_per_step_on": statistics.median(cpu[True]) * 1000,
         "cpu_ms_per_step_off": statistics.median(cpu[False]) * 1000,
         "cpu_overhead_percent": (statistics.median(cpu_ratios) - 1) * 100,
+        "cpu_us_added_per_step": (statistics.median(cpu[True]) - statistics.median(cpu[False]))
+        * 1e6,
         "repeats": args.repeats,
     }
     print(json.dumps(summary, indent=2))

@@ -163,10 +163,13 @@ def test_a_fetch_in_the_step_is_named_once_rates_have_enough_steps():
                            "`train` in cell 5, line 14")
     assert "`train` in cell 5, line 14 (6 times)" in alert.explanation
     assert alert.fix.startswith("At `train` in cell 5, line 14: fetch values only every N")
-    # One fetch in a 2-step run, or 4 in 4 steps: too few steps for a rate.
-    for steps in (2, 4):
-        quiet = analyzer.analyze(summary_with(log, steps=steps, compiles=1, transfers=steps))
-        assert "frequent-transfers" not in [a.code for a in quiet]
+    # One fetch in a 2-step run: too few steps for a rate; one per step over 3 steps is one.
+    quiet = analyzer.analyze(summary_with(log, steps=2, compiles=1, transfers=1))
+    assert "frequent-transfers" not in [a.code for a in quiet]
+    quiet = analyzer.analyze(summary_with(log, steps=2, compiles=1, transfers=2))
+    assert "frequent-transfers" not in [a.code for a in quiet]
+    three = analyzer.analyze(summary_with(log, steps=3, compiles=1, transfers=3))
+    assert "frequent-transfers" in [a.code for a in three]
 
 
 @pytest.mark.parametrize(("steps", "compiles", "graphs_at_line", "flagged"), [

@@ -34,9 +34,9 @@ MAX_EXECUTE_SECONDS = 30.0
 # Beyond torch_xla's rules: a run of at least this many steps that compiled a new graph at
 # nearly every step (compiles >= steps) is flagged even inside the warm-up...
 MIN_EVERY_STEP = 3
-# ... while transfers per step are judged only over this many steps (one fetch in a 2-step
+# ... and transfers per step are judged only over this many steps (one fetch in a 2-step
 # cell is not a habit).
-MIN_RATE_STEPS = 5
+MIN_RATE_STEPS = 3
 
 
 @dataclass(frozen=True)
