@@ -146,9 +146,12 @@ def device_of(sys_root: str = "/", environ: Mapping[str, str] | None = None
               ) -> dict[str, Any] | None:
     """What one XLA device of this host has, from the hardware (no runtime): on a TPU,
     `{"memory": bytes, "name": "a v5e chip"}`; None elsewhere or when unknown."""
-    from ..runtime.hardware import detect_accelerator
+    from ..runtime.hardware import accelerator_from_facts, scan_device_files, scan_pci
 
-    accelerator = detect_accelerator(sys_root, os.environ if environ is None else environ)
+    # Not `detect_accelerator`: who else holds the chips does not matter here, and finding out
+    # scans every process's descriptors.
+    accelerator = accelerator_from_facts(scan_pci(sys_root), scan_device_files(sys_root),
+                                         os.environ if environ is None else environ)
     if accelerator.kind != "tpu" or not accelerator.hbm_per_chip_gib:
         return None
     cores = max(accelerator.cores_per_chip, 1)
