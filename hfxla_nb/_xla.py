@@ -415,6 +415,14 @@ def computation_cache_initialized() -> bool:
     return bool(check()) if check is not None else False
 
 
+def compiler_flags() -> dict[str, str]:
+    """XLA_FLAGS and LIBTPU_INIT_ARGS as torch_xla leaves them (its import adds defaults)."""
+    _require()
+    import os
+
+    return {name: os.environ.get(name, "") for name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")}
+
+
 def initialize_cache(path: str, readonly: bool = False) -> None:
     """`torch_xla.runtime.initialize_cache`: compiled programs are written to (and read from)
     `path`. Must run before this process's first compilation."""

@@ -28,13 +28,18 @@ def test_folders_per_environment_and_keys_per_version_device_and_flags():
     assert cache.default_root("kaggle") == "/kaggle/working/.cache/hfxla_nb/xla"
     assert cache.default_root("colab") == "/content/.cache/hfxla_nb/xla"
     assert cache.default_root("jupyter", home="/home/ana") == "/home/ana/.cache/hfxla_nb/xla"
-    assert cache.cache_key(VERSIONS, tpu("v5e"), {}) == "torch_xla-2.9.0_libtpu-0.0.21.1_tpu-v5e"
-    assert cache.cache_key(VERSIONS, CPU, {}) == "torch_xla-2.9.0_cpu"
-    assert cache.cache_key({"torch_xla": "2.8.0", "libtpu": "0.0.17"}, tpu("v6e"), {}) == (
+    assert cache.cache_key(VERSIONS, tpu("v5e")) == "torch_xla-2.9.0_libtpu-0.0.21.1_tpu-v5e"
+    assert cache.cache_key(VERSIONS, CPU) == "torch_xla-2.9.0_cpu"
+    assert cache.cache_key({"torch_xla": "2.8.0", "libtpu": "0.0.17"}, tpu("v6e")) == (
         "torch_xla-2.8.0_libtpu-0.0.17_tpu-v6e")
-    flagged = cache.cache_key(VERSIONS, tpu("v5e"), {"LIBTPU_INIT_ARGS": "--xla_tpu_x=true"})
-    assert flagged.startswith("torch_xla-2.9.0_libtpu-0.0.21.1_tpu-v5e_flags-")
-    assert flagged != cache.cache_key(VERSIONS, tpu("v5e"), {"XLA_FLAGS": "--xla_dump_to=/d"})
+    # Compiler flags: a subfolder each (the worker reads them after torch_xla added its own).
+    defaults = {"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}
+    folder = cache.flags_folder(defaults)
+    assert folder.startswith("flags-") and len(folder) == len("flags-") + 8
+    assert cache.flags_folder(dict(defaults)) == folder
+    assert cache.flags_folder({"XLA_FLAGS": " --xla_cpu_enable_fast_math=false "}) == folder
+    assert cache.flags_folder({**defaults, "LIBTPU_INIT_ARGS": "--xla_tpu_x=true"}) != folder
+    assert cache.flags_folder({"XLA_FLAGS": "--xla_dump_to=/d"}) != folder
 
 
 def settings(setting, accelerator, tmp_path, environ=None, environment="jupyter"):
@@ -150,7 +155,9 @@ def train():
         hx.report(step=step, total=3)
         torch_xla.sync()
     assert float(x.sum().item()) == 96.0
-    return os.listdir(os.environ["HFXLA_NB_COMPILE_CACHE_DIR"])
+    from hfxla_nb.runtime import compile_cache
+    return compile_cache.worker_status()["folder"], sorted(os.listdir(
+        compile_cache.worker_status()["folder"]))
 
 hx.configure(compile_cache=os.environ["CACHE"], compile_cache_gib=1)
 first = hx.notebook_launcher(train, progress="console")
@@ -168,12 +175,15 @@ def test_two_launches_write_then_find_their_entries(tmp_path):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     (key,) = os.listdir(root)
     assert key == f"torch_xla-{hx.detect().versions['torch_xla']}_cpu"
-    entries = sorted(os.listdir(root / key))
+    (flags,) = os.listdir(root / key)
+    folder = str(root / key / flags)
+    assert flags.startswith("flags-") and result["first"][0] == result["second"][0] == folder
+    entries = sorted(os.listdir(folder))
     # Three graphs (first step, steady step, the final fetch); written once, found again.
-    assert len(entries) == 3 and sorted(result["second"]) == entries
-    assert stat.S_IMODE((root / key).stat().st_mode) == 0o700
+    assert len(entries) == 3 and result["first"][1] == result["second"][1] == entries
+    for path in (root, root / key, root / key / flags):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700
     first, second = done.stdout.split("✔ finished")[1:3]
-    folder = str(root / key)
     assert "compile cache: 0 hits, 3 misses; 3 entries," in first and folder in first
     assert "compile cache: 0 hits, 0 misses, 3 not loadable on XLA:CPU (compiled again); " \
            "3 entries," in second

@@ -20,7 +20,6 @@ from hfxla_nb.observe.compile_trace import (
     CompileRecord,
     Execution,
     Frame,
-    TraceLog,
     TraceParser,
     cause_text,
     execution_sites,
@@ -29,6 +28,7 @@ from hfxla_nb.observe.compile_trace import (
     tally_executions,
 )
 from hfxla_nb.observe.live import LiveMetrics
+from hfxla_nb.observe.trace_log import TraceLog
 from hfxla_nb.ui import compilations, html, text
 from hfxla_nb.ui.state import LaunchState
 from tests.test_runtime import make_tpu_host

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .compile_trace import CompileRow, cause_text
+from .compile_trace import cause_text
 from .metrics import (
     MAX_QUIET_SHAPES,
     WARMUP_STEPS,
@@ -25,6 +25,7 @@ from .metrics import (
     XlaSummary,
     shape_changes,
 )
+from .trace_log import CompileRow
 
 # torch_xla/csrc/runtime/metrics_analysis.cc
 MAX_COMPILES_PER_STEP = 0.5

@@ -6,8 +6,8 @@ from typing import Any
 
 from ..events import Compiled
 from .analyzer import Alert, analyze
-from .compile_trace import TraceLog
 from .metrics import WARMUP_STEPS, XlaSummary, summarize
+from .trace_log import TraceLog
 
 
 def snapshot_ranks(event: Any) -> list[int]:

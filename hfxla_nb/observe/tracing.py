@@ -35,13 +35,8 @@ from typing import Any
 
 from .. import _xla
 from ..events import Channel, Compiled
-from .compile_trace import (
-    CompileRecord,
-    TraceLog,
-    TraceParser,
-    execution_sites,
-    tally_executions,
-)
+from .compile_trace import CompileRecord, TraceParser, execution_sites, tally_executions
+from .trace_log import TraceLog
 
 #: Set to "0" in a worker's environment (the launcher's `trace_compiles=False`) to turn off.
 SWITCH = "HFXLA_NB_TRACE_COMPILES"
@@ -126,6 +121,14 @@ def _restore(previous: Mapping[str, str | None]) -> None:
             os.environ[name] = value
 
 
+def _users_file() -> str | None:
+    """`PT_XLA_DEBUG_FILE` when the user set one torch_xla can write (its folder exists)."""
+    path = os.environ.get(_FILE)
+    if path and os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        return path
+    return None
+
+
 def with_compile_times(records: list[CompileRecord]) -> list[CompileRecord]:
     """The records with their seconds from torch_xla's `CompileTime` metric: the n-th
     compilation of a process is its n-th sample (the metric keeps the latest samples)."""
@@ -182,6 +185,7 @@ class ProcessTracer:
         self.stop = threading.Event()
         self._executions_changed = False
         self._last_sent = float("-inf")
+        self.previous: dict[str, str | None] = {}  # the variables before `_switch_on`
 
     def poll(self, final: bool = False) -> None:
         """Read, parse and send what torch_xla wrote since the last poll."""
@@ -247,11 +251,12 @@ def start_in_worker(channel: Channel, rank: int, cells: Mapping[str, int] | None
             return False
         if os.environ.get("PJRT_LOCAL_PROCESS_RANK", "0") not in ("", "0"):
             return False
-        users = os.environ.get(_FILE)  # the user's own file: read it, leave it in place
+        users = _users_file()  # the user's own file: read it, leave it in place
         path = users or channel.scratch_path(f"xla-analysis-{os.getpid()}.log")
-        _switch_on(path)
+        previous = _switch_on(path)
         tail = FileTail(path, owned=users is None, from_end=bool(users))
         _tracer = ProcessTracer(tail, channel.send, cells, device_of())
+        _tracer.previous = previous
         _tracer.ranks.add(rank)
         _tracer.running.add(rank)
         threading.Thread(target=_tracer.run, name="hfxla_nb-compile-trace", daemon=True).start()
@@ -275,6 +280,9 @@ def rank_ended(rank: int) -> None:
     except Exception as error:  # noqa: BLE001 - the rank's outcome matters more
         warnings.warn(f"hfxla_nb: could not read the compilation analysis: {error!r}",
                       RuntimeWarning, stacklevel=2)
+    finally:
+        # torch_xla read them already; processes this one starts see the user's settings.
+        _restore(tracer.previous)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,7 +356,7 @@ def begin_cell(cells: Mapping[str, int] | None = None) -> CellTrace:
                                    TraceParser(cells))
             return CellTrace(_kernel, None, None, False)
         return CellTrace(None, None, TOO_LATE, False)
-    users = os.environ.get(_FILE)  # the user's own file: read it, leave it in place
+    users = _users_file()  # the user's own file: read it, leave it in place
     if users:
         tail = FileTail(users, owned=False, from_end=True)
     else:

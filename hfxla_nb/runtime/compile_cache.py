@@ -8,9 +8,10 @@ comes again, in a later process: minutes saved per restart on a TPU. hfxla_nb ma
   Kaggle's working folder, Colab's `/content`, `~/.cache/hfxla_nb/xla` elsewhere.
   `hx.configure(compile_cache=...)` or `notebook_launcher(..., compile_cache=...)` choose
   another folder, turn it on elsewhere, or off.
-- **Key.** A subfolder per torch_xla and libtpu version, device kind and compiler flags
-  (`cache_key`), so an entry made by another version is never loaded; with one process per
-  chip, one subfolder per process (torch_xla's own advice for multiprocessing).
+- **Key.** A subfolder per torch_xla and libtpu version and device kind (`cache_key`), and in
+  it one per compiler flags (`flags_folder`), so an entry made by another version or with
+  other flags is never loaded; with one process per chip, one subfolder per process
+  (torch_xla's own advice for multiprocessing).
 - **Size.** At most `DEFAULT_LIMIT_GIB` (`compile_cache_gib=`): the oldest entries are removed
   when a worker starts and when it ends.
 - **Safety.** A cached program is executed as the user's own, so the folder is created
@@ -83,21 +84,26 @@ def default_root(environment: str, home: str | None = None) -> str:
     return os.path.join(home, ".cache", "hfxla_nb", "xla")
 
 
-def cache_key(versions: Mapping[str, str | None], accelerator: Any,
-              environ: Mapping[str, str]) -> str:
-    """`torch_xla-2.9.0_libtpu-0.0.21.1_tpu-v5e`, plus `_flags-<hash>` when XLA_FLAGS or
-    LIBTPU_INIT_ARGS are set (compiler flags change the program; torch_xla's own cache key
-    ignores them, pytorch/xla #7169)."""
+def cache_key(versions: Mapping[str, str | None], accelerator: Any) -> str:
+    """`torch_xla-2.9.0_libtpu-0.0.21.1_tpu-v5e` (`torch_xla-2.9.0_cpu` without a TPU). Each
+    worker adds a subfolder for its compiler flags (`flags_folder`)."""
     parts = [f"torch_xla-{versions.get('torch_xla') or 'unknown'}"]
     if getattr(accelerator, "kind", None) == "tpu":
         parts.append(f"libtpu-{versions.get('libtpu') or 'unknown'}")
         parts.append(f"tpu-{getattr(accelerator, 'generation', None) or 'unknown'}")
     else:
         parts.append(str(getattr(accelerator, "kind", "cpu")))
-    flags = " ".join(environ.get(name, "") for name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")).strip()
-    if flags:
-        parts.append("flags-" + hashlib.sha256(flags.encode()).hexdigest()[:8])
     return "_".join(part.replace(os.sep, "-").replace(" ", "-") for part in parts)
+
+
+def flags_folder(flags: Mapping[str, str]) -> str:
+    """`flags-<hash>` of XLA_FLAGS and LIBTPU_INIT_ARGS: compiler flags change the program,
+    and torch_xla's own cache key ignores them (pytorch/xla #7169). Read in the worker after
+    torch_xla's import added its defaults, so a kernel that imported torch_xla and one that did
+    not give the same folder."""
+    text = "\n".join(" ".join(flags.get(name, "").split())
+                     for name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS"))
+    return "flags-" + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def _limit(environ: Mapping[str, str], environment: str) -> int:
@@ -140,7 +146,7 @@ def resolve(setting: bool | str | os.PathLike | None, *, accelerator: Any, envir
     home = home or environ.get("HOME")
     root = default_root(environment, home) if setting is True else os.fspath(setting)
     root = os.path.abspath(os.path.expanduser(root))
-    folder = os.path.join(root, cache_key(versions, accelerator, environ))
+    folder = os.path.join(root, cache_key(versions, accelerator))
     for path in (root, folder):
         check_folder(path)
     return CacheSettings(root, folder, _limit(environ, environment))
@@ -301,6 +307,7 @@ def start_in_worker(rank: int) -> str | None:
         _active = None
         if not folder or _xla.computation_cache_initialized():
             return None
+        folder = os.path.join(folder, flags_folder(_xla.compiler_flags()))
         if os.environ.get(PER_PROCESS) == "1":
             index = os.environ.get("PJRT_LOCAL_PROCESS_RANK") or os.environ.get("RANK")
             folder = os.path.join(folder, f"process-{index or rank}")
