@@ -5,12 +5,18 @@ compiles per step once past 10 warm-up steps, more than 0.5 device-to-host trans
 any CPU fallback other than `aten::_local_scalar_dense`, any compile over 300 s or execution
 over 30 s. Beyond torch_xla's rules, an input reported with more than `MAX_QUIET_SHAPES` shapes
 is named even when every compilation fell in the warm-up.
+
+Severity follows what a problem costs, not how often it happens: recompilation that took most
+of the XLA time (`COSTLY_COMPILE_SHARE`) is a warning even below torch_xla's rate threshold.
+The fix for changing shapes names the kind of input: tokenizer outputs are padded by the
+tokenizer, other tensors by the code that builds them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._words import plural
 from .metrics import (
     MAX_QUIET_SHAPES,
     WARMUP_STEPS,
@@ -24,6 +30,12 @@ MAX_COMPILES_PER_STEP = 0.5
 MAX_TRANSFERS_PER_STEP = 0.5
 MAX_COMPILE_SECONDS = 300.0
 MAX_EXECUTE_SECONDS = 30.0
+# Compiling this share of the XLA time (compile + execute) or more makes recompilation a warning.
+COSTLY_COMPILE_SHARE = 0.5
+# Inputs a tokenizer makes (their fix is the tokenizer's padding); other tensors are the
+# program's own.
+TOKENIZER_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids",
+                              "special_tokens_mask", "offset_mapping"})
 
 
 @dataclass(frozen=True)
@@ -62,23 +74,49 @@ def _shapes_cause(changed: dict[str, InputShapes]) -> str:
     )
 
 
-_SHAPES_FIX = (
+_TOKENIZER_FIX = (
     "Give every batch the same shape: pad to a fixed length (tokenizer(..., "
     "padding='max_length', max_length=N, truncation=True)) or to a few bucket lengths, and "
     "use drop_last=True so the last batch is not smaller."
 )
+_TENSOR_FIX = (
+    "Give the tensors the same shape in every step: pad or crop them to a fixed size "
+    "(torch.nn.functional.pad), or to a few bucket sizes, where the batch is built, and use "
+    "drop_last=True in the DataLoader so the last batch is not smaller."
+)
+
+
+def _shapes_fix(changed: dict[str, InputShapes]) -> str:
+    """The fix for the inputs whose shape changed: the tokenizer's padding for tokenizer
+    outputs, padding the tensors themselves for anything else."""
+    if any(name in TOKENIZER_INPUTS for name in changed):
+        return _TOKENIZER_FIX
+    return _TENSOR_FIX
+
+
+def _cost_severity(summary: XlaSummary) -> str:
+    """"warning" when compiling took most of the XLA time, else "info"."""
+    share = summary.compile_share
+    return "warning" if share is not None and share >= COSTLY_COMPILE_SHARE else "info"
+
+
+def _share_text(summary: XlaSummary) -> str:
+    """` Compiling took 99% of the XLA time.` (or '' when nothing was timed)."""
+    share = summary.compile_share
+    return "" if share is None else f" Compiling took {share * 100:.0f}% of the XLA time."
 
 
 def _compile_cause(summary: XlaSummary) -> tuple[str, str]:
     """The likely cause of recompilations and its fix, from shapes, transfers and fallbacks."""
     changed = shape_changes(summary.input_shapes)
     if changed:
-        return _shapes_cause(changed), _SHAPES_FIX
+        return _shapes_cause(changed), _shapes_fix(changed)
     transfers = summary.per_step(summary.transfers_from_device)
     if transfers is not None and transfers > MAX_TRANSFERS_PER_STEP:
         return (
             "The likely cause: a value is fetched from the device inside the step "
-            f"({summary.transfers_from_device} transfers in {summary.steps} steps), which cuts "
+            f"({plural(summary.transfers_from_device, 'transfer')} in "
+            f"{plural(summary.steps or 0, 'step')}), which cuts "
             "the graph in two, and the pieces differ from step to step.",
             "Do not call .item(), print a tensor or branch on a tensor's value inside the step; "
             "report values with hfxla_nb.report(loss=loss), which fetches them every few steps.",
@@ -117,16 +155,17 @@ def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Al
             f"Recompiling: {summary.compiles} compiles in {steps} steps",
             f"XLA compiled {compile_rate:.2f} graphs per {unit} (more than "
             f"{MAX_COMPILES_PER_STEP} per step after {warmup_steps} warm-up steps), taking "
-            f"{summary.compile_time:.1f} s. {cause}",
+            f"{summary.compile_time:.1f} s.{_share_text(summary)} {cause}",
             fix,
         ))
     elif summary.compiles_after_warmup and summary.steps_after_warmup and changed:
         cause, fix = _compile_cause(summary)
         alerts.append(Alert(
-            "recompiled", "info",
-            f"{summary.compiles_after_warmup} compiles after warm-up",
-            f"XLA compiled {summary.compiles_after_warmup} new graphs in the "
-            f"{summary.steps_after_warmup} steps after warm-up. {cause}",
+            "recompiled", _cost_severity(summary),
+            f"{plural(summary.compiles_after_warmup, 'compile')} after warm-up",
+            f"XLA compiled {plural(summary.compiles_after_warmup, 'new graph')} in the "
+            f"{plural(summary.steps_after_warmup, 'step')} after warm-up."
+            f"{_share_text(summary)} {cause}",
             fix,
         ))
 
@@ -144,14 +183,15 @@ def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Al
         if summary.compiles:
             during = (f", all in the first {warmup_steps} steps"
                       if summary.compiles_after_warmup == 0 else "")
-            compiled = f" This run compiled {summary.compiles} graphs{during}."
+            compiled = (f" This run compiled {plural(summary.compiles, 'graph')}{during}."
+                        f"{_share_text(summary)}")
         alerts.append(Alert(
-            "shape-changes", "info", title,
+            "shape-changes", _cost_severity(summary), title,
             f"{listed[0].upper()}{listed[1:]}. XLA compiles a new graph for every new input "
             f"shape.{compiled} Later steps reuse those graphs, but each compilation can take "
             "minutes on a TPU, and every shape not seen yet (a longer text, a smaller last "
             "batch, an evaluation batch) compiles again.",
-            _SHAPES_FIX,
+            _shapes_fix(many),
         ))
 
     transfers = summary.transfers_from_device

@@ -13,17 +13,20 @@ A device tensor is never read inline: `report` queues a step closure
 (`xm.add_step_closure`) on every `log_every`-th step and on the final one, and the closure
 copies the values to the host after the graph has run anyway: one transfer per `log_every`
 steps at most, no extra execution, no `.item()`. Plain numbers are sent as they are. Events
-are throttled by time (a few per second per bar; the final step always goes out).
+are throttled by time (a few per second per bar; the final step always goes out). When the
+function returns with a last step whose values were not fetched (no `total`, or a loop that
+stopped short of it), they are fetched then, every bar's in one transfer, so each bar ends at
+its real last step with its real last values.
 
-Each process also sends a `MetricsSnapshot` every `SNAPSHOT_INTERVAL` seconds, just past the
-warm-up steps and at the final step: torch_xla's host-side counters (no device sync), device
-memory on TPU, and the input shapes seen so far (`inputs=`), so a recompilation can be
-explained by the input whose shape changed. The counters belong to the process, so when
-several ranks run as threads of one process the snapshot is that of all of them: it names
-them (`data["process"]`) and carries the lowest one as its rank, whichever thread sent it.
-The launcher's worker tells this module when each rank starts and ends (`rank_started`,
-`rank_ended`), so that a last snapshot goes out when a rank fails and after the last rank of
-a process finished, even where no final step was reported (no `total`).
+Each process also sends a `MetricsSnapshot` every `SNAPSHOT_INTERVAL` seconds while steps
+go on, just past the warm-up steps and at the final step: torch_xla's host-side counters (no
+device sync), device memory on TPU, and the input shapes seen so far (`inputs=`), so a
+recompilation can be explained by the input whose shape changed. The counters belong to the
+process, so when several ranks run as threads of one process the snapshot is that of all of
+them: it names them (`data["process"]`) and carries the lowest one as its rank, whichever
+thread sent it. The launcher's worker tells this module when each rank starts and ends
+(`rank_started`, `rank_ended`), so that a last snapshot goes out when a rank fails and after
+the last rank of a process finished, even where no final step was reported (no `total`).
 
 Outside a launched worker (in the notebook kernel itself), `report` does nothing and costs a
 function call, unless a local receiver is installed with `local_events` (`%%xla_metrics`
@@ -32,6 +35,7 @@ does that, to learn the step count and input shapes of the cell it measures).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -46,23 +50,26 @@ from .metrics import WARMUP_STEPS, ShapeTracker, shapes_of
 
 # Seconds between two Progress events of one bar (the final step is always sent).
 MIN_INTERVAL = 0.2
-# Seconds between two MetricsSnapshot events of one process.
-SNAPSHOT_INTERVAL = 1.5
+# Seconds between two MetricsSnapshot events of one process (the panel says "as of step N";
+# a few a second keep it close to the bar, and reading the counters is host-side only).
+SNAPSHOT_INTERVAL = 0.5
 
 _local_sink: Callable[[events.Event], None] | None = None
 
 
 class _BarState:
-    """Per thread and label: how many calls, when things were last sent, and the latest
-    progress held back by the throttle (sent when the rank ends)."""
+    """Per thread and label: how many calls, when things were last sent, the latest progress
+    held back by the throttle, and the latest step's device values when no fetch was queued
+    for them (both sent when the rank ends)."""
 
-    __slots__ = ("calls", "last_sent", "last_fetch", "pending")
+    __slots__ = ("calls", "last_sent", "last_fetch", "pending", "unfetched")
 
     def __init__(self) -> None:
         self.calls = 0
         self.last_sent: float | None = None
         self.last_fetch = float("-inf")
         self.pending: Progress | None = None
+        self.unfetched: tuple[Progress, list[str], list] | None = None
 
 
 class _ProcessState:
@@ -226,9 +233,12 @@ def _report(key, send, step, loss, total, samples, inputs, log_every, label, val
     now = time.monotonic()
     every = max(int(log_every), 1)
     event = Progress(rank, step, total, plain, samples, label)
+    bar.unfetched = None
     if device and (final or (step % every == 0 and now - bar.last_fetch >= MIN_INTERVAL)):
         bar.last_fetch = now
         _xla.add_step_closure(_send_fetched, (send, event, list(device), list(device.values())))
+    elif device:  # fetched when the rank ends, if no later step comes
+        bar.unfetched = (event, list(device), list(device.values()))
     if final or bar.last_sent is None or now - bar.last_sent >= MIN_INTERVAL:
         bar.last_sent = now
         bar.pending = None
@@ -324,11 +334,9 @@ def rank_ended(rank: int, failed: bool = False) -> None:
     if target is None:
         return
     key, send = target
-    if getattr(_thread, "target", None) is key:  # the steps the throttle held back
-        for bar in _thread.bars.values():
-            if bar.pending is not None:
-                send(bar.pending)
-                bar.pending = None
+    if getattr(_thread, "target", None) is key:
+        # After a failure the device may be what failed: send what is known, fetch nothing.
+        _send_last_steps(send, fetch=not failed)
     process = _process_state(key)
     with process.lock:
         process.running.discard(rank)
@@ -347,6 +355,35 @@ def rank_ended(rank: int, failed: bool = False) -> None:
             warnings.warn(f"hfxla_nb could not wait for the device: {error!r}",
                           RuntimeWarning, stacklevel=2)
     _send_snapshot(process, send)
+
+
+def _send_last_steps(send, fetch: bool) -> None:
+    """The last step of each of this thread's bars, where the panel lacks it: progress held
+    back by the throttle, and device values no closure fetched (a last step that was not a
+    `log_every`-th one). Those are fetched now, all bars' in one transfer: the function has
+    returned and its last graph ran (the launcher synced)."""
+    bars = list(_thread.bars.values())
+    fetched: dict[int, Progress] = {}
+    waiting = [bar for bar in bars if bar.unfetched is not None] if fetch else []
+    if waiting:
+        tensors = [tensor for bar in waiting for tensor in bar.unfetched[2]]
+        try:
+            values = iter(_xla.to_cpu(tensors))
+            for bar in waiting:
+                event, names, _ = bar.unfetched
+                merged = dict(event.values)
+                merged.update({name: float(next(values).detach().float()) for name in names})
+                fetched[id(bar)] = dataclasses.replace(event, values=merged)
+        except Exception as error:  # noqa: BLE001 - the rank's outcome matters more
+            warnings.warn(f"hfxla_nb.report could not fetch the last values: {error!r}",
+                          RuntimeWarning, stacklevel=2)
+    for bar in bars:
+        last = fetched.get(id(bar))
+        if bar.pending is not None and (last is None or bar.pending.step != last.step):
+            send(bar.pending)
+        if last is not None:
+            send(last)
+        bar.pending = bar.unfetched = None
 
 
 def _memory(process: _ProcessState) -> dict[str, int] | None:

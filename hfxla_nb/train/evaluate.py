@@ -23,6 +23,8 @@ def evaluate(run: Any) -> dict[str, float]:
     batches = batching.eval_batches(split, plan.batch_size)
     run.model.eval()
     outputs = []
+    # The bar's clock starts with the evaluation (step 0: no batch done yet).
+    emit(Progress(worker_rank(), 0, len(batches), {}, None, "eval"))
     with torch.no_grad():
         for i, (bucket_index, positions, real) in enumerate(batches):
             bucket = split.buckets[bucket_index]
@@ -64,6 +66,15 @@ def evaluate(run: Any) -> dict[str, float]:
                                   len(plan.data.label_names)))
     values["eval_rows"] = float(split.num_rows)
     return values
+
+
+def chance_accuracy(split: Any) -> float | None:
+    """The accuracy of always predicting the most frequent label of `split` (an evaluation
+    split of `EncodedData`), or None without one."""
+    if split is None or not split.num_rows:
+        return None
+    labels = np.concatenate([np.asarray(bucket.labels) for bucket in split.buckets])
+    return float(np.bincount(labels).max() / len(labels))
 
 
 def compute_metrics(

@@ -53,6 +53,7 @@ class BrowserLab:
                 page.screenshot(path=str(self.artifacts / f"{stem}-{self.theme}-open.png"))
                 raise
             assert nb.theme() == THEMES[self.theme], f"page theme {nb.theme()!r}"
+            nb.collapse_left_sidebar()
             def watch() -> None:
                 self.lab.kernel_processes()  # note the kernel's processes (and workers) by pid
                 if poll is not None:
