@@ -45,7 +45,7 @@ _BOX = "font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;line-heig
 MUTED = "opacity:0.75;"
 # The empty part of a progress bar: grey at a quarter strength shows on any background.
 TRACK = "rgba(128,128,128,0.25)"
-BAR_WIDTH = 180
+BAR_WIDTH = 150
 MONO = "font-family:var(--jp-code-font-family,monospace);font-size:12px;"
 # The same panel is drawn inside a widget while the launch runs and as a notebook's rendered
 # HTML once it ended; JupyterLab styles tables there (stripes, padding, right alignment). Every
@@ -119,10 +119,7 @@ def progress_bar_html(bar: BarView, width: int = BAR_WIDTH) -> str:
 def bar_stats_html(bar: BarView) -> str:
     """Counts, timing and values next to a bar: pieces that each stay on one line (a narrow
     output wraps between them, never inside one)."""
-    pieces = []
-    counts = text.counts_text(bar)
-    step, _, rest = counts.partition(" ")
-    pieces.append(f"<b>{escape(step)}</b>" + (f" {escape(rest)}" if rest else ""))
+    pieces = [f"<b>{escape(text.counts_text(bar))}</b>"]
     pieces += [f'<span style="{MUTED}">{escape(part)}</span>' for part in text.timing_parts(bar)]
     pieces += [f'<span style="{MONO}">{escape(part)}</span>'
                for part in text.value_parts(bar.values)]

@@ -86,19 +86,28 @@ def value_parts(values: dict[str, float]) -> list[str]:
 
 
 def counts_text(bar: BarView) -> str:
-    """`40/100 (40%)` or `40`."""
-    if not bar.total:
-        return f"{bar.step}"
-    return f"{bar.step}/{bar.total} ({(bar.fraction or 0.0) * 100:.0f}%)"
+    """`40/100` or `40` (the bar itself shows the fraction)."""
+    return f"{bar.step}/{bar.total}" if bar.total else f"{bar.step}"
+
+
+def clock(seconds: float | None) -> str:
+    """A bar's time, short: `850 ms`, `12.0 s`, then `1:05` (min:s) and `1:02:05`."""
+    if seconds is None or seconds < 59.95:
+        return duration(seconds)
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes}:{secs:02d}"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
 def timing_parts(bar: BarView) -> list[str]:
     """What a bar's time and speed are, each a piece that reads on its own: while it runs
     `12.0 s elapsed`, `ETA 18.0 s`, `3.3 it/s, 53.1 samples/s` (the current rates); once it
     ended `7.3 s elapsed` and `overall 9.8 it/s, 53.1 samples/s` (averages over the bar)."""
-    parts = [f"{duration(bar.elapsed)} elapsed"]
+    parts = [f"{clock(bar.elapsed)} elapsed"]
     if bar.state == "running" and bar.total:
-        parts.append(f"ETA {duration(bar.eta)}")
+        parts.append(f"ETA {clock(bar.eta)}")
     rates = []
     if bar.rate is not None or not bar.overall:
         rates.append(rate(bar.rate, "it"))
@@ -123,7 +132,7 @@ MARKS = {"done": "✔", "failed": "✖"}
 
 
 def bar_line(bar: BarView, width: int = 20, name_width: int = 0) -> str:
-    """One line: `train ✔ |████████| 40/100 (40%) · 12.0 s elapsed · ... · loss=0.42`.
+    """One line: `train ✔ |████████| 40/100 · 12.0 s elapsed · ... · loss=0.42`.
 
     The mark has a place of its own (blank while running), so nothing moves when it appears.
     """
