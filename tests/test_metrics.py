@@ -190,7 +190,7 @@ def test_recompile_severity_follows_its_cost_and_the_fix_names_the_input_kind():
     # 99% of the time. Not "info": it is where the time went.
     costly = recompiled(12 * NS, 0.1 * NS, "x")
     assert (costly.code, costly.severity) == ("recompiled", "warning")
-    assert costly.title == "10 compiles after warm-up"
+    assert costly.title == "Recompiling: 12 compiles in 60 steps, 10 after warm-up"
     assert "Compiling took 99% of the XLA time." in costly.explanation
     assert "torch.nn.functional.pad" in costly.fix and "tokenizer" not in costly.fix
     # Cheap compiles of a tokenizer's output: worth knowing, and the tokenizer pads.
@@ -320,10 +320,10 @@ DYNAMIC_LOOP = """
 import json, pickle, torch, torch_xla
 import torch_xla.debug.metrics as met
 from hfxla_nb import events
-from hfxla_nb.observe import reporting
+from hfxla_nb.observe import process, reporting
 import hfxla_nb as hx
 
-reporting.SNAPSHOT_INTERVAL = 0.0   # a snapshot every step, to see every compile
+process.SNAPSHOT_INTERVAL = 0.0   # a snapshot every step, to see every compile
 channel = events.Channel()
 events.attach_worker(channel, 0)
 dev = torch_xla.device()

@@ -9,7 +9,7 @@ import pytest
 
 from hfxla_nb import events
 from hfxla_nb.events import Channel, MetricsSnapshot, Progress
-from hfxla_nb.observe import reporting
+from hfxla_nb.observe import process, reporting
 from tests.kernel_helpers import run_python
 
 
@@ -256,7 +256,7 @@ def worker_channel():
 
 def test_a_failing_rank_sends_its_last_progress_and_metrics(monkeypatch, worker_channel):
     xla = FakeXla(monkeypatch)
-    monkeypatch.setattr(reporting, "SNAPSHOT_INTERVAL", 1000.0)  # one periodic snapshot only
+    monkeypatch.setattr(process, "SNAPSHOT_INTERVAL", 1000.0)  # one periodic snapshot only
 
     def train(index):
         for step in range(1, 41):  # no total: no final step for report() to know of

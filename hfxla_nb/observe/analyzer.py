@@ -162,7 +162,8 @@ def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Al
         cause, fix = _compile_cause(summary)
         alerts.append(Alert(
             "recompiled", _cost_severity(summary),
-            f"{plural(summary.compiles_after_warmup, 'compile')} after warm-up",
+            f"Recompiling: {plural(summary.compiles, 'compile')} in {plural(steps or 0, 'step')}, "
+            f"{summary.compiles_after_warmup} after warm-up",
             f"XLA compiled {plural(summary.compiles_after_warmup, 'new graph')} in the "
             f"{plural(summary.steps_after_warmup, 'step')} after warm-up."
             f"{_share_text(summary)} {cause}",

@@ -18,7 +18,7 @@ function returns with a last step whose values were not fetched (no `total`, or 
 stopped short of it), they are fetched then, every bar's in one transfer, so each bar ends at
 its real last step with its real last values.
 
-Each process also sends a `MetricsSnapshot` every `SNAPSHOT_INTERVAL` seconds while steps
+Each process also sends a `MetricsSnapshot` every `process.SNAPSHOT_INTERVAL` seconds while steps
 go on, just past the warm-up steps and at the final step: torch_xla's host-side counters (no
 device sync), device memory on TPU, and the input shapes seen so far (`inputs=`), so a
 recompilation can be explained by the input whose shape changed. The counters belong to the
@@ -45,14 +45,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from .. import _xla, events
-from ..events import MetricsSnapshot, Progress
-from .metrics import WARMUP_STEPS, ShapeTracker, shapes_of
+from ..events import Progress
+from .metrics import shapes_of
+from .process import ProcessState, maybe_snapshot, send_snapshot
 
 # Seconds between two Progress events of one bar (the final step is always sent).
 MIN_INTERVAL = 0.2
-# Seconds between two MetricsSnapshot events of one process (the panel says "as of step N";
-# a few a second keep it close to the bar, and reading the counters is host-side only).
-SNAPSHOT_INTERVAL = 0.5
 
 _local_sink: Callable[[events.Event], None] | None = None
 
@@ -72,44 +70,7 @@ class _BarState:
         self.unfetched: tuple[Progress, list[str], list] | None = None
 
 
-class _ProcessState:
-    """Per process and channel: the ranks it runs, their steps, when snapshots were sent, and
-    the input shapes seen."""
-
-    def __init__(self, target: Any) -> None:
-        self.target = target
-        self.lock = threading.Lock()
-        self.last_snapshot: float | None = None
-        self.warm_sent = False
-        self.shapes = ShapeTracker()
-        self.memory_available: bool | None = None
-        self.memory: dict[str, int] | None = None
-        self.max_step = 0
-        self.ranks: set = set()  # ranks started in this process (rank_started)
-        self.running: set = set()  # ... and not ended yet
-        self.main_label: dict[Any, str] = {}  # rank -> the label it reported first
-        self.steps: dict[Any, int] = {}  # rank -> largest step of its main label
-
-    def all_ranks(self) -> list:
-        """The ranks of this process (started, or seen reporting), lowest first."""
-        ranks = self.ranks | {rank for rank in self.steps if rank is not None}
-        return sorted(ranks)
-
-    def step(self) -> int:
-        """The process's step: that of its slowest reporting rank (their main bars)."""
-        return min(self.steps.values()) if self.steps else self.max_step
-
-    def rank_steps(self) -> int:
-        """Steps of every rank of the process added up (a rank that does not report is
-        counted at the slowest reporting rank's step)."""
-        if not self.steps:
-            return 0
-        slowest = min(self.steps.values())
-        ranks = self.ranks | set(self.steps)
-        return sum(self.steps.get(rank, slowest) for rank in ranks)
-
-
-_process: _ProcessState | None = None
+_process: ProcessState | None = None
 _process_lock = threading.Lock()
 _thread = threading.local()
 
@@ -136,14 +97,14 @@ def _target() -> tuple[Any, Callable[[events.Event], Any]] | None:
     return None
 
 
-def _process_state(target: Any) -> _ProcessState:
+def _process_state(target: Any) -> ProcessState:
     global _process
     current = _process
     if current is not None and current.target is target:
         return current
     with _process_lock:
         if _process is None or _process.target is not target:
-            _process = _ProcessState(target)
+            _process = ProcessState(target)
         return _process
 
 
@@ -245,7 +206,7 @@ def _report(key, send, step, loss, total, samples, inputs, log_every, label, val
         send(event)
     else:
         bar.pending = event
-    _maybe_snapshot(process, send, final, now)
+    maybe_snapshot(process, send, final, now)
 
 
 def _split(values: dict[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
@@ -277,39 +238,6 @@ def _send_fetched(send, progress: Progress, names: list[str], tensors: list) -> 
                       progress.label, progress.time))
     except Exception as error:  # noqa: BLE001 - a closure error would break the user's sync
         warnings.warn(f"hfxla_nb.report could not fetch values: {error!r}", RuntimeWarning,
-                      stacklevel=2)
-
-
-def _maybe_snapshot(process: _ProcessState, send, final: bool, now: float) -> None:
-    """Queue a metrics snapshot of this process, every few seconds (from whichever rank thread
-    reports when one is due)."""
-    if not _xla.runtime_is_initialized():
-        return  # no XLA work in this process yet: nothing to measure
-    with process.lock:
-        warm = not process.warm_sent and process.step() > WARMUP_STEPS
-        due = process.last_snapshot is None or now - process.last_snapshot >= SNAPSHOT_INTERVAL
-        if not (final or warm or due):
-            return
-        process.last_snapshot = now
-        process.warm_sent = process.warm_sent or warm
-    # After the step's graph ran, so the counters include this step's compile and transfers.
-    _xla.add_step_closure(_send_snapshot, (process, send))
-
-
-def _send_snapshot(process: _ProcessState, send) -> None:
-    """Send the process's counters now (a step closure, or the end of a rank)."""
-    try:
-        with process.lock:  # progress first: the counters read next include at least that
-            step = process.step()
-            progress = process.rank_steps()
-            ranks = process.all_ranks()
-        data = _xla.metrics_snapshot()
-        data["input_shapes"] = process.shapes.data()
-        data["process"] = {"pid": os.getpid(), "ranks": ranks, "rank_steps": progress}
-        rank = ranks[0] if ranks else events.worker_rank()
-        send(MetricsSnapshot(rank, step, data, _memory(process)))
-    except Exception as error:  # noqa: BLE001 - never break the user's sync
-        warnings.warn(f"hfxla_nb.report could not read metrics: {error!r}", RuntimeWarning,
                       stacklevel=2)
 
 
@@ -354,7 +282,7 @@ def rank_ended(rank: int, failed: bool = False) -> None:
         except Exception as error:  # noqa: BLE001 - the rank's outcome matters more
             warnings.warn(f"hfxla_nb could not wait for the device: {error!r}",
                           RuntimeWarning, stacklevel=2)
-    _send_snapshot(process, send)
+    send_snapshot(process, send)
 
 
 def _send_last_steps(send, fetch: bool) -> None:
@@ -384,18 +312,6 @@ def _send_last_steps(send, fetch: bool) -> None:
         if last is not None:
             send(last)
         bar.pending = bar.unfetched = None
-
-
-def _memory(process: _ProcessState) -> dict[str, int] | None:
-    """Device memory on TPU; on the CPU it is not available (asked once per process)."""
-    if process.memory_available is False:
-        return None
-    info = None
-    if _xla.device_type() not in (None, "CPU"):
-        info = _xla.memory_info()
-    process.memory_available = info is not None
-    process.memory = info
-    return info
 
 
 def recorded() -> dict[str, Any]:
