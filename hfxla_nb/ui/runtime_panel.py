@@ -48,7 +48,7 @@ def _facts(info: RuntimeInfo) -> list[tuple[str, str]]:
     facts = [
         ("host", info.host or info.environment),
         ("accelerator", accelerator.description),
-        ("found by", ", ".join(accelerator.found_by) or "-"),
+        ("found by", ", ".join(accelerator.found_by) or "nothing"),
         ("launcher", info.launch_plan or f"{info.device_count} XLA device(s)"),
         ("runs in", info.environment),
         ("XLA runtime", _runtime_state(info)),
