@@ -135,6 +135,33 @@ def _compile_cause(summary: XlaSummary) -> tuple[str, str]:
     )
 
 
+def _shape_changes_alert(summary: XlaSummary, many: dict[str, InputShapes],
+                         warmup_steps: int) -> Alert:
+    """Inputs with many shapes, when the rate rules stay silent: every compile may have
+    happened during warm-up (shapes that cycle), but each shape still cost a compilation and
+    any new one costs another."""
+    names = ", ".join(f"'{name}'" for name in many)
+    if len(many) == 1:
+        title = f"Input {names} took {next(iter(many.values())).count_text()}"
+    else:
+        title = f"Inputs {names} took many different shapes"
+    listed = _shapes_listed(many)
+    compiled = ""
+    if summary.compiles:
+        during = (f", all in the first {warmup_steps} steps"
+                  if summary.compiles_after_warmup == 0 else "")
+        compiled = (f" This run compiled {plural(summary.compiles, 'graph')}{during}."
+                    f"{_share_text(summary)}")
+    return Alert(
+        "shape-changes", _cost_severity(summary), title,
+        f"{listed[0].upper()}{listed[1:]}. XLA compiles a new graph for every new input "
+        f"shape.{compiled} Later steps reuse those graphs, but each compilation can take "
+        "minutes on a TPU, and every shape not seen yet (a longer text, a smaller last "
+        "batch, an evaluation batch) compiles again.",
+        _shapes_fix(many),
+    )
+
+
 def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Alert]:
     """Alerts for a summary, at PyTorch/XLA's own thresholds, most severe first.
 
@@ -172,28 +199,7 @@ def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Al
 
     many = {name: info for name, info in changed.items() if info.distinct > MAX_QUIET_SHAPES}
     if many and not any(alert.code in ("frequent-compiles", "recompiled") for alert in alerts):
-        # Every compile may have happened during warm-up (shapes that cycle), so the rate rules
-        # stay silent, but each shape still cost a compilation and any new one costs another.
-        names = ", ".join(f"'{name}'" for name in many)
-        if len(many) == 1:
-            title = f"Input {names} took {next(iter(many.values())).count_text()}"
-        else:
-            title = f"Inputs {names} took many different shapes"
-        listed = _shapes_listed(many)
-        compiled = ""
-        if summary.compiles:
-            during = (f", all in the first {warmup_steps} steps"
-                      if summary.compiles_after_warmup == 0 else "")
-            compiled = (f" This run compiled {plural(summary.compiles, 'graph')}{during}."
-                        f"{_share_text(summary)}")
-        alerts.append(Alert(
-            "shape-changes", _cost_severity(summary), title,
-            f"{listed[0].upper()}{listed[1:]}. XLA compiles a new graph for every new input "
-            f"shape.{compiled} Later steps reuse those graphs, but each compilation can take "
-            "minutes on a TPU, and every shape not seen yet (a longer text, a smaller last "
-            "batch, an evaluation batch) compiles again.",
-            _shapes_fix(many),
-        ))
+        alerts.append(_shape_changes_alert(summary, many, warmup_steps))
 
     transfers = summary.transfers_from_device
     transfer_rate = summary.per_step(transfers)
