@@ -209,6 +209,8 @@ def test_text_formats():
     assert text.number(1.6667e-4) == "1.7e-4" and text.number(5e-5) == "5e-5"
     assert text.number(123456.789) == "1.2e5" and text.number(-0.0004) == "-4e-4"
     assert text.number(12.3456) == "12.35" and text.number(0) == "0"
+    assert text.number(0.001367) == "0.0014" and text.number(0.01234) == "0.0123"
+    assert text.number(12345.6) == "1.2e4" and text.number(1234.5) == "1234"
     # A bar's times, short past a minute (so its stats stay on one line).
     assert text.clock(12.04) == "12.0 s" and text.clock(0.85) == "850 ms"
     assert text.clock(65) == "1:05" and text.clock(3725) == "1:02:05"

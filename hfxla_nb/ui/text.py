@@ -42,16 +42,20 @@ def duration(seconds: float | None) -> str:
 
 
 def number(value: float) -> str:
-    """A value to show, compact: 4 significant digits (`0.4213`, `12.35`), and for very small or
-    large values 2 digits in short scientific form (`1.7e-4`, `2.5e6`), so it stays short."""
+    """A value to show, in at most 6 characters (a sign aside): up to 4 significant digits
+    (`0.4213`, `12.35`, `0.0014`), or 2 in short scientific form for very small or large
+    values (`1.7e-4`, `2.5e6`)."""
     if value == 0:
         return "0"
     if value != value or value in (float("inf"), float("-inf")):
         return str(value)
-    if abs(value) >= 1e5 or abs(value) < 1e-3:
-        mantissa, exponent = f"{value:.1e}".split("e")
-        return f"{mantissa.removesuffix('.0')}e{int(exponent)}"
-    return f"{value:.4g}"
+    if 1e-3 <= abs(value) < 1e5:
+        for digits in (4, 3, 2):
+            text = f"{value:.{digits}g}"
+            if "e" not in text and len(text.lstrip("-")) <= 6:
+                return text
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa.removesuffix('.0')}e{int(exponent)}"
 
 
 def size(count: int | None) -> str:
