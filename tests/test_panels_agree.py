@@ -89,6 +89,8 @@ def test_rank_labels_only_with_more_than_one_rank():
     _, two = run(range(1, 11), total=10, world=2, record=finished(2))
     assert two.bars[0].name == "train [rank 0]"
     assert text.status_line(two).startswith("✔ launch of 2 ranks finished in ")
+    assert text.status_line(LaunchState(4, clock=Clock()).view()) == "… starting 4 ranks, 0 s"
+    assert text.status_line(LaunchState(1, clock=Clock()).view()) == "… starting, 0 s"
 
 
 # -- every figure says what it counts -----------------------------------------------------------

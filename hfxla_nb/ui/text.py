@@ -159,7 +159,8 @@ def status_line(view: LaunchView) -> str:
         first = f": {view.errors[0]}" if view.errors else ""
         return f"{symbol} launch{ranks} failed after {duration(view.elapsed)}{first}"
     if view.state == "starting":
-        return f"{symbol} starting{ranks}, {duration(view.elapsed)}"
+        who = "" if view.world == 1 else f" {plural(view.world, 'rank')}"
+        return f"{symbol} starting{who}, {duration(view.elapsed)}"
     line = f"{symbol} running for {duration(view.elapsed)}"
     if view.world > 1:
         states = list(view.ranks.values())
