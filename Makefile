@@ -7,7 +7,7 @@ STAMP := $(VENV)/.hfxla_nb-installed
 export PJRT_DEVICE ?= CPU
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test lint demo bench lab clean test-browser
+.PHONY: setup test lint demo bench lab clean test-browser test-stacks
 
 $(STAMP): pyproject.toml requirements-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,13 @@ bench: setup
 lab: setup
 	$(PY) -m pip install --quiet jupyterlab
 	$(VENV)/bin/jupyter lab notebooks/
+
+# The kernel-level tests on the stacks of Colab's and Kaggle's TPU runtimes (stacks/*.txt), each in
+# its own venv under .stacks/ (built once, a few GB each); a stack whose Python is missing is
+# skipped. `make test-stacks STACKS=colab` runs one.
+STACKS ?=
+test-stacks:
+	$(PYTHON) stacks/run_stack.py $(STACKS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
