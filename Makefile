@@ -7,7 +7,7 @@ STAMP := $(VENV)/.hfxla_nb-installed
 export PJRT_DEVICE ?= CPU
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test lint demo bench lab clean test-browser
+.PHONY: setup test lint demo bench lab clean test-browser test-stacks
 
 $(STAMP): pyproject.toml requirements-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,8 +45,10 @@ $(CHROMIUM):
 test-browser: setup $(BROWSER_STAMP) $(CHROMIUM)
 	$(PY) -m pytest -q -rP tests/browser
 
+# `make demo` fine-tunes the tiny BERT; `make demo TASK=causal-lm` the tiny Llama with FSDPv2.
+TASK ?= classification
 demo: setup
-	$(PY) -m hfxla_nb.demo
+	$(PY) -m hfxla_nb.$(if $(filter causal-lm,$(TASK)),demo_lm,demo)
 
 bench: setup
 	$(PY) bench/finetune.py
@@ -54,6 +56,13 @@ bench: setup
 lab: setup
 	$(PY) -m pip install --quiet jupyterlab
 	$(VENV)/bin/jupyter lab notebooks/
+
+# The kernel-level tests on the stacks of Colab's and Kaggle's TPU runtimes (stacks/*.txt), each in
+# its own venv under .stacks/ (built once, a few GB each); a stack whose Python is missing is
+# skipped. `make test-stacks STACKS=colab` runs one.
+STACKS ?=
+test-stacks:
+	$(PYTHON) stacks/run_stack.py $(STACKS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

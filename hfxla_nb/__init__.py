@@ -36,6 +36,7 @@ _EXPORTS = {
     "report": "observe.reporting",
     "fine_tune": "train.finetune",
     "prepare_fine_tune": "train.prepare",
+    "generate": "train.generation",
     "FineTuneConfig": "train.config",
     "FineTuneError": "train.config",
     "FineTuneResult": "train.result",

@@ -183,14 +183,70 @@ def global_ordinal() -> int:
     return int(xr.global_ordinal())
 
 
-def data_parallel_mesh():
-    """A `(devices, 1)` mesh named `("data", "model")` over every device, for SPMD."""
+def data_parallel_mesh(axis: str = "data"):
+    """A `(devices, 1)` mesh named `(axis, "model")` over every device, for SPMD: "data" for
+    data parallelism, "fsdp" for FSDPv2 (parameters sharded on the same axis as the batch)."""
     _require()
     import numpy as np
     import torch_xla.distributed.spmd as xs
 
     count = global_device_count()
-    return xs.Mesh(np.arange(count), (count, 1), ("data", "model"))
+    return xs.Mesh(np.arange(count), (count, 1), (axis, "model"))
+
+
+def fsdp_v2(model, mesh, layer_classes: set | None = None, checkpoint: bool = False):
+    """Wrap `model` in PyTorch/XLA's SPMD FSDPv2: parameters sharded over the mesh's "fsdp"
+    axis, the logits of the output sharded on the batch; each layer of `layer_classes`
+    wrapped (and recomputed in the backward pass with torch_xla's checkpoint when asked)."""
+    _require()
+    import functools
+
+    import torch_xla.distributed.spmd as xs
+    from torch_xla.distributed.fsdp import checkpoint_module
+    from torch_xla.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    from torch_xla.experimental.spmd_fully_sharded_data_parallel import (
+        SpmdFullyShardedDataParallel as FSDPv2,
+    )
+
+    def shard_output(output, mesh):
+        # A layer returns a tensor (or a tuple); the model a ModelOutput with logits.
+        if isinstance(output, tuple):
+            output = output[0]
+        tensor = getattr(output, "logits", output)
+        xs.mark_sharding(tensor, mesh, ("fsdp",) + (None,) * (tensor.dim() - 1))
+
+    policy = wrapper = None
+    if layer_classes:
+        policy = functools.partial(transformer_auto_wrap_policy,
+                                   transformer_layer_cls=set(layer_classes))
+        if checkpoint:
+            def wrapper(module, *args, **kwargs):
+                return FSDPv2(checkpoint_module(module), *args, **kwargs)
+    return FSDPv2(model, mesh=mesh, shard_output=shard_output, auto_wrap_policy=policy,
+                  auto_wrapper_callable=wrapper)
+
+
+def checkpoint_layers(model, layer_classes: set) -> int:
+    """Recompute each layer of `layer_classes` in the backward pass with torch_xla's own
+    checkpoint (transformers' gradient checkpointing is removed by XLA's compiler); returns
+    how many layers were wrapped."""
+    _require()
+    from torch_xla.distributed.fsdp import checkpoint_module
+
+    wrapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) in layer_classes:
+                setattr(parent, name, checkpoint_module(child))
+                wrapped += 1
+    return wrapped
+
+
+def sharding_spec(tensor) -> str:
+    """How `tensor` is sharded ("" or "{replicated}" when it is not)."""
+    import torch_xla
+
+    return torch_xla._XLAC._get_xla_sharding_spec(tensor)
 
 
 def optimizer_step(optimizer) -> None:

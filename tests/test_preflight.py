@@ -89,3 +89,19 @@ def test_kaggle_tpu_workers_lose_the_multi_host_variables():
     plan = plan_launch("replicated", None, "no", "tpu", 8, environment="kaggle")
     assert plan.env["TPU_PROCESS_ADDRESSES"] is None and plan.env["CLOUD_TPU_TASK_ID"] is None
     assert "TPU_PROCESS_ADDRESSES" not in plan_launch("replicated", None, "no", "tpu", 8).env
+
+
+def test_a_tpu_held_by_another_process_is_refused_with_its_pid_and_command():
+    from hfxla_nb.launch.preflight import check_environment
+    from hfxla_nb.runtime import Accelerator
+
+    held = Accelerator("tpu", generation="v5e", chips=1, devices=1,
+                       holders={4242: "python -m ipykernel_launcher -f kernel-1.json"})
+    with pytest.raises(LaunchRefusedError) as error:
+        check_environment(held, {"PJRT_DEVICE": "TPU"})
+    message = str(error.value)
+    assert "pid 4242: python -m ipykernel_launcher -f kernel-1.json" in message
+    assert "kill 4242" in message
+    check_environment(Accelerator("tpu", chips=1, devices=1), {"PJRT_DEVICE": "TPU"})
+    with pytest.raises(LaunchRefusedError, match="CPU_NUM_DEVICES='0' is not a positive"):
+        check_environment(Accelerator("cpu"), {"CPU_NUM_DEVICES": "0"})

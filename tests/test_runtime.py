@@ -252,6 +252,13 @@ def test_processes_holding_the_tpu_are_found_except_this_one(tmp_path):
     assert not info.ok
 
 
+def test_a_holder_is_named_by_its_command_line_when_proc_shows_it(tmp_path):
+    make_tpu_host(tmp_path, "v5e", chips=1)
+    holds(tmp_path, 4242, "/dev/vfio/0", comm="python3")
+    (tmp_path / "proc/4242/cmdline").write_bytes(b"python3\0-m\0ipykernel_launcher\0-f\0k.json\0")
+    assert find_device_holders(str(tmp_path)) == {4242: "python3 -m ipykernel_launcher -f k.json"}
+
+
 # ---------------------------------------------------------------------------------------------
 # Where it runs
 # ---------------------------------------------------------------------------------------------
@@ -483,7 +490,9 @@ def test_panel_of_a_healthy_cpu():
     )
     text = runtime_text(info)
     assert text.splitlines()[0] == "hfxla_nb runtime: OK"
-    assert "CPU: 8 virtual XLA devices on 2 host cores" in text and "8 XLA devices" in text
+    assert "CPU: 8 virtual XLA devices on 2 host cores" in text
+    assert "host          Jupyter, no TPU" in text
+    assert "launcher      XLA on the CPU with 8 virtual devices" in text
     assert ">OK<" in runtime_html(info) and "problems:" not in text
 
 

@@ -14,6 +14,8 @@ import numpy as np
 from .._choices import PROGRESS_MODES
 
 STRATEGIES = ("spmd", "replicated")
+TASKS = ("auto", "classification", "causal-lm")
+SHARDINGS = ("auto", "data", "fsdp")
 PRECISIONS = ("auto", "fp32", "bf16")
 METRICS = ("accuracy", "f1", "precision", "recall")
 
@@ -66,6 +68,22 @@ class FineTuneConfig:
         progress: True (live panels: widgets, HTML or console, whichever fits), "widgets",
             "html", "console", or False.
         timeout: stop the worker after this many seconds.
+        task: "classification", "causal-lm", or "auto" (from the model's architecture: a
+            `...ForCausalLM` is fine-tuned as a language model, anything else as a classifier).
+        prompt_column, response_column: causal LM on pairs: the prompt is not learned, the
+            response is (joined by `template`, or the tokenizer's chat template when it has
+            one and no template is given). Without them, `text_column` is the text to learn.
+        template: how a prompt and a response become one text, with "{prompt}" and
+            "{response}" placeholders; default "{prompt}\n{response}".
+        packing: causal LM: concatenate the texts and cut them into rows of `max_length` (no
+            padding; default for `text_column` data); False pads each text to `max_length`.
+            Pairs are never packed.
+        sharding: causal LM over several devices: "data" (each device holds the whole model,
+            the batch is split), "fsdp" (PyTorch/XLA's FSDPv2: parameters, gradients and
+            optimizer state sharded over the devices too), or "auto": "fsdp" when parameters,
+            gradients and AdamW state would not fit one device's memory.
+        gradient_checkpointing: recompute each layer in the backward pass with torch_xla's own
+            checkpoint (transformers' own is removed by XLA's compiler): less memory, slower.
 
     Raises:
         FineTuneError: on construction, for a value that cannot work (the message says what
@@ -97,6 +115,13 @@ class FineTuneConfig:
     log_every: int = 10
     progress: bool | str = True
     timeout: float | None = None
+    task: str = "auto"
+    prompt_column: str | None = None
+    response_column: str | None = None
+    template: str | None = None
+    packing: bool | None = None
+    sharding: str = "auto"
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.metrics, str) or callable(self.metrics):
@@ -156,6 +181,25 @@ def _check_choices(config: FineTuneConfig) -> None:
             f"strategy={config.strategy!r} is not supported by fine_tune: use 'spmd' (one "
             "process, the batch sharded over every device; recommended) or 'replicated' "
             "(xmp.spawn, one process per TPU chip)."
+        )
+    if config.task not in TASKS:
+        raise FineTuneError(
+            f"task={config.task!r} is not one of {', '.join(map(repr, TASKS))}: 'auto' picks "
+            "'causal-lm' for a ...ForCausalLM model and 'classification' otherwise."
+        )
+    if config.sharding not in SHARDINGS:
+        raise FineTuneError(
+            f"sharding={config.sharding!r} is not one of {', '.join(map(repr, SHARDINGS))}."
+        )
+    if config.sharding == "fsdp" and config.strategy != "spmd":
+        raise FineTuneError(
+            "sharding='fsdp' is FSDPv2, which runs under SPMD: use strategy='spmd' (the "
+            "default) with it."
+        )
+    if (config.prompt_column is None) != (config.response_column is None):
+        raise FineTuneError(
+            "prompt_column and response_column go together: pass both (the prompt is given, "
+            "the response is learned), or neither to learn the whole text_column."
         )
     if config.precision not in PRECISIONS:
         raise FineTuneError(

@@ -15,7 +15,8 @@ from . import batching
 
 def evaluate(run: Any) -> dict[str, float]:
     """Evaluate `run.model` on the plan's evaluation split: padded, weighted batches (one
-    graph per bucket), every result fetched in one transfer at the end."""
+    graph per bucket), every result fetched in one transfer at the end; the task
+    (`tasks.py`) says what is computed."""
     torch = run.torch
     plan = run.plan
     split = plan.data.eval
@@ -29,18 +30,12 @@ def evaluate(run: Any) -> dict[str, float]:
         for i, (bucket_index, positions, real) in enumerate(batches):
             bucket = split.buckets[bucket_index]
             x = run.upload(batching.eval_batch(bucket, positions, real))[0]
-            logits = run.logits(x, bucket.length)
-            labels = x[:, -2].long()
-            weights = x[:, -1].float()
-            losses = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
-            # Filler rows weigh 0; `where` keeps a NaN of a filler row out of the sum.
-            losses = torch.where(weights > 0, losses, torch.zeros_like(losses))
-            predictions = logits.argmax(-1)
+            tensors = run.task.eval_outputs(run, x, bucket.length)
             if run.mesh is not None:
                 # Gathered in the graph: fetching sharded results would compile per tensor.
-                run.xla.replicate(predictions, run.mesh)
-                run.xla.replicate(losses, run.mesh)
-            outputs += [predictions, losses]
+                for tensor in tensors:
+                    run.xla.replicate(tensor, run.mesh)
+            outputs += tensors
             run.xla.sync()
             now = time.monotonic()
             if i + 1 == len(batches) or now - last_sent >= 0.2:
@@ -50,22 +45,7 @@ def evaluate(run: Any) -> dict[str, float]:
                 emit(Progress(worker_rank(), i + 1, len(batches), {}, None, "eval"))
     fetched = run.xla.to_cpu(outputs)  # one transfer for every batch
     run.model.train()
-    predictions = np.empty(split.num_rows, dtype=np.int64)
-    row_losses = np.empty(split.num_rows, dtype=np.float64)
-    for (bucket_index, positions, real), prediction, loss in zip(
-        batches, fetched[0::2], fetched[1::2], strict=True
-    ):
-        rows = split.buckets[bucket_index].rows[positions[:real]]
-        predictions[rows] = prediction.numpy()[:real]
-        row_losses[rows] = loss.float().numpy()[:real]
-    labels = np.empty(split.num_rows, dtype=np.int64)
-    for bucket in split.buckets:
-        labels[bucket.rows] = bucket.labels
-    values = {"eval_loss": float(row_losses.mean())}
-    values.update(compute_metrics(plan.metrics, predictions, labels,
-                                  len(plan.data.label_names)))
-    values["eval_rows"] = float(split.num_rows)
-    return values
+    return run.task.eval_metrics(run, batches, fetched)
 
 
 def chance_accuracy(split: Any) -> float | None:

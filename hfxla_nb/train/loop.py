@@ -34,6 +34,7 @@ from .evaluate import chance_accuracy, evaluate
 from .plan import TrainPlan, resolve_precision
 from .result import learning_warnings
 from .saving import save_checkpoint, save_final
+from .tasks import TASKS
 
 #: Steps left out of the steady-state figures (samples/s, executions and transfers per step):
 #: the first two compile, the third still waits for them.
@@ -75,7 +76,10 @@ class _Run:
         self.rank = 0 if self.spmd else _xla.global_ordinal()
         self.world = 1 if self.spmd else _xla.world_size()
         self.devices = _xla.global_device_count() if self.spmd else self.world
-        self.mesh = _xla.data_parallel_mesh() if self.spmd else None
+        self.task = TASKS[plan.task]
+        # FSDPv2 shards parameters over the axis that also splits the batch.
+        self.axis = "fsdp" if plan.sharding == "fsdp" else "data"
+        self.mesh = _xla.data_parallel_mesh(self.axis) if self.spmd else None
         self.precision = resolve_precision(plan.precision, _xla.device_type())
         if plan.rows_per_step % self.world:
             raise ValueError(
@@ -92,19 +96,30 @@ class _Run:
     # -- setup ---------------------------------------------------------------------------------
 
     def _load_model(self):
-        torch = self.torch
-        from transformers import AutoModelForSequenceClassification
+        import transformers
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        torch.manual_seed(self.plan.seed)  # the new head's initialization
+        self.torch.manual_seed(self.plan.seed)  # the new head's initialization
         source = self.plan.resume_from or self.plan.model
-        if isinstance(source, str):
-            model = AutoModelForSequenceClassification.from_pretrained(
-                source, **self.plan.model_kwargs
-            )
-        else:
-            model = source
+        if not isinstance(source, str):
+            return source
+        auto_class = getattr(transformers, self.task.auto_class)
+        return auto_class.from_pretrained(source, **self.plan.model_kwargs)
+
+    def _shard(self, model):
+        """FSDPv2 (parameters sharded) or plain; torch_xla's checkpoint on each layer when
+        asked. Returns the module to call; `self.base_model` stays the one to save."""
+        layers = {type(module) for module in model.modules()
+                  if type(module).__name__ in set(getattr(model, "_no_split_modules", None) or ())}
+        if self.plan.gradient_checkpointing:
+            names = ", ".join(sorted(layer.__name__ for layer in layers)) or "none found"
+            self.notes.append(f"gradient checkpointing with torch_xla's checkpoint on each "
+                              f"layer ({names})")
+        if self.plan.sharding == "fsdp":
+            return self.xla.fsdp_v2(model, self.mesh, layers, self.plan.gradient_checkpointing)
+        if self.plan.gradient_checkpointing and layers:
+            self.xla.checkpoint_layers(model, layers)
         return model
 
     def _optimizer(self, model):
@@ -141,22 +156,22 @@ class _Run:
     def upload(self, array: np.ndarray):
         tensor = self.torch.from_numpy(np.ascontiguousarray(array))
         if self.spmd:
-            spec = (None, "data", None)
+            spec = (None, self.axis, None)
             return self.xla.send_to_device(tensor, self.device, self.mesh, spec)
         return self.xla.send_to_device(tensor, self.device)
 
-    def _inputs(self, x, length: int) -> dict[str, Any]:
+    def inputs(self, x, length: int) -> dict[str, Any]:
         names = self.plan.data.input_names
         return {name: x[:, k * length:(k + 1) * length] for k, name in enumerate(names)}
 
+    def autocast(self):
+        if self.precision == "bf16":
+            return self.torch.autocast("xla", dtype=self.torch.bfloat16)
+        return nullcontext()
+
     def logits(self, x, length: int):
-        autocast = (
-            self.torch.autocast("xla", dtype=self.torch.bfloat16)
-            if self.precision == "bf16"
-            else nullcontext()
-        )
-        with autocast:
-            output = self.model(**self._inputs(x, length))
+        with self.autocast():
+            output = self.model(**self.inputs(x, length))
         return output.logits.float()
 
     # -- train ---------------------------------------------------------------------------------
@@ -165,12 +180,13 @@ class _Run:
         torch = self.torch
         plan = self.plan
         start_time = time.perf_counter()
-        self.model = self._load_model()
-        self.model.to(self.device)
+        self.base_model = self._load_model()
+        self.base_model.to(self.device)
+        self.model = self._shard(self.base_model)
         if not self.spmd and self.world > 1:
             # Replicas must start equal: rank threads share torch's random generator, so a
             # freshly initialized head can differ between them. Rank 0's weights win.
-            self.xla.broadcast_master_param(self.model)
+            self.xla.broadcast_master_param(self.base_model)
         self.model.train()
         self.optimizer, self.scheduler = self._optimizer(self.model)
         start_step, loss_total = 0, 0.0
@@ -233,6 +249,10 @@ class _Run:
             "executions_per_step": executions,
             "transfers_per_step": transfers,
             "label_names": list(plan.data.label_names),
+            "task": plan.task,
+            "sharding": plan.sharding,
+            "gradient_checkpointing": plan.gradient_checkpointing,
+            "parameter_sharding": self._parameter_sharding(),
             "strategy": plan.strategy,
             "devices": self.devices,
             "precision": self.precision,
@@ -245,7 +265,8 @@ class _Run:
         }
         trained = (plan.total_steps - start_step) * plan.rows_per_step
         result["samples_per_second_overall"] = trained / max(train_seconds, 1e-9)
-        result["chance_accuracy"] = chance_accuracy(plan.data.eval)
+        result["chance_accuracy"] = (chance_accuracy(plan.data.eval)
+                                     if plan.task == "classification" else None)
         result["warnings"] = learning_warnings(self.history, metrics,
                                                result["chance_accuracy"])
         if plan.save and self.rank == 0:
@@ -289,9 +310,7 @@ class _Run:
             x = self.upload(batching.train_batch(bucket, positions, micro))
             step_loss = None
             for m in range(micro):
-                logits = self.logits(x[m], bucket.length)
-                labels = x[m][:, -1].long()
-                loss = torch.nn.functional.cross_entropy(logits, labels)
+                loss = self.task.train_loss(self, x[m], bucket.length)
                 (loss / micro).backward()
                 detached = loss.detach() / micro
                 step_loss = detached if step_loss is None else step_loss + detached
@@ -318,6 +337,14 @@ class _Run:
                 self._steady_since = time.perf_counter()
                 steady = (self.counts(), self._steady_since, plan.total_steps - done)
         return steady
+
+    def _parameter_sharding(self) -> dict[str, str]:
+        """How the first few parameters are laid out over the devices (SPMD sharding specs)."""
+        if not self.spmd:
+            return {}
+        named = list(self.base_model.named_parameters())[:3]
+        return {name.replace("._orig_module", ""): self.xla.sharding_spec(parameter)
+                or "{replicated}" for name, parameter in named}
 
     def _checkpoint_time_after(self, since: float) -> float:
         return sum(end - begin for begin, end, _ in self.checkpoint_marks if begin >= since)

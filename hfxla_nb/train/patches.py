@@ -23,6 +23,9 @@ The patches:
   answers "keep the mask". Keeping an all-ones mask gives the same attention as dropping it
   (masked positions add 0 to the scores), so results do not change; only the chance to
   dispatch to a flash kernel without a mask is lost, which XLA does not use anyway.
+- `causal_mask`: the same for decoders (Llama, GPT-2 style): `_ignore_causal_mask_sdpa` reads
+  `padding_mask.all()` (twice) to decide whether SDPA's `is_causal` can replace the mask; on
+  XLA tensors the causal mask is always built, with the same attention.
 """
 
 from __future__ import annotations
@@ -45,15 +48,18 @@ def _on_xla(tensor: Any) -> bool:
     return getattr(getattr(tensor, "device", None), "type", None) == "xla"
 
 
-def _bidirectional_mask_patch(original: Callable[..., bool]) -> Callable[..., bool]:
-    def _ignore_bidirectional_mask_sdpa(padding_mask, *args, **kwargs) -> bool:
+def _keep_mask_on_xla(original: Callable[..., bool]) -> Callable[..., bool]:
+    """`original(padding_mask, ...)`, except that on XLA tensors the mask is always kept."""
+
+    def keep_mask(padding_mask, *args, **kwargs) -> bool:
         if _on_xla(padding_mask):
             return False  # keep the mask: reading it would sync the device (see module doc)
         return original(padding_mask, *args, **kwargs)
 
-    _ignore_bidirectional_mask_sdpa.__wrapped__ = original  # type: ignore[attr-defined]
-    _ignore_bidirectional_mask_sdpa.__hfxla_nb_patch__ = True  # type: ignore[attr-defined]
-    return _ignore_bidirectional_mask_sdpa
+    keep_mask.__name__ = original.__name__
+    keep_mask.__wrapped__ = original  # type: ignore[attr-defined]
+    keep_mask.__hfxla_nb_patch__ = True  # type: ignore[attr-defined]
+    return keep_mask
 
 
 def _targets() -> dict[str, tuple[Any, str, Callable[[Any], Any]]]:
@@ -63,12 +69,10 @@ def _targets() -> dict[str, tuple[Any, str, Callable[[Any], Any]]]:
         from transformers import masking_utils
     except ImportError:  # transformers < 4.53 builds masks elsewhere, without this check
         return targets
-    if hasattr(masking_utils, "_ignore_bidirectional_mask_sdpa"):
-        targets["bidirectional_mask"] = (
-            masking_utils,
-            "_ignore_bidirectional_mask_sdpa",
-            _bidirectional_mask_patch,
-        )
+    for name, attribute in (("bidirectional_mask", "_ignore_bidirectional_mask_sdpa"),
+                            ("causal_mask", "_ignore_causal_mask_sdpa")):
+        if hasattr(masking_utils, attribute):
+            targets[name] = (masking_utils, attribute, _keep_mask_on_xla)
     return targets
 
 

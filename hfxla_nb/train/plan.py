@@ -33,6 +33,9 @@ class TrainPlan:
     devices: int
     fingerprint: dict[str, Any] = field(default_factory=dict)
     save: bool = True
+    task: str = "classification"  # or "causal-lm" (tasks.py)
+    sharding: str = "data"  # or "fsdp": FSDPv2, parameters sharded over the devices
+    gradient_checkpointing: bool = False
 
     @property
     def rows_per_step(self) -> int:

@@ -7,15 +7,14 @@ output folder and a checkpoint to resume. Writes nothing; any refusal is a `Fine
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import batching, data, sources
-from . import checkpoint as ckpt
+from . import batching, data, sources, steps
 from .config import FineTuneConfig, FineTuneError
 from .plan import TrainPlan
+from .prepare_lm import prepare_causal_lm
 
 
 @dataclass
@@ -41,16 +40,19 @@ def prepare_fine_tune(
     """
     config = FineTuneConfig.build(config, options)
     source, model_config, fixed_labels, model_name = sources.model_source(model)
+    task = sources.resolve_task(config.task, model, model_config)
     tokenizer = sources.load_tokenizer(config.tokenizer, model, source)
+    if task == "causal-lm":
+        return prepare_causal_lm(dataset, config, source, model_config, tokenizer, model_name)
     columns = _read_columns(dataset, config, model_config, fixed_labels)
-    cap = _length_cap(config, model_config, tokenizer)
+    cap = steps.length_cap(config, model_config, tokenizer)
     encoded, truncated = {}, {}
     for split, texts in columns.texts.items():
         encoded[split], truncated[split] = batching.tokenize(
             tokenizer, texts, columns.pairs.get(split), cap)
-    _check_batch_fits(config, len(columns.texts["train"]))
+    steps.check_batch_fits(config, len(columns.texts["train"]))
     buckets = _bucket_lengths(config, encoded, cap)
-    pad_id = _pad_id(tokenizer, columns.notes)
+    pad_id = steps.pad_id(tokenizer, columns.notes)
     input_names = batching.input_names_of(tokenizer, encoded["train"])
     pad_values = {
         "input_ids": pad_id if pad_id is not None else 0,
@@ -65,7 +67,7 @@ def prepare_fine_tune(
     per_epoch = _steps_per_epoch(config, splits, columns, buckets)
     total = (int(config.max_steps) if config.max_steps is not None
              else max(1, math.ceil(config.epochs * per_epoch)))
-    devices = _devices(config)
+    devices = steps.devices(config)
     output_dir = sources.check_output_dir(config.output_dir, model_name)
     fingerprint = {
         "train_rows": len(columns.texts["train"]),
@@ -75,9 +77,9 @@ def prepare_fine_tune(
         "seed": config.seed,
         "total_steps": total,
         "labels": list(columns.label_names),
-        "train_digest": _digest(splits["train"]),
+        "train_digest": steps.digest(splits["train"]),
     }
-    resume = _checkpoint_to_resume(config, output_dir, fingerprint)
+    resume = steps.checkpoint_to_resume(config, output_dir, fingerprint)
     encoded_data = batching.EncodedData(
         train=splits["train"],
         eval=splits.get(columns.eval_name) if columns.eval_name else None,
@@ -110,6 +112,7 @@ def prepare_fine_tune(
         devices=devices,
         fingerprint=fingerprint,
         save=output_dir is not None,
+        sharding="data" if config.sharding == "auto" else config.sharding,
     )
 
 
@@ -145,34 +148,6 @@ def _read_columns(dataset: Any, config: FineTuneConfig, model_config: Any,
                   else None)
 
 
-def _length_cap(config: FineTuneConfig, model_config: Any, tokenizer: Any) -> int:
-    """The longest row in tokens: `max_length`, else what the model and tokenizer allow."""
-    limit = sources.position_limit(model_config)
-    if config.max_length is not None:
-        if limit is not None and config.max_length > limit:
-            raise FineTuneError(
-                f"max_length={config.max_length} is beyond the {limit} positions the model has "
-                f"(max_position_embeddings); pass max_length<={limit} (longer texts are "
-                "truncated)."
-            )
-        return config.max_length
-    candidates = [limit] if limit else []
-    tokenizer_limit = getattr(tokenizer, "model_max_length", None)
-    if isinstance(tokenizer_limit, int) and 0 < tokenizer_limit < 100_000:
-        candidates.append(tokenizer_limit)
-    return min(candidates) if candidates else 512
-
-
-def _check_batch_fits(config: FineTuneConfig, train_rows: int) -> None:
-    if config.rows_per_step > train_rows:
-        what = "batch_size" if config.gradient_accumulation_steps == 1 else (
-            "batch_size x gradient_accumulation_steps")
-        raise FineTuneError(
-            f"{what} = {config.rows_per_step} is larger than the {train_rows} training rows; "
-            f"use batch_size <= {train_rows // config.gradient_accumulation_steps} or more data."
-        )
-
-
 def _bucket_lengths(config: FineTuneConfig, encoded: dict[str, dict], cap: int) -> list[int]:
     if config.max_length is not None:
         return [config.max_length]
@@ -183,16 +158,6 @@ def _bucket_lengths(config: FineTuneConfig, encoded: dict[str, dict], cap: int) 
     if longest > buckets[-1]:
         buckets[-1] = longest  # evaluation rows longer than every training row
     return buckets
-
-
-def _pad_id(tokenizer: Any, notes: list[str]) -> int | None:
-    pad_id = getattr(tokenizer, "pad_token_id", None)
-    if pad_id is None:
-        # Decoder tokenizers (GPT-2 style) have no padding token; the end-of-text token is the
-        # usual stand-in, and the model must know it to find each row's last real token.
-        pad_id = getattr(tokenizer, "eos_token_id", None)
-        notes.append("the tokenizer has no padding token: padding with its end-of-text token")
-    return pad_id
 
 
 def _steps_per_epoch(config: FineTuneConfig, splits: dict, columns: _Texts,
@@ -217,48 +182,6 @@ def _steps_per_epoch(config: FineTuneConfig, splits: dict, columns: _Texts,
     return per_epoch
 
 
-def _devices(config: FineTuneConfig) -> int:
-    devices = sources.device_count(config.num_processes)
-    if config.strategy == "replicated" and devices > 1 and not sources.on_tpu():
-        raise FineTuneError(
-            f"strategy='replicated' over {devices} devices cannot train on the CPU: XLA's "
-            "gradient all-reduce between CPU virtual devices hangs upstream (pytorch/xla #5005, "
-            "#9089). Use strategy='spmd' (the default; real data parallelism on the CPU too), "
-            "or num_processes=1."
-        )
-    if config.strategy == "spmd" and config.batch_size % devices:
-        raise FineTuneError(
-            f"batch_size={config.batch_size} does not split evenly over the {devices} devices; "
-            f"use a multiple of {devices} (e.g. {devices * max(1, config.batch_size // devices)})."
-        )
-    return devices
-
-
-def _checkpoint_to_resume(config: FineTuneConfig, output_dir: str | None,
-                          fingerprint: dict[str, Any]):
-    """The checkpoint to continue from (or None); refused when it was written by other
-    settings or other data."""
-    try:
-        resume = ckpt.resolve_checkpoint(config.resume_from_checkpoint, output_dir or ".")
-    except ValueError as error:
-        raise FineTuneError(str(error)) from None
-    if resume is None:
-        return None
-    previous = ckpt.read_checkpoint_info(resume).get("fingerprint", {})
-    different = sorted(k for k in fingerprint if previous.get(k) != fingerprint[k])
-    if different:
-        details = ", ".join(f"{k}: {previous.get(k)!r} then, {fingerprint[k]!r} now"
-                            for k in different if k != "train_digest")
-        if "train_digest" in different:
-            details = (details + ", " if details else "") + "the training rows differ"
-        raise FineTuneError(
-            f"the checkpoint {resume} was written by a run with other settings ({details}). "
-            "Resume with the same data, batch_size, seed, max_steps/epochs and max_length, or "
-            "start a new run without resume_from_checkpoint."
-        )
-    return resume
-
-
 def _model_kwargs(model_config: Any, fixed_labels: int | None, label_names: list[str],
                   pad_id: int | None) -> dict[str, Any]:
     """`from_pretrained` arguments that size the head for the labels (a loaded instance
@@ -277,9 +200,3 @@ def _model_kwargs(model_config: Any, fixed_labels: int | None, label_names: list
     return kwargs
 
 
-def _digest(split) -> str:
-    digest = hashlib.sha1()
-    for bucket in split.buckets:
-        digest.update(bucket.inputs.tobytes())
-        digest.update(bucket.labels.tobytes())
-    return digest.hexdigest()[:16]

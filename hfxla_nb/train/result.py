@@ -47,6 +47,11 @@ class FineTuneResult:
         checkpoints: checkpoint folders written by this run.
         resumed_from: the checkpoint this run continued from, if any.
         notes: things worth knowing (truncated rows, dropped rows, patches applied).
+        task: "classification" or "causal-lm".
+        sharding: "data" (parameters replicated) or "fsdp" (FSDPv2: parameters sharded).
+        gradient_checkpointing: whether layers were recomputed with torch_xla's checkpoint.
+        parameter_sharding: the first parameters' SPMD sharding specs, name -> spec
+            (`{devices=[4,1]0,1,2,3}`: split in 4 along the first dimension).
         chance_accuracy: the evaluation accuracy of always predicting the most frequent label.
         warnings: signs the model learned nothing (accuracy at chance level, a loss that
             barely fell), each with its likely causes; empty when none.
@@ -75,6 +80,10 @@ class FineTuneResult:
     resumed_from: str | None = None
     eval_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    task: str = "classification"
+    sharding: str = "data"
+    gradient_checkpointing: bool = False
+    parameter_sharding: dict[str, str] = field(default_factory=dict)
     samples_per_second_overall: float | None = None
     launch_seconds: float | None = None
     chance_accuracy: float | None = None
@@ -134,9 +143,49 @@ class FineTuneResult:
         """
         if self.output_dir is None:
             raise FileNotFoundError("this run saved no model (output_dir was None).")
-        from transformers import AutoModelForSequenceClassification
+        import transformers
 
-        return AutoModelForSequenceClassification.from_pretrained(self.output_dir, **kwargs)
+        auto_class = ("AutoModelForCausalLM" if self.task == "causal-lm"
+                      else "AutoModelForSequenceClassification")
+        return getattr(transformers, auto_class).from_pretrained(self.output_dir, **kwargs)
+
+    def generate(self, prompts: str | list[str], max_new_tokens: int = 32,
+                 **kwargs: Any) -> list[str]:
+        """Continue each prompt with the fine-tuned causal LM, greedily, on the CPU in this
+        process (the XLA runtime stays off, so later launches still work).
+
+        Args:
+            prompts: a prompt or a list of prompts (for models trained on pairs, the prompt
+                side of the template, e.g. `template.split("{response}")[0].format(prompt=p)`).
+            max_new_tokens: tokens to add to each prompt.
+            kwargs: more `generate()` arguments (`do_sample=True`, `temperature=...`).
+
+        Returns:
+            The new text of each prompt (without the prompt).
+        """
+        if self.task != "causal-lm":
+            raise ValueError("generate() is for causal-LM results; this run was a "
+                             f"{self.task} fine-tune (use load_model() and predict).")
+        import torch
+
+        model, tokenizer = self.load_model(), self.load_tokenizer()
+        model.eval()
+        texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        tokenizer.padding_side = "left"  # new tokens follow the prompt, not the padding
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        if tokenizer.bos_token_id is not None:
+            bos = torch.full((len(texts), 1), tokenizer.bos_token_id)
+            encoded["input_ids"] = torch.cat([bos, encoded["input_ids"]], dim=1)
+            encoded["attention_mask"] = torch.cat([torch.ones_like(bos),
+                                                   encoded["attention_mask"]], dim=1)
+        kwargs.setdefault("do_sample", False)
+        with torch.no_grad():
+            output = model.generate(**encoded, max_new_tokens=max_new_tokens,
+                                    pad_token_id=tokenizer.pad_token_id, **kwargs)
+        new = output[:, encoded["input_ids"].shape[1]:]
+        return tokenizer.batch_decode(new, skip_special_tokens=True)
 
     def load_tokenizer(self, **kwargs: Any):
         """The tokenizer saved next to the model."""

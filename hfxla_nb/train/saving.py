@@ -13,11 +13,14 @@ import numpy as np
 from . import checkpoint as ckpt
 from .counts import COUNTED
 
+#: The attribute under which PyTorch/XLA's FSDPv2 keeps a wrapped module.
+FSDP_WRAPPED = "_orig_module"
+
 
 def cpu_state(run: Any) -> tuple[dict, dict, float]:
     """Model and optimizer state on the host, with the running loss, in one transfer."""
     torch = run.torch
-    model_state = run.model.state_dict()
+    model_state = run.base_model.state_dict()
     optimizer_state = run.optimizer.state_dict()
     names, tensors = [], []
     for name, tensor in model_state.items():
@@ -37,10 +40,12 @@ def cpu_state(run: Any) -> tuple[dict, dict, float]:
                      "param_groups": optimizer_state["param_groups"]}
     for (kind, key, slot), value in zip(names, fetched, strict=True):
         if kind == "model":
-            cpu_model[key] = value
+            # FSDPv2 wraps layers in place; the saved names are the model's own.
+            cpu_model[key.replace(f"{FSDP_WRAPPED}.", "")] = value
         else:
             cpu_optimizer["state"][key][slot] = value
     return cpu_model, cpu_optimizer, loss_total
+
 
 def save_checkpoint(run: Any, step: int) -> None:
     """Write checkpoint `step` (model, optimizer, scheduler, loss, random states) atomically."""
@@ -75,7 +80,7 @@ def save_checkpoint(run: Any, step: int) -> None:
         }
 
         def write_model(folder: Path) -> None:
-            run.model.save_pretrained(folder, state_dict=cpu_model)
+            run.base_model.save_pretrained(folder, state_dict=cpu_model)
             run.plan.tokenizer.save_pretrained(folder)
 
         info = {"step": step, "fingerprint": run.plan.fingerprint}
@@ -90,6 +95,6 @@ def save_final(run: Any, result: dict[str, Any]) -> None:
     """The trained model, tokenizer and run summary, published atomically in `output_dir`."""
     cpu_model, _, _ = cpu_state(run)
     with ckpt.atomic_folder(run.plan.output_dir, keep=(ckpt.CHECKPOINTS,)) as tmp:
-        run.model.save_pretrained(tmp, state_dict=cpu_model)
+        run.base_model.save_pretrained(tmp, state_dict=cpu_model)
         run.plan.tokenizer.save_pretrained(tmp)
         ckpt.write_json(tmp / ckpt.RUN_FILE, result)

@@ -47,11 +47,13 @@ def model_source(model: Any) -> tuple[Any, Any, int | None, str]:
             f"model must be a model name, a folder, or a transformers model instance; got "
             f"{type(model).__name__}."
         )
-    if "ForSequenceClassification" not in type(model).__name__:
+    if not _is_lm_class(type(model).__name__) and (
+            "ForSequenceClassification" not in type(model).__name__):
         raise _fail(
-            f"model is a {type(model).__name__}, which has no classification head. Pass "
-            "AutoModelForSequenceClassification.from_pretrained(..., num_labels=N), or the "
-            "model's name or folder."
+            f"model is a {type(model).__name__}, which has neither a classification head nor a "
+            "language-model head. Pass AutoModelForSequenceClassification.from_pretrained(..., "
+            "num_labels=N) or AutoModelForCausalLM.from_pretrained(...), or the model's name "
+            "or folder."
         )
     if any(getattr(p, "device", None) is not None and p.device.type != "cpu"
            for p in model.parameters()):
@@ -61,6 +63,27 @@ def model_source(model: Any) -> tuple[Any, Any, int | None, str]:
         )
     name = Path(str(getattr(config, "_name_or_path", "") or "").rstrip("/")).name
     return model, config, int(config.num_labels), name or type(model).__name__
+
+
+def _is_lm_class(name: str) -> bool:
+    return name.endswith("ForCausalLM") or name.endswith("LMHeadModel")
+
+
+def resolve_task(task: str, model: Any, model_config: Any) -> str:
+    """"classification" or "causal-lm": as asked, or (for "auto") from the architecture."""
+    names = list(getattr(model_config, "architectures", None) or [])
+    if not isinstance(model, (str, os.PathLike)):
+        names = [type(model).__name__]
+    lm = any(_is_lm_class(name) for name in names)
+    if task == "auto":
+        return "causal-lm" if lm else "classification"
+    if task == "classification" and not isinstance(model, (str, os.PathLike)) and lm:
+        raise _fail(f"task='classification', but model is a {names[0]} (a language model): "
+                    "pass task='causal-lm', or a ...ForSequenceClassification model.")
+    if task == "causal-lm" and not lm and not isinstance(model, (str, os.PathLike)):
+        raise _fail(f"task='causal-lm', but model is a {names[0]}, which has no language-model "
+                    "head: pass AutoModelForCausalLM.from_pretrained(...) or the model's name.")
+    return task
 
 
 def load_tokenizer(tokenizer: Any, model: Any, source: Any):

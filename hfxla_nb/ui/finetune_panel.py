@@ -64,9 +64,17 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
                     f"{result.transfers_per_step:.2f} device-to-host transfers")
     rows.append(("XLA", f"{result.compiles} training + {result.eval_compiles} evaluation graphs "
                  f"compiled{per_step}"))
+    task = getattr(result, "task", "classification")
+    what = (f"labels {result.label_names}" if task == "classification"
+            else f"causal LM, {getattr(result, 'sharding', 'data')} sharding"
+            + (", torch_xla gradient checkpointing"
+               if getattr(result, "gradient_checkpointing", False) else ""))
     rows.append(("setup", f"{result.strategy} over {plural(result.devices, 'device')}, "
                  f"{result.precision}, batch {result.batch_size}, lengths "
-                 f"{result.bucket_lengths}, labels {result.label_names}"))
+                 f"{result.bucket_lengths}, {what}"))
+    for name, spec in list((getattr(result, "parameter_sharding", None) or {}).items())[:2]:
+        if task != "classification" or "devices=" in spec:
+            rows.append(("layout", f"{name}: {spec}"))
     if result.resumed_from:
         rows.append(("resumed from", result.resumed_from))
     if result.output_dir:

@@ -10,6 +10,8 @@ import html
 import textwrap
 from typing import TYPE_CHECKING
 
+from ..runtime.hosts import host_name, launch_plan
+
 if TYPE_CHECKING:
     from ..runtime import Problem, RuntimeInfo
 
@@ -46,10 +48,10 @@ def _versions(info: RuntimeInfo) -> list[str]:
 def _facts(info: RuntimeInfo) -> list[tuple[str, str]]:
     accelerator = info.accelerator
     facts = [
-        ("host", info.host or info.environment),
+        ("host", info.host or host_name(accelerator, info.environment)),
         ("accelerator", accelerator.description),
         ("found by", ", ".join(accelerator.found_by) or "nothing"),
-        ("launcher", info.launch_plan or f"{info.device_count} XLA device(s)"),
+        ("launcher", info.launch_plan or launch_plan(accelerator, info.environment)),
         ("runs in", info.environment),
         ("XLA runtime", _runtime_state(info)),
     ]

@@ -1,0 +1,178 @@
+"""The kernel-side steps of `fine_tune(task="causal-lm")`: read texts or prompt/response pairs,
+tokenize them into one fixed length, choose the sharding, build the `TrainPlan`.
+
+Nothing is forked or written here; every refusal is a `FineTuneError` that says what to do.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+from .._words import plural
+from ..runtime import detect_accelerator
+from . import data, lm_data, sources, steps
+from .batching import EncodedData, round_up
+from .config import FineTuneConfig, FineTuneError
+from .plan import TrainPlan
+
+#: What training keeps per parameter with AdamW in float32: weights, gradients, 2 moments.
+BYTES_PER_PARAMETER = 16
+#: Share of a device's memory the training state may take (activations need the rest).
+STATE_SHARE = 0.6
+DEFAULT_MAX_LENGTH = 512
+
+
+def prepare_causal_lm(dataset: Any, config: FineTuneConfig, source: Any, model_config: Any,
+                      tokenizer: Any, model_name: str) -> TrainPlan:
+    """`prepare_fine_tune` for a causal language model (see `lm_data.py` for the rows)."""
+    notes: list[str] = []
+    pad_id = _pad_token(tokenizer, notes)
+    max_length = steps.length_cap(config, model_config, tokenizer, DEFAULT_MAX_LENGTH)
+    splits = _read_splits(dataset, config, tokenizer, max_length, notes)
+    encoded = {name: lm_data.encode_rows(name, rows, max_length, pad_id)
+               for name, rows in splits.items()}
+    train = encoded["train"]
+    steps.check_batch_fits(config, train.num_rows)
+    per_epoch = train.num_rows // config.rows_per_step
+    total = (int(config.max_steps) if config.max_steps is not None
+             else max(1, math.ceil(config.epochs * per_epoch)))
+    devices = steps.devices(config)
+    sharding = _sharding(config, model_config, devices, notes)
+    output_dir = sources.check_output_dir(config.output_dir, model_name)
+    fingerprint = {
+        "train_rows": train.num_rows, "batch_size": config.batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "buckets": [max_length], "seed": config.seed, "total_steps": total,
+        "labels": [], "train_digest": steps.digest(train),
+    }
+    resume = steps.checkpoint_to_resume(config, output_dir, fingerprint)
+    eval_name = next((name for name in encoded if name != "train"), None)
+    return TrainPlan(
+        model=source,
+        model_kwargs={} if getattr(model_config, "pad_token_id", None) is not None
+        else {"pad_token_id": int(pad_id)},
+        tokenizer=tokenizer,
+        data=EncodedData(train=train, eval=encoded.get(eval_name) if eval_name else None,
+                         input_names=list(lm_data.INPUT_NAMES), bucket_lengths=[max_length],
+                         label_names=[], notes=notes),
+        batch_size=int(config.batch_size),
+        gradient_accumulation_steps=int(config.gradient_accumulation_steps),
+        learning_rate=float(config.learning_rate),
+        weight_decay=float(config.weight_decay),
+        warmup_steps=int(config.warmup_steps),
+        max_grad_norm=None if config.max_grad_norm is None else float(config.max_grad_norm),
+        total_steps=total, steps_per_epoch=max(per_epoch, 1), precision=config.precision,
+        strategy=config.strategy, output_dir=output_dir, save_steps=config.save_steps,
+        resume_from=str(resume) if resume is not None else None, seed=int(config.seed),
+        metrics=(), log_every=int(config.log_every), devices=devices, fingerprint=fingerprint,
+        save=output_dir is not None, task="causal-lm", sharding=sharding,
+        gradient_checkpointing=bool(config.gradient_checkpointing),
+    )
+
+
+def _pad_token(tokenizer: Any, notes: list[str]) -> int:
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    if pad_id is not None:
+        return int(pad_id)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        raise FineTuneError(
+            "the tokenizer has neither a padding nor an end-of-text token; set one, e.g. "
+            "tokenizer.pad_token = '<pad>' after adding it, or pass another tokenizer."
+        )
+    notes.append(f"the tokenizer has no padding token: padding with its end-of-text token "
+                 f"{tokenizer.eos_token!r} (padding is masked out of the loss)")
+    return int(eos)
+
+
+def _read_splits(dataset: Any, config: FineTuneConfig, tokenizer: Any, max_length: int,
+                 notes: list[str]) -> dict[str, lm_data.LmRows]:
+    """Token rows of the training split and of the evaluation split, if any."""
+    pairs = config.prompt_column is not None
+    if config.template is not None and not pairs:
+        raise FineTuneError("template= joins prompt_column and response_column; pass both "
+                            "columns, or drop template to learn the text_column as it is.")
+    if pairs and config.packing:
+        raise FineTuneError("packing=True is for plain text: prompt/response pairs are padded, "
+                            "one pair per row, so that each prompt stays unlearned.")
+    packing = (not pairs) if config.packing is None else bool(config.packing)
+    columns = ([config.prompt_column, config.response_column] if pairs
+               else [config.text_column])
+    try:
+        if config.template is not None:
+            lm_data.check_template(config.template)
+        train_ds, eval_ds, eval_name = data.pick_splits(dataset, config.eval_dataset)
+        named = {"train": train_ds} if eval_ds is None else {"train": train_ds, eval_name: eval_ds}
+        result = {}
+        for split, ds in named.items():
+            if len(ds) == 0:
+                raise data.DataError(f"the {split} data is empty: it needs at least one row.")
+            data.check_columns(ds, split, columns)
+            texts = [data.check_texts(data.column_values(ds, c), c, split) for c in columns]
+            if pairs:
+                result[split] = lm_data.pair_rows(tokenizer, texts[0], texts[1],
+                                                  config.template, max_length)
+            else:
+                result[split] = lm_data.text_rows(tokenizer, texts[0], max_length, packing)
+    except data.DataError as error:
+        raise FineTuneError(str(error)) from None
+    _note_lengths(result, max_length, packing, notes)
+    return result
+
+
+def _note_lengths(splits: dict[str, lm_data.LmRows], max_length: int, packing: bool,
+                  notes: list[str]) -> None:
+    """Say before anything runs how many rows would be cut, and if max_length is wasteful."""
+    for split, rows in splits.items():
+        if rows.cut:
+            message = (f"{rows.cut} of {plural(len(rows.ids), f'{split} row')} are longer than "
+                       f"max_length={max_length} and will be cut at the end")
+            notes.append(message)
+            warnings.warn(f"hfxla_nb.fine_tune: {message}.", UserWarning, stacklevel=4)
+    if packing:
+        notes.append(f"texts packed into rows of {max_length} tokens (no padding)")
+        if not splits["train"].ids:
+            raise FineTuneError(f"the training texts hold fewer than max_length={max_length} "
+                                "tokens in all: pass a smaller max_length or more text.")
+        return
+    longest = max(lm_data.longest_row(rows) for rows in splits.values())
+    if longest and round_up(longest) < max_length:
+        notes.append(f"the longest row has {longest} tokens: max_length={round_up(longest)} "
+                     f"would compute less than {max_length}")
+
+
+def _sharding(config: FineTuneConfig, model_config: Any, devices: int, notes: list[str]) -> str:
+    if config.sharding != "auto":
+        return config.sharding
+    if devices == 1 or config.strategy != "spmd":
+        return "data"
+    choice, note = choose_sharding(parameter_count(model_config), detect_accelerator())
+    if note:
+        notes.append(note)
+    return choice
+
+
+def choose_sharding(parameters: int, accelerator: Any) -> tuple[str, str | None]:
+    """What `sharding="auto"` picks for a model of `parameters` on `accelerator`, and why:
+    "fsdp" when parameters, gradients and AdamW state would not fit one device's HBM."""
+    if accelerator.kind != "tpu" or not accelerator.hbm_per_chip_gib:
+        return "data", None  # a CPU's memory is shared by its virtual devices: nothing saved
+    per_device = accelerator.hbm_per_chip_gib * 2**30 / accelerator.cores_per_chip
+    needed = parameters * BYTES_PER_PARAMETER
+    if needed <= STATE_SHARE * per_device:
+        return "data", None
+    return "fsdp", (f"sharding='auto' chose 'fsdp': parameters, gradients and AdamW state need "
+                    f"{needed / 2**30:.1f} GiB, more than {STATE_SHARE:.0%} of one device's "
+                    f"{per_device / 2**30:.0f} GiB")
+
+
+def parameter_count(model_config: Any) -> int:
+    """Parameters of the model a config describes, counted without allocating them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config)
+    return sum(parameter.numel() for parameter in model.parameters())

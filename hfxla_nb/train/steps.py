@@ -1,0 +1,100 @@
+"""Kernel-side steps that every task's preparation shares: batch size against the data,
+padding token, devices, the checkpoint to resume, a digest of the training rows."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from . import checkpoint as ckpt
+from . import sources
+from .config import FineTuneConfig, FineTuneError
+
+
+def length_cap(config: FineTuneConfig, model_config: Any, tokenizer: Any,
+               default: int | None = None) -> int:
+    """The longest row in tokens: `max_length` (refused beyond the model's positions), else
+    the least of what the model, the tokenizer and `default` allow (512 without any)."""
+    limit = sources.position_limit(model_config)
+    if config.max_length is not None:
+        if limit is not None and config.max_length > limit:
+            raise FineTuneError(
+                f"max_length={config.max_length} is beyond the {limit} positions the model has "
+                f"(max_position_embeddings); pass max_length<={limit} (longer texts are cut)."
+            )
+        return int(config.max_length)
+    candidates = [value for value in (limit, default) if value]
+    tokenizer_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tokenizer_limit, int) and 0 < tokenizer_limit < 100_000:
+        candidates.append(tokenizer_limit)
+    return min(candidates) if candidates else 512
+
+
+def check_batch_fits(config: FineTuneConfig, train_rows: int) -> None:
+    if config.rows_per_step > train_rows:
+        what = "batch_size" if config.gradient_accumulation_steps == 1 else (
+            "batch_size x gradient_accumulation_steps")
+        raise FineTuneError(
+            f"{what} = {config.rows_per_step} is larger than the {train_rows} training rows; "
+            f"use batch_size <= {train_rows // config.gradient_accumulation_steps} or more data."
+        )
+
+
+def pad_id(tokenizer: Any, notes: list[str]) -> int | None:
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    if pad_id is None:
+        # Decoder tokenizers (GPT-2 style) have no padding token; the end-of-text token is the
+        # usual stand-in, and the model must know it to find each row's last real token.
+        pad_id = getattr(tokenizer, "eos_token_id", None)
+        notes.append("the tokenizer has no padding token: padding with its end-of-text token")
+    return pad_id
+
+
+def devices(config: FineTuneConfig) -> int:
+    devices = sources.device_count(config.num_processes)
+    if config.strategy == "replicated" and devices > 1 and not sources.on_tpu():
+        raise FineTuneError(
+            f"strategy='replicated' over {devices} devices cannot train on the CPU: XLA's "
+            "gradient all-reduce between CPU virtual devices hangs upstream (pytorch/xla #5005, "
+            "#9089). Use strategy='spmd' (the default; real data parallelism on the CPU too), "
+            "or num_processes=1."
+        )
+    if config.strategy == "spmd" and config.batch_size % devices:
+        raise FineTuneError(
+            f"batch_size={config.batch_size} does not split evenly over the {devices} devices; "
+            f"use a multiple of {devices} (e.g. {devices * max(1, config.batch_size // devices)})."
+        )
+    return devices
+
+
+def checkpoint_to_resume(config: FineTuneConfig, output_dir: str | None,
+                          fingerprint: dict[str, Any]):
+    """The checkpoint to continue from (or None); refused when it was written by other
+    settings or other data."""
+    try:
+        resume = ckpt.resolve_checkpoint(config.resume_from_checkpoint, output_dir or ".")
+    except ValueError as error:
+        raise FineTuneError(str(error)) from None
+    if resume is None:
+        return None
+    previous = ckpt.read_checkpoint_info(resume).get("fingerprint", {})
+    different = sorted(k for k in fingerprint if previous.get(k) != fingerprint[k])
+    if different:
+        details = ", ".join(f"{k}: {previous.get(k)!r} then, {fingerprint[k]!r} now"
+                            for k in different if k != "train_digest")
+        if "train_digest" in different:
+            details = (details + ", " if details else "") + "the training rows differ"
+        raise FineTuneError(
+            f"the checkpoint {resume} was written by a run with other settings ({details}). "
+            "Resume with the same data, batch_size, seed, max_steps/epochs and max_length, or "
+            "start a new run without resume_from_checkpoint."
+        )
+    return resume
+
+
+def digest(split) -> str:
+    digest = hashlib.sha1()
+    for bucket in split.buckets:
+        digest.update(bucket.inputs.tobytes())
+        digest.update(bucket.labels.tobytes())
+    return digest.hexdigest()[:16]
