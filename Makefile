@@ -52,6 +52,7 @@ demo: setup
 
 bench: setup
 	$(PY) bench/finetune.py
+	$(PY) bench/trace_overhead.py
 
 lab: setup
 	$(PY) -m pip install --quiet jupyterlab

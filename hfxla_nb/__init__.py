@@ -27,6 +27,7 @@ _EXPORTS = {
     "configure": "runtime.configure",
     "RuntimeAlreadyStartedError": "runtime.configure",
     "TpuNotFoundError": "runtime.configure",
+    "CompileCacheRefusedError": "runtime.compile_cache",
     "notebook_launcher": "launch.launcher",
     "last_launch": "launch.launcher",
     "LaunchRecord": "launch.record",

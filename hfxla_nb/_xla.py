@@ -376,3 +376,49 @@ def broadcast_master_param(model) -> None:
     import torch_xla.core.xla_model as xm
 
     xm.broadcast_master_param(model)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilation tracing and the persistent compile cache
+# ---------------------------------------------------------------------------------------------
+
+
+def compile_times() -> tuple[int, list[float]]:
+    """(compilations so far, the seconds of those torch_xla still holds samples of, oldest
+    first): the `CompileTime` metric of this process. (0, []) before the runtime started."""
+    if not runtime_is_initialized():
+        return 0, []
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data("CompileTime")
+    if data is None:
+        return 0, []
+    count, _, samples = data
+    return int(count), [float(value) * 1e-9 for _, value in samples]
+
+
+def graphs_ran() -> bool:
+    """Whether this process has compiled or executed an XLA graph (after which torch_xla no
+    longer reads `PT_XLA_DEBUG_LEVEL`). Never starts the runtime."""
+    if not runtime_is_initialized():
+        return False
+    counts = metric_counts(("CompileTime", "ExecuteTime", "ExecuteReplicatedTime"))
+    return any(counts.values())
+
+
+def computation_cache_initialized() -> bool:
+    """Whether torch_xla's computation cache exists (created at the first compilation; the
+    persistent cache must be set up before it)."""
+    if not is_imported():
+        return False
+    check = getattr(sys.modules["torch_xla"]._XLAC, "_xla_computation_cache_is_initialized", None)
+    return bool(check()) if check is not None else False
+
+
+def initialize_cache(path: str, readonly: bool = False) -> None:
+    """`torch_xla.runtime.initialize_cache`: compiled programs are written to (and read from)
+    `path`. Must run before this process's first compilation."""
+    _require()
+    import torch_xla.runtime as xr
+
+    xr.initialize_cache(path, readonly=readonly)

@@ -63,6 +63,26 @@ class MetricsSnapshot(Event):
 
 
 @dataclass(frozen=True)
+class Compiled(Event):
+    """torch_xla's analysis of a worker process's compilations (`observe.tracing`).
+
+    Attributes:
+        pid: the process whose compilations these are (rank threads share one).
+        records: compilations since the previous `Compiled` of this process
+            (`observe.compile_trace.CompileRecord`, each sent once).
+        executions: every execution site so far (`ExecutionSite`: cumulative counts).
+        device: what one device of the process has, when known from the hardware:
+            `{"memory": bytes, "name": "a v5e chip"}`.
+    """
+
+    pid: int
+    records: tuple = ()
+    executions: tuple = ()
+    device: dict[str, Any] | None = None
+    time: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
 class Log(Event):
     stream: str  # "stdout" or "stderr"
     text: str
@@ -123,6 +143,11 @@ class Channel:
         self._reader, self._writer = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._reader.setblocking(False)
         self._spill_dir = tempfile.mkdtemp(prefix="hfxla_nb-")
+
+    def scratch_path(self, name: str) -> str:
+        """A file path for workers to write to, removed with the channel when the launch ends
+        (also when the worker that wrote it was killed)."""
+        return os.path.join(self._spill_dir, name)
 
     def send(self, event: Event) -> None:
         """Send one event (from any worker process or thread). Never raises on a closed channel."""

@@ -14,6 +14,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+# The file name the `%%xla_metrics` cell's code runs under (its frames name "this cell").
+_CELL_FILE = "<xla_metrics cell>"
+
 
 def _parse(magic: Any, line: str):
     """`parse_argstring`, with argparse's exit turned into a `UsageError`."""
@@ -91,14 +94,16 @@ class XlaMagics(Magics):
             raise UsageError("--steps must be a positive integer")
         if args.warmup is not None and args.warmup < 0:
             raise UsageError("--warmup must be zero or more")
-        from .observe import analyzer, metrics, reporting
+        from .observe import analyzer, metrics, reporting, tracing
         from .ui.metrics_panel import MetricsPanel
 
+        trace = tracing.begin_cell(self._cell_numbers())  # before the cell's first graph
         before = metrics.snapshot()
         with reporting.local_events(lambda event: None):
             try:
                 return self._run(cell)
             finally:
+                log = trace.end()
                 seen = reporting.recorded()
                 data = metrics.diff(before, metrics.snapshot())
                 data["input_shapes"] = seen["input_shapes"]
@@ -107,21 +112,30 @@ class XlaMagics(Magics):
                     steps=args.steps or seen["steps"] or None,
                     memory=seen["memory"] or metrics.device_memory(),
                 )
+                summary.trace = log
                 warmup = metrics.WARMUP_STEPS if args.warmup is None else args.warmup
                 alerts = analyzer.analyze(summary, warmup_steps=warmup)
                 _display(MetricsPanel(summary, alerts, title="XLA metrics for this cell"))
+
+    def _cell_numbers(self) -> dict[str, int]:
+        """IPython's cell file names -> execution counts; this cell is `_CELL_FILE`."""
+        names = getattr(getattr(self.shell, "compile", None), "_filename_map", None) or {}
+        numbers = {str(name): int(count) for name, count in names.items()}
+        numbers[_CELL_FILE] = int(getattr(self.shell, "execution_count", 0) or 0)
+        return numbers
 
     def _run(self, cell: str) -> Any:
         """Run `cell` in the user namespace; the value of a last expression is returned."""
         shell = self.shell
         tree = ast.parse(shell.transform_cell(cell))
+        ast.increment_lineno(tree, 1)  # line numbers as the cell shows them (%%xla_metrics: 1)
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)
         namespace = shell.user_ns
-        exec(compile(tree, "<xla_metrics cell>", "exec"), namespace)
+        exec(compile(tree, _CELL_FILE, "exec"), namespace)
         if last is not None:
-            return eval(compile(last, "<xla_metrics cell>", "eval"), namespace)
+            return eval(compile(last, _CELL_FILE, "eval"), namespace)
         return None
 
 

@@ -12,6 +12,8 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from ..observe import tracing
+from ..runtime import compile_cache as cache
 from ..runtime import detect
 from ..ui import launch_display
 from . import preflight
@@ -41,6 +43,8 @@ def notebook_launcher(
     output: str | Iterable[int] = "main",
     progress: bool | str = "auto",
     heartbeat_timeout: float | None = None,
+    trace_compiles: bool = True,
+    compile_cache: bool | str | os.PathLike | None = None,
 ) -> Any:
     """Run `function` on every XLA device from a notebook cell and return rank 0's result.
 
@@ -71,6 +75,11 @@ def notebook_launcher(
         progress: "auto", "widgets", "html", "console" or False: how the panels are drawn.
         heartbeat_timeout: stop the launch when a rank's process sends no heartbeat for this
             many seconds (a frozen process); by default only a warning is printed after 60 s.
+        trace_compiles: capture PyTorch/XLA's analysis of every compilation in the workers
+            (`PT_XLA_DEBUG_LEVEL=2`, never shown raw) for the panel's compilations view: the
+            line, cause, graph and memory of each compilation. False turns it off.
+        compile_cache: the persistent compile cache: None (what `hx.configure` chose, else on
+            for TPU hosts), True, False, or a folder (see `hx.configure`).
 
     Returns:
         Rank 0's return value. Every rank's value, exit state and duration are on
@@ -78,7 +87,8 @@ def notebook_launcher(
 
     Raises:
         LaunchRefusedError: before forking, when the launch cannot work (the XLA runtime is
-            already initialized in this kernel, bad arguments, impossible `num_processes`).
+            already initialized in this kernel, bad arguments, impossible `num_processes`, a
+            compile cache folder that other users can write to).
         LaunchError: when a rank failed, was killed, or the launch timed out.
         KeyboardInterrupt: after stopping every worker, when the cell was interrupted.
     """
@@ -102,6 +112,8 @@ def notebook_launcher(
     for message in plan.warnings:
         warnings.warn(message, UserWarning, stacklevel=2)
     env = dict(plan.env)
+    env.update(_cache_env(compile_cache, info, strategy))
+    env[tracing.SWITCH] = "1" if trace_compiles else "0"
     if strategy == "debug":
         env["MASTER_ADDR"] = "127.0.0.1"
         env["MASTER_PORT"] = str(use_port or _free_port())
@@ -114,6 +126,20 @@ def notebook_launcher(
     if record.ok:
         return record.value
     raise LaunchError(supervision.failure_message(), record)
+
+
+def _cache_env(setting: Any, info: Any, strategy: str) -> dict[str, str | None]:
+    """The workers' compile cache variables; an unsafe folder refuses the launch."""
+    try:
+        settings = cache.resolve(setting, accelerator=info.accelerator,
+                                 environment=info.environment, versions=info.versions,
+                                 environ=os.environ)
+    except cache.CompileCacheRefusedError as error:
+        raise LaunchRefusedError(str(error)) from None
+    accelerator = info.accelerator
+    processes = strategy == "debug" or (
+        strategy == "replicated" and accelerator.kind == "tpu" and accelerator.chips > 1)
+    return cache.worker_env(settings, per_process=processes)
 
 
 def _parse_output(output: str | Iterable[int]) -> set[int] | str:

@@ -63,13 +63,17 @@ class NativeRelay:
         shown: whether output of these ranks reaches the cell (`output=`); called with [] for
             a process whose ranks are not known.
         tagged: whether lines get a rank tag (more than one rank in the launch).
+        rewrite: each line -> the line to write instead, or None to drop it (known noise of
+            native libraries said once in plain words).
     """
 
     def __init__(self, ranks_of: Callable[[int], list[int]],
-                 shown: Callable[[list[int]], bool], tagged: bool) -> None:
+                 shown: Callable[[list[int]], bool], tagged: bool,
+                 rewrite: Callable[[str], str | None] | None = None) -> None:
         self.ranks_of = ranks_of
         self.shown = shown
         self.tagged = tagged
+        self.rewrite = rewrite
         self.pipes: dict[int, _Pipe] = {}
 
     def add(self, fd: int, stream: str, pid: int | None = None, rank: int | None = None) -> None:
@@ -134,6 +138,11 @@ class NativeRelay:
         if not self.shown(ranks):
             return
         text = data.decode(errors="replace")
+        if self.rewrite is not None:
+            rewritten = (self.rewrite(line) for line in text.splitlines(keepends=True))
+            text = "".join(line for line in rewritten if line is not None)
+            if not text:
+                return
         if self.tagged and pipe.pid is not None:
             tag = _tag(ranks, pipe.pid)
             text = "".join(f"{tag} {line}" for line in text.splitlines(keepends=True))

@@ -36,6 +36,16 @@ def leave_the_notebook(channel: Channel) -> None:
     _text_progress_for_trainer()
 
 
+def cell_numbers() -> dict[str, int]:
+    """IPython's file name of each notebook cell -> its execution count (`In [5]`), so that a
+    frame in a cell can be named "cell 5"; {} outside IPython (IPython 7 puts the count in
+    the name itself: `<ipython-input-5-...>`)."""
+    shell_module = sys.modules.get("IPython.core.interactiveshell")
+    shell = getattr(getattr(shell_module, "InteractiveShell", None), "_instance", None)
+    names = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    return {str(name): int(count) for name, count in names.items()} if names else {}
+
+
 def _forget_shell() -> None:
     shell_module = sys.modules.get("IPython.core.interactiveshell")
     if shell_module is not None:

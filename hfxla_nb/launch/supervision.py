@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from ..events import Channel, Event, Log, OutputPipes
+from ..runtime import compile_cache
 from .native_output import NativeRelay
 from .processes import stop_group
 from .record import LaunchRecord, RecordKeeper
@@ -33,10 +34,12 @@ class Supervision:
         self.timeout = timeout
         self.pid: int | None = None  # the supervisor, until reaped
         self.group: int | None = None  # its process group: every process of the launch
+        said: dict[str, bool] = {}  # native messages already said once in this launch
         self.native = NativeRelay(
             ranks_of=lambda pid: sorted(self.keeper.pid_ranks.get(pid, ())),
             shown=self._shown,
             tagged=record.world > 1,
+            rewrite=lambda line: compile_cache.native_line(line, said),
         )
 
     def run(self, function, args, pass_index, env) -> None:

@@ -42,11 +42,14 @@ from ..events import (
     attach_worker,
     worker_rank,
 )
-from ..observe import reporting
+from ..observe import reporting, tracing
+from ..runtime import compile_cache
 from .native_output import route_this_process
-from .script_mode import leave_the_notebook
+from .script_mode import cell_numbers, leave_the_notebook
 
 HEARTBEAT_INTERVAL = 1.0
+# The notebook's cell file names -> execution counts, read before the shell is cleared.
+_cells: dict[str, int] = {}
 
 
 class EventStream(io.TextIOBase):
@@ -143,6 +146,8 @@ def prepare_process(channel: Channel, output_fds: tuple[int, int],
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _avoid_forked_openmp_pool()
+    global _cells
+    _cells = cell_numbers()
     leave_the_notebook(channel)
     threading.Thread(
         target=_heartbeat, args=(channel,), name="hfxla_nb-heartbeat", daemon=True
@@ -169,6 +174,8 @@ def run_rank(
     route_this_process(channel)
     attach_worker(channel, rank)
     _active.add(rank)
+    compile_cache.start_in_worker(rank)  # before the function's first compilation
+    tracing.start_in_worker(channel, rank, _cells)
     reporting.rank_started(rank)
     channel.send(Started(rank=rank, world=world, pid=os.getpid()))
     start = time.monotonic()
@@ -178,6 +185,7 @@ def run_rank(
         sys.stdout.flush()
         sys.stderr.flush()
         # The metrics as they were when it failed, before Failed makes the launcher stop us.
+        tracing.rank_ended(rank)
         reporting.rank_ended(rank, failed=True)
         channel.send(
             Failed(
@@ -192,6 +200,8 @@ def run_rank(
     finally:
         _active.remove(rank)
     _run_pending_step_closures()
+    compile_cache.finish_in_worker()
+    tracing.rank_ended(rank)
     reporting.rank_ended(rank)  # the last rank of this process sends its final metrics
     sys.stdout.flush()
     sys.stderr.flush()

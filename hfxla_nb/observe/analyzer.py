@@ -4,7 +4,13 @@ It applies PyTorch/XLA's own thresholds (the ones `PT_XLA_DEBUG_LEVEL` reports):
 compiles per step once past 10 warm-up steps, more than 0.5 device-to-host transfers per step,
 any CPU fallback other than `aten::_local_scalar_dense`, any compile over 300 s or execution
 over 30 s. Beyond torch_xla's rules, an input reported with more than `MAX_QUIET_SHAPES` shapes
-is named even when every compilation fell in the warm-up.
+is named even when every compilation fell in the warm-up; a run that compiled a new graph at
+nearly every step is flagged even in its warm-up; transfers per step wait for
+`MIN_RATE_STEPS` steps.
+
+When the run was traced (`summary.trace`, torch_xla's own analysis of each compilation), the
+alerts name the line: the one that compiled the different graphs, the one that fetched a
+value, the one whose graph needs more device memory than the device has.
 
 Severity follows what a problem costs, not how often it happens: recompilation that took most
 of the XLA time (`COSTLY_COMPILE_SHARE`) is a warning even below torch_xla's rate threshold.
@@ -17,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._words import plural
+from .compile_trace import CompileRow, cause_text
 from .metrics import (
     MAX_QUIET_SHAPES,
     WARMUP_STEPS,
@@ -36,6 +43,12 @@ COSTLY_COMPILE_SHARE = 0.5
 # program's own.
 TOKENIZER_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids",
                               "special_tokens_mask", "offset_mapping"})
+# Beyond torch_xla's rules: a run of at least this many steps that compiled a new graph at
+# nearly every step (compiles >= steps) is flagged even inside the warm-up...
+MIN_EVERY_STEP = 3
+# ... and transfers per step are judged only over this many steps (one fetch in a 2-step
+# cell is not a habit).
+MIN_RATE_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -175,16 +188,9 @@ def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Al
     changed = shape_changes(summary.input_shapes)
 
     compile_rate = summary.per_step(summary.compiles)
-    if steps and steps > warmup_steps and compile_rate > MAX_COMPILES_PER_STEP:
-        cause, fix = _compile_cause(summary)
-        alerts.append(Alert(
-            "frequent-compiles", "warning",
-            f"Recompiling: {summary.compiles} compiles in {steps} steps",
-            f"XLA compiled {compile_rate:.2f} graphs per {unit} (more than "
-            f"{MAX_COMPILES_PER_STEP} per step after {warmup_steps} warm-up steps), taking "
-            f"{summary.compile_time:.1f} s.{_share_text(summary)} {cause}",
-            fix,
-        ))
+    every_step = compiles_every_step(summary)
+    if steps and ((steps > warmup_steps and compile_rate > MAX_COMPILES_PER_STEP) or every_step):
+        alerts.append(_frequent_compiles(summary, warmup_steps, unit, every_step))
     elif summary.compiles_after_warmup and summary.steps_after_warmup and changed:
         cause, fix = _compile_cause(summary)
         alerts.append(Alert(
@@ -203,19 +209,24 @@ def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Al
 
     transfers = summary.transfers_from_device
     transfer_rate = summary.per_step(transfers)
-    if steps and transfer_rate > MAX_TRANSFERS_PER_STEP:
+    if steps and steps >= MIN_RATE_STEPS and transfer_rate > MAX_TRANSFERS_PER_STEP:
         items = f", {summary.item_calls} of them .item() calls" if summary.item_calls else ""
+        title, where, fix = _fetch_sites(summary)
         alerts.append(Alert(
             "frequent-transfers", "warning",
-            f"Device-to-host transfers: {transfers} in {steps} steps",
+            f"Device-to-host transfers: {transfers} in {steps} steps{title}",
             f"The program fetched values from the device {transfer_rate:.2f} times per {unit} "
-            f"(more than {MAX_TRANSFERS_PER_STEP}){items}. Each fetch waits for the device to "
-            "finish and stops the next step's tracing from overlapping with it. Typical "
-            "causes: .item(), print(tensor), `if tensor:`, logging every step (Trainer with "
-            "logging_steps=1), and transformers' attention-mask check on padded batches.",
-            "Fetch values only every N steps: hfxla_nb.report(loss=loss, log_every=N) or "
+            f"(more than {MAX_TRANSFERS_PER_STEP}){items}.{where} Each fetch waits for the "
+            "device to finish and stops the next step's tracing from overlapping with it. "
+            "Typical causes: .item(), print(tensor), `if tensor:`, logging every step (Trainer "
+            "with logging_steps=1), and transformers' attention-mask check on padded batches.",
+            f"{fix}{'f' if fix else 'F'}etch values only every N steps: "
+            "hfxla_nb.report(loss=loss, log_every=N) or "
             "xm.add_step_closure; log less often; keep decisions on the host.",
         ))
+    memory = graph_memory_alert(summary)
+    if memory is not None:
+        alerts.append(memory)
 
     if summary.fallbacks:
         ops = ", ".join(f"{op} ({count}x)" for op, count in summary.fallbacks.items())
@@ -247,3 +258,115 @@ def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Al
         ))
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(alerts, key=lambda alert: order.get(alert.severity, 3))
+
+
+# ---------------------------------------------------------------------------------------------
+# Rules that use the compilation trace (torch_xla's analysis, `summary.trace`)
+# ---------------------------------------------------------------------------------------------
+
+
+def compiles_every_step(summary: XlaSummary) -> bool:
+    """Whether nearly every step compiled a new graph, over at least `MIN_EVERY_STEP` steps
+    (per rank, for rank threads sharing a process's counters): with a trace, one line
+    compiled at least as many different graphs as there were steps (so the usual first-step
+    graph and a final fetch do not count); without one, compiles >= steps."""
+    if not summary.steps or summary.steps < MIN_EVERY_STEP:
+        return False
+    row = recompiling_row(summary)
+    rate = summary.per_step(row.graphs if row is not None else summary.compiles)
+    return rate is not None and rate >= 1.0
+
+
+def recompiling_row(summary: XlaSummary) -> CompileRow | None:
+    """The traced line that compiled the most different graphs (None without a trace)."""
+    trace = summary.trace
+    rows = trace.rows() if trace is not None else []
+    return max(rows, key=lambda row: (row.graphs, row.compiles), default=None)
+
+
+def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
+                       every_step: bool) -> Alert:
+    steps = summary.steps
+    rate = summary.per_step(summary.compiles) or 0.0
+    rule = ("nearly one new graph per step" if every_step and steps <= warmup_steps else
+            f"more than {MAX_COMPILES_PER_STEP} per step after {warmup_steps} warm-up steps")
+    numbers = (f"XLA compiled {rate:.2f} graphs per {unit} ({rule}), taking "
+               f"{summary.compile_time:.1f} s.{_share_text(summary)}")
+    row = recompiling_row(summary)
+    if row is None or row.graphs < 2:
+        cause, fix = _compile_cause(summary)
+        return Alert("frequent-compiles", "warning",
+                     f"Recompiling: {plural(summary.compiles, 'compile')} in "
+                     f"{plural(steps or 0, 'step')}", f"{numbers} {cause}", fix)
+    place = row.place()
+    changed = shape_changes(summary.input_shapes)
+    if changed:
+        cause, fix = _shapes_cause(changed), _shapes_fix(changed)
+    elif row.fetched:
+        cause = ("Each of them was cut there by reading a tensor's value (torch_xla: "
+                 f"\"{row.cause}\"), and the part of the step before the read differs from "
+                 "step to step.")
+        fix = ("remove the .item(), print(tensor) or `if tensor:` there; report values with "
+               "hfxla_nb.report(loss=loss), which fetches them every few steps.")
+    else:
+        cause = ("A different graph from the same line means the step's graph changes: a "
+                 "tensor shape that changes (dynamic padding, a smaller last batch, boolean "
+                 "indexing, nonzero), or a branch or loop that depends on the data.")
+        fix = ("keep shapes and Python control flow the same in every step: pad to fixed "
+               "shapes (or a few buckets) and use drop_last=True.")
+    if changed:
+        fix = f"{fix[0].lower()}{fix[1:]}"
+    return Alert(
+        "frequent-compiles", "warning",
+        f"Recompiling: {place} compiled {row.graphs} different graphs in "
+        f"{plural(steps or 0, 'step')}",
+        f"{numbers} {row.compiles} of the {summary.compiles} graphs end at {place} "
+        f"({cause_text(row.cause)}), {row.graphs} of them different: what changes is in the "
+        f"step's code that runs before that line. {cause}",
+        f"At {place}: {fix}",
+    )
+
+
+def _fetch_sites(summary: XlaSummary) -> tuple[str, str, str]:
+    """(title suffix, explanation, fix prefix) naming the lines whose value fetches ran the
+    graph, from the trace; empty strings without one."""
+    trace = summary.trace
+    sites = [site for site in (trace.fetch_sites() if trace is not None else [])
+             if site.where is not None or site.via is not None]
+    if not sites:
+        return "", "", ""
+    first = sites[0]
+    place = first.where.text() if first.where is not None else "library code"
+    listed = "; ".join(
+        (site.where.text() if site.where is not None else "library code")
+        + (f" via {site.via.short()}" if site.via is not None else "")
+        + f" ({site.count} {'time' if site.count == 1 else 'times'})"
+        for site in sites[:3])
+    where = (" torch_xla ran the step's graph early to read a value at: "
+             f"{listed}.")
+    return f", values read at {place}", where, f"At {place}: "
+
+
+def graph_memory_alert(summary: XlaSummary) -> Alert | None:
+    """A warning when the traced graph that needs the most memory needs more than one device
+    has (a TPU's HBM, from the live memory or the generation table)."""
+    trace = summary.trace
+    largest = trace.largest() if trace is not None else None
+    limit = (summary.memory or {}).get("bytes_limit") or (trace.device_memory if trace else None)
+    if largest is None or not limit or (largest.memory or 0) <= limit:
+        return None
+    name = trace.device_name if trace.device_name else "one device"
+    place = largest.where.text() if largest.where is not None else "library code"
+    gib = 1024**3
+    return Alert(
+        "graph-memory", "warning",
+        f"The graph compiled at {place} needs {largest.memory / gib:.1f} GiB; {name} has "
+        f"{limit / gib:.1f} GiB",
+        f"XLA's analysis of that graph: inputs, outputs, intermediate buffers and program need "
+        f"{largest.memory / gib:.1f} GiB on each device, more than the {limit / gib:.1f} GiB "
+        "there are: expect RESOURCE_EXHAUSTED (out of device memory) when it runs.",
+        "Make the step smaller: a smaller batch (gradient_accumulation_steps keeps the "
+        "effective batch), bfloat16 (precision='bf16'), gradient checkpointing with torch_xla's "
+        "own checkpoint (torch_xla.utils.checkpoint; torch's is undone by the compiler), or "
+        "shard parameters and optimizer state over the devices (FSDP via SPMD).",
+    )

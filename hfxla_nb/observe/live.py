@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..events import Compiled
 from .analyzer import Alert, analyze
+from .compile_trace import TraceLog
 from .metrics import WARMUP_STEPS, XlaSummary, summarize
 
 
@@ -21,7 +23,7 @@ def snapshot_ranks(event: Any) -> list[int]:
 def _source(event: Any) -> tuple:
     """Which process a snapshot describes: its pid when known, else its rank."""
     process = (getattr(event, "data", None) or {}).get("process") or {}
-    pid = process.get("pid")
+    pid = getattr(event, "pid", None) or process.get("pid")
     return ("pid", pid) if pid is not None else ("rank", event.rank)
 
 
@@ -40,10 +42,20 @@ class LiveMetrics:
         self.warmup_steps = warmup_steps
         self._latest: dict[Any, Any] = {}
         self._warm: dict[Any, Any] = {}
+        self._traces: dict[Any, TraceLog] = {}
 
     def add(self, event: Any) -> None:
-        """Add a `MetricsSnapshot` event (anything with rank, step, data, memory)."""
+        """Add a `MetricsSnapshot` event (anything with rank, step, data, memory), or a
+        `Compiled` event (torch_xla's analysis of the process's compilations)."""
         key = _source(event)
+        if isinstance(event, Compiled):
+            trace = self._traces.setdefault(key, TraceLog())
+            trace.add(event.records)
+            trace.executions = tuple(event.executions)
+            if event.device:
+                trace.device_memory = event.device.get("memory")
+                trace.device_name = event.device.get("name")
+            return
         old = self._latest.get(key)
         new_time, old_time = getattr(event, "time", None), getattr(old, "time", None)
         if old is None or new_time is None or old_time is None or new_time >= old_time:
@@ -95,13 +107,15 @@ class LiveMetrics:
         if warm is not None and (warm is event or warm.step is None or event.step is None
                                  or warm.step >= event.step):
             warm = None
-        return summarize(
+        summary = summarize(
             event.data,
             steps=event.step or None,
             memory=getattr(event, "memory", None),
             warmup=warm.data if warm is not None else None,
             warmup_step=warm.step if warm is not None else None,
         )
+        summary.trace = self._traces.get(key)
+        return summary
 
     def alerts(self) -> list[Alert]:
         """Alerts from every process's latest snapshot, without repeats."""

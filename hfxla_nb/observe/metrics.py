@@ -280,6 +280,11 @@ class XlaSummary:
     steps_after_warmup: int | None = None
     ranks: int = 1
     rank_steps: int | None = None
+    # torch_xla's analysis of each compilation (`compile_trace.TraceLog`), when traced.
+    trace: Any = None
+    # The persistent compile cache: "hits", "misses", "unreadable" (entries XLA:CPU cannot
+    # load) and, from the worker, its "folder", "entries", "bytes" and "limit".
+    cache: dict[str, Any] | None = None
 
     @property
     def compile_share(self) -> float | None:
@@ -307,6 +312,18 @@ def _metric(data: dict[str, Any], *names: str) -> tuple[int, float, float]:
         total += float(metric.get("total", 0.0))
         largest = max([largest] + [float(v) for _, v in metric.get("samples", [])])
     return count, total, largest
+
+
+_CACHE_COUNTERS = (("hits", "PersistentCacheHit"), ("misses", "PersistentCacheMiss"),
+                   ("unreadable", "PersistentCacheDeserializeFailure"))
+
+
+def _cache(counters: dict[str, Any], folder: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The compile cache's counters and folder, or None when no cache was used."""
+    counts = {key: int(counters.get(name, 0)) for key, name in _CACHE_COUNTERS}
+    if not folder and not any(counts.values()):
+        return None
+    return {**counts, **(folder or {})}
 
 
 def summarize(
@@ -373,6 +390,7 @@ def summarize(
         memory=dict(memory) if memory else None,
         input_shapes=dict(data.get("input_shapes") or {}),
     )
+    summary.cache = _cache(counters, data.get("compile_cache"))
     process = data.get("process") or {}
     summary.ranks = max(len(process.get("ranks") or ()), 1)
     if summary.ranks > 1 and process.get("rank_steps"):

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import _xla, events
 from ..events import MetricsSnapshot
+from ..runtime import compile_cache
 from .metrics import WARMUP_STEPS, ShapeTracker
 
 # Seconds between two MetricsSnapshot events of one process (the panel says "as of step N";
@@ -85,6 +86,7 @@ def send_snapshot(process: ProcessState, send) -> None:
         data = _xla.metrics_snapshot()
         data["input_shapes"] = process.shapes.data()
         data["process"] = {"pid": os.getpid(), "ranks": ranks, "rank_steps": progress}
+        data["compile_cache"] = compile_cache.worker_status()
         rank = ranks[0] if ranks else events.worker_rank()
         send(MetricsSnapshot(rank, step, data, memory(process)))
     except Exception as error:  # noqa: BLE001 - never break the user's sync

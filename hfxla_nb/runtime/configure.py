@@ -6,6 +6,7 @@ import os
 from collections.abc import MutableMapping
 
 from .. import _xla
+from . import compile_cache as cache
 from .hardware import Accelerator, detect_accelerator
 
 DEVICES = ("auto", "tpu", "cpu")
@@ -24,6 +25,8 @@ def configure(
     cores: int | None = None,
     debug: bool = False,
     *,
+    compile_cache: bool | str | os.PathLike | None = None,
+    compile_cache_gib: float | None = None,
     environ: MutableMapping[str, str] | None = None,
     sys_root: str = "/",
 ) -> dict[str, str]:
@@ -37,7 +40,15 @@ def configure(
         cores: on the CPU, the number of virtual XLA devices (`CPU_NUM_DEVICES`), e.g. 8 to
             rehearse a TPU host. On a TPU, all devices (the default) or those of one chip.
         debug: set `PT_XLA_DEBUG_LEVEL=2`, PyTorch/XLA's own analysis of every compilation and
-            device-to-host transfer (why it happened, from which line).
+            device-to-host transfer (why it happened, from which line). Launched workers
+            capture it for the panel's compilations view anyway (`trace_compiles`); this
+            prints it raw where nothing captures it (the kernel, scripts).
+        compile_cache: the persistent compile cache of later launches: True (on, in this
+            environment's folder; the default on TPU hosts), False (off), or a folder (the
+            entries go in a subfolder per torch_xla/libtpu version and device kind). None
+            leaves the choice as it is.
+        compile_cache_gib: the most the cache folder may hold (default 10; 4 on Kaggle); the
+            oldest entries are removed past it.
         environ: the mapping to change (default `os.environ`).
         sys_root: root of the file system to look for TPU hardware in (tests pass a fake tree).
 
@@ -46,6 +57,7 @@ def configure(
 
     Raises:
         ValueError: for an unknown `device` or an invalid `cores`.
+        CompileCacheRefusedError: a `compile_cache` folder that other users can write to.
         TpuNotFoundError: `device="tpu"` where no TPU was found.
         RuntimeAlreadyStartedError: the XLA runtime already started in this process.
 
@@ -81,7 +93,26 @@ def configure(
             values["CPU_NUM_DEVICES"] = str(cores)
     if debug:
         values["PT_XLA_DEBUG_LEVEL"] = "2"
+    values.update(_cache_settings(compile_cache, compile_cache_gib))
     environ.update(values)
+    return values
+
+
+def _cache_settings(setting: bool | str | os.PathLike | None,
+                    gib: float | None) -> dict[str, str]:
+    values = {}
+    if gib is not None:
+        if isinstance(gib, bool) or not isinstance(gib, (int, float)) or gib <= 0:
+            raise ValueError(f"compile_cache_gib must be a positive number, got {gib!r}.")
+        values[cache.LIMIT] = str(float(gib))
+    if setting is None:
+        return values
+    if isinstance(setting, bool):
+        values[cache.SETTING] = "on" if setting else "off"
+        return values
+    folder = os.path.abspath(os.path.expanduser(os.fspath(setting)))
+    cache.check_folder(folder)
+    values[cache.SETTING] = folder
     return values
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import _xla
 from .._words import plural
+from . import compile_cache
 from .environment import (
     colab_installed,
     detect_environment,
@@ -41,6 +42,7 @@ class RuntimeInfo:
         problems: what is wrong, each with a fix.
         host: which host this is ("Colab TPU v5e-1", "Kaggle TPU v5e-8", ...).
         launch_plan: what `notebook_launcher` and `fine_tune` will do here.
+        compile_cache: where launches keep compiled programs, or why they do not.
     """
 
     accelerator: Accelerator
@@ -51,6 +53,7 @@ class RuntimeInfo:
     problems: list[Problem] = field(default_factory=list)
     host: str = ""
     launch_plan: str = ""
+    compile_cache: str = ""
 
     @property
     def ok(self) -> bool:
@@ -139,4 +142,6 @@ def detect(*, sys_root: str = "/", environ: Mapping[str, str] | None = None) -> 
         problems=problems,
         host=host_name(accelerator, environment),
         launch_plan=launch_plan(accelerator, environment),
+        compile_cache=compile_cache.describe(accelerator=accelerator, environment=environment,
+                                             versions=versions, environ=environ),
     )

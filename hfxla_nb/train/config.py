@@ -84,6 +84,10 @@ class FineTuneConfig:
             gradients and AdamW state would not fit one device's memory.
         gradient_checkpointing: recompute each layer in the backward pass with torch_xla's own
             checkpoint (transformers' own is removed by XLA's compiler): less memory, slower.
+        trace_compiles: capture PyTorch/XLA's analysis of each compilation for the panel's
+            compilations view (the line, cause, graph and memory of each); False turns it off.
+        compile_cache: the persistent compile cache: None (`hx.configure`'s choice, else on
+            for TPU hosts), True, False, or a folder.
 
     Raises:
         FineTuneError: on construction, for a value that cannot work (the message says what
@@ -122,6 +126,8 @@ class FineTuneConfig:
     packing: bool | None = None
     sharding: str = "auto"
     gradient_checkpointing: bool = False
+    trace_compiles: bool = True
+    compile_cache: bool | str | os.PathLike | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.metrics, str) or callable(self.metrics):

@@ -72,6 +72,8 @@ def fine_tune(
         strategy=config.strategy,
         progress="auto" if config.progress is True else config.progress,
         timeout=config.timeout,
+        trace_compiles=config.trace_compiles,
+        compile_cache=config.compile_cache,
     )
     result = FineTuneResult.from_dict(raw)
     record = last_launch()

@@ -16,6 +16,7 @@ from html import escape
 from ..observe.analyzer import Alert
 from ..observe.metrics import XlaSummary, shape_changes
 from . import text
+from .compilations import compilations_html
 from .state import BarView, LaunchView
 
 COLORS = {
@@ -223,7 +224,8 @@ def summary_html(summary: XlaSummary | None, title: str = "XLA metrics",
         rows.append(_row(f"input '{name}'", text.shapes_text(info)))
     return (
         f'<div style="{_BOX}"><b>{escape(heading)}</b>'
-        f'<table style="{_TABLE}"><tbody>{"".join(rows)}</tbody></table></div>'
+        f'<table style="{_TABLE}"><tbody>{"".join(rows)}</tbody></table>'
+        f"{compilations_html(summary)}</div>"
     )
 
 

@@ -55,6 +55,8 @@ def _facts(info: RuntimeInfo) -> list[tuple[str, str]]:
         ("runs in", info.environment),
         ("XLA runtime", _runtime_state(info)),
     ]
+    if info.compile_cache:
+        facts.append(("compile cache", info.compile_cache))
     if accelerator.holders:
         holders = ", ".join(f"{pid} ({name})" for pid, name in sorted(accelerator.holders.items()))
         facts.append(("TPU held by", holders))

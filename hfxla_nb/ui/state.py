@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import Failed, Finished, Heartbeat, MetricsSnapshot, Progress, Started
+from ..events import Compiled, Failed, Finished, Heartbeat, MetricsSnapshot, Progress, Started
 from ..observe.analyzer import Alert
 from ..observe.live import LiveMetrics
 from ..observe.metrics import XlaSummary
@@ -151,7 +151,7 @@ class LaunchState:
             self._progress(event, now)
             if self.ranks.get(rank) == "pending":
                 self.ranks[rank] = "running"
-        elif isinstance(event, MetricsSnapshot):
+        elif isinstance(event, (MetricsSnapshot, Compiled)):
             self.metrics.add(event)
         elif isinstance(event, Finished):
             if rank is not None:

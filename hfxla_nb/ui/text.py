@@ -235,7 +235,9 @@ def summary_lines(summary: XlaSummary | None, title: str = "XLA",
     lines.append("device memory: " + memory_text(summary.memory))
     for name, info in shape_changes(summary.input_shapes).items():
         lines.append(f"input {name!r} shapes: " + shapes_text(info))
-    return lines
+    from .compilations import compilation_lines  # it formats with this module
+
+    return lines + compilation_lines(summary)
 
 
 def shapes_text(info: InputShapes) -> str:

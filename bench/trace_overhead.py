@@ -1,0 +1,143 @@
+"""What compilation tracing costs: steady-state steps/s with `trace_compiles` on and off.
+
+Run with `PJRT_DEVICE=CPU python bench/trace_overhead.py` (also part of `make bench`;
+`--micro` times an almost empty graph instead, to see the cost per step itself). The
+same training function (a hand-written loop over the demo's tiny BERT, batch 16, fixed
+padding, AdamW, `hx.report(...)` every step) runs in a fresh forked worker
+(`hfxla_nb.notebook_launcher`) with `trace_compiles=True` and `False`, alternating,
+`--repeats` times each, so a slow moment of a shared machine hits both alike. The worker times
+the steps after `--warmup` (the compiling ones) between two `wait_device_ops()`.
+
+transformers is left unpatched here, so every step runs two graphs (its attention-mask check
+reads a value from the device): two execution analyses per step to write, read and parse,
+about the most tracing does per step in steady state. Prints the median steps/s of each, the
+median of the per-pair ratios, and the same for the worker's CPU time per step (all threads),
+which other work on a shared machine disturbs less than wall-clock time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def train(batches: dict, steps: int, warmup: int) -> dict:
+    """The launched function: steady-state steps per second, and what was traced."""
+    import torch
+    import torch_xla
+    from transformers import AutoModelForSequenceClassification
+
+    import hfxla_nb as hx
+    from hfxla_nb import _xla
+    from hfxla_nb.demo import demo_model_dir
+
+    dev = torch_xla.device()
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(demo_model_dir()).to(dev)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rows = batches["input_ids"].shape[0]
+    start = None
+    for step in range(1, steps + 1):
+        begin = (step - 1) * 16 % (rows - 16)
+        batch = {name: tensor[begin:begin + 16].to(dev) for name, tensor in batches.items()}
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        hx.report(step=step, loss=loss, total=steps, log_every=10)
+        torch_xla.sync()
+        if step == warmup:
+            _xla.wait_device_ops()
+            start, cpu = time.perf_counter(), time.process_time()
+    _xla.wait_device_ops()
+    return {"steps_per_second": (steps - warmup) / (time.perf_counter() - start),
+            "cpu_per_step": (time.process_time() - cpu) / (steps - warmup),
+            "traced": os.environ.get("PT_XLA_DEBUG_LEVEL") == "2"}
+
+
+def tiny(steps: int, warmup: int) -> dict:
+    """The launched function of `--micro`: a graph that does almost nothing, so the cost per
+    step is what a step costs torch_xla, hfxla_nb's report and tracing themselves."""
+    import torch
+    import torch_xla
+
+    import hfxla_nb as hx
+    from hfxla_nb import _xla
+
+    x = torch.zeros(8, device=torch_xla.device())
+    for step in range(1, steps + 1):
+        x = x * 0.5 + 1.0
+        hx.report(step=step, total=steps, log_every=10)
+        torch_xla.sync()
+        if step == warmup:
+            _xla.wait_device_ops()
+            start, cpu = time.perf_counter(), time.process_time()
+    _xla.wait_device_ops()
+    return {"steps_per_second": (steps - warmup) / (time.perf_counter() - start),
+            "cpu_per_step": (time.process_time() - cpu) / (steps - warmup),
+            "traced": os.environ.get("PT_XLA_DEBUG_LEVEL") == "2"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--micro", action="store_true",
+                        help="an almost empty graph instead of BERT: the cost per step itself")
+    args = parser.parse_args(argv)
+
+    import torch  # noqa: F401 - imported once here, inherited by every forked worker
+
+    import hfxla_nb as hx
+    from hfxla_nb.demo import demo_dataset, demo_tokenizer
+
+    texts = list(demo_dataset(n=400)["train"]["text"])
+    batches = dict(demo_tokenizer()(texts, padding="max_length", truncation=True, max_length=64,
+                                    return_tensors="pt"))
+    batches["labels"] = torch.tensor(list(demo_dataset(n=400)["train"]["label"]))
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    cpu: dict[bool, list[float]] = {True: [], False: []}
+    for repeat in range(args.repeats):
+        for traced in ((True, False) if repeat % 2 == 0 else (False, True)):
+            function, call = (tiny, (args.steps, args.warmup)) if args.micro else (
+                train, (batches, args.steps, args.warmup))
+            result = hx.notebook_launcher(function, args=call, progress=False,
+                                          trace_compiles=traced)
+            assert result["traced"] is traced
+            rates[traced].append(result["steps_per_second"])
+            cpu[traced].append(result["cpu_per_step"])
+            print(f"repeat {repeat + 1}: tracing {'on ' if traced else 'off'} "
+                  f"{result['steps_per_second']:.2f} steps/s, "
+                  f"{result['cpu_per_step'] * 1000:.1f} ms CPU per step", flush=True)
+    ratios = [on / off for on, off in zip(rates[True], rates[False], strict=True)]
+    cpu_ratios = [on / off for on, off in zip(cpu[True], cpu[False], strict=True)]
+    summary = {
+        "steps_per_second_on": statistics.median(rates[True]),
+        "steps_per_second_off": statistics.median(rates[False]),
+        "ratio_on_off": statistics.median(ratios),
+        "overhead_percent": (1 - statistics.median(ratios)) * 100,
+        # CPU time of the worker process per step (all its threads): less sensitive to other
+        # work on a shared machine than wall-clock time.
+        "cpu_ms_per_step_on": statistics.median(cpu[True]) * 1000,
+        "cpu_ms_per_step_off": statistics.median(cpu[False]) * 1000,
+        "cpu_overhead_percent": (statistics.median(cpu_ratios) - 1) * 100,
+        "cpu_us_added_per_step": (statistics.median(cpu[True]) - statistics.median(cpu[False]))
+        * 1e6,
+        "repeats": args.repeats,
+    }
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
