@@ -172,7 +172,7 @@ def test_two_launches_write_then_find_their_entries(tmp_path):
     # Three graphs (first step, steady step, the final fetch); written once, found again.
     assert len(entries) == 3 and sorted(result["second"]) == entries
     assert stat.S_IMODE((root / key).stat().st_mode) == 0o700
-    first, second = done.stdout.split("✔ finished")[1:3]
+    first, second = done.stdout.split("✔ launch finished")[1:3]
     folder = str(root / key)
     assert "compile cache: 0 hits, 3 misses; 3 entries," in first and folder in first
     assert "compile cache: 0 hits, 0 misses, 3 not loadable on XLA:CPU (compiled again); " \
