@@ -7,7 +7,8 @@ STAMP := $(VENV)/.hfxla_nb-installed
 export PJRT_DEVICE ?= CPU
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test lint demo bench lab clean test-browser
+.PHONY: setup test lint demo bench lab clean test-browser test-stacks test-notebooks \
+	strip-notebooks test-binder
 
 $(STAMP): pyproject.toml requirements-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +27,22 @@ lint: setup
 
 test: setup lint
 	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory test-notebooks
+
+# The tutorials, top to bottom in real kernels (nbval, lax: cells fail on errors; the checks are
+# the notebooks' own assert cells). They are stored without outputs: `make strip-notebooks`.
+NBVAL := $(PY) -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
+	--nbval-cell-timeout=600
+test-notebooks: setup
+	$(NBVAL) notebooks/
+
+strip-notebooks: setup
+	$(VENV)/bin/nbstripout notebooks/*.ipynb
+
+# What binder/ installs (requirements.txt, then postBuild), in a fresh virtualenv, then tutorial
+# 3 in it. The first run downloads torch and torch_xla (a few GB; pip caches them).
+test-binder: setup
+	$(PY) -m pytest -q -rP tests/binder
 
 # JupyterLab in Debian's Chromium (headless, through Playwright; no browser download): the live
 # panels as a person sees them, light and dark theme. Screenshots go to artifacts/browser/.
@@ -57,6 +74,13 @@ bench: setup
 lab: setup
 	$(PY) -m pip install --quiet jupyterlab
 	$(VENV)/bin/jupyter lab notebooks/
+
+# The kernel-level tests on the stacks of Colab's and Kaggle's TPU runtimes (stacks/*.txt), each in
+# its own venv under .stacks/ (built once, a few GB each); a stack whose Python is missing is
+# skipped. `make test-stacks STACKS=colab` runs one.
+STACKS ?=
+test-stacks:
+	$(PYTHON) stacks/run_stack.py $(STACKS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

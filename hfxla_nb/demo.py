@@ -29,6 +29,8 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -382,7 +384,8 @@ def demo_model_dir(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = BertForSequenceClassification(config)
-        model.save_pretrained(tmp)
+        with _no_progress_bars():  # the demo's own setup: no "Writing model shards" bar
+            model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
 
     if target.exists() and any(target.iterdir()):
@@ -393,6 +396,21 @@ def demo_model_dir(
         target.rmdir()
     _build_atomically(target, build)
     return str(target)
+
+
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers' progress bars off within the block, as they were after it (the demo
+    quiets its own setup, never the library globally)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -183,7 +183,7 @@ def test_two_launches_write_then_find_their_entries(tmp_path):
     assert len(entries) == 3 and result["first"][1] == result["second"][1] == entries
     for path in (root, root / key, root / key / flags):
         assert stat.S_IMODE(path.stat().st_mode) == 0o700
-    first, second = done.stdout.split("✔ finished")[1:3]
+    first, second = done.stdout.split("✔ launch finished")[1:3]
     assert "compile cache: 0 hits, 3 misses; 3 entries," in first and folder in first
     assert "compile cache: 0 hits, 0 misses, 3 not loadable on XLA:CPU (compiled again); " \
            "3 entries," in second

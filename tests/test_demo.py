@@ -93,3 +93,25 @@ def test_model_dir_refuses_a_folder_with_other_files(tmp_path):
     with pytest.raises(FileExistsError, match="does not hold a model"):
         demo.demo_model_dir(tmp_path)
     assert os.listdir(tmp_path) == ["notes.txt"]
+
+
+def test_make_demo_shows_what_the_run_uses_and_no_setup_noise(tmp_path):
+    """`python -m hfxla_nb.demo` (what `make demo` runs), from an empty cache so the demo's
+    own setup writes the model: the runtime panel names the devices the run then uses, and
+    transformers' "Writing model shards" bar of that setup stays out of the output."""
+    import re
+    import subprocess
+    import sys
+
+    from tests.kernel_helpers import ROOT, _env
+
+    env = _env(HFXLA_NB_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run(
+        [sys.executable, "-m", "hfxla_nb.demo", "--rows", "200", "--epochs", "1",
+         "--devices", "2", "--output-dir", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=600, env=env, cwd=str(ROOT))
+    output = done.stdout + done.stderr
+    assert "Writing model shards" not in output and "%|" not in output, output
+    assert "CPU: 2 virtual XLA devices" in output, output
+    assert re.search(r"setup\s+spmd over 2 devices", output), output
+    assert "1 virtual XLA device" not in output

@@ -148,6 +148,46 @@ def test_result_reprs(trained):
     assert trained.final_loss == trained.loss_history[-1][1]
 
 
+def test_a_run_that_learns_says_what_each_figure_counts_and_is_data(trained):
+    from hfxla_nb.ui.finetune_panel import result_text
+
+    assert trained.warnings == [] and trained.chance_accuracy == pytest.approx(0.5, abs=0.06)
+    # Launch wall time > training loop + evaluation; throughput over the whole loop (the
+    # compiling steps in) < after warm-up. Each figure is labelled so in the panel.
+    assert trained.launch_seconds > trained.train_seconds + trained.eval_seconds > 0
+    assert 0 < trained.samples_per_second_overall < trained.samples_per_second
+    text = result_text(trained)
+    assert "launch " in text and "training loop " in text and "evaluation " in text
+    assert "samples/s after warm-up" in text and "samples/s over the whole training loop" in text
+    # The launch's final XLA figures, as data on the result and in a DataFrame row.
+    assert trained.xla["compiles"] >= trained.compiles + trained.eval_compiles
+    assert trained.xla["executions"] >= trained.steps and trained.xla["step_times"]
+    frame = trained.to_dataframe()
+    assert len(frame) == 1 and frame.loc[0, "eval_accuracy"] == trained.metrics["eval_accuracy"]
+    assert frame.loc[0, "xla_compiles"] == trained.xla["compiles"] and frame.loc[0, "learned"]
+
+
+def test_a_run_that_learned_nothing_says_so_and_ends_without_lr_0(demo_cache, capsys):
+    import re
+
+    from hfxla_nb.ui.finetune_panel import result_html, result_text
+
+    result = demo.run_demo(rows=400, epochs=1, batch_size=32, learning_rate=1e-7, devices=1,
+                           output_dir=None, progress="console", cache=demo_cache, log_every=2)
+    printed = capsys.readouterr().out
+    (warning,) = result.warnings
+    assert warning.startswith("The model learned little: ") and "training loss fell only" in (
+        warning)
+    assert "learning rate" in warning and "epochs" in warning and "labels" in warning
+    assert result_text(result).splitlines()[1] == f"  warning     {warning}"
+    assert "font-weight:600" in result_html(result)  # shown first, in the warning colour
+    assert not result.to_dataframe().loc[0, "learned"]
+    # The final bar shows the learning rate the last step used, not the 0 it decays to.
+    final = printed[printed.rindex("✔ launch finished"):]
+    (bar,) = [line for line in final.splitlines() if line.startswith("train ✔ |")]
+    assert re.search(r" · lr=\d(\.\d)?e-\d+$", bar), bar
+
+
 def test_four_devices_match_one(trained, trained_on_4):
     assert trained_on_4.devices == 4 and trained.devices == 1
     assert trained_on_4.executions_per_step == 1.0

@@ -229,6 +229,44 @@ def test_spmd_sees_four_virtual_devices(kernel):
     assert_clean(kernel)
 
 
+def test_a_loop_counted_from_0_ends_at_its_real_last_step_with_its_figures_as_data(kernel):
+    output = run_ok(
+        kernel,
+        """
+        def loop(index):
+            import torch, torch_xla
+            device = torch_xla.device()
+            for i in range(12):  # what enumerate(loader) gives: steps 0 ... 11 of 12
+                x = torch.full((4, 4), float(i), device=device)
+                hx.report(step=i, total=12, loss=x.mean(), log_every=5)
+                torch_xla.sync()
+            return "done"
+
+        hx.notebook_launcher(loop, strategy="spmd", num_processes=1, progress="console")
+        record = last_launch()
+        figures = record.ranks[0].metrics
+        frame = record.to_dataframe()
+        print("FIGURES", figures.steps, figures.executions, figures.compiles,
+              figures.transfers_from_device, len(figures.step_times), figures.shared_with)
+        print("FRAME", type(frame).__name__, list(frame["rank"]),
+              list(frame["executions"]) == [figures.executions])
+        """,
+        timeout=180,
+    )
+    final = output.stdout[output.stdout.rindex("✔ launch finished"):]
+    (bar,) = [line for line in final.splitlines() if line.startswith("train   |")]
+    # No check mark at 11/12, the last step's own value (fetched after the function
+    # returned), and the hint to count from 1.
+    assert "| 11/12 · " in bar and bar.endswith(" · loss=11")
+    assert "step=i + 1" in final
+    figures = output.stdout.split("FIGURES ")[1].split()
+    steps, executions, compiles, transfers, step_times = (int(v) for v in figures[:5])
+    assert (steps, executions) == (11, 12) and compiles >= 1 and step_times >= 1
+    assert transfers >= 2  # at least the first step's fetch and the last one's
+    assert "FRAME DataFrame [0] True" in output.stdout
+    assert_clean(kernel)
+
+
 def test_exception_in_rank_1_of_4_stops_all_and_names_it(kernel):
     output = kernel.run(
         textwrap.dedent(

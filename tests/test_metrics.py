@@ -163,12 +163,40 @@ def test_shapes_that_all_compiled_during_warmup_still_get_an_alert():
     live.add(MetricsSnapshot(0, 150, data))
     assert live.summary().compiles_after_warmup == 0
     (alert,) = live.alerts()
-    assert alert.code == "shape-changes" and alert.severity == "info"
+    # Compiling was all the XLA time there was: a warning, whatever the rate.
+    assert alert.code == "shape-changes" and alert.severity == "warning"
     assert alert.title == "Input 'x' took 7 different shapes"
     assert ("Input 'x' had 7 different shapes: (9, 8), (10, 8), (11, 8), (12, 8), (13, 8), "
             "(14, 8), (8, 8).") in alert.explanation  # all 7, not "and 1 more"
-    assert "compiled 7 graphs, all in the first 10 steps" in alert.explanation
-    assert "padding='max_length'" in alert.fix and "bucket" in alert.fix
+    assert ("compiled 7 graphs, all in the first 10 steps. Compiling took 100% of the XLA "
+            "time.") in alert.explanation
+    # 'x' is a plain tensor, not a tokenizer output: the fix pads the tensor itself.
+    assert "torch.nn.functional.pad" in alert.fix and "bucket" in alert.fix
+    assert "tokenizer" not in alert.fix
+
+
+def test_recompile_severity_follows_its_cost_and_the_fix_names_the_input_kind():
+    def recompiled(compile_ns: float, execute_ns: float, name: str):
+        live = live_metrics.LiveMetrics()
+        live.add(MetricsSnapshot(0, 11, snap({"MarkStep": 11}, CompileTime=(2, NS, []))))
+        data = snap({"MarkStep": 60}, CompileTime=(12, compile_ns, []),
+                    ExecuteTime=(60, execute_ns, []))
+        data["input_shapes"] = cycling(name, 12, 60)
+        live.add(MetricsSnapshot(0, 60, data))
+        (alert,) = live.alerts()
+        return alert
+
+    # The measured case: 12 compiles in 60 steps (under torch_xla's 0.5 per step), compiling
+    # 99% of the time. Not "info": it is where the time went.
+    costly = recompiled(12 * NS, 0.1 * NS, "x")
+    assert (costly.code, costly.severity) == ("recompiled", "warning")
+    assert costly.title == "Recompiling: 12 compiles in 60 steps, 10 after warm-up"
+    assert "Compiling took 99% of the XLA time." in costly.explanation
+    assert "torch.nn.functional.pad" in costly.fix and "tokenizer" not in costly.fix
+    # Cheap compiles of a tokenizer's output: worth knowing, and the tokenizer pads.
+    cheap = recompiled(0.1 * NS, 12 * NS, "input_ids")
+    assert (cheap.code, cheap.severity) == ("recompiled", "info")
+    assert "padding='max_length'" in cheap.fix
 
 
 def test_shape_alert_is_not_repeated_and_a_few_buckets_are_quiet():
@@ -292,10 +320,10 @@ DYNAMIC_LOOP = """
 import json, pickle, torch, torch_xla
 import torch_xla.debug.metrics as met
 from hfxla_nb import events
-from hfxla_nb.observe import reporting
+from hfxla_nb.observe import process, reporting
 import hfxla_nb as hx
 
-reporting.SNAPSHOT_INTERVAL = 0.0   # a snapshot every step, to see every compile
+process.SNAPSHOT_INTERVAL = 0.0   # a snapshot every step, to see every compile
 channel = events.Channel()
 events.attach_worker(channel, 0)
 dev = torch_xla.device()

@@ -9,7 +9,7 @@ import pytest
 
 from hfxla_nb import events
 from hfxla_nb.events import Channel, MetricsSnapshot, Progress
-from hfxla_nb.observe import reporting
+from hfxla_nb.observe import process, reporting
 from tests.kernel_helpers import run_python
 
 
@@ -256,7 +256,7 @@ def worker_channel():
 
 def test_a_failing_rank_sends_its_last_progress_and_metrics(monkeypatch, worker_channel):
     xla = FakeXla(monkeypatch)
-    monkeypatch.setattr(reporting, "SNAPSHOT_INTERVAL", 1000.0)  # one periodic snapshot only
+    monkeypatch.setattr(process, "SNAPSHOT_INTERVAL", 1000.0)  # one periodic snapshot only
 
     def train(index):
         for step in range(1, 41):  # no total: no final step for report() to know of
@@ -322,3 +322,82 @@ def test_no_snapshot_and_no_runtime_when_the_function_used_no_xla(monkeypatch,
     assert not [event for event in received if isinstance(event, MetricsSnapshot)]
     assert type(received[-1]).__name__ == "Finished" and xla.initialized is False
     assert [event.step for event in received if isinstance(event, Progress)][-1] == 5
+
+
+# -- the last step's values, fetched when the function returns --------------------------------
+
+FINAL_FETCH = """
+import json, os, pickle, torch, torch_xla
+import torch_xla.debug.metrics as met
+from hfxla_nb import events
+from hfxla_nb.launch import worker
+from hfxla_nb.observe import reporting
+import hfxla_nb as hx
+
+worker.route_this_process = lambda *args, **kwargs: None  # keep this process's stdout
+reporting.MIN_INTERVAL = 0.0                # no time throttle: one fetch per K steps exactly
+K = 5
+dev = torch_xla.device()
+w = torch.ones(4, 1, device=dev)
+
+def steps_from_zero(index):                 # what `enumerate(loader)` gives: 0 ... 22
+    for i in range(23):
+        x = torch.full((8, 4), float(i)).to(dev)
+        y = x @ w
+        hx.report(step=i, loss=y.mean(), total=23, log_every=K, inputs={"x": x}, peak=y.max())
+        torch_xla.sync()
+    return "done"
+
+def ends_on_a_fetch(index):                 # 1 ... 20: the last step is fetched as usual
+    for step in range(1, 21):
+        x = torch.full((8, 4), float(step)).to(dev)
+        hx.report(step=step, loss=(x @ w).mean(), log_every=K)
+        torch_xla.sync()
+    return "done"
+
+def transfers():
+    data = met.metric_data("TransferFromDeviceTime")
+    return data[0] if data else 0
+
+results = {}
+for function in (steps_from_zero, ends_on_a_fetch):
+    channel = events.Channel()
+    before = transfers()
+    worker.run_rank(channel, 0, 1, function, (), True)
+    received = []
+    while batch := channel.receive(timeout=0.5):
+        received += batch
+    results[function.__name__] = {"transfers": transfers() - before,
+                                  "events": pickle.dumps(received).hex()}
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def final_fetch():
+    result = run_python(FINAL_FETCH)
+    for case in result.values():
+        case["events"] = pickle.loads(bytes.fromhex(case["events"]))
+    return result
+
+
+def test_the_last_steps_values_are_fetched_once_when_the_function_returns(final_fetch):
+    short = final_fetch["steps_from_zero"]
+    # Steps 0, 5, 10, 15, 20 in step closures, then step 22 after the function returned:
+    # exactly one more transfer, for both values.
+    assert short["transfers"] == 5 + 1
+    bars = [e for e in short["events"] if isinstance(e, Progress)]
+    last = bars[-1]
+    assert (last.step, last.total, last.values) == (22, 23, {"loss": 88.0, "peak": 88.0})
+    # Its final metrics snapshot comes after that fetch and counts it.
+    snapshot = [e for e in short["events"] if isinstance(e, MetricsSnapshot)][-1]
+    assert short["events"].index(snapshot) > short["events"].index(last)
+    assert snapshot.data["metrics"]["TransferFromDeviceTime"]["count"] >= 6
+
+
+def test_a_last_step_already_fetched_costs_nothing_more(final_fetch):
+    exact = final_fetch["ends_on_a_fetch"]
+    assert exact["transfers"] == 20 // 5  # no extra fetch at the end
+    losses = [(e.step, e.values.get("loss")) for e in exact["events"]
+              if isinstance(e, Progress) and "loss" in e.values]
+    assert losses[-1] == (20, 80.0)

@@ -175,7 +175,7 @@ def test_a_launched_recompiling_loop_shows_its_line_and_no_raw_analysis(tmp_path
     out = done.stdout + done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {"traced": "2", "plain": None}
-    _, first, second = done.stdout.split("✔ finished")
+    _, first, second = done.stdout.split("✔ launch finished")
     assert "compilations by line (6 graphs traced):" in first
     assert "  `train` in train.py, line 13: 6 graphs, 6 different," in first
     assert "Recompiling: `train` in train.py, line 13 compiled 6 different graphs in 6 steps" in (
@@ -209,7 +209,7 @@ def test_xla_metrics_traces_the_cell_or_says_in_one_line_why_not():
                  "torch_xla.sync()")
         panel = late.run("%%xla_metrics\ny = x * 3\ntorch_xla.sync()\n").displays[-1]["data"]
         assert tracing.TOO_LATE in panel["text/plain"]
-        assert "XLA in 1 steps: 1 compiles" in panel["text/plain"]  # today's view, still there
+        assert "XLA in 1 step: 1 compile" in panel["text/plain"]  # today's view, still there
     finally:
         late.close()
 

@@ -117,7 +117,8 @@ def test_state_aggregates_large_worlds_and_shows_failure():
     state.close(record(ok=False, r0="finished", r5="failed"))
     view = state.view()
     assert view.state == "failed" and view.bars[0].state == "failed"
-    assert view.errors == ["rank 5: ValueError: bad batch"]  # not repeated from the record
+    # Who and what, once: the message itself is the LaunchError's (not repeated from the record).
+    assert view.errors == ["rank 5 raised ValueError"]
     assert view.elapsed == pytest.approx(4.0)
 
 
@@ -131,7 +132,7 @@ def test_state_close_tolerates_any_record():
     assert view.state == "finished" and view.bars[0].state == "done"
     state = LaunchState(1, clock=Clock())
     state.close(LaunchRecord("spmd", 1, [RankRecord(0)], outcome="timeout"))
-    assert state.view().state == "failed" and state.view().errors == ["launch timeout"]
+    assert state.view().state == "failed" and state.view().errors == ["timed out"]
 
 
 def test_state_metrics_from_snapshots():
@@ -180,7 +181,7 @@ def test_state_metrics_of_rank_threads_name_their_process():
     assert view.metrics.executions == 100 and view.metrics.steps == 30
     assert text.metrics_title(view) == "XLA metrics (process of ranks 0-3)"
     assert "(process of ranks 0-3)" in text.launch_text(view).splitlines()[1]
-    assert "XLA metrics (process of ranks 0-3) in 30 steps" in html.launch_html(view)
+    assert "XLA metrics (process of ranks 0-3) as of step 30" in html.launch_html(view)
     assert "rank 1" not in html.launch_html(view)
     assert text.metrics_label([2]) == "rank 2"
     assert text.metrics_label([0, 2, 5]) == "process of ranks 0, 2, 5"
@@ -202,7 +203,17 @@ def test_text_formats():
     assert text.size(None) == "n/a" and text.size(512) == "512 B"
     assert text.size(3 * 1024**3) == "3.0 GiB"
     assert text.rate(0.5, "it") == "2.00 s/it" and text.rate(12.34, "it") == "12.3 it/s"
-    assert text.number(0.000012) == "1.200e-05" and text.number(0.4213) == "0.4213"
+    # Compact, so a bar's values stay short: 4 significant digits, or 2 in short scientific
+    # form for very small and large values.
+    assert text.number(0.000012) == "1.2e-5" and text.number(0.4213) == "0.4213"
+    assert text.number(1.6667e-4) == "1.7e-4" and text.number(5e-5) == "5e-5"
+    assert text.number(123456.789) == "1.2e5" and text.number(-0.0004) == "-4e-4"
+    assert text.number(12.3456) == "12.35" and text.number(0) == "0"
+    assert text.number(0.001367) == "0.0014" and text.number(0.01234) == "0.0123"
+    assert text.number(12345.6) == "1.2e4" and text.number(1234.5) == "1234"
+    # A bar's times, short past a minute (so its stats stay on one line).
+    assert text.clock(12.04) == "12.0 s" and text.clock(0.85) == "850 ms"
+    assert text.clock(65) == "1:05" and text.clock(3725) == "1:02:05"
 
 
 def test_text_panel_lines():
@@ -211,10 +222,12 @@ def test_text_panel_lines():
         state.handle(event)
     state.handle(MetricsSnapshot(0, 20, SNAPSHOT))
     line = text.bar_line(state.view().bars[0], width=4)
-    assert line.startswith("train [rank 0] |██░░| 2/4 50% ")
-    assert "loss=0.5 lr=0.001" in line and "2 it/s" in line and "16 samples/s" in line
+    # One rank: no "[rank 0]"; the mark's place is kept blank while it runs.
+    assert line.startswith("train   |██░░| 2/4 · ")
+    assert line.endswith(" · 2 it/s, 16 samples/s · loss=0.5 · lr=0.001")
     whole = text.launch_text(state.view())
-    assert "2 compiles (3.0 s), 20 executions (1.0 s), compile 75% / execute 25% (rank 0)" in whole
+    assert ("XLA as of step 20: 2 compiles (3.0 s), 20 executions (1.0 s), compile 75% / "
+            "execute 25%\n") in whole
     assert "CPU fallbacks: aten::nonzero x3" in whole
     assert "device memory: not available" in whole
     assert "⚠ Operations ran on the CPU: aten::nonzero" in whole
@@ -237,11 +250,13 @@ def test_launch_html_escapes_and_colors():
     state = LaunchState(1, clock=Clock())
     for event in train_events(steps=4, total=4):
         state.handle(event)
-    state.handle(Failed(0, "ValueError", "<script>alert(1)</script>", ""))
+    # A bar's label is the user's (a tqdm description): escaped like every other text.
+    state.handle(Progress(0, 1, 2, {}, label="<script>alert(1)</script>", time=T0 + 3))
+    state.handle(Failed(0, "ValueError", "bad", ""))
     state.handle(MetricsSnapshot(0, 20, SNAPSHOT))
     state.close(record(ok=False, r0="failed"))
     page = html.launch_html(state.view())
-    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert html.COLORS["failed"] in html.status_html(state.view())
     assert "<svg" in page  # loss and step-time charts
     assert "CPU fallbacks" in page and "aten::nonzero x3" in page
@@ -317,8 +332,9 @@ def test_console_prints_throttled_lines_and_final_state(capsys):
     display.handle(Progress(0, 3, 4, {}))
     display.refresh()  # within min_interval: nothing printed
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("… running: 1 of 2 ranks running")
-    assert out[1].startswith("train [rank 0] |") and " 2/4 " in out[1]
+    assert out[0].startswith("… running for ") and out[0].endswith(
+        ": 1 of 2 ranks running, 0 finished")
+    assert out[1].startswith("train [rank 0]   |") and " 2/4 · " in out[1]
     assert len(out) == 2
     display.min_interval = 0
     display.refresh()
@@ -326,14 +342,25 @@ def test_console_prints_throttled_lines_and_final_state(capsys):
     assert capsys.readouterr().out.count("\n") == 1
     display.close(record(ok=False, r0="failed", r1="pending"))
     final = capsys.readouterr().out
-    assert final.startswith("✖ failed after 4.0 s: rank 0: ValueError: bad batch")
+    assert final.startswith("✖ launch of 2 ranks failed after 4.0 s: rank 0: ValueError: bad")
     assert repr(display) == final.rstrip("\n")
+
+
+# What the bars' HTML says of each bar (also what assistive technology reads).
+BAR = re.compile(r'role="progressbar" aria-valuenow="(\d+)" aria-valuemin="0"'
+                 r'(?: aria-valuemax="(\d+)")? aria-label="([^"]*)" data-state="(\w+)"')
+
+
+def bars_of(value: str) -> list[tuple]:
+    """(name, step, total, state) of every bar in a bars HTML."""
+    return [(name, int(step), int(total) if total else None, state)
+            for step, total, name, state in BAR.findall(value)]
 
 
 def test_widget_display_state_without_a_browser():
     display = WidgetDisplay(2)
     status, bars, chart, metrics_html = display.widget.children
-    assert bars.children == ()
+    assert bars.value == ""
     live = display._repr_mimebundle_()  # while it runs: the widget view and a text form
     assert live["application/vnd.jupyter.widget-view+json"]["model_id"] == (
         display.widget.model_id)
@@ -342,27 +369,34 @@ def test_widget_display_state_without_a_browser():
     for event in train_events(0, steps=2, total=4):
         display.handle(event)
     display.refresh()
-    (row,) = bars.children
-    progress, stats = row.children
-    assert (progress.description, progress.value, progress.max, progress.bar_style) == (
-        "train [rank 0]", 2, 4, "")
-    assert "2/4" in stats.value and "loss=0.5" in stats.value
+    assert bars_of(bars.value) == [("train [rank 0]", 2, 4, "running")]
+    assert "<b>2/4</b>" in bars.value and "loss=0.5" in bars.value
     assert "running" in status.value
     feed(display)
     state = widget_state(display.widget)
-    bars_state = state["children"][1]["children"]
-    assert [b["children"][0]["description"] for b in bars_state] == ["train [rank 0]",
-                                                                      "train [rank 1]"]
-    assert all(b["children"][0]["value"] == 4 and b["children"][0]["bar_style"] == "success"
-               for b in bars_state)
+    assert [child["class"] for child in state["children"]] == ["HTML"] * 4
+    assert bars_of(state["children"][1]["value"]) == [("train [rank 0]", 4, 4, "done"),
+                                                      ("train [rank 1]", 4, 4, "done")]
     assert "finished" in status.value and html.COLORS["finished"] in status.value
     assert "<svg" in chart.value and "aten::nonzero" in metrics_html.value
-    assert repr(display).startswith("✔ finished: 2 ranks in 4.0 s")
+    assert repr(display).startswith("✔ launch of 2 ranks finished in 4.0 s")
     # Closed: displaying the panel again shows its final state as static HTML and text.
     bundle = display._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" not in bundle
     assert bundle["text/plain"] == repr(display)
-    assert "✔ finished" in bundle["text/html"] and "<svg" in bundle["text/html"]
+    assert "✔ launch of 2 ranks finished" in bundle["text/html"] and "<svg" in bundle["text/html"]
+
+
+def test_live_parts_are_the_final_panels_parts():
+    """One geometry: each live widget holds exactly what the final panel shows in its place,
+    so nothing can move when the launch ends (the browser tests measure it)."""
+    display = WidgetDisplay(2)
+    feed(display)
+    final = html.launch_html(display.view)
+    parts = "".join(child.value for child in display.widget.children)
+    assert final == f'<div class="hfxla-launch" style="{html.PANEL}">{parts}</div>'
+    assert display.widget.layout.padding == "0px 20px 0px 0px"
+    assert all(child.layout.margin == "0px" for child in display.widget.children)
 
 
 class Shown:
@@ -393,43 +427,46 @@ def test_widget_panel_ends_as_static_html_and_closes_its_widgets(monkeypatch):
     for event in train_events(0, steps=2, total=4):
         display.handle(event)
     display.refresh()
-    row = display.bars.children[0]
-    row_widgets = [row, *row.children]
-    assert all(widget.comm is not None for widget in row_widgets)
+    parts = [display.widget, display.status, display.bars, display.chart, display.metrics]
+    assert all(widget.comm is not None for widget in parts)
     feed(display)
     # The saved notebook keeps the last update: static HTML and text, no widget view.
     kind, final = shown.calls[-1]
     assert kind == "update"
     assert set(final) == {"text/html", "text/plain"}
-    assert final["text/plain"].startswith("✔ finished: 2 ranks")
-    assert "✔ finished" in final["text/html"] and "aten::nonzero" in final["text/html"]
+    assert final["text/plain"].startswith("✔ launch of 2 ranks finished")
+    assert "✔ launch" in final["text/html"] and "aten::nonzero" in final["text/html"]
     # The widgets' comms are closed: no model is left for the page or the saved notebook.
-    closed = [display.widget, display.status, display.bars, display.chart, display.metrics]
-    assert all(widget.comm is None for widget in closed + row_widgets)
-    assert widget_state(display.widget)["children"][1]["children"][0]["children"][0][
-        "bar_style"] == "success"  # still readable
+    assert all(widget.comm is None for widget in parts)
+    assert bars_of(widget_state(display.widget)["children"][1]["value"])[0][3] == "done"
 
 
-def test_widget_bars_keep_a_fixed_width():
-    display = WidgetDisplay(2)
-    display.min_interval = 0
-    display.handle(Progress(0, 1, 4, {"loss": 0.5}))
-    display.handle(Progress(1, 1, 4, {"loss": 123456.789, "lr": 0.001, "grad_norm": 1.5}))
-    display.refresh(force=True)
-    layouts = [row.children[0].layout for row in display.bars.children]
-    assert all((layout.width, layout.flex) == ("45%", "0 0 45%") for layout in layouts)
+def test_bars_keep_a_fixed_width_and_their_values_on_one_line():
+    state = LaunchState(2, clock=Clock())
+    state.handle(Progress(0, 1, 4, {"loss": 0.5}, time=T0 + 1))
+    state.handle(Progress(1, 1, 4, {"loss": 123456.789, "lr": 1.6667e-4, "grad_norm": 1.5},
+                          time=T0 + 1))
+    page = html.bars_html(state.view().bars)
+    assert page.count(f"width:{html.BAR_WIDTH}px;min-width:{html.BAR_WIDTH}px") == 2
+    # One grid for every bar: captions share a column, the mark has its own.
+    assert f"grid-template-columns:max-content 1.1em {html.BAR_WIDTH}px minmax(0,1fr)" in page
+    pieces = re.findall(r'<span class="hfxla-stat" style="white-space:nowrap">(.*?)</span>'
+                        r'(?= <span class="hfxla-stat"|</span>)', page)
+    assert any("lr=1.7e-4" in piece for piece in pieces)
+    assert any("loss=1.2e5" in piece for piece in pieces)
 
 
 def test_widget_bars_without_total_and_failures():
     display = WidgetDisplay(1)
     display.handle(Progress(0, 7, None, {}))
     display.refresh(force=True)
-    progress = display.bars.children[0].children[0]
-    assert (progress.value, progress.max, progress.bar_style) == (1, 1, "info")
+    assert bars_of(display.bars.value) == [("train", 7, None, "running")]
+    assert "width:100.0%" in display.bars.value  # unknown total: a full bar, like tqdm
     display.handle(Failed(0, "RuntimeError", "oom", ""))
     display.close(record(ok=False, r0="failed"))
-    assert progress.bar_style == "danger"
-    assert "✖ failed" in display.status.value
+    assert bars_of(display.bars.value) == [("train", 7, None, "failed")]
+    assert "✖ launch failed" in display.status.value
+    assert "the function raised RuntimeError" in display.status.value
 
 
 def test_html_display_updates_one_output(monkeypatch):
@@ -450,7 +487,8 @@ def test_html_display_updates_one_output(monkeypatch):
     feed(panel)
     assert len(shown) >= 3
     final = shown[-1]
-    assert "✔ finished" in final._repr_html_() and repr(final).startswith("✔ finished")
+    assert "✔ launch of 2 ranks finished" in final._repr_html_()
+    assert repr(final).startswith("✔ launch of 2 ranks finished")
 
 
 # -- mode selection ------------------------------------------------------------------------------
@@ -521,21 +559,21 @@ def test_panels_in_a_real_kernel():
     assert error_of(cells[0]) is None
     out = stdout_of(cells[1]).splitlines()
     assert out[0] == "WidgetDisplay"  # auto in a kernel with ipywidgets
-    assert out[1].startswith("✔ finished: 1 rank in 1.5 s")
+    assert out[1].startswith("✔ launch finished in 1.5 s")
     widget_bundles = bundles_of(cells[1])
     (bundle,) = widget_bundles
     # What nbconvert stores: the final state, updated in place by close(), as static HTML and
     # text (a widget view would show "model not found" once the notebook is reopened).
     assert "application/vnd.jupyter.widget-view+json" not in bundle
-    assert bundle["text/plain"].startswith("✔ finished")
-    assert "✔ finished" in bundle["text/html"]
+    assert bundle["text/plain"].startswith("✔ launch finished")
+    assert "✔ launch finished" in bundle["text/html"]
     state = json.loads(stdout_of(cells[2]))
-    progress = state["children"][1]["children"][0]["children"][0]
-    assert (progress["class"], progress["value"], progress["max"], progress["bar_style"]) == (
-        "IntProgress", 5, 5, "success")
+    assert state["children"][1]["class"] == "HTML"
+    assert bars_of(state["children"][1]["value"]) == [("train", 5, 5, "done")]
     (html_bundle,) = bundles_of(cells[3])
-    assert "✖ failed" in html_bundle["text/html"] and "ValueError: bad" in html_bundle["text/html"]
-    assert html_bundle["text/plain"].startswith("✖ failed after 1.5 s")
+    assert "✖ launch failed" in html_bundle["text/html"]
+    assert "the function raised ValueError" in html_bundle["text/html"]
+    assert html_bundle["text/plain"].startswith("✖ launch failed after 1.5 s")
     assert error_of(cells[4])["ename"] == "ValueError"
 
 
@@ -582,9 +620,9 @@ def test_launch_panels_in_a_kernel_end_as_static_html_with_final_metrics():
         first, final = panel_outputs(done)
         assert "text/plain" in first["data"]  # live: the widget view, with a text form
         assert set(final) == {"text/html", "text/plain"}
-        assert final["text/plain"].startswith("✔ finished: 1 rank")
-        assert "XLA metrics (rank 0) in 30 steps" in final["text/html"]
-        assert "30/30" in final["text/html"]
+        assert final["text/plain"].startswith("✔ launch finished in ")
+        assert "XLA metrics in 30 steps" in final["text/html"]  # one rank: no "(rank 0)"
+        assert "<b>30/30</b>" in final["text/html"]
 
         failed = kernel.run(textwrap.dedent("""
             try:
@@ -595,8 +633,9 @@ def test_launch_panels_in_a_kernel_end_as_static_html_with_final_metrics():
         assert failed.stdout.strip().endswith("LaunchError"), failed.text
         _, final = panel_outputs(failed)
         assert set(final) == {"text/html", "text/plain"}
-        assert final["text/plain"].startswith("✖ failed")
-        assert "train [rank 0] ✖ |" in final["text/plain"] and " 40/150 " in final["text/plain"]
+        assert final["text/plain"].startswith("✖ launch failed")
+        assert "\ntrain ✖ |" in final["text/plain"]
+        assert "| 40/150 · " in final["text/plain"]
         # The metrics of the step it failed at, not of the last periodic snapshot.
         assert "XLA in 40 steps" in final["text/plain"]
 
@@ -606,11 +645,11 @@ def test_launch_panels_in_a_kernel_end_as_static_html_with_final_metrics():
         assert threads.error is None, threads.error
         _, final = panel_outputs(threads)
         lines = final["text/plain"].splitlines()
-        assert lines[0].startswith("✔ finished: 4 ranks")
-        (xla,) = [line for line in lines if line.startswith("XLA in ")]
+        assert lines[0].startswith("✔ launch of 4 ranks finished in ")
+        (xla,) = [line for line in lines if line.startswith("XLA ")]
         # One process's counters, all 4 rank threads' work (30 executions each), named so.
-        assert xla.startswith("XLA in 30 steps: ") and " 120 executions " in xla
-        assert xla.endswith("(process of ranks 0-3)")
+        assert xla.startswith("XLA (process of ranks 0-3) in 30 steps: ")
+        assert " 120 executions " in xla
         assert "XLA metrics (process of ranks 0-3) in 30 steps" in final["text/html"]
     finally:
         kernel.close()

@@ -12,7 +12,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._words import plural
-from ..events import Event, Failed, Finished, Heartbeat, ProcessExited, Progress, Started
+from ..events import (
+    Event,
+    Failed,
+    Finished,
+    Heartbeat,
+    MetricsSnapshot,
+    ProcessExited,
+    Progress,
+    Started,
+)
+from .rank_metrics import MetricsCollector, RankMetrics, dataframe
 
 HEARTBEAT_WARNING = 60.0  # seconds of silence before a rank is said to be quiet
 
@@ -28,11 +38,17 @@ class RankRecord:
             (stopped because another rank failed) or "pending" (never started).
         result: the function's return value (finished ranks only).
         error: a one-line description of what went wrong, or None.
-        traceback: the remote traceback, when the rank raised.
+        reason: the same in a few words ("raised ValueError", "killed by SIGKILL"), for the
+            panel (the `LaunchError` carries the whole of it).
+        traceback: the remote traceback, when the rank raised (the launcher's own frames left
+            out).
         duration: seconds from the rank's start to its end.
         last_step: the last step the rank reported, if any.
         bars: every progress bar of the rank (`report` labels, tqdm descriptions) -> its
             last (step, total).
+        metrics: what XLA did for the rank (compiles, executions, transfers, their times,
+            step times, alerts) as of the launch's last snapshot; None when it sent none (a
+            function that never used XLA).
     """
 
     rank: int
@@ -44,6 +60,8 @@ class RankRecord:
     duration: float = 0.0
     last_step: int | None = None
     bars: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    metrics: RankMetrics | None = None
+    reason: str | None = None
     last_seen: float = field(default=0.0, repr=False)
     started_at: float = field(default=0.0, repr=False)
 
@@ -84,6 +102,11 @@ class LaunchRecord:
         """Every rank's return value, in rank order (None where a rank did not finish)."""
         return [rank.result for rank in self.ranks]
 
+    def to_dataframe(self) -> Any:
+        """One row per rank: exit state, duration, last step and every figure of its
+        `metrics` (`pandas.DataFrame`; pandas is imported only here)."""
+        return dataframe([_rank_row(rank) for rank in self.ranks])
+
     def __str__(self) -> str:
         lines = [
             f"{self.strategy} launch, {plural(self.world, 'rank')}: {self.outcome} in "
@@ -117,6 +140,7 @@ class RecordKeeper:
         self.failure: RankRecord | None = None
         self.pid_ranks: dict[int, set[int]] = {}
         self.warned_silent: set[int] = set()
+        self.metrics = MetricsCollector()
 
     def handle(self, event: Event) -> None:
         """Update the record for one event (`Log` events only mark the rank as alive)."""
@@ -143,6 +167,13 @@ class RecordKeeper:
             self._record_exit(event)
         elif isinstance(event, Heartbeat):
             pass
+        if isinstance(event, (Progress, MetricsSnapshot)):
+            self.metrics.handle(event)
+
+    def finish(self) -> None:
+        """The launch is over: give every rank its final figures."""
+        for rank_record in self.record.ranks:
+            rank_record.metrics = self.metrics.rank_metrics(rank_record.rank)
 
     def _record_failure(self, rank_record: RankRecord | None, event: Failed) -> None:
         if rank_record is None:  # the supervisor itself failed (e.g. xmp.spawn raised)
@@ -153,6 +184,7 @@ class RecordKeeper:
                 return
             if "BrokenProcessPool" in event.exc_type:
                 rank_record.exit_state = "killed"
+                rank_record.reason = "ended abruptly"
                 rank_record.error = (
                     "its process ended abruptly without reporting: a signal (SIGKILL from the "
                     "out-of-memory killer is the usual one: check host memory) or os._exit()"
@@ -161,6 +193,7 @@ class RecordKeeper:
                 return
         rank_record.exit_state = "failed"
         rank_record.error = f"{event.exc_type}: {event.message}"
+        rank_record.reason = f"raised {event.exc_type}"
         rank_record.traceback = event.traceback
         rank_record.duration = event.duration
         if self.failure is None:
@@ -183,6 +216,7 @@ class RecordKeeper:
                 continue
             rank_record.exit_state = "killed"
             rank_record.error = f"process {event.pid} {reason} {hint}".strip()
+            rank_record.reason = reason
             rank_record.duration = time.monotonic() - (rank_record.started_at or time.monotonic())
             if self.failure is None:
                 self.failure = rank_record
@@ -191,6 +225,7 @@ class RecordKeeper:
         for rank_record in self.record.ranks:
             if rank_record.exit_state in ("running", "pending"):
                 rank_record.exit_state = "failed"
+                rank_record.reason = "never reported a result"
                 rank_record.error = (
                     f"the rank never reported a result (the launch's supervisor exited with "
                     f"status {status})"
@@ -209,6 +244,7 @@ class RecordKeeper:
             if self.heartbeat_timeout is not None and silent > self.heartbeat_timeout:
                 rank_record.exit_state = "timeout"
                 rank_record.error = f"no heartbeat for {silent:.0f}s: the process is frozen"
+                rank_record.reason = "froze"
                 self.failure = self.failure or rank_record
             elif silent > HEARTBEAT_WARNING and rank_record.rank not in self.warned_silent:
                 self.warned_silent.add(rank_record.rank)
@@ -250,11 +286,37 @@ class RecordKeeper:
             return f"the launch ended without a result ({record.outcome})."
         others = [r.rank for r in record.ranks if r.exit_state == "stopped"]
         stopped = f" Ranks {others} were stopped." if others else ""
-        message = f"rank {failed.rank} failed: {failed.error}.{stopped}"
+        error = failed.error or ""
+        message = f"rank {failed.rank} failed: {error}{'' if error.endswith('.') else '.'}"
+        message += stopped
         if failed.traceback:
-            traceback = failed.traceback.rstrip()
+            traceback = _frames_only(failed.traceback, error)
             message += f"\n\nRemote traceback (rank {failed.rank}):\n{traceback}"
         return message
+
+
+def _frames_only(traceback: str, error: str) -> str:
+    """A remote traceback without its last line when that repeats `error` (the message's first
+    line says it already: shown once)."""
+    traceback = traceback.rstrip()
+    last = error.rstrip().removesuffix(":").rstrip()
+    if last and traceback.endswith(last) and traceback[:-len(last)].strip():
+        cut = traceback[:-len(last)]
+        # "pkg.ValueError: boom" ends with "ValueError: boom": cut the whole line.
+        return cut[:cut.rfind("\n")].rstrip() if "\n" in cut else cut.rstrip()
+    return traceback
+
+
+def _rank_row(rank: RankRecord) -> dict[str, Any]:
+    """A rank's record as one row of plain values (its metrics flattened in)."""
+    row: dict[str, Any] = {"rank": rank.rank, "exit_state": rank.exit_state,
+                           "duration": rank.duration, "last_step": rank.last_step,
+                           "error": rank.error}
+    if rank.metrics is not None:
+        figures = rank.metrics.to_dict()
+        figures["alerts"] = [alert["code"] for alert in figures["alerts"]]
+        row.update(figures)
+    return row
 
 
 def _signal_hint(number: int) -> str:

@@ -179,6 +179,7 @@ class Supervision:
         finally:
             channel.close()
         self.record.duration = time.monotonic() - start
+        self.keeper.finish()
         try:
             self.display.close(self.record)
         except Exception as error:  # noqa: BLE001 - a drawing bug must not hide the result

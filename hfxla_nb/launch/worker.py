@@ -192,7 +192,7 @@ def run_rank(
                 rank=rank,
                 exc_type=type(error).__name__,
                 message=str(error),
-                traceback="".join(traceback.format_exception(error)),
+                traceback=user_traceback(error),
                 duration=time.monotonic() - start,
             )
         )
@@ -207,6 +207,14 @@ def run_rank(
     sys.stderr.flush()
     channel.send(Finished(rank=rank, result=result, duration=time.monotonic() - start))
     return result
+
+
+def user_traceback(error: BaseException) -> str:
+    """`error`'s traceback from the user's function down: the first frame, `run_rank`'s own
+    call of the function, is the launcher's and says nothing about the error."""
+    frames = error.__traceback__
+    return "".join(traceback.format_exception(type(error), error,
+                                              frames.tb_next if frames else None))
 
 
 def _run_pending_step_closures() -> None:

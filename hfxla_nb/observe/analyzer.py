@@ -11,12 +11,18 @@ nearly every step is flagged even in its warm-up; transfers per step wait for
 When the run was traced (`summary.trace`, torch_xla's own analysis of each compilation), the
 alerts name the line: the one that compiled the different graphs, the one that fetched a
 value, the one whose graph needs more device memory than the device has.
+
+Severity follows what a problem costs, not how often it happens: recompilation that took most
+of the XLA time (`COSTLY_COMPILE_SHARE`) is a warning even below torch_xla's rate threshold.
+The fix for changing shapes names the kind of input: tokenizer outputs are padded by the
+tokenizer, other tensors by the code that builds them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._words import plural
 from .compile_trace import cause_text
 from .metrics import (
     MAX_QUIET_SHAPES,
@@ -32,6 +38,12 @@ MAX_COMPILES_PER_STEP = 0.5
 MAX_TRANSFERS_PER_STEP = 0.5
 MAX_COMPILE_SECONDS = 300.0
 MAX_EXECUTE_SECONDS = 30.0
+# Compiling this share of the XLA time (compile + execute) or more makes recompilation a warning.
+COSTLY_COMPILE_SHARE = 0.5
+# Inputs a tokenizer makes (their fix is the tokenizer's padding); other tensors are the
+# program's own.
+TOKENIZER_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids",
+                              "special_tokens_mask", "offset_mapping"})
 # Beyond torch_xla's rules: a run of at least this many steps that compiled a new graph at
 # nearly every step (compiles >= steps) is flagged even inside the warm-up...
 MIN_EVERY_STEP = 3
@@ -76,23 +88,49 @@ def _shapes_cause(changed: dict[str, InputShapes]) -> str:
     )
 
 
-_SHAPES_FIX = (
+_TOKENIZER_FIX = (
     "Give every batch the same shape: pad to a fixed length (tokenizer(..., "
     "padding='max_length', max_length=N, truncation=True)) or to a few bucket lengths, and "
     "use drop_last=True so the last batch is not smaller."
 )
+_TENSOR_FIX = (
+    "Give the tensors the same shape in every step: pad or crop them to a fixed size "
+    "(torch.nn.functional.pad), or to a few bucket sizes, where the batch is built, and use "
+    "drop_last=True in the DataLoader so the last batch is not smaller."
+)
+
+
+def _shapes_fix(changed: dict[str, InputShapes]) -> str:
+    """The fix for the inputs whose shape changed: the tokenizer's padding for tokenizer
+    outputs, padding the tensors themselves for anything else."""
+    if any(name in TOKENIZER_INPUTS for name in changed):
+        return _TOKENIZER_FIX
+    return _TENSOR_FIX
+
+
+def _cost_severity(summary: XlaSummary) -> str:
+    """"warning" when compiling took most of the XLA time, else "info"."""
+    share = summary.compile_share
+    return "warning" if share is not None and share >= COSTLY_COMPILE_SHARE else "info"
+
+
+def _share_text(summary: XlaSummary) -> str:
+    """` Compiling took 99% of the XLA time.` (or '' when nothing was timed)."""
+    share = summary.compile_share
+    return "" if share is None else f" Compiling took {share * 100:.0f}% of the XLA time."
 
 
 def _compile_cause(summary: XlaSummary) -> tuple[str, str]:
     """The likely cause of recompilations and its fix, from shapes, transfers and fallbacks."""
     changed = shape_changes(summary.input_shapes)
     if changed:
-        return _shapes_cause(changed), _SHAPES_FIX
+        return _shapes_cause(changed), _shapes_fix(changed)
     transfers = summary.per_step(summary.transfers_from_device)
     if transfers is not None and transfers > MAX_TRANSFERS_PER_STEP:
         return (
             "The likely cause: a value is fetched from the device inside the step "
-            f"({summary.transfers_from_device} transfers in {summary.steps} steps), which cuts "
+            f"({plural(summary.transfers_from_device, 'transfer')} in "
+            f"{plural(summary.steps or 0, 'step')}), which cuts "
             "the graph in two, and the pieces differ from step to step.",
             "Do not call .item(), print a tensor or branch on a tensor's value inside the step; "
             "report values with hfxla_nb.report(loss=loss), which fetches them every few steps.",
@@ -108,6 +146,33 @@ def _compile_cause(summary: XlaSummary) -> tuple[str, str]:
         "see which input changes shape, or run with PT_XLA_DEBUG_LEVEL=2 to have PyTorch/XLA "
         "print the cause of each compilation.",
         "Keep shapes and Python control flow the same in every step.",
+    )
+
+
+def _shape_changes_alert(summary: XlaSummary, many: dict[str, InputShapes],
+                         warmup_steps: int) -> Alert:
+    """Inputs with many shapes, when the rate rules stay silent: every compile may have
+    happened during warm-up (shapes that cycle), but each shape still cost a compilation and
+    any new one costs another."""
+    names = ", ".join(f"'{name}'" for name in many)
+    if len(many) == 1:
+        title = f"Input {names} took {next(iter(many.values())).count_text()}"
+    else:
+        title = f"Inputs {names} took many different shapes"
+    listed = _shapes_listed(many)
+    compiled = ""
+    if summary.compiles:
+        during = (f", all in the first {warmup_steps} steps"
+                  if summary.compiles_after_warmup == 0 else "")
+        compiled = (f" This run compiled {plural(summary.compiles, 'graph')}{during}."
+                    f"{_share_text(summary)}")
+    return Alert(
+        "shape-changes", _cost_severity(summary), title,
+        f"{listed[0].upper()}{listed[1:]}. XLA compiles a new graph for every new input "
+        f"shape.{compiled} Later steps reuse those graphs, but each compilation can take "
+        "minutes on a TPU, and every shape not seen yet (a longer text, a smaller last "
+        "batch, an evaluation batch) compiles again.",
+        _shapes_fix(many),
     )
 
 
@@ -130,36 +195,18 @@ def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Al
     elif summary.compiles_after_warmup and summary.steps_after_warmup and changed:
         cause, fix = _compile_cause(summary)
         alerts.append(Alert(
-            "recompiled", "info",
-            f"{summary.compiles_after_warmup} compiles after warm-up",
-            f"XLA compiled {summary.compiles_after_warmup} new graphs in the "
-            f"{summary.steps_after_warmup} steps after warm-up. {cause}",
+            "recompiled", _cost_severity(summary),
+            f"Recompiling: {plural(summary.compiles, 'compile')} in {plural(steps or 0, 'step')}, "
+            f"{summary.compiles_after_warmup} after warm-up",
+            f"XLA compiled {plural(summary.compiles_after_warmup, 'new graph')} in the "
+            f"{plural(summary.steps_after_warmup, 'step')} after warm-up."
+            f"{_share_text(summary)} {cause}",
             fix,
         ))
 
     many = {name: info for name, info in changed.items() if info.distinct > MAX_QUIET_SHAPES}
     if many and not any(alert.code in ("frequent-compiles", "recompiled") for alert in alerts):
-        # Every compile may have happened during warm-up (shapes that cycle), so the rate rules
-        # stay silent, but each shape still cost a compilation and any new one costs another.
-        names = ", ".join(f"'{name}'" for name in many)
-        if len(many) == 1:
-            title = f"Input {names} took {next(iter(many.values())).count_text()}"
-        else:
-            title = f"Inputs {names} took many different shapes"
-        listed = _shapes_listed(many)
-        compiled = ""
-        if summary.compiles:
-            during = (f", all in the first {warmup_steps} steps"
-                      if summary.compiles_after_warmup == 0 else "")
-            compiled = f" This run compiled {summary.compiles} graphs{during}."
-        alerts.append(Alert(
-            "shape-changes", "info", title,
-            f"{listed[0].upper()}{listed[1:]}. XLA compiles a new graph for every new input "
-            f"shape.{compiled} Later steps reuse those graphs, but each compilation can take "
-            "minutes on a TPU, and every shape not seen yet (a longer text, a smaller last "
-            "batch, an evaluation batch) compiles again.",
-            _SHAPES_FIX,
-        ))
+        alerts.append(_shape_changes_alert(summary, many, warmup_steps))
 
     transfers = summary.transfers_from_device
     transfer_rate = summary.per_step(transfers)
@@ -245,17 +292,17 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
     rule = ("nearly one new graph per step" if every_step and steps <= warmup_steps else
             f"more than {MAX_COMPILES_PER_STEP} per step after {warmup_steps} warm-up steps")
     numbers = (f"XLA compiled {rate:.2f} graphs per {unit} ({rule}), taking "
-               f"{summary.compile_time:.1f} s.")
+               f"{summary.compile_time:.1f} s.{_share_text(summary)}")
     row = recompiling_row(summary)
     if row is None or row.graphs < 2:
         cause, fix = _compile_cause(summary)
         return Alert("frequent-compiles", "warning",
-                     f"Recompiling: {summary.compiles} compiles in {steps} steps",
-                     f"{numbers} {cause}", fix)
+                     f"Recompiling: {plural(summary.compiles, 'compile')} in "
+                     f"{plural(steps or 0, 'step')}", f"{numbers} {cause}", fix)
     place = row.place()
     changed = shape_changes(summary.input_shapes)
     if changed:
-        cause, fix = _shapes_cause(changed), _SHAPES_FIX
+        cause, fix = _shapes_cause(changed), _shapes_fix(changed)
     elif row.fetched:
         cause = ("Each of them was cut there by reading a tensor's value (torch_xla: "
                  f"\"{row.cause}\"), and the part of the step before the read differs from "
@@ -272,7 +319,8 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
         fix = f"{fix[0].lower()}{fix[1:]}"
     return Alert(
         "frequent-compiles", "warning",
-        f"Recompiling: {place} compiled {row.graphs} different graphs in {steps} steps",
+        f"Recompiling: {place} compiled {row.graphs} different graphs in "
+        f"{plural(steps or 0, 'step')}",
         f"{numbers} {row.compiles} of the {summary.compiles} graphs end at {place} "
         f"({cause_text(row.cause)}), {row.graphs} of them different: what changes is in the "
         f"step's code that runs before that line. {cause}",

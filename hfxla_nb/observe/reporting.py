@@ -13,17 +13,20 @@ A device tensor is never read inline: `report` queues a step closure
 (`xm.add_step_closure`) on every `log_every`-th step and on the final one, and the closure
 copies the values to the host after the graph has run anyway: one transfer per `log_every`
 steps at most, no extra execution, no `.item()`. Plain numbers are sent as they are. Events
-are throttled by time (a few per second per bar; the final step always goes out).
+are throttled by time (a few per second per bar; the final step always goes out). When the
+function returns with a last step whose values were not fetched (no `total`, or a loop that
+stopped short of it), they are fetched then, every bar's in one transfer, so each bar ends at
+its real last step with its real last values.
 
-Each process also sends a `MetricsSnapshot` every `SNAPSHOT_INTERVAL` seconds, just past the
-warm-up steps and at the final step: torch_xla's host-side counters (no device sync), device
-memory on TPU, and the input shapes seen so far (`inputs=`), so a recompilation can be
-explained by the input whose shape changed. The counters belong to the process, so when
-several ranks run as threads of one process the snapshot is that of all of them: it names
-them (`data["process"]`) and carries the lowest one as its rank, whichever thread sent it.
-The launcher's worker tells this module when each rank starts and ends (`rank_started`,
-`rank_ended`), so that a last snapshot goes out when a rank fails and after the last rank of
-a process finished, even where no final step was reported (no `total`).
+Each process also sends a `MetricsSnapshot` every `process.SNAPSHOT_INTERVAL` seconds while steps
+go on, just past the warm-up steps and at the final step: torch_xla's host-side counters (no
+device sync), device memory on TPU, and the input shapes seen so far (`inputs=`), so a
+recompilation can be explained by the input whose shape changed. The counters belong to the
+process, so when several ranks run as threads of one process the snapshot is that of all of
+them: it names them (`data["process"]`) and carries the lowest one as its rank, whichever
+thread sent it. The launcher's worker tells this module when each rank starts and ends
+(`rank_started`, `rank_ended`), so that a last snapshot goes out when a rank fails and after
+the last rank of a process finished, even where no final step was reported (no `total`).
 
 Outside a launched worker (in the notebook kernel itself), `report` does nothing and costs a
 function call, unless a local receiver is installed with `local_events` (`%%xla_metrics`
@@ -32,6 +35,7 @@ does that, to learn the step count and input shapes of the cell it measures).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -41,69 +45,32 @@ from contextlib import contextmanager
 from typing import Any
 
 from .. import _xla, events
-from ..events import MetricsSnapshot, Progress
-from ..runtime import compile_cache
-from .metrics import WARMUP_STEPS, ShapeTracker, shapes_of
+from ..events import Progress
+from .metrics import shapes_of
+from .process import ProcessState, maybe_snapshot, send_snapshot
 
 # Seconds between two Progress events of one bar (the final step is always sent).
 MIN_INTERVAL = 0.2
-# Seconds between two MetricsSnapshot events of one process.
-SNAPSHOT_INTERVAL = 1.5
 
 _local_sink: Callable[[events.Event], None] | None = None
 
 
 class _BarState:
-    """Per thread and label: how many calls, when things were last sent, and the latest
-    progress held back by the throttle (sent when the rank ends)."""
+    """Per thread and label: how many calls, when things were last sent, the latest progress
+    held back by the throttle, and the latest step's device values when no fetch was queued
+    for them (both sent when the rank ends)."""
 
-    __slots__ = ("calls", "last_sent", "last_fetch", "pending")
+    __slots__ = ("calls", "last_sent", "last_fetch", "pending", "unfetched")
 
     def __init__(self) -> None:
         self.calls = 0
         self.last_sent: float | None = None
         self.last_fetch = float("-inf")
         self.pending: Progress | None = None
+        self.unfetched: tuple[Progress, list[str], list] | None = None
 
 
-class _ProcessState:
-    """Per process and channel: the ranks it runs, their steps, when snapshots were sent, and
-    the input shapes seen."""
-
-    def __init__(self, target: Any) -> None:
-        self.target = target
-        self.lock = threading.Lock()
-        self.last_snapshot: float | None = None
-        self.warm_sent = False
-        self.shapes = ShapeTracker()
-        self.memory_available: bool | None = None
-        self.memory: dict[str, int] | None = None
-        self.max_step = 0
-        self.ranks: set = set()  # ranks started in this process (rank_started)
-        self.running: set = set()  # ... and not ended yet
-        self.main_label: dict[Any, str] = {}  # rank -> the label it reported first
-        self.steps: dict[Any, int] = {}  # rank -> largest step of its main label
-
-    def all_ranks(self) -> list:
-        """The ranks of this process (started, or seen reporting), lowest first."""
-        ranks = self.ranks | {rank for rank in self.steps if rank is not None}
-        return sorted(ranks)
-
-    def step(self) -> int:
-        """The process's step: that of its slowest reporting rank (their main bars)."""
-        return min(self.steps.values()) if self.steps else self.max_step
-
-    def rank_steps(self) -> int:
-        """Steps of every rank of the process added up (a rank that does not report is
-        counted at the slowest reporting rank's step)."""
-        if not self.steps:
-            return 0
-        slowest = min(self.steps.values())
-        ranks = self.ranks | set(self.steps)
-        return sum(self.steps.get(rank, slowest) for rank in ranks)
-
-
-_process: _ProcessState | None = None
+_process: ProcessState | None = None
 _process_lock = threading.Lock()
 _thread = threading.local()
 
@@ -130,14 +97,14 @@ def _target() -> tuple[Any, Callable[[events.Event], Any]] | None:
     return None
 
 
-def _process_state(target: Any) -> _ProcessState:
+def _process_state(target: Any) -> ProcessState:
     global _process
     current = _process
     if current is not None and current.target is target:
         return current
     with _process_lock:
         if _process is None or _process.target is not target:
-            _process = _ProcessState(target)
+            _process = ProcessState(target)
         return _process
 
 
@@ -227,16 +194,19 @@ def _report(key, send, step, loss, total, samples, inputs, log_every, label, val
     now = time.monotonic()
     every = max(int(log_every), 1)
     event = Progress(rank, step, total, plain, samples, label)
+    bar.unfetched = None
     if device and (final or (step % every == 0 and now - bar.last_fetch >= MIN_INTERVAL)):
         bar.last_fetch = now
         _xla.add_step_closure(_send_fetched, (send, event, list(device), list(device.values())))
+    elif device:  # fetched when the rank ends, if no later step comes
+        bar.unfetched = (event, list(device), list(device.values()))
     if final or bar.last_sent is None or now - bar.last_sent >= MIN_INTERVAL:
         bar.last_sent = now
         bar.pending = None
         send(event)
     else:
         bar.pending = event
-    _maybe_snapshot(process, send, final, now)
+    maybe_snapshot(process, send, final, now)
 
 
 def _split(values: dict[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
@@ -271,40 +241,6 @@ def _send_fetched(send, progress: Progress, names: list[str], tensors: list) -> 
                       stacklevel=2)
 
 
-def _maybe_snapshot(process: _ProcessState, send, final: bool, now: float) -> None:
-    """Queue a metrics snapshot of this process, every few seconds (from whichever rank thread
-    reports when one is due)."""
-    if not _xla.runtime_is_initialized():
-        return  # no XLA work in this process yet: nothing to measure
-    with process.lock:
-        warm = not process.warm_sent and process.step() > WARMUP_STEPS
-        due = process.last_snapshot is None or now - process.last_snapshot >= SNAPSHOT_INTERVAL
-        if not (final or warm or due):
-            return
-        process.last_snapshot = now
-        process.warm_sent = process.warm_sent or warm
-    # After the step's graph ran, so the counters include this step's compile and transfers.
-    _xla.add_step_closure(_send_snapshot, (process, send))
-
-
-def _send_snapshot(process: _ProcessState, send) -> None:
-    """Send the process's counters now (a step closure, or the end of a rank)."""
-    try:
-        with process.lock:  # progress first: the counters read next include at least that
-            step = process.step()
-            progress = process.rank_steps()
-            ranks = process.all_ranks()
-        data = _xla.metrics_snapshot()
-        data["input_shapes"] = process.shapes.data()
-        data["process"] = {"pid": os.getpid(), "ranks": ranks, "rank_steps": progress}
-        data["compile_cache"] = compile_cache.worker_status()
-        rank = ranks[0] if ranks else events.worker_rank()
-        send(MetricsSnapshot(rank, step, data, _memory(process)))
-    except Exception as error:  # noqa: BLE001 - never break the user's sync
-        warnings.warn(f"hfxla_nb.report could not read metrics: {error!r}", RuntimeWarning,
-                      stacklevel=2)
-
-
 def rank_started(rank: int) -> None:
     """The launcher's worker: `rank` starts running in this process (after `attach_worker`)."""
     target = _target()
@@ -326,11 +262,9 @@ def rank_ended(rank: int, failed: bool = False) -> None:
     if target is None:
         return
     key, send = target
-    if getattr(_thread, "target", None) is key:  # the steps the throttle held back
-        for bar in _thread.bars.values():
-            if bar.pending is not None:
-                send(bar.pending)
-                bar.pending = None
+    if getattr(_thread, "target", None) is key:
+        # After a failure the device may be what failed: send what is known, fetch nothing.
+        _send_last_steps(send, fetch=not failed)
     process = _process_state(key)
     with process.lock:
         process.running.discard(rank)
@@ -348,19 +282,36 @@ def rank_ended(rank: int, failed: bool = False) -> None:
         except Exception as error:  # noqa: BLE001 - the rank's outcome matters more
             warnings.warn(f"hfxla_nb could not wait for the device: {error!r}",
                           RuntimeWarning, stacklevel=2)
-    _send_snapshot(process, send)
+    send_snapshot(process, send)
 
 
-def _memory(process: _ProcessState) -> dict[str, int] | None:
-    """Device memory on TPU; on the CPU it is not available (asked once per process)."""
-    if process.memory_available is False:
-        return None
-    info = None
-    if _xla.device_type() not in (None, "CPU"):
-        info = _xla.memory_info()
-    process.memory_available = info is not None
-    process.memory = info
-    return info
+def _send_last_steps(send, fetch: bool) -> None:
+    """The last step of each of this thread's bars, where the panel lacks it: progress held
+    back by the throttle, and device values no closure fetched (a last step that was not a
+    `log_every`-th one). Those are fetched now, all bars' in one transfer: the function has
+    returned and its last graph ran (the launcher synced)."""
+    bars = list(_thread.bars.values())
+    fetched: dict[int, Progress] = {}
+    waiting = [bar for bar in bars if bar.unfetched is not None] if fetch else []
+    if waiting:
+        tensors = [tensor for bar in waiting for tensor in bar.unfetched[2]]
+        try:
+            values = iter(_xla.to_cpu(tensors))
+            for bar in waiting:
+                event, names, _ = bar.unfetched
+                merged = dict(event.values)
+                merged.update({name: float(next(values).detach().float()) for name in names})
+                fetched[id(bar)] = dataclasses.replace(event, values=merged)
+        except Exception as error:  # noqa: BLE001 - the rank's outcome matters more
+            warnings.warn(f"hfxla_nb.report could not fetch the last values: {error!r}",
+                          RuntimeWarning, stacklevel=2)
+    for bar in bars:
+        last = fetched.get(id(bar))
+        if bar.pending is not None and (last is None or bar.pending.step != last.step):
+            send(bar.pending)
+        if last is not None:
+            send(last)
+        bar.pending = bar.unfetched = None
 
 
 def recorded() -> dict[str, Any]:

@@ -24,6 +24,8 @@ def evaluate(run: Any) -> dict[str, float]:
     batches = batching.eval_batches(split, plan.batch_size)
     run.model.eval()
     outputs = []
+    # The bar's clock starts with the evaluation (step 0: no batch done yet).
+    emit(Progress(worker_rank(), 0, len(batches), {}, None, "eval"))
     with torch.no_grad():
         for i, (bucket_index, positions, real) in enumerate(batches):
             bucket = split.buckets[bucket_index]
@@ -44,6 +46,15 @@ def evaluate(run: Any) -> dict[str, float]:
     fetched = run.xla.to_cpu(outputs)  # one transfer for every batch
     run.model.train()
     return run.task.eval_metrics(run, batches, fetched)
+
+
+def chance_accuracy(split: Any) -> float | None:
+    """The accuracy of always predicting the most frequent label of `split` (an evaluation
+    split of `EncodedData`), or None without one."""
+    if split is None or not split.num_rows:
+        return None
+    labels = np.concatenate([np.asarray(bucket.labels) for bucket in split.buckets])
+    return float(np.bincount(labels).max() / len(labels))
 
 
 def compute_metrics(

@@ -16,7 +16,7 @@ import dataclasses
 import inspect
 from typing import Any
 
-from ..launch import notebook_launcher
+from ..launch import last_launch, notebook_launcher
 from .config import FineTuneConfig
 from .loop import train_worker
 from .prepare import prepare_fine_tune
@@ -75,7 +75,13 @@ def fine_tune(
         trace_compiles=config.trace_compiles,
         compile_cache=config.compile_cache,
     )
-    return FineTuneResult.from_dict(raw)
+    result = FineTuneResult.from_dict(raw)
+    record = last_launch()
+    if record is not None:  # what the launch panel showed, as data on the result
+        result.launch_seconds = record.duration
+        metrics = record.ranks[0].metrics if record.ranks else None
+        result.xla = metrics.to_dict() if metrics is not None else {}
+    return result
 
 
 def _signature_with_options(function: Any) -> inspect.Signature:

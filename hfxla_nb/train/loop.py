@@ -30,8 +30,9 @@ from ..observe.reporting import report
 from . import batching, patches
 from . import checkpoint as ckpt
 from .counts import COUNTED, EXECUTE
-from .evaluate import evaluate
+from .evaluate import chance_accuracy, evaluate
 from .plan import TrainPlan, resolve_precision
+from .result import learning_warnings
 from .saving import save_checkpoint, save_final
 from .tasks import TASKS
 
@@ -262,6 +263,12 @@ class _Run:
             "notes": list(self.notes),
             "total_seconds": time.perf_counter() - start_time,
         }
+        trained = (plan.total_steps - start_step) * plan.rows_per_step
+        result["samples_per_second_overall"] = trained / max(train_seconds, 1e-9)
+        result["chance_accuracy"] = (chance_accuracy(plan.data.eval)
+                                     if plan.task == "classification" else None)
+        result["warnings"] = learning_warnings(self.history, metrics,
+                                               result["chance_accuracy"])
         if plan.save and self.rank == 0:
             save_final(self, result)
         return result
@@ -277,6 +284,10 @@ class _Run:
         schedules: dict[int, list] = {}
         steady = None
         report_rank = worker_rank()
+
+        # The bar's clock starts here, with the loop (step 0: nothing done yet).
+        emit(Progress(report_rank, start_step, plan.total_steps, {},
+                      start_step * plan.rows_per_step, "train"))
 
         def log(step: int, loss_total, lr: float) -> None:
             # Step closure: the graph that computed `loss_total` has run; one transfer.
@@ -309,6 +320,7 @@ class _Run:
                 self.optimizer.step()
             else:
                 self.xla.optimizer_step(self.optimizer)
+            lr = float(self.scheduler.get_last_lr()[0])  # the rate this step used (never 0)
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.loss_total = self.loss_total + step_loss
@@ -317,7 +329,6 @@ class _Run:
             report(step=done, total=plan.total_steps, samples=done * plan.rows_per_step,
                    inputs={"batch": x}, log_every=plan.log_every)
             if done % plan.log_every == 0 or done == plan.total_steps:
-                lr = float(self.scheduler.get_last_lr()[0])
                 self.xla.add_step_closure(log, (done, self.loss_total, lr))
             if plan.save_steps and done % plan.save_steps == 0:
                 save_checkpoint(self, done)

@@ -12,6 +12,11 @@ from typing import Any
 
 from . import checkpoint as ckpt
 
+# Evaluation accuracy within this of always predicting the most frequent label is "at chance".
+CHANCE_MARGIN = 0.02
+# A training loss that fell by less than this share from its first logged value learned little.
+MIN_LOSS_DROP = 0.05
+
 
 @dataclass
 class FineTuneResult:
@@ -25,7 +30,12 @@ class FineTuneResult:
         steps: optimizer steps done in total (including those before a resume).
         epochs: passes over the training data (fractional when `max_steps` cut one short).
         samples_per_second: training throughput after the warm-up (compiling) steps.
-        train_seconds: wall time of the training loop.
+        samples_per_second_overall: training throughput over the whole training loop,
+            compiling steps included (what the bar's final "overall" rate says).
+        train_seconds: wall time of the training loop (checkpoints left out).
+        eval_seconds: wall time of the evaluation.
+        launch_seconds: wall time of the whole launch: start-up, model loading, training,
+            evaluation and saving (what the launch panel's status line says).
         compiles: graphs compiled for training (fixed whatever the number of steps).
         eval_compiles: graphs compiled for evaluation.
         executions_per_step: graph executions per training step after the warm-up.
@@ -42,6 +52,11 @@ class FineTuneResult:
         gradient_checkpointing: whether layers were recomputed with torch_xla's checkpoint.
         parameter_sharding: the first parameters' SPMD sharding specs, name -> spec
             (`{devices=[4,1]0,1,2,3}`: split in 4 along the first dimension).
+        chance_accuracy: the evaluation accuracy of always predicting the most frequent label.
+        warnings: signs the model learned nothing (accuracy at chance level, a loss that
+            barely fell), each with its likely causes; empty when none.
+        xla: the launch's final XLA figures for the worker (`RankMetrics.to_dict()`:
+            compiles, executions, transfers, their times, step times, alerts), when known.
     """
 
     output_dir: str | None
@@ -69,6 +84,11 @@ class FineTuneResult:
     sharding: str = "data"
     gradient_checkpointing: bool = False
     parameter_sharding: dict[str, str] = field(default_factory=dict)
+    samples_per_second_overall: float | None = None
+    launch_seconds: float | None = None
+    chance_accuracy: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    xla: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FineTuneResult:
@@ -84,6 +104,31 @@ class FineTuneResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def figures(self) -> dict[str, Any]:
+        """The run's numbers as one flat dict: throughput, times, graphs, evaluation metrics,
+        the final loss and the XLA figures (`xla_compiles`, ...); lists and texts left out."""
+        row: dict[str, Any] = {
+            name: getattr(self, name) for name in (
+                "steps", "epochs", "samples_per_second", "samples_per_second_overall",
+                "train_seconds", "eval_seconds", "launch_seconds", "compiles", "eval_compiles",
+                "executions_per_step", "transfers_per_step", "devices", "strategy",
+                "precision", "batch_size", "chance_accuracy")
+        }
+        row["final_loss"] = self.final_loss
+        row["learned"] = not self.warnings
+        row.update(self.metrics)
+        for name, value in self.xla.items():
+            if isinstance(value, (int, float)) or value is None:
+                row[f"xla_{name}"] = value
+        return row
+
+    def to_dataframe(self) -> Any:
+        """`figures()` as a one-row `pandas.DataFrame` (pandas imported only here), so runs
+        can be compared with `pandas.concat([r.to_dataframe() for r in results])`."""
+        import pandas
+
+        return pandas.DataFrame([self.figures()])
 
     @property
     def final_loss(self) -> float | None:
@@ -154,3 +199,29 @@ class FineTuneResult:
         metrics = ", ".join(f"{k}={v:.4g}" for k, v in self.metrics.items())
         return (f"<FineTuneResult: {self.steps} steps, {metrics or 'no evaluation'}, "
                 f"saved to {self.output_dir}>")
+
+
+def learning_warnings(loss_history: list, metrics: dict[str, float],
+                      chance: float | None) -> list[str]:
+    """Signs that a fine-tune learned nothing, each with its likely causes.
+
+    Args:
+        loss_history: `(step, loss)` pairs as logged.
+        metrics: the evaluation metrics (`eval_accuracy` is read).
+        chance: the accuracy of always predicting the most frequent label.
+    """
+    signs = []
+    accuracy = metrics.get("eval_accuracy")
+    if accuracy is not None and chance is not None and accuracy <= chance + CHANCE_MARGIN:
+        signs.append(f"the evaluation accuracy {accuracy:.3f} is at chance level ({chance:.3f} "
+                     "by always predicting the most frequent label)")
+    if len(loss_history) >= 2:
+        first, last = float(loss_history[0][1]), float(loss_history[-1][1])
+        if first > 0 and (first - last) / first < MIN_LOSS_DROP:
+            signs.append(f"the training loss fell only {max(first - last, 0) / first:.0%} "
+                         f"({first:.3f} -> {last:.3f})")
+    if not signs:
+        return []
+    return ["The model learned little: " + " and ".join(signs) + ". Likely causes: a learning "
+            "rate too low (or so high that the loss cannot fall), too few epochs or steps, or "
+            "labels that do not match the texts (a wrong label_column, shuffled labels)."]

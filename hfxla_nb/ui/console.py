@@ -37,16 +37,16 @@ class ConsoleDisplay(PanelDisplay):
         return False  # print on news only
 
     def _draw(self, view: LaunchView) -> None:
-        status = text.status_line(view).split(":")[0]
-        if status != self._status and view.state != "starting":
-            self._status = status
+        if view.state != self._status and view.state != "starting":
+            self._status = view.state
             self._print(text.status_line(view))
+        name_width = max((len(bar.name) for bar in view.bars), default=0)
         for bar in view.bars:
             key = (bar.rank, bar.label)
             seen = (bar.step, bar.state, tuple(bar.values.items()))
             if self._printed.get(key) != seen:
                 self._printed[key] = seen
-                self._print(text.bar_line(bar))
+                self._print(text.bar_line(bar, name_width=name_width))
         for alert in view.alerts:
             if alert.code not in self._alerts:
                 self._alerts.add(alert.code)

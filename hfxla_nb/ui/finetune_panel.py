@@ -6,7 +6,8 @@ from html import escape
 from typing import Any
 
 from .._words import plural
-from .html import sparkline_svg
+from .html import COLORS, SERIES, sparkline_svg, text_color
+from .text import duration
 
 
 def _number(name: str, value: float) -> str:
@@ -15,12 +16,42 @@ def _number(name: str, value: float) -> str:
     return f"{value:.4f}" if abs(value) < 1000 else f"{value:,.1f}"
 
 
+def _time_row(result: Any) -> str:
+    """`launch 10.4 s: training loop 7.4 s, evaluation 0.4 s, start-up and saving 2.6 s`:
+    what each time counts, so the launch panel's, the bar's and this one agree."""
+    parts = [f"training loop {duration(result.train_seconds)}"]
+    if result.metrics:
+        parts.append(f"evaluation {duration(result.eval_seconds)}")
+    launch = getattr(result, "launch_seconds", None)
+    if launch is None:
+        return ", ".join(parts)
+    rest = launch - result.train_seconds - result.eval_seconds
+    if rest > 0:
+        parts.append(f"start-up and saving {duration(rest)}")
+    return f"launch {duration(launch)}: " + ", ".join(parts)
+
+
+def _speed_row(result: Any) -> str | None:
+    """`493.2 samples/s after warm-up; 205.0 samples/s over the whole training loop`."""
+    parts = []
+    if result.samples_per_second:
+        parts.append(f"{result.samples_per_second:,.1f} samples/s after warm-up (the compiling "
+                     "first steps left out)")
+    overall = getattr(result, "samples_per_second_overall", None)
+    if overall:
+        parts.append(f"{overall:,.1f} samples/s over the whole training loop")
+    return "; ".join(parts) or None
+
+
 def result_rows(result: Any) -> list[tuple[str, str]]:
-    """(label, text) rows of a `FineTuneResult`."""
-    rows = []
-    speed = f", {result.samples_per_second:,.1f} samples/s" if result.samples_per_second else ""
-    rows.append(("training", f"{plural(result.steps, 'step')} ({result.epochs:.2f} epochs) in "
-                 f"{result.train_seconds:.1f} s{speed}"))
+    """(label, text) rows of a `FineTuneResult`; warnings first."""
+    rows = [("warning", warning) for warning in getattr(result, "warnings", [])]
+    rows.append(("training", f"{plural(result.steps, 'step')} "
+                             f"({plural(round(result.epochs, 2), 'epoch')})"))
+    rows.append(("time", _time_row(result)))
+    speed = _speed_row(result)
+    if speed:
+        rows.append(("throughput", speed))
     if result.loss_history:
         first, last = result.loss_history[0][1], result.loss_history[-1][1]
         rows.append(("loss", f"{first:.4f} -> {last:.4f}"))
@@ -29,7 +60,7 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
                                              for k, v in result.metrics.items())))
     per_step = ""
     if result.executions_per_step is not None:
-        per_step = (f"; per step: {result.executions_per_step:.2f} executions, "
+        per_step = (f"; per step after warm-up: {result.executions_per_step:.2f} executions, "
                     f"{result.transfers_per_step:.2f} device-to-host transfers")
     rows.append(("XLA", f"{result.compiles} training + {result.eval_compiles} evaluation graphs "
                  f"compiled{per_step}"))
@@ -59,14 +90,19 @@ def result_text(result: Any) -> str:
 
 
 def result_html(result: Any) -> str:
-    chart = sparkline_svg([loss for _, loss in result.loss_history], width=240, height=40)
-    cells = "".join(
-        f'<tr><th style="text-align:left;padding:2px 12px 2px 0;vertical-align:top">'
-        f"{escape(name)}</th><td style=\"text-align:left;padding:2px 0\">{escape(value)}"
-        + (f"<br>{chart}" if name == "loss" and chart else "")
-        + "</td></tr>"
-        for name, value in result_rows(result)
-    )
+    chart = sparkline_svg([loss for _, loss in result.loss_history], width=240, height=40,
+                          color=SERIES["loss"])
+    cell = "text-align:left;vertical-align:top;line-height:1.4;border:none;"
+
+    def row(name: str, value: str) -> str:
+        warn = text_color(COLORS["warning"]) + "font-weight:600;" if name == "warning" else ""
+        return (f'<tr style="background:transparent"><th style="{cell}padding:2px 12px 2px 0;'
+                f'{warn}">{escape(name)}</th><td style="{cell}padding:2px 0;{warn}">'
+                f"{escape(value)}" + (f"<br>{chart}" if name == "loss" and chart else "")
+                + "</td></tr>")
+
+    cells = "".join(row(name, value) for name, value in result_rows(result))
     return ('<div style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">'
-            "<b>FineTuneResult</b><table style=\"border-collapse:collapse;margin-top:4px\">"
-            f"{cells}</table></div>")
+            '<b>FineTuneResult</b><table style="border-collapse:collapse;margin-top:4px;'
+            'font-size:13px;table-layout:auto;color:inherit"><tbody>'
+            f"{cells}</tbody></table></div>")

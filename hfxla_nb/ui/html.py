@@ -24,11 +24,15 @@ COLORS = {
     "starting": "#7f7f7f",
     "done": "#2ca02c",
     "finished": "#2ca02c",
+    "short": "#e6a700",
     "failed": "#d62728",
     "error": "#d62728",
     "warning": "#e6a700",
     "info": "#1f77b4",
 }
+# One colour per chart series, in every panel (live, final, FineTuneResult): the loss is never
+# drawn in the colour of a failure.
+SERIES = {"loss": "#1f77b4", "step time": "#9467bd"}
 # JupyterLab's theme colour for text of each meaning (light and dark themes define them).
 _THEME_TEXT = {
     "#1f77b4": "--jp-brand-color1",
@@ -42,6 +46,16 @@ _BOX = "font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;line-heig
 MUTED = "opacity:0.75;"
 # The empty part of a progress bar: grey at a quarter strength shows on any background.
 TRACK = "rgba(128,128,128,0.25)"
+BAR_WIDTH = 150
+MONO = "font-family:var(--jp-code-font-family,monospace);font-size:12px;"
+# The same panel is drawn inside a widget while the launch runs and as a notebook's rendered
+# HTML once it ended; JupyterLab styles tables there (stripes, padding, right alignment). Every
+# table, row and cell states its own style, so both places lay it out the same.
+_TABLE = ("border-collapse:collapse;border:none;margin:2px 0;table-layout:auto;"
+          "font-size:13px;color:inherit;")
+_TR = "background:transparent;border:none;"
+_TD = ("text-align:left;vertical-align:top;line-height:1.4;white-space:normal;border:none;"
+       "max-width:none;")
 
 
 def text_color(color: str) -> str:
@@ -53,7 +67,7 @@ def text_color(color: str) -> str:
 
 
 def sparkline_svg(values: list[float], width: int = 180, height: int = 36,
-                  color: str = "#1f77b4") -> str:
+                  color: str = SERIES["loss"]) -> str:
     """An inline SVG line chart of `values` (at most `width` points); '' for under 2 values."""
     points = [float(v) for v in values if v == v]  # drop NaN
     if len(points) < 2:
@@ -71,7 +85,8 @@ def sparkline_svg(values: list[float], width: int = 180, height: int = 36,
     coords = " ".join(f"{2 + i * step:.1f},{y(value):.1f}" for i, value in enumerate(points))
     return (
         f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-        f'xmlns="http://www.w3.org/2000/svg" style="vertical-align:middle">'
+        f'xmlns="http://www.w3.org/2000/svg" style="vertical-align:middle;width:{width}px;'
+        f'height:{height}px;max-width:none">'
         f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{coords}"/></svg>'
     )
 
@@ -80,46 +95,65 @@ def status_html(view: LaunchView) -> str:
     """The launch's one-line status, colored by state (green finished, red failed)."""
     color = COLORS.get(view.state, "#7f7f7f")
     return (
-        f'<div style="{_BOX}padding:4px 8px;border-left:4px solid {color};'
+        f'<div class="hfxla-status" style="{_BOX}padding:4px 8px;border-left:4px solid {color};'
         f'{text_color(color)}font-weight:600">{escape(text.status_line(view))}</div>'
     )
 
 
-def progress_bar_html(bar: BarView, width: int = 200) -> str:
+def progress_bar_html(bar: BarView, width: int = BAR_WIDTH) -> str:
     """The bar itself: a filled box of fixed width (full when the total is unknown)."""
     fraction = bar.fraction if bar.fraction is not None else 1.0
-    color = COLORS.get(bar.state, "#1f77b4")
+    color = COLORS.get(bar.state, COLORS["running"])
+    aria = f' aria-valuenow="{bar.step}" aria-valuemin="0"'
+    if bar.total:
+        aria += f' aria-valuemax="{bar.total}"'
     return (
-        f'<span style="display:inline-block;width:{width}px;min-width:{width}px;height:12px;'
-        f'background:{TRACK};border-radius:3px;vertical-align:middle;overflow:hidden">'
+        f'<span class="hfxla-bar-track" role="progressbar"{aria} aria-label="{escape(bar.name)}"'
+        f' data-state="{bar.state}" style="display:inline-block;width:{width}px;'
+        f'min-width:{width}px;height:12px;background:{TRACK};border-radius:3px;'
+        f'vertical-align:middle;overflow:hidden">'
         f'<span style="display:block;width:{fraction * 100:.1f}%;height:100%;'
         f'background:{color}"></span></span>'
     )
 
 
 def bar_stats_html(bar: BarView) -> str:
-    """Counts, timing and values next to a bar (also used by the widget renderer)."""
-    percent = f" ({bar.fraction * 100:.0f}%)" if bar.fraction is not None else ""
-    values = text.values_text(bar.values)
-    return (
-        f'<span style="{_BOX}"><b>{escape(text.counts_text(bar))}</b>{percent} '
-        f'<span style="{MUTED}">{escape(text.timing_text(bar))}</span>'
-        + (f" &nbsp; <code>{escape(values)}</code>" if values else "")
-        + "</span>"
+    """Counts, timing and values next to a bar: pieces that each stay on one line (a narrow
+    output wraps between them, never inside one)."""
+    pieces = [f"<b>{escape(text.counts_text(bar))}</b>"]
+    pieces += [f'<span style="{MUTED}">{escape(part)}</span>' for part in text.timing_parts(bar)]
+    pieces += [f'<span style="{MONO}">{escape(part)}</span>'
+               for part in text.value_parts(bar.values)]
+    dot = f'<span style="{MUTED}">·</span> '
+    return " ".join(
+        f'<span class="hfxla-stat" style="white-space:nowrap">{dot if i else ""}{piece}</span>'
+        for i, piece in enumerate(pieces)
     )
 
 
-def bar_html(bar: BarView) -> str:
-    """One row: caption, bar (fixed width), stats."""
-    mark = {"done": " ✔", "failed": " ✖"}.get(bar.state, "")
-    # Caption and bar keep their width; the stats take the rest and wrap when narrow, so
-    # every rank's bar has the same width and place.
+def bars_html(bars: list[BarView]) -> str:
+    """Every bar, one grid row each: caption, mark, bar (fixed width), stats. The caption
+    column is as wide as the widest caption and the mark has its own column, so bars line up
+    and do not move when a mark appears; the stats take the rest of the row."""
+    if not bars:
+        return ""
+    cells = []
+    cell = f"{_BOX}white-space:nowrap;min-height:1.4em;"  # one line, also when empty
+    for bar in bars:
+        mark = text.MARKS.get(bar.state, "")
+        color = COLORS.get(bar.state, COLORS["running"])
+        cells += [
+            f'<span class="hfxla-bar-name" style="{cell}">{escape(bar.name)}</span>',
+            f'<span class="hfxla-bar-mark" style="{cell}{text_color(color)}">{mark}</span>',
+            f'<span style="{_BOX}display:flex;align-items:center;height:1.4em">'
+            f"{progress_bar_html(bar)}</span>",
+            f'<span class="hfxla-bar-stats" style="{_BOX}min-width:0">{bar_stats_html(bar)}'
+            "</span>",
+        ]
     return (
-        f'<div style="{_BOX}display:flex;align-items:center;column-gap:0.4em">'
-        f'<span style="flex:none;min-width:9em;white-space:nowrap">'
-        f"{escape(bar.name + mark)}</span>"
-        f'<span style="flex:none;line-height:0">{progress_bar_html(bar)}</span>'
-        f'<span style="flex:1 1 0;min-width:0">{bar_stats_html(bar)}</span></div>'
+        f'<div class="hfxla-bars" style="{_BOX}display:grid;grid-template-columns:max-content '
+        f'1.1em {BAR_WIDTH}px minmax(0,1fr);column-gap:0.4em;row-gap:2px;align-items:start;'
+        f'margin:2px 0">{"".join(cells)}</div>'
     )
 
 
@@ -130,18 +164,19 @@ def chart_html(bars: list[BarView]) -> str:
         if len(bar.losses) >= 2:
             parts.append(
                 f'<span style="{MUTED}">loss</span> '
-                f"{sparkline_svg(bar.losses, color=COLORS['failed'])} "
+                f"{sparkline_svg(bar.losses, color=SERIES['loss'])} "
                 f"{escape(text.number(bar.losses[-1]))}"
             )
         if len(bar.step_times) >= 2:
             parts.append(
                 f'<span style="{MUTED}">step time</span> '
-                f"{sparkline_svg(bar.step_times, color=COLORS['running'])} "
+                f"{sparkline_svg(bar.step_times, color=SERIES['step time'])} "
                 f"{escape(text.duration(bar.step_times[-1]))}"
             )
         if parts:  # each chart wraps as a whole when the output is narrow
             return (
-                f'<div style="{_BOX}"><span style="{MUTED}">{escape(bar.name)}:</span> '
+                f'<div class="hfxla-chart" style="{_BOX}"><span style="{MUTED}">'
+                f"{escape(bar.name)}:</span> "
                 + " &nbsp; ".join(f'<span style="display:inline-block;white-space:nowrap">'
                                   f"{part}</span>" for part in parts)
                 + "</div>"
@@ -151,35 +186,36 @@ def chart_html(bars: list[BarView]) -> str:
 
 def _row(name: str, value: str) -> str:
     return (
-        f'<tr><td style="text-align:left;padding:1px 10px 1px 0;{MUTED}">{escape(name)}</td>'
-        f'<td style="text-align:left;padding:1px 0">{escape(value)}</td></tr>'
+        f'<tr style="{_TR}"><td style="{_TD}padding:1px 10px 1px 0;{MUTED}">{escape(name)}</td>'
+        f'<td style="{_TD}padding:1px 0">{escape(value)}</td></tr>'
     )
 
 
-def summary_html(summary: XlaSummary | None, title: str = "XLA metrics") -> str:
-    """The metrics table: compiles, executions, transfers, fallbacks, memory, input shapes."""
+def summary_html(summary: XlaSummary | None, title: str = "XLA metrics",
+                 live: bool = False) -> str:
+    """The metrics table: compiles, executions, transfers, fallbacks, memory, input shapes;
+    one line when nothing was compiled or executed."""
     if summary is None:
         return f'<div style="{_BOX}{MUTED}">{escape(title)}: none yet</div>'
-    per_step = ""
-    if summary.steps:
-        per_step = f" in {summary.steps} steps"
+    heading = f"{title} {text.steps_phrase(summary, live)}".rstrip()
+    if text.nothing_ran(summary):
+        return (f'<div style="{_BOX}"><b>{escape(heading)}</b>: nothing compiled or executed'
+                + (" yet" if live else "") + "</div>")
     share = summary.compile_share
     rows = [
-        _row("compiles", f"{summary.compiles} ({text.duration(summary.compile_time)}), "
-                         f"{summary.cached_compiles} cache hits"),
+        _row("compiles", text.compiles_text(summary)),
         _row("executions", f"{summary.executions} ({text.duration(summary.execute_time)})"),
     ]
     if share is not None:
         rows.append(_row("time share", f"compile {share * 100:.0f}% / execute "
                                        f"{(1 - share) * 100:.0f}%"))
     rows += [
-        _row("device → host", f"{summary.transfers_from_device} transfers, "
-                              f"{text.size(summary.bytes_from_device)}, "
-                              f"{text.duration(summary.transfer_from_device_time)}; "
-                              f".item() calls: {summary.item_calls}"),
-        _row("host → device", f"{summary.transfers_to_device} transfers, "
-                              f"{text.size(summary.bytes_to_device)}, "
-                              f"{text.duration(summary.transfer_to_device_time)}"),
+        _row("device → host", text.transfers_text(
+            summary.transfers_from_device, summary.transfer_from_device_time,
+            summary.bytes_from_device, summary.item_calls)),
+        _row("host → device", text.transfers_text(
+            summary.transfers_to_device, summary.transfer_to_device_time,
+            summary.bytes_to_device)),
         _row("CPU fallbacks", ", ".join(f"{op} x{count}" for op, count in
                                         summary.fallbacks.items()) or "none"),
         _row("device memory", text.memory_text(summary.memory)),
@@ -187,8 +223,8 @@ def summary_html(summary: XlaSummary | None, title: str = "XLA metrics") -> str:
     for name, info in shape_changes(summary.input_shapes).items():
         rows.append(_row(f"input '{name}'", text.shapes_text(info)))
     return (
-        f'<div style="{_BOX}"><b>{escape(title)}{escape(per_step)}</b>'
-        f'<table style="border-collapse:collapse;margin:2px 0">{"".join(rows)}</table>'
+        f'<div style="{_BOX}"><b>{escape(heading)}</b>'
+        f'<table style="{_TABLE}"><tbody>{"".join(rows)}</tbody></table>'
         f"{compilations_html(summary)}</div>"
     )
 
@@ -210,22 +246,38 @@ def alerts_html(alerts: list[Alert]) -> str:
 
 
 def metrics_html(summary: XlaSummary | None, alerts: list[Alert],
-                 title: str = "XLA metrics") -> str:
+                 title: str = "XLA metrics", live: bool = False) -> str:
     """The metrics panel: table and alerts."""
-    return f"<div>{summary_html(summary, title)}{alerts_html(alerts)}</div>"
+    return (f'<div class="hfxla-metrics" style="{_BOX}">{summary_html(summary, title, live)}'
+            f"{alerts_html(alerts)}</div>")
 
 
-def note_html(line: str) -> str:
-    """An error or note line under the bars (red)."""
-    return f'<div style="{_BOX}{text_color(COLORS["failed"])}">{escape(line)}</div>'
+def note_html(line: str, color: str = COLORS["failed"]) -> str:
+    """An error (red) or a note (amber) line under the bars."""
+    return f'<div style="{_BOX}{text_color(color)}">{escape(line)}</div>'
+
+
+def notes_html(view: LaunchView) -> str:
+    """The errors after the first (the status names that one) and the notes."""
+    return ("".join(note_html(line) for line in view.errors[1:])
+            + "".join(note_html(line, COLORS["warning"]) for line in view.notes))
+
+
+def view_metrics_html(view: LaunchView) -> str:
+    """The launch's metrics panel ('' before the first snapshot)."""
+    if view.metrics is None:
+        return ""
+    return metrics_html(view.metrics, view.alerts, text.metrics_title(view), live=not view.done)
 
 
 def launch_html(view: LaunchView) -> str:
-    """The whole launch panel: status, bars, chart, errors, metrics and alerts."""
-    parts = [status_html(view)]
-    parts += [bar_html(bar) for bar in view.bars]
-    parts.append(chart_html(view.bars))
-    parts += [note_html(line) for line in view.errors[1:] + view.notes]
-    if view.metrics is not None:
-        parts.append(metrics_html(view.metrics, view.alerts, text.metrics_title(view)))
-    return f'<div class="hfxla-launch">{"".join(parts)}</div>'
+    """The whole launch panel: status, bars, chart, errors, metrics and alerts (what the live
+    widget panel shows too, part by part)."""
+    parts = [status_html(view), bars_html(view.bars), chart_html(view.bars) + notes_html(view),
+             view_metrics_html(view)]
+    return f'<div class="hfxla-launch" style="{PANEL}">{"".join(parts)}</div>'
+
+
+# The panel's own box: the right margin JupyterLab's rendered HTML keeps (the live widget
+# panel keeps the same, so both lay out in the same width).
+PANEL = _BOX + "margin:0;padding:0;"

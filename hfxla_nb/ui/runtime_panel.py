@@ -50,7 +50,7 @@ def _facts(info: RuntimeInfo) -> list[tuple[str, str]]:
     facts = [
         ("host", info.host or host_name(accelerator, info.environment)),
         ("accelerator", accelerator.description),
-        ("found by", ", ".join(accelerator.found_by) or "-"),
+        ("found by", ", ".join(accelerator.found_by) or "nothing"),
         ("launcher", info.launch_plan or launch_plan(accelerator, info.environment)),
         ("runs in", info.environment),
         ("XLA runtime", _runtime_state(info)),

@@ -42,15 +42,23 @@ class BarView:
     values: dict[str, float]
     losses: list[float]
     step_times: list[float]
-    state: str  # "running", "done" or "failed"
+    state: str  # "running", "done", "short" (ended before its total) or "failed"
     ranks: int = 1  # how many ranks this bar stands for
+    show_rank: bool = True  # False in a one-rank launch: "[rank 0]" would say nothing
+    first_step: int | None = None  # the first step reported (0: counted from 0)
 
     @property
     def name(self) -> str:
-        """The bar's caption: its label, with the rank when bars are per rank."""
+        """The bar's caption: its label, with the rank when bars are per rank of several."""
         if self.rank is None:
             return self.label if self.ranks == 1 else f"{self.label} ({self.ranks} ranks)"
-        return f"{self.label} [rank {self.rank}]"
+        return f"{self.label} [rank {self.rank}]" if self.show_rank else self.label
+
+    @property
+    def overall(self) -> bool:
+        """Whether `rate` and `samples_rate` are averages over the whole bar (once it ended),
+        rather than the current rates of the last few updates."""
+        return self.state != "running"
 
     @property
     def fraction(self) -> float | None:
@@ -77,6 +85,7 @@ class LaunchView:
     # Every rank whose work `metrics` counts: torch_xla's counters belong to a process, and
     # the rank threads of one process (replicated mode on the CPU, TPU v2/v3) share them.
     metrics_ranks: list[int] = field(default_factory=list)
+    metrics_step: int | None = None  # the step as of which `metrics` were read
 
     @property
     def done(self) -> bool:
@@ -94,6 +103,7 @@ class _Bar:
     start: float | None = None
     last: float | None = None
     state: str = "running"
+    first_step: int | None = None
     points: deque = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
     losses: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
     step_times: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
@@ -122,6 +132,7 @@ class LaunchState:
         self.errors: list[str] = []
         self.metrics = LiveMetrics()
         self.outcome: str | None = None
+        self.failed_ranks: set[Any] = set()  # ranks named by their Failed event
         self.changes = 0  # bumped on every event, so renderers can skip identical redraws
 
     # -- events --------------------------------------------------------------------------------
@@ -147,8 +158,8 @@ class LaunchState:
                 self.ranks[rank] = "finished"
             self._end_bars(rank, "done")
         elif isinstance(event, Failed):
-            who = f"rank {rank}" if rank is not None else "launcher"
-            message = f"{who}: {event.exc_type}: {event.message}".rstrip(": ")
+            self.failed_ranks.add(rank)
+            message = _failure_line(event, self.world)
             if message not in self.errors:
                 self.errors.append(message)
             if rank is not None:
@@ -161,8 +172,8 @@ class LaunchState:
         key = (event.rank, event.label)
         bar = self.bars.get(key)
         if bar is None:
-            bar = self.bars[key] = _Bar(event.label, event.rank)
-            bar.start = min(self.rank_start.get(event.rank, event.time), event.time)
+            bar = self.bars[key] = _Bar(event.label, event.rank, first_step=event.step)
+            bar.start = self._bar_start(event)
         at = event.time
         if event.step < bar.step:
             if bar.last is not None and at <= bar.last:
@@ -188,16 +199,32 @@ class LaunchState:
         if bar.total is not None and bar.step >= bar.total and bar.state == "running":
             bar.state = "done"
 
+    def _bar_start(self, event: Progress) -> float:
+        """When a new bar's clock starts: at its own event when that says no step is done yet
+        (step 0), else after the rank's bars that already ended (an evaluation after
+        training), else at the rank's start."""
+        if event.step == 0:
+            return event.time
+        ends = [bar.last for (rank, _), bar in self.bars.items()
+                if rank == event.rank and bar.state != "running" and bar.last is not None
+                and bar.last <= event.time]
+        start = self.rank_start.get(event.rank)
+        candidates = ends + ([start] if start is not None else [])
+        return min(max(candidates), event.time) if candidates else event.time
+
     @staticmethod
     def _loss_point(bar: _Bar, values: dict[str, float]) -> None:
         if "loss" in values:
             bar.losses.append(values["loss"])
 
     def _end_bars(self, rank: int | None, state: str) -> None:
-        """Bars of `rank` (every rank when None) that still run become `state`."""
+        """Bars of `rank` (every rank when None) that still run become `state`; a bar that
+        ended well ("done") but short of the total it announced becomes "short": the check
+        mark is only for a bar that reached its total."""
         for (bar_rank, _), bar in self.bars.items():
             if (rank is None or bar_rank == rank) and bar.state == "running":
-                bar.state = state
+                short = state == "done" and bar.total is not None and bar.step < bar.total
+                bar.state = "short" if short else state
 
     def close(self, record: Any) -> None:
         """Take the launch's final record (duck-typed: ok, duration, ranks, outcome)."""
@@ -211,9 +238,8 @@ class LaunchState:
             if rank is None or state is None:
                 continue
             self.ranks[rank] = str(state)
-            error = getattr(rank_record, "error", None)
-            if error and state != "finished":
-                message = f"rank {rank}: {error}"
+            message = self._record_error(rank_record)
+            if message and state != "finished" and rank not in self.failed_ranks:
                 if not any(message in known or known in message for known in self.errors):
                     self.errors.append(message)
             if state != "finished":
@@ -223,13 +249,23 @@ class LaunchState:
             ok = not self.errors and all(s == "finished" for s in self.ranks.values())
         self.outcome = "finished" if ok else "failed"
         if ok:
-            for bar in self.bars.values():
-                if bar.state == "running":
-                    bar.state = "done"
+            self._end_bars(None, "done")
         else:
             outcome = getattr(record, "outcome", None)
             if outcome in ("timeout", "interrupted") and not self.errors:
-                self.errors.append(f"launch {outcome}")
+                self.errors.append("timed out" if outcome == "timeout" else "interrupted")
+
+    def _record_error(self, rank_record: Any) -> str | None:
+        """A rank's failure as the record tells it: its short reason ("killed by SIGKILL")
+        when it has one (the `LaunchError` gives the details), else its error."""
+        rank = getattr(rank_record, "rank", None)
+        reason = getattr(rank_record, "reason", None)
+        error = getattr(rank_record, "error", None)
+        if reason:
+            return f"rank {rank} {reason}" if self.world > 1 else str(reason)
+        if error:
+            return f"rank {rank}: {error}" if self.world > 1 else str(error)
+        return None
 
     # -- view ----------------------------------------------------------------------------------
 
@@ -248,13 +284,14 @@ class LaunchState:
         if not self.per_rank:
             bars = _aggregate(bars)
         bars.sort(key=lambda b: (b.rank is None, b.rank or 0, b.label != "train", b.label))
-        notes = []
+        notes = [note for bar in bars if (note := short_bar_note(bar))]
         if self.end is None:
             for rank, status in sorted(self.ranks.items()):
                 heard = self.last_heard.get(rank)
                 if status == "running" and heard is not None and now - heard > SILENT_AFTER:
                     notes.append(f"rank {rank} silent for {now - heard:.0f} s")
         metrics_ranks = self.metrics.process_ranks()
+        metrics = self.metrics.summary()
         return LaunchView(
             world=self.world,
             state=state,
@@ -263,23 +300,28 @@ class LaunchState:
             bars=bars,
             errors=list(self.errors),
             notes=notes,
-            metrics=self.metrics.summary(),
+            metrics=metrics,
             metrics_rank=metrics_ranks[0] if metrics_ranks else None,
             alerts=self.metrics.alerts(),
             metrics_ranks=metrics_ranks,
+            metrics_step=metrics.steps if metrics is not None else None,
         )
 
     def _bar_view(self, bar: _Bar, now: float) -> BarView:
+        running = bar.state == "running"
+        end = now if running else (bar.last or now)
+        elapsed = max(end - (bar.start if bar.start is not None else end), 0.0)
         rate = samples_rate = None
-        if len(bar.points) >= 2:
+        if not running:  # ended: the averages over the whole bar
+            if elapsed > 0:
+                rate = bar.step / elapsed if bar.step else None
+                samples_rate = bar.samples / elapsed if bar.samples else None
+        elif len(bar.points) >= 2:  # running: the rate of the last few updates
             (s0, t0, n0), (s1, t1, n1) = bar.points[0], bar.points[-1]
             if t1 > t0:
                 rate = (s1 - s0) / (t1 - t0)
                 if n0 is not None and n1 is not None:
                     samples_rate = (n1 - n0) / (t1 - t0)
-        running = bar.state == "running"
-        end = now if running else (bar.last or now)
-        elapsed = max(end - (bar.start if bar.start is not None else end), 0.0)
         eta = None
         if running and rate and bar.total is not None:
             eta = max(bar.total - bar.step, 0) / rate
@@ -296,7 +338,30 @@ class LaunchState:
             losses=list(bar.losses),
             step_times=list(bar.step_times),
             state=bar.state,
+            show_rank=self.world > 1,
+            first_step=bar.first_step,
         )
+
+
+def _failure_line(event: Failed, world: int) -> str:
+    """`rank 1 raised ValueError`: who failed and how, for the panel. The message itself is
+    shown once, by the `LaunchError` the cell raises (with the remote traceback)."""
+    if event.rank is None:
+        who = "the launcher"
+    else:
+        who = f"rank {event.rank}" if world > 1 else "the function"
+    return f"{who} raised {event.exc_type}" if event.exc_type else f"{who} failed"
+
+
+def short_bar_note(bar: BarView) -> str | None:
+    """Why a bar of a finished launch stopped before its total, when it did."""
+    if bar.state != "short" or not bar.total:
+        return None
+    if bar.first_step == 0 and bar.step == bar.total - 1:
+        return (f"{bar.name} stopped at {bar.step}/{bar.total}: its steps count from 0. "
+                "Report the steps done, step=i + 1 (or enumerate(loader, start=1)).")
+    return (f"{bar.name} stopped at {bar.step}/{bar.total}: the function returned before "
+            "the total it reported.")
 
 
 def _aggregate(bars: list[BarView]) -> list[BarView]:
@@ -312,7 +377,7 @@ def _aggregate(bars: list[BarView]) -> list[BarView]:
         rates = [b.rate for b in group if b.rate is not None]
         samples = [b.samples_rate for b in group if b.samples_rate is not None]
         states = {b.state for b in group}
-        state = "failed" if "failed" in states else ("running" if "running" in states else "done")
+        state = next((s for s in ("failed", "running", "short") if s in states), "done")
         merged.append(BarView(
             label=label,
             rank=None,
@@ -327,5 +392,7 @@ def _aggregate(bars: list[BarView]) -> list[BarView]:
             step_times=first.step_times,
             state=state,
             ranks=len(group),
+            first_step=min((b.first_step for b in group if b.first_step is not None),
+                           default=None),
         ))
     return merged

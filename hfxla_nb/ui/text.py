@@ -5,6 +5,7 @@ Pure functions of the data in `ui.state` and `metrics`; nothing is computed here
 
 from __future__ import annotations
 
+from .._words import plural
 from ..observe.analyzer import Alert
 from ..observe.metrics import InputShapes, XlaSummary, shape_changes
 from .state import BarView, LaunchView
@@ -41,12 +42,20 @@ def duration(seconds: float | None) -> str:
 
 
 def number(value: float) -> str:
-    """A value to show: 4 significant digits, scientific for very small/large ones."""
+    """A value to show, in at most 6 characters (a sign aside): up to 4 significant digits
+    (`0.4213`, `12.35`, `0.0014`), or 2 in short scientific form for very small or large
+    values (`1.7e-4`, `2.5e6`)."""
     if value == 0:
         return "0"
-    if abs(value) >= 1e5 or abs(value) < 1e-3:
-        return f"{value:.3e}"
-    return f"{value:.4g}"
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    if 1e-3 <= abs(value) < 1e5:
+        for digits in (4, 3, 2):
+            text = f"{value:.{digits}g}"
+            if "e" not in text and len(text.lstrip("-")) <= 6:
+                return text
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa.removesuffix('.0')}e{int(exponent)}"
 
 
 def size(count: int | None) -> str:
@@ -62,7 +71,7 @@ def size(count: int | None) -> str:
 
 
 def rate(value: float | None, unit: str) -> str:
-    """`12.3 it/s`, or `1.2 s/it` for slow ones."""
+    """`12.3 it/s`, or `1.20 s/it` for slow ones."""
     if value is None or value <= 0:
         return f"? {unit}/s"
     if value < 1 and unit == "it":
@@ -71,76 +80,152 @@ def rate(value: float | None, unit: str) -> str:
 
 
 def values_text(values: dict[str, float]) -> str:
-    """`loss=0.4213 lr=1.000e-04`."""
-    return " ".join(f"{name}={number(value)}" for name, value in values.items())
+    """`loss=0.4213 lr=1.7e-4`."""
+    return " ".join(value_parts(values))
+
+
+def value_parts(values: dict[str, float]) -> list[str]:
+    """`["loss=0.4213", "lr=1.7e-4"]`: each value as one unbreakable piece."""
+    return [f"{name}={number(value)}" for name, value in values.items()]
 
 
 def counts_text(bar: BarView) -> str:
-    """`40/100` or `40`."""
+    """`40/100` or `40` (the bar itself shows the fraction)."""
     return f"{bar.step}/{bar.total}" if bar.total else f"{bar.step}"
+
+
+def clock(seconds: float | None) -> str:
+    """A bar's time, short: `850 ms`, `12.0 s`, then `1:05` (min:s) and `1:02:05`."""
+    if seconds is None or seconds < 59.95:
+        return duration(seconds)
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes}:{secs:02d}"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def timing_parts(bar: BarView) -> list[str]:
+    """What a bar's time and speed are, each a piece that reads on its own: while it runs
+    `12.0 s elapsed`, `ETA 18.0 s`, `3.3 it/s, 53.1 samples/s` (the current rates); once it
+    ended `7.3 s elapsed` and `overall 9.8 it/s, 53.1 samples/s` (averages over the bar)."""
+    parts = [f"{clock(bar.elapsed)} elapsed"]
+    if bar.state == "running" and bar.total:
+        parts.append(f"ETA {clock(bar.eta)}")
+    rates = []
+    if bar.rate is not None or not bar.overall:
+        rates.append(rate(bar.rate, "it"))
+    if bar.samples_rate is not None:
+        rates.append(rate(bar.samples_rate, "samples"))
+    if rates:
+        parts.append(("overall " if bar.overall else "") + ", ".join(rates))
+    return parts
 
 
 def timing_text(bar: BarView) -> str:
     """`12.0 s elapsed, ETA 18.0 s, 3.3 it/s, 53.1 samples/s`."""
-    parts = [f"{duration(bar.elapsed)} elapsed"]
-    if bar.state == "running" and bar.total:
-        parts.append(f"ETA {duration(bar.eta)}")
-    parts.append(rate(bar.rate, "it"))
-    if bar.samples_rate is not None:
-        parts.append(rate(bar.samples_rate, "samples"))
-    return ", ".join(parts)
+    return ", ".join(timing_parts(bar))
 
 
-def bar_line(bar: BarView, width: int = 20) -> str:
-    """One line: `train [rank 0] |████░░░░| 40/100 40% 12.0 s elapsed, ... loss=0.42`."""
+def stat_parts(bar: BarView) -> list[str]:
+    """Everything shown next to a bar, as pieces that are never broken across lines."""
+    return [counts_text(bar), *timing_parts(bar), *value_parts(bar.values)]
+
+
+MARKS = {"done": "✔", "failed": "✖"}
+
+
+def bar_line(bar: BarView, width: int = 20, name_width: int = 0) -> str:
+    """One line: `train ✔ |████████| 40/100 · 12.0 s elapsed · ... · loss=0.42`.
+
+    The mark has a place of its own (blank while running), so nothing moves when it appears.
+    """
     fraction = bar.fraction
-    if fraction is None:
-        drawn = ""
-        percent = ""
-    else:
+    drawn = ""
+    if fraction is not None:
         filled = int(round(fraction * width))
         drawn = "|" + "█" * filled + "░" * (width - filled) + "| "
-        percent = f" {fraction * 100:.0f}%"
-    mark = {"done": " ✔", "failed": " ✖"}.get(bar.state, "")
-    line = f"{bar.name}{mark} {drawn}{counts_text(bar)}{percent} {timing_text(bar)}"
-    if bar.values:
-        line += " | " + values_text(bar.values)
-    return line
+    mark = MARKS.get(bar.state, " ")
+    return f"{bar.name:<{name_width}} {mark} {drawn}" + " · ".join(stat_parts(bar))
 
 
 def status_line(view: LaunchView) -> str:
-    """`✔ finished: 2 ranks in 12.3 s` and the like."""
+    """`✔ launch finished in 12.3 s` (the wall time of the whole launch) and the like."""
     symbol = SYMBOLS.get(view.state, "")
-    ranks = f"{view.world} rank{'s' if view.world != 1 else ''}"
+    ranks = "" if view.world == 1 else f" of {plural(view.world, 'rank')}"
     if view.state == "finished":
-        return f"{symbol} finished: {ranks} in {duration(view.elapsed)}"
+        return f"{symbol} launch{ranks} finished in {duration(view.elapsed)}"
     if view.state == "failed":
         first = f": {view.errors[0]}" if view.errors else ""
-        return f"{symbol} failed after {duration(view.elapsed)}{first}"
-    states = list(view.ranks.values())
-    done = sum(state == "finished" for state in states)
-    running = sum(state == "running" for state in states)
-    return (
-        f"{symbol} {view.state}: {running} of {ranks} running, {done} finished, "
-        f"{duration(view.elapsed)}"
-    )
+        return f"{symbol} launch{ranks} failed after {duration(view.elapsed)}{first}"
+    if view.state == "starting":
+        who = "" if view.world == 1 else f" {plural(view.world, 'rank')}"
+        return f"{symbol} starting{who}, {duration(view.elapsed)}"
+    line = f"{symbol} running for {duration(view.elapsed)}"
+    if view.world > 1:
+        states = list(view.ranks.values())
+        running = sum(state == "running" for state in states)
+        done = sum(state == "finished" for state in states)
+        line += f": {running} of {plural(view.world, 'rank')} running, {done} finished"
+    return line
 
 
-def summary_lines(summary: XlaSummary | None) -> list[str]:
-    """The XLA metrics panel as lines."""
+def steps_phrase(summary: XlaSummary, live: bool = False) -> str:
+    """`in 60 steps` (a finished stretch of work) or `as of step 41` (a launch that runs)."""
+    if not summary.steps:
+        return ""
+    return f"as of step {summary.steps}" if live else f"in {plural(summary.steps, 'step')}"
+
+
+def nothing_ran(summary: XlaSummary) -> bool:
+    """Whether nothing was compiled or executed (a function that never ran an XLA graph)."""
+    return not (summary.compiles or summary.executions or summary.cached_compiles)
+
+
+def compiles_text(summary: XlaSummary) -> str:
+    """`2 (1.3 s), 58 cache hits`."""
+    text = f"{summary.compiles} ({duration(summary.compile_time)})"
+    if summary.cached_compiles:
+        text += f", {plural(summary.cached_compiles, 'cache hit')}"
+    return text
+
+
+def transfers_text(count: int, seconds: float, nbytes: int | None, items: int = 0) -> str:
+    """`6 transfers, 24 B, 6.7 ms` or `none`; `.item()` calls named when there were any."""
+    if not count:
+        return "none"
+    parts = [plural(count, "transfer")]
+    if nbytes is not None:
+        parts.append(size(nbytes))
+    parts.append(duration(seconds))
+    text = ", ".join(parts)
+    if items:
+        text += f", {plural(items, '.item() call')}"
+    return text
+
+
+def summary_lines(summary: XlaSummary | None, title: str = "XLA",
+                  live: bool = False) -> list[str]:
+    """The XLA metrics panel as lines; one line when nothing was compiled or executed."""
     if summary is None:
-        return ["XLA metrics: none yet"]
-    steps = f" in {summary.steps} steps" if summary.steps else ""
+        return [f"{title}: none yet"]
+    when = steps_phrase(summary, live)
+    heading = f"{title} {when}".rstrip()
+    if nothing_ran(summary):
+        return [f"{heading}: nothing compiled or executed" + (" yet" if live else "")]
     share = summary.compile_share
     share_text = f", compile {share * 100:.0f}% / execute {(1 - share) * 100:.0f}%" if (
         share is not None) else ""
     lines = [
-        f"XLA{steps}: {summary.compiles} compiles ({duration(summary.compile_time)}), "
-        f"{summary.executions} executions ({duration(summary.execute_time)}){share_text}",
-        f"transfers: {summary.transfers_from_device} from device "
-        f"({size(summary.bytes_from_device)}, {duration(summary.transfer_from_device_time)}), "
-        f"{summary.transfers_to_device} to device ({size(summary.bytes_to_device)}, "
-        f"{duration(summary.transfer_to_device_time)}); .item() calls: {summary.item_calls}",
+        f"{heading}: {plural(summary.compiles, 'compile')} ({duration(summary.compile_time)}), "
+        f"{plural(summary.executions, 'execution')} ({duration(summary.execute_time)})"
+        f"{share_text}",
+        "transfers: device → host "
+        + transfers_text(summary.transfers_from_device, summary.transfer_from_device_time,
+                         summary.bytes_from_device, summary.item_calls)
+        + "; host → device "
+        + transfers_text(summary.transfers_to_device, summary.transfer_to_device_time,
+                         summary.bytes_to_device),
     ]
     if summary.fallbacks:
         lines.append("CPU fallbacks: " + ", ".join(
@@ -179,14 +264,16 @@ def metrics_label(ranks: list[int]) -> str:
 
 
 def _metrics_whose(view: LaunchView) -> str:
-    """` (rank 0)`, ` (process of ranks 0-3)` or ''."""
+    """` (rank 0)`, ` (process of ranks 0-3)`, or '' in a one-rank launch."""
     ranks = view.metrics_ranks or ([] if view.metrics_rank is None else [view.metrics_rank])
+    if view.world == 1 and len(ranks) <= 1:
+        return ""
     label = metrics_label(ranks)
     return f" ({label})" if label else ""
 
 
 def metrics_title(view: LaunchView) -> str:
-    """`XLA metrics (rank 0)`, `XLA metrics (process of ranks 0-3)`."""
+    """`XLA metrics`, `XLA metrics (rank 0)`, `XLA metrics (process of ranks 0-3)`."""
     return "XLA metrics" + _metrics_whose(view)
 
 
@@ -220,12 +307,11 @@ def metrics_text(summary: XlaSummary | None, alerts: list[Alert]) -> str:
 def launch_text(view: LaunchView) -> str:
     """The whole launch panel as text: status, bars, errors, metrics, alerts."""
     lines = [status_line(view)]
-    lines += [bar_line(bar) for bar in view.bars]
+    name_width = max((len(bar.name) for bar in view.bars), default=0)
+    lines += [bar_line(bar, name_width=name_width) for bar in view.bars]
     lines += [f"error: {error}" for error in view.errors[1:]]
     lines += view.notes
     if view.metrics is not None:
-        metrics = summary_lines(view.metrics)
-        metrics[0] = metrics[0] + _metrics_whose(view)
-        lines += metrics
+        lines += summary_lines(view.metrics, "XLA" + _metrics_whose(view), live=not view.done)
     lines += alert_lines(view.alerts)
     return "\n".join(lines)

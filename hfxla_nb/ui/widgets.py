@@ -1,8 +1,10 @@
 """ipywidgets renderer (ipywidgets 7.6+ and 8: only APIs both have).
 
-The panel is a `VBox`: a status line (HTML), one row per bar (`HBox` of an `IntProgress` and
-an `HTML` with counts, timing and values), a chart (`HTML` with inline SVG sparklines) and the
-XLA metrics with alerts (`HTML`). The panel object displays itself with the widget view and a
+The panel is a `VBox` of four `HTML` widgets: the status line, the bars (one grid: caption,
+mark, bar, stats per row), the chart (inline SVG sparklines) with notes, and the XLA metrics
+with alerts. Each holds what `ui.html` builds for that part of the final panel, so the live
+panel and the final one have one geometry: bar widths, row heights and table rows stay where
+they are when the launch ends. The panel object displays itself with the widget view and a
 text form (one output with a `display_id`), live while the launch runs.
 
 When the launch ends, that output is replaced (`update_display_data`) by the final state as
@@ -18,42 +20,12 @@ from typing import Any
 from . import html, text
 from .base import PanelDisplay
 from .html_display import HtmlBlock
-from .state import BarView, LaunchView
+from .state import LaunchView
 
-BAR_STYLES = {"running": "", "done": "success", "failed": "danger"}
-
-
-class _Row:
-    """The widgets of one bar."""
-
-    def __init__(self, widgets: Any, bar: BarView) -> None:
-        # A fixed share of the row that never shrinks, so every rank's bar has the same
-        # width whatever the length of its stats (which wrap instead).
-        self.progress = widgets.IntProgress(
-            value=0, min=0, max=1, description=bar.name, bar_style="",
-            style={"description_width": "initial"},
-            layout=widgets.Layout(width="45%", min_width="45%", flex="0 0 45%"),
-        )
-        self.stats = widgets.HTML(value="", layout=widgets.Layout(flex="1 1 0%", min_width="0"))
-        self.box = widgets.HBox([self.progress, self.stats])
-
-    def close(self) -> None:
-        for widget in (self.progress, self.stats, self.box):
-            widget.close()
-
-    def update(self, bar: BarView) -> None:
-        if bar.total:
-            self.progress.max = max(int(bar.total), 1)
-            self.progress.value = min(int(bar.step), self.progress.max)
-        else:  # unknown total: a full bar, like tqdm.notebook
-            self.progress.max = 1
-            self.progress.value = 1
-        style = BAR_STYLES.get(bar.state, "")
-        if not bar.total and bar.state == "running":
-            style = "info"
-        self.progress.bar_style = style
-        self.progress.description = bar.name
-        self.stats.value = html.bar_stats_html(bar)
+# JupyterLab's rendered HTML (where the final panel goes) keeps 20 px free on the right; the
+# live panel keeps the same, and no widget margins, so both lay out in the same box.
+PANEL_LAYOUT = {"margin": "0px", "padding": "0px 20px 0px 0px"}
+PART_LAYOUT = {"margin": "0px"}
 
 
 class WidgetDisplay(PanelDisplay):
@@ -61,7 +33,7 @@ class WidgetDisplay(PanelDisplay):
 
     Attributes:
         widget: the top `VBox` (children: status, bars, chart, metrics).
-        status, bars, chart, metrics: its parts.
+        status, bars, chart, metrics: its parts, `HTML` widgets.
     """
 
     min_interval = 0.25
@@ -70,13 +42,15 @@ class WidgetDisplay(PanelDisplay):
         import ipywidgets as widgets
         from IPython.display import display
 
-        self._widgets = widgets
-        self.status = widgets.HTML(value=html.status_html(self.state.view()))
-        self.bars = widgets.VBox([])
-        self.chart = widgets.HTML(value="")
-        self.metrics = widgets.HTML(value="")
-        self.widget = widgets.VBox([self.status, self.bars, self.chart, self.metrics])
-        self._rows: dict[tuple, _Row] = {}
+        def part(value: str = "") -> Any:
+            return widgets.HTML(value=value, layout=widgets.Layout(**PART_LAYOUT))
+
+        self.status = part(html.status_html(self.state.view()))
+        self.bars = part()
+        self.chart = part()
+        self.metrics = part()
+        self.widget = widgets.VBox([self.status, self.bars, self.chart, self.metrics],
+                                   layout=widgets.Layout(**PANEL_LAYOUT))
         self._handle = display(self, display_id=True)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
@@ -98,23 +72,16 @@ class WidgetDisplay(PanelDisplay):
         return HtmlBlock(html.launch_html(view), text.launch_text(view))
 
     def _draw(self, view: LaunchView) -> None:
-        self.status.value = html.status_html(view)
-        keys = []
-        for bar in view.bars:
-            key = (bar.rank, bar.label)
-            keys.append(key)
-            row = self._rows.get(key)
-            if row is None:
-                row = self._rows[key] = _Row(self._widgets, bar)
-            row.update(bar)
-        children = tuple(self._rows[key].box for key in keys)
-        if tuple(self.bars.children) != children:
-            self.bars.children = children
-        extra = "".join(html.note_html(line) for line in view.errors[1:] + view.notes)
-        self.chart.value = html.chart_html(view.bars) + extra
-        if view.metrics is not None:
-            self.metrics.value = html.metrics_html(view.metrics, view.alerts,
-                                                   text.metrics_title(view))
+        # Each part is the same HTML as in the final panel; unchanged parts send nothing.
+        parts = (
+            (self.status, html.status_html(view)),
+            (self.bars, html.bars_html(view.bars)),
+            (self.chart, html.chart_html(view.bars) + html.notes_html(view)),
+            (self.metrics, html.view_metrics_html(view)),
+        )
+        for widget, value in parts:
+            if widget.value != value:
+                widget.value = value
 
     def _finish(self, view: LaunchView) -> None:
         self._draw(view)  # the widgets' last state, for code that still reads them
@@ -126,9 +93,7 @@ class WidgetDisplay(PanelDisplay):
     def _close_widgets(self) -> None:
         """Close the widgets' comms (their view was replaced): the kernel and the page drop
         the models, and no widget state is left for the notebook to save."""
-        for row in self._rows.values():
-            row.close()
-        for widget in (self.status, self.chart, self.metrics, self.bars, self.widget):
+        for widget in (self.status, self.bars, self.chart, self.metrics, self.widget):
             widget.close()
 
     def __repr__(self) -> str:
@@ -137,7 +102,8 @@ class WidgetDisplay(PanelDisplay):
 
 def widget_state(widget: Any) -> dict[str, Any]:
     """A widget tree as plain data (class, description, value, max, bar_style, children), for
-    tests and debugging without a browser."""
+    tests and debugging without a browser. The bars' HTML names each bar's state and counts
+    (`role="progressbar"`, `aria-valuenow`, `aria-valuemax`, `data-state`)."""
     state: dict[str, Any] = {"class": type(widget).__name__}
     for name in ("description", "value", "max", "bar_style"):
         if hasattr(widget, name):

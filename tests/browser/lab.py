@@ -133,6 +133,11 @@ class JupyterLab:
         nbformat.write(notebook, self.root / name)
         return name
 
+    def copy_notebook(self, source: Path, name: str) -> str:
+        """Copy a notebook file (a tutorial) into the root as `name`; returns the name."""
+        nbformat.write(nbformat.read(source, as_version=4), self.root / name)
+        return name
+
     def notebook_url(self, name: str) -> str:
         """The notebook alone in a workspace of its own (the default workspace would reopen
         the notebooks of earlier pages, whose kernels are shut down)."""

@@ -25,6 +25,7 @@ VIEWPORT = {"width": 1024, "height": 900}
 # ("normal" line-height is taken as 1.2 x the font size, what browsers use for most fonts).
 MEASURE_JS = """(root, selector) => Array.from(root.querySelectorAll(selector)).map(el => {
     const box = el.getBoundingClientRect();
+    const origin = root.getBoundingClientRect();
     const style = getComputedStyle(el);
     const fontSize = parseFloat(style.fontSize);
     const lineHeight = style.lineHeight === "normal" ? 1.2 * fontSize
@@ -34,8 +35,12 @@ MEASURE_JS = """(root, selector) => Array.from(root.querySelectorAll(selector)).
     const content = box.height - padding;
     return {tag: el.tagName.toLowerCase(), cls: el.className && String(el.className),
             text: el.innerText, x: box.x, y: box.y, width: box.width, height: box.height,
+            rx: box.x - origin.x, ry: box.y - origin.y, background: style.backgroundColor,
             lineHeight: lineHeight, wraps: content > 1.5 * lineHeight};
 })"""
+# Positions are also given relative to the root (`rx`, `ry`): the live widget panel and the
+# static panel that replaces it sit in the same output area, so the same part must have the
+# same relative box in both.
 
 
 class Chromium:
@@ -95,6 +100,13 @@ class NotebookPage:
         page.goto(url)
         page.locator(".jp-Notebook .jp-Cell").first.wait_for()
         self.wait_kernel_idle(open_timeout)
+
+    def collapse_left_sidebar(self) -> None:
+        """Close the file browser, so the notebook takes the window's width (1024 px)."""
+        tab = self.page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
+        if tab.count():
+            tab.first.click()
+            self.page.locator("#jp-left-stack").wait_for(state="hidden")
 
     # -- running --------------------------------------------------------------------------------
 

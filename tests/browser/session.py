@@ -37,13 +37,18 @@ class BrowserLab:
             raise
 
     @contextlib.contextmanager
-    def notebook(self, name: str, cells: list[str], timeout: float = 120.0,
-                 poll: Callable[[NotebookPage], None] | None = None) -> Iterator[NotebookPage]:
-        """Run `cells` as notebook `name` (Run > Run All Cells, bounded by `timeout`) and
-        yield the page, every cell done. Screenshots go to the artifacts folder as
-        `<name>-<theme>-page.png` and `-cell<N>.png`, also when running or reading fails."""
+    def notebook(self, name: str, cells: list[str] | None = None, timeout: float = 120.0,
+                 poll: Callable[[NotebookPage], None] | None = None,
+                 source: Path | None = None) -> Iterator[NotebookPage]:
+        """Run `cells` (or the notebook file `source`, such as a tutorial) as notebook `name`
+        (Run > Run All Cells, bounded by `timeout`) and yield the page, every cell done.
+        Screenshots go to the artifacts folder as `<name>-<theme>-page.png` and
+        `-cell<N>.png`, also when running or reading fails."""
         stem = _slug(name)
-        notebook = self.lab.write_notebook(f"{stem}.ipynb", cells)
+        if source is not None:
+            notebook = self.lab.copy_notebook(source, f"{stem}.ipynb")
+        else:
+            notebook = self.lab.write_notebook(f"{stem}.ipynb", cells or [])
         page = self.chromium.new_page()
         try:
             try:
@@ -53,6 +58,7 @@ class BrowserLab:
                 page.screenshot(path=str(self.artifacts / f"{stem}-{self.theme}-open.png"))
                 raise
             assert nb.theme() == THEMES[self.theme], f"page theme {nb.theme()!r}"
+            nb.collapse_left_sidebar()
             def watch() -> None:
                 self.lab.kernel_processes()  # note the kernel's processes (and workers) by pid
                 if poll is not None:

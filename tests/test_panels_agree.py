@@ -1,0 +1,256 @@
+"""Panels a person can trust: a finished run looks finished, every figure says what it counts,
+the words are a person's, and the figures shown are data too (`hx.last_launch()`).
+
+The state, text and HTML are driven with real events; the record with a real `RecordKeeper`;
+the remote traceback with the launcher's own `run_rank`.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from hfxla_nb.events import Channel, Failed, Finished, MetricsSnapshot, Progress, Started
+from hfxla_nb.launch import worker
+from hfxla_nb.launch.record import LaunchRecord, RankRecord, RecordKeeper
+from hfxla_nb.ui import html, text
+from hfxla_nb.ui.finetune_panel import result_html
+from hfxla_nb.ui.state import LaunchState
+
+T0 = 1_000_000.0
+NS = 1e9
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def finished(world: int = 1) -> LaunchRecord:
+    ranks = [RankRecord(rank, exit_state="finished") for rank in range(world)]
+    return LaunchRecord("replicated", world, ranks, duration=9.0, outcome="finished")
+
+
+def snapshot(step: int, compiles: int = 2, executions: int = 60, transfers: int = 1,
+             cached: int = 1) -> MetricsSnapshot:
+    data = {"counters": {"MarkStep": step, "CachedCompile": cached}, "fallback_ops": [],
+            "metrics": {"CompileTime": {"count": compiles, "total": 1.3 * NS, "samples": []},
+                        "ExecuteTime": {"count": executions, "total": 0.02 * NS, "samples": []},
+                        "TransferFromDeviceTime": {"count": transfers, "total": 1e6,
+                                                   "samples": []}}}
+    if not (compiles or executions):
+        data["metrics"] = {}
+    return MetricsSnapshot(0, step, data, time=T0 + step)
+
+
+def run(steps, total=60, world=1, dt=0.1, record=None, values=None):
+    """A launch of `world` ranks whose rank 0 reports `steps` (0-based or 1-based)."""
+    clock = Clock()
+    state = LaunchState(world, clock=clock)
+    state.handle(Started(0, world, 1))
+    for i, step in enumerate(steps):
+        state.handle(Progress(0, step, total, dict(values or {"loss": float(step)}),
+                              samples=8 * step, time=T0 + (i + 1) * dt))
+    clock.now = T0 + (len(steps) + 1) * dt
+    live = state.view()
+    state.handle(Finished(0, None))
+    state.close(record or finished(world))
+    return live, state.view()
+
+
+# -- a finished run looks finished --------------------------------------------------------------
+
+
+def test_a_bar_gets_its_check_mark_only_at_its_total():
+    _, full = run(range(1, 61))
+    (bar,) = full.bars
+    assert (bar.step, bar.state) == (60, "done") and full.notes == []
+    assert text.bar_line(bar, width=4).startswith("train ✔ |████| 60/60 · ")
+    _, short = run(range(60))  # what `for step, batch in enumerate(loader)` reports
+    (bar,) = short.bars
+    assert (bar.step, bar.state, bar.first_step) == (59, "short", 0)
+    assert text.bar_line(bar, width=4).startswith("train   |████| 59/60 · ")
+    assert short.notes == ["train stopped at 59/60: its steps count from 0. Report the steps "
+                           "done, step=i + 1 (or enumerate(loader, start=1))."]
+    assert 'data-state="short"' in html.bars_html(short.bars)
+    assert html.COLORS["warning"] in html.notes_html(short)
+    _, early = run(range(1, 41))
+    assert early.notes == ["train stopped at 40/60: the function returned before the total "
+                           "it reported."]
+
+
+def test_rank_labels_only_with_more_than_one_rank():
+    _, alone = run(range(1, 11), total=10)
+    assert alone.bars[0].name == "train" and "[rank" not in text.launch_text(alone)
+    _, two = run(range(1, 11), total=10, world=2, record=finished(2))
+    assert two.bars[0].name == "train [rank 0]"
+    assert text.status_line(two).startswith("✔ launch of 2 ranks finished in ")
+    assert text.status_line(LaunchState(4, clock=Clock()).view()) == "… starting 4 ranks, 0 s"
+    assert text.status_line(LaunchState(1, clock=Clock()).view()) == "… starting, 0 s"
+
+
+# -- every figure says what it counts -----------------------------------------------------------
+
+
+def test_status_is_the_launch_and_a_finished_bar_gives_overall_rates():
+    live, _ = run(range(1, 31), dt=0.1)
+    assert text.status_line(live) == "… running for 3.1 s"
+    (live_bar,) = live.bars
+    assert text.timing_parts(live_bar) == ["3.1 s elapsed", "ETA 3.0 s", "10 it/s, 80 samples/s"]
+    _, final = run(range(1, 61), dt=0.1)
+    assert text.status_line(final) == "✔ launch finished in 9.0 s"
+    (final_bar,) = final.bars
+    assert text.timing_parts(final_bar) == ["6.0 s elapsed", "overall 10 it/s, 80 samples/s"]
+
+
+def test_a_bar_clock_starts_with_its_own_work():
+    clock = Clock()
+    state = LaunchState(1, clock=clock)
+    state.handle(Started(0, 1, 1))  # at T0: start-up and model loading follow
+    state.handle(Progress(0, 0, 10, {}, samples=0, time=T0 + 5))  # the loop starts: step 0
+    for step in range(1, 11):
+        state.handle(Progress(0, step, 10, {}, samples=8 * step, time=T0 + 5 + step))
+    state.handle(Progress(0, 1, 2, {}, label="eval", time=T0 + 15.5))  # no step 0 sent
+    state.handle(Progress(0, 2, 2, {}, label="eval", time=T0 + 16))
+    state.handle(Finished(0, None))
+    state.close(finished())
+    train, evaluation = state.view().bars
+    assert train.elapsed == pytest.approx(10.0)  # the loop, not the rank's start-up
+    assert evaluation.elapsed == pytest.approx(1.0)  # after training ended, not from T0
+
+
+def test_metrics_header_says_as_of_which_step():
+    clock = Clock()
+    state = LaunchState(1, clock=clock)
+    state.handle(Progress(0, 50, 60, {}, time=T0 + 1))
+    state.handle(snapshot(41))
+    live = state.view()
+    assert live.metrics_step == 41
+    assert "XLA metrics as of step 41" in html.launch_html(live)
+    assert "\nXLA as of step 41: 2 compiles (1.3 s), 60 executions" in text.launch_text(live)
+    state.handle(snapshot(60))
+    state.close(finished())
+    assert "XLA metrics in 60 steps" in html.launch_html(state.view())
+
+
+def test_a_panel_that_compiled_and_executed_nothing_is_one_line():
+    state = LaunchState(1, clock=Clock())
+    state.handle(Progress(0, 1, 1, {}, time=T0 + 1))
+    state.handle(snapshot(1, compiles=0, executions=0, transfers=0, cached=0))
+    state.close(finished())
+    view = state.view()
+    assert text.summary_lines(view.metrics, "XLA") == [
+        "XLA in 1 step: nothing compiled or executed"]
+    page = html.view_metrics_html(view)
+    assert "<table" not in page and "nothing compiled or executed" in page
+
+
+# -- words and colours --------------------------------------------------------------------------
+
+
+def test_counts_are_written_as_a_person_would():
+    state = LaunchState(1, clock=Clock())
+    state.handle(snapshot(1, compiles=1, executions=1, transfers=1, cached=1))
+    summary = state.view().metrics
+    lines = text.summary_lines(summary)
+    assert lines[0].startswith("XLA in 1 step: 1 compile (1.3 s), 1 execution (20 ms)")
+    # Nothing sent to the device: "none", not "0 transfers, n/a, 0 s".
+    assert lines[1] == "transfers: device → host 1 transfer, 1.0 ms; host → device none"
+    page = html.summary_html(summary)
+    assert "1 (1.3 s), 1 cache hit<" in page and "1 transfer, 1.0 ms<" in page
+    for wrong in ("1 transfers", "1 steps", "1 cache hits", "n/a", "0 transfers"):
+        assert wrong not in page and wrong not in "\n".join(lines)
+    state.handle(snapshot(30, compiles=2, executions=30, transfers=0, cached=0))
+    page = html.summary_html(state.view().metrics)
+    assert "cache hit" not in page and ".item()" not in page
+
+
+def test_the_loss_has_one_colour_everywhere():
+    _, view = run(range(1, 11), total=10)
+    chart = html.chart_html(view.bars)
+    assert f'stroke="{html.SERIES["loss"]}"' in chart
+    assert f'stroke="{html.COLORS["failed"]}"' not in chart  # a falling loss is no failure
+
+    class Result:  # what result_html reads of a FineTuneResult
+        loss_history = [(5, 0.7), (10, 0.5), (15, 0.2)]
+        warnings, notes, metrics = [], [], {}
+        steps, epochs, train_seconds, eval_seconds = 15, 1.0, 3.0, 0.0
+        samples_per_second, samples_per_second_overall, launch_seconds = 90.0, 60.0, 5.0
+        compiles, eval_compiles, executions_per_step, transfers_per_step = 2, 0, None, None
+        strategy, devices, precision, batch_size = "spmd", 1, "fp32", 8
+        bucket_lengths, label_names, resumed_from, output_dir = [16], ["a", "b"], None, None
+
+    assert f'stroke="{html.SERIES["loss"]}"' in result_html(Result())
+
+
+# -- a failure: its message once, without the launcher's frames ---------------------------------
+
+
+def failing(index):
+    def inner():
+        raise ValueError("boom")
+
+    inner()
+
+
+def test_failure_message_once_and_no_launcher_frames():
+    channel = Channel()
+    try:
+        worker.run_rank(channel, 0, 1, failing, (), True)
+        (failed,) = [e for e in channel.receive(timeout=1) if isinstance(e, Failed)]
+    finally:
+        from hfxla_nb import events
+
+        events.attach_worker(None, None)
+        channel.close()
+    assert "run_rank" not in failed.traceback and "worker.py" not in failed.traceback
+    assert failed.traceback.splitlines()[1].strip().endswith("in failing")
+    record = LaunchRecord("replicated", 1, [RankRecord(0)])
+    keeper = RecordKeeper(record)
+    keeper.handle(Started(0, 1, 1))
+    keeper.handle(failed)
+    message = keeper.failure_message()
+    assert message.count("ValueError: boom") == 1  # the first line; not the traceback's end
+    assert message.startswith("rank 0 failed: ValueError: boom.\n\nRemote traceback (rank 0):")
+    assert message.rstrip().endswith('raise ValueError("boom")')
+    assert record.ranks[0].reason == "raised ValueError"
+    state = LaunchState(1, clock=Clock())
+    state.handle(failed)
+    state.close(record)
+    assert state.view().errors == ["the function raised ValueError"]
+
+
+# -- the figures are data too -------------------------------------------------------------------
+
+
+def test_last_launch_carries_each_ranks_figures_as_data():
+    record = LaunchRecord("replicated", 2, [RankRecord(0), RankRecord(1)], outcome="finished")
+    keeper = RecordKeeper(record)
+    for rank in (0, 1):
+        keeper.handle(Started(rank, 2, 7))
+        for step in range(1, 6):
+            keeper.handle(Progress(rank, step, 5, {"loss": 1.0}, time=T0 + step * 0.5))
+    # One process ran both ranks as threads: its counters are theirs together.
+    data = dict(snapshot(5, compiles=3, executions=10, transfers=2).data)
+    data["process"] = {"pid": 7, "ranks": [0, 1], "rank_steps": 10}
+    keeper.handle(MetricsSnapshot(1, 5, data, time=T0 + 9))
+    keeper.handle(Progress(0, 3, 5, {"loss": 0.5}, time=T0 + 1.5))  # a late fetch: no new time
+    keeper.finish()
+    metrics = record.ranks[0].metrics
+    assert metrics.shared_with == [0, 1] and record.ranks[1].metrics.shared_with == [0, 1]
+    assert (metrics.steps, metrics.compiles, metrics.executions) == (5, 3, 10)
+    assert metrics.transfers_from_device == 2 and metrics.compile_seconds == pytest.approx(1.3)
+    assert metrics.step_times == [(step, pytest.approx(0.5)) for step in range(2, 6)]
+    assert metrics.to_dict()["cached_compiles"] == 1
+    frame = record.to_dataframe()
+    assert list(frame["rank"]) == [0, 1] and list(frame["compiles"]) == [3, 3]
+    assert {"execute_seconds", "transfers_from_device", "step_times", "alerts"} <= set(frame)
+    assert re.fullmatch(r"\d+\.\d+", f"{frame['compile_seconds'][0]:.2f}")
+    empty = LaunchRecord("spmd", 1, [RankRecord(0)])
+    RecordKeeper(empty).finish()  # no snapshot: a function that never used XLA
+    assert empty.ranks[0].metrics is None
+    assert empty.to_dataframe().loc[0, "exit_state"] == "pending"
