@@ -197,8 +197,10 @@ def run_tests(stack: str, venv: Path) -> tuple[dict[str, int], int]:
     )
     env.pop("PYTHONPATH", None)
     env.pop("JUPYTER_PATH", None)
+    # torch_xla 2.8 (Kaggle's) compiles the tiny BERT step on the CPU 2-3x slower than 2.9:
+    # the per-test limit of pyproject.toml (600 s) is too tight for its heavy fine-tunes.
     command = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-               f"--junitxml={junit}"] + args
+               "-o", "timeout=1800", f"--junitxml={junit}"] + args
     say(stack, "running " + " ".join(command[1:]))
     returncode = subprocess.run(command, cwd=ROOT, env=env).returncode
     counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}

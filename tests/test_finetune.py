@@ -71,11 +71,13 @@ def trained_on_4(demo_cache):
 def no_launch(monkeypatch):
     """Any attempt to fork a worker fails the test: bad input must be caught before."""
     import hfxla_nb.launch
+    import hfxla_nb.train.finetune
 
     def refuse(*args, **kwargs):
         raise AssertionError("notebook_launcher was called")
 
     monkeypatch.setattr(hfxla_nb.launch, "notebook_launcher", refuse)
+    monkeypatch.setattr(hfxla_nb.train.finetune, "notebook_launcher", refuse)  # where it is used
 
 
 # ---------------------------------------------------------------------------------------------

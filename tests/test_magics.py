@@ -114,7 +114,7 @@ def test_magics_in_a_real_kernel():
     assert value["text/plain"] == "10.0"  # the cell's last expression still shows
     page, plain = panel["text/html"], panel["text/plain"]
     assert plain.startswith("XLA metrics for this cell\nXLA in 4 steps:")
-    assert "4 from device" in plain and ".item() calls: 4" in plain
+    assert "transfers: device → host 4 transfers, " in plain and ", 4 .item() calls;" in plain
     assert "Device-to-host transfers: 4 in 4 steps" in plain
     assert "input 'x' shapes: (2, 2), (2, 3), (2, 4), (2, 5)" in plain  # from hx.report
     assert "<table" in page and "device memory" in page and "not available" in page

@@ -364,7 +364,7 @@ def test_widget_display_state_without_a_browser():
     live = display._repr_mimebundle_()  # while it runs: the widget view and a text form
     assert live["application/vnd.jupyter.widget-view+json"]["model_id"] == (
         display.widget.model_id)
-    assert live["text/plain"] == repr(display)
+    assert live["text/plain"].startswith("… starting 2 ranks, ")  # what repr() says
     display.min_interval = 0
     for event in train_events(0, steps=2, total=4):
         display.handle(event)
