@@ -19,6 +19,7 @@ CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1024, "height": 900}
+MAX_SHOT_HEIGHT = 6000  # px: the tallest window a screenshot of one output may use
 
 # Geometry of the elements matching `selector` under `root`, as the page lays them out.
 # An element wraps when its content box is taller than 1.5 lines of its own line-height
@@ -182,7 +183,23 @@ class NotebookPage:
         paths = []
         for cell in cells:
             paths.append(folder / f"{name}-cell{cell}.png")
-            self.output(cell).screenshot(path=str(paths[-1]))
+            self._screenshot_whole(self.output(cell), paths[-1])
         paths.append(folder / f"{name}-page.png")
         self.page.screenshot(path=str(paths[-1]), full_page=True)
         return paths
+
+    def _screenshot_whole(self, element, path: Path) -> None:
+        """A screenshot of all of `element`. The notebook scrolls inside JupyterLab's panel,
+        which clips an output taller than the window (a long traceback): for that one shot the
+        window grows to fit it (up to MAX_SHOT_HEIGHT px), then returns to VIEWPORT."""
+        box = element.bounding_box() or {"height": 0}
+        grow = box["height"] > VIEWPORT["height"] - 200
+        if grow:
+            height = min(int(box["height"]) + 300, MAX_SHOT_HEIGHT)
+            self.page.set_viewport_size({"width": VIEWPORT["width"], "height": height})
+            element.scroll_into_view_if_needed()
+        try:
+            element.screenshot(path=str(path))
+        finally:
+            if grow:
+                self.page.set_viewport_size(VIEWPORT)
