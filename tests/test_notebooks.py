@@ -177,11 +177,12 @@ def test_the_sanitize_file_hides_times_and_rates_but_not_counts():
             text = re.sub(regex, replace, text)
         return text
 
-    line = ("train [rank 0] ✔ |████| 60/60 100% 42.4 s elapsed, 3.46 it/s, 111 samples/s | "
+    line = ("train ✔ |████| 60/60 · 42.4 s elapsed · overall 3.46 it/s · 111 samples/s · "
             "loss=0.3637")
-    assert sanitize(line) == ("train [rank 0] ✔ |████| 60/60 100% <TIME> elapsed, <RATE>, <RATE> "
-                              "| loss=0.3637")
-    assert sanitize("✔ finished: 4 ranks in 1 min 04 s") == "✔ finished: 4 ranks in <TIME>"
+    assert sanitize(line) == ("train ✔ |████| 60/60 · <TIME> elapsed · overall <RATE> · <RATE> "
+                              "· loss=0.3637")
+    assert sanitize("✔ launch of 4 ranks finished in 1 min 04 s") == (
+        "✔ launch of 4 ranks finished in <TIME>")
     metrics = "XLA in 60 steps: 3 compiles (25.0 s), 64 executions (172 µs), compile 59%"
     assert sanitize(metrics) == (
         "XLA in 60 steps: 3 compiles (<TIME>), 64 executions (<TIME>), compile <PERCENT>")
@@ -231,15 +232,16 @@ def test_executed_notebooks_show_the_final_panels_without_a_kernel(executed):
     (panel,) = [o for o in _outputs_of(notebook, "result = hx.notebook_launcher(train)")
                 if "text/html" in o.get("data", {})]
     text = panel["data"]["text/plain"]
-    assert text.startswith("✔ finished: 1 rank")
-    assert re.search(r"train \[rank 0\] ✔ .* 80/80 100%", text), text
-    assert re.search(r"epochs \[rank 0\] ✔ .* 2/2 100%", text), text  # the tqdm bar
+    assert text.startswith("✔ launch finished in "), text  # one rank: no rank count, no tags
+    assert "[rank" not in text, text
+    assert re.search(r"^train +✔ \|█{20}\| 80/80 · ", text, re.M), text
+    assert re.search(r"^epochs +✔ \|█{20}\| 2/2 · ", text, re.M), text  # the tqdm bar
     assert re.search(r"XLA in 80 steps: \d+ compiles", text), text
-    assert "80/80 (100%)" in re.sub(r"<[^>]+>", "", panel["data"]["text/html"])
+    assert 'aria-valuenow="80" aria-valuemin="0" aria-valuemax="80"' in panel["data"]["text/html"]
 
     failure = _outputs_of(notebook, "hx.notebook_launcher(train_with_a_bug)")
     (panel,) = [o for o in failure if "text/html" in o.get("data", {})]
-    assert panel["data"]["text/plain"].startswith("✖ failed")
+    assert panel["data"]["text/plain"].startswith("✖ launch failed after ")
     error = error_of(failure)
     assert error["ename"] == "LaunchError" and "rank 0 failed: ValueError" in error["evalue"]
     assert "Remote traceback (rank 0)" in error["evalue"]
