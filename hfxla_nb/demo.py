@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # imported lazily: `import hfxla_nb.demo` stays cheap
     import transformers
 
 # Bump when the recipe of any artefact changes: cached folders are keyed on it.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 LABELS_2 = ("negative", "positive")
 LABELS_3 = ("negative", "neutral", "positive")
@@ -252,26 +252,35 @@ def _build_atomically(target: Path, build) -> Path:
 
 
 def _train_tokenizer(vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from tokenizers.trainers import WordPieceTrainer
+    """A WordPiece tokenizer whose vocabulary is built, not trained: tokenizers' trainer breaks
+    ties between equally frequent pieces differently from run to run, so two fresh caches got
+    different token ids (and different demo models). Built from the corpus, the vocabulary is
+    the same everywhere: the special tokens, every character, every character as a
+    continuation, then the words, most frequent first (alphabetical among equals)."""
+    from collections import Counter
 
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    normalizer = normalizers.BertNormalizer(lowercase=True)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    words: Counter[str] = Counter()
+    for num_classes in (2, 3):  # all variants, so every word of the recipe is in the vocabulary
+        for text in demo_texts(4000, seed=12345, num_classes=num_classes)[0]:
+            words.update(word for word, _ in
+                         pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text)))
+    chars = sorted({char for word in words for char in word})
+    pieces = [*SPECIAL_TOKENS, *chars, *(f"##{char}" for char in chars)]
+    pieces += [word for word, _ in sorted(words.items(), key=lambda item: (-item[1], item[0]))
+               if word not in pieces]
+    vocab = {piece: i for i, piece in enumerate(pieces[:vocab_size])}
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizer
+    tokenizer.pre_tokenizer = pre_tokenizer
     tokenizer.decoder = decoders.WordPiece()
-    trainer = WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
-    )
-    # Train on all three variants so every word of the recipe is in the vocabulary.
-    corpus = []
-    for num_classes in (2, 3):
-        corpus += demo_texts(4000, seed=12345, num_classes=num_classes)[0]
-    tokenizer.train_from_iterator(corpus, trainer=trainer)
-    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
     )
     return tokenizer
 

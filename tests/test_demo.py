@@ -55,6 +55,15 @@ def test_tokenizer_covers_the_demo_words_and_is_cached(demo_cache):
     assert os.stat(folder / "tokenizer.json").st_mtime_ns == stamp
 
 
+def test_two_fresh_caches_get_the_same_tokenizer(tmp_path):
+    """Token ids are the same on every machine, so demo models and their results are too."""
+    first = demo.demo_tokenizer(tmp_path / "one")
+    second = demo.demo_tokenizer(tmp_path / "two")
+    assert first.get_vocab() == second.get_vocab()
+    # Each demo word is one token: the vocabulary holds them whole.
+    assert len(first("the movie was great")["input_ids"]) == 6
+
+
 def test_config_is_tiny():
     config = demo.demo_config(3, vocab_size=500)
     assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (2, 64, 2)
