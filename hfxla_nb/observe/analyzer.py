@@ -183,18 +183,32 @@ def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Al
         summary: from `summarize`.
         warmup_steps: steps allowed to compile freely before compiles per step count.
     """
-    alerts: list[Alert] = []
-    steps = summary.steps
-    unit = "step" if summary.ranks <= 1 else f"step of each of the {summary.ranks} ranks"
-    changed = shape_changes(summary.input_shapes)
+    alerts = _compile_alerts(summary, warmup_steps)
+    for rule in (_transfers_alert, graph_memory_alert, _fallback_alert, _slow_compile_alert,
+                 _slow_execution_alert):
+        alert = rule(summary)
+        if alert is not None:
+            alerts.append(alert)
+    order = {"error": 0, "warning": 1, "info": 2}
+    return sorted(alerts, key=lambda alert: order.get(alert.severity, 3))
 
+
+def _unit(summary: XlaSummary) -> str:
+    return "step" if summary.ranks <= 1 else f"step of each of the {summary.ranks} ranks"
+
+
+def _compile_alerts(summary: XlaSummary, warmup_steps: int) -> list[Alert]:
+    """At most one of: compiles nearly every step, recompiles after warm-up (with the input
+    whose shape changed), or inputs of many shapes that have not (yet) recompiled much."""
+    steps = summary.steps
+    changed = shape_changes(summary.input_shapes)
     compile_rate = summary.per_step(summary.compiles)
     every_step = compiles_every_step(summary)
     if steps and ((steps > warmup_steps and compile_rate > MAX_COMPILES_PER_STEP) or every_step):
-        alerts.append(_frequent_compiles(summary, warmup_steps, unit, every_step))
-    elif summary.compiles_after_warmup and summary.steps_after_warmup and changed:
+        return [_frequent_compiles(summary, warmup_steps, _unit(summary), every_step)]
+    if summary.compiles_after_warmup and summary.steps_after_warmup and changed:
         cause, fix = _compile_cause(summary)
-        alerts.append(Alert(
+        return [Alert(
             "recompiled", _cost_severity(summary),
             f"Recompiling: {plural(summary.compiles, 'compile')} in {plural(steps or 0, 'step')}, "
             f"{summary.compiles_after_warmup} after warm-up",
@@ -202,63 +216,69 @@ def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Al
             f"{plural(summary.steps_after_warmup, 'step')} after warm-up."
             f"{_share_text(summary)} {cause}",
             fix,
-        ))
-
+        )]
     many = {name: info for name, info in changed.items() if info.distinct > MAX_QUIET_SHAPES}
-    if many and not any(alert.code in ("frequent-compiles", "recompiled") for alert in alerts):
-        alerts.append(_shape_changes_alert(summary, many, warmup_steps))
+    return [_shape_changes_alert(summary, many, warmup_steps)] if many else []
 
-    transfers = summary.transfers_from_device
+
+def _transfers_alert(summary: XlaSummary) -> Alert | None:
+    steps, transfers = summary.steps, summary.transfers_from_device
     transfer_rate = summary.per_step(transfers)
-    if steps and steps >= MIN_RATE_STEPS and transfer_rate > MAX_TRANSFERS_PER_STEP:
-        items = f", {summary.item_calls} of them .item() calls" if summary.item_calls else ""
-        title, where, fix = _fetch_sites(summary)
-        alerts.append(Alert(
-            "frequent-transfers", "warning",
-            f"Device-to-host transfers: {transfers} in {steps} steps{title}",
-            f"The program fetched values from the device {transfer_rate:.2f} times per {unit} "
-            f"(more than {MAX_TRANSFERS_PER_STEP}){items}.{where} Each fetch waits for the "
-            "device to finish and stops the next step's tracing from overlapping with it. "
-            "Typical causes: .item(), print(tensor), `if tensor:`, logging every step (Trainer "
-            "with logging_steps=1), and transformers' attention-mask check on padded batches.",
-            f"{fix}{'f' if fix else 'F'}etch values only every N steps: "
-            "hfxla_nb.report(loss=loss, log_every=N) or "
-            "xm.add_step_closure; log less often; keep decisions on the host.",
-        ))
-    memory = graph_memory_alert(summary)
-    if memory is not None:
-        alerts.append(memory)
+    if not (steps and steps >= MIN_RATE_STEPS and transfer_rate > MAX_TRANSFERS_PER_STEP):
+        return None
+    items = f", {summary.item_calls} of them .item() calls" if summary.item_calls else ""
+    title, where, fix = _fetch_sites(summary)
+    return Alert(
+        "frequent-transfers", "warning",
+        f"Device-to-host transfers: {transfers} in {steps} steps{title}",
+        f"The program fetched values from the device {transfer_rate:.2f} times per "
+        f"{_unit(summary)} (more than {MAX_TRANSFERS_PER_STEP}){items}.{where} Each fetch waits "
+        "for the device to finish and stops the next step's tracing from overlapping with it. "
+        "Typical causes: .item(), print(tensor), `if tensor:`, logging every step (Trainer "
+        "with logging_steps=1), and transformers' attention-mask check on padded batches.",
+        f"{fix}{'f' if fix else 'F'}etch values only every N steps: "
+        "hfxla_nb.report(loss=loss, log_every=N) or "
+        "xm.add_step_closure; log less often; keep decisions on the host.",
+    )
 
-    if summary.fallbacks:
-        ops = ", ".join(f"{op} ({count}x)" for op, count in summary.fallbacks.items())
-        alerts.append(Alert(
-            "cpu-fallback", "warning",
-            f"Operations ran on the CPU: {', '.join(summary.fallbacks)}",
-            f"PyTorch/XLA has no XLA lowering for {ops}: each call copies its inputs to the "
-            "host, runs there and copies the result back, which splits the graph.",
-            "Replace the operation with one XLA supports (for example masks and torch.where "
-            "instead of nonzero/boolean indexing), or move it outside the training step.",
-        ))
 
-    if summary.max_compile_time > MAX_COMPILE_SECONDS:
-        alerts.append(Alert(
-            "slow-compile", "warning",
-            f"A compilation took {summary.max_compile_time:.0f} s",
-            f"One graph took longer than {MAX_COMPILE_SECONDS:.0f} s to compile; large graphs "
-            "(long unrolled loops, huge models traced at once) compile slowly.",
-            "Sync more often (torch_xla.sync() inside long loops), use scan for repeated "
-            "layers, or turn on the persistent compile cache on TPU.",
-        ))
-    if summary.max_execute_time > MAX_EXECUTE_SECONDS:
-        alerts.append(Alert(
-            "slow-execution", "warning",
-            f"An execution took {summary.max_execute_time:.0f} s",
-            f"One graph ran for longer than {MAX_EXECUTE_SECONDS:.0f} s: the step may be doing "
-            "far more work than intended (a graph that keeps growing because it is never cut).",
-            "Call torch_xla.sync() (or use MpDeviceLoader) once per step.",
-        ))
-    order = {"error": 0, "warning": 1, "info": 2}
-    return sorted(alerts, key=lambda alert: order.get(alert.severity, 3))
+def _fallback_alert(summary: XlaSummary) -> Alert | None:
+    if not summary.fallbacks:
+        return None
+    ops = ", ".join(f"{op} ({count}x)" for op, count in summary.fallbacks.items())
+    return Alert(
+        "cpu-fallback", "warning",
+        f"Operations ran on the CPU: {', '.join(summary.fallbacks)}",
+        f"PyTorch/XLA has no XLA lowering for {ops}: each call copies its inputs to the "
+        "host, runs there and copies the result back, which splits the graph.",
+        "Replace the operation with one XLA supports (for example masks and torch.where "
+        "instead of nonzero/boolean indexing), or move it outside the training step.",
+    )
+
+
+def _slow_compile_alert(summary: XlaSummary) -> Alert | None:
+    if summary.max_compile_time <= MAX_COMPILE_SECONDS:
+        return None
+    return Alert(
+        "slow-compile", "warning",
+        f"A compilation took {summary.max_compile_time:.0f} s",
+        f"One graph took longer than {MAX_COMPILE_SECONDS:.0f} s to compile; large graphs "
+        "(long unrolled loops, huge models traced at once) compile slowly.",
+        "Sync more often (torch_xla.sync() inside long loops), use scan for repeated "
+        "layers, or turn on the persistent compile cache on TPU.",
+    )
+
+
+def _slow_execution_alert(summary: XlaSummary) -> Alert | None:
+    if summary.max_execute_time <= MAX_EXECUTE_SECONDS:
+        return None
+    return Alert(
+        "slow-execution", "warning",
+        f"An execution took {summary.max_execute_time:.0f} s",
+        f"One graph ran for longer than {MAX_EXECUTE_SECONDS:.0f} s: the step may be doing "
+        "far more work than intended (a graph that keeps growing because it is never cut).",
+        "Call torch_xla.sync() (or use MpDeviceLoader) once per step.",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
