@@ -177,9 +177,53 @@ class _Run:
     # -- train ---------------------------------------------------------------------------------
 
     def train_evaluate_save(self) -> dict[str, Any]:
-        torch = self.torch
+        """The worker's whole job: set up, train, evaluate, save; returns the result's fields."""
         plan = self.plan
         start_time = time.perf_counter()
+        self._set_up()
+        start_step = self._restore()
+        counts_start = self.counts()
+        train_start = time.perf_counter()
+        steady = self._train(start_step)
+        self.xla.sync()  # runs the last step closures
+        self.xla.wait_device_ops()
+        train_end = time.perf_counter()
+        counts_end = self.counts()
+        train_seconds = train_end - train_start - self._checkpoint_time_after(train_start)
+
+        metrics, eval_compiles, eval_seconds = {}, 0, 0.0
+        if plan.data.eval is not None:
+            before = self.counts()
+            eval_start = time.perf_counter()
+            metrics = evaluate(self)
+            eval_seconds = time.perf_counter() - eval_start
+            eval_compiles = self.counts()["CompileTime"] - before["CompileTime"]
+
+        trained = (plan.total_steps - start_step) * plan.rows_per_step
+        result = {
+            **self._described(),
+            **self._steady_figures(steady, counts_end, train_end),
+            "metrics": metrics,
+            "loss_history": [list(pair) for pair in self.history],
+            "train_seconds": train_seconds,
+            "eval_seconds": eval_seconds,
+            "compiles": counts_end["CompileTime"] - counts_start["CompileTime"],
+            "eval_compiles": eval_compiles,
+            "checkpoints": list(self.checkpoints),
+            "notes": list(self.notes),
+            "samples_per_second_overall": trained / max(train_seconds, 1e-9),
+            "total_seconds": time.perf_counter() - start_time,
+        }
+        result["chance_accuracy"] = (chance_accuracy(plan.data.eval)
+                                     if plan.task == "classification" else None)
+        result["warnings"] = learning_warnings(self.history, metrics,
+                                               result["chance_accuracy"])
+        if plan.save and self.rank == 0:
+            save_final(self, result)
+        return result
+
+    def _set_up(self) -> None:
+        """The model on the device (sharded when SPMD), its optimizer and scheduler."""
         self.base_model = self._load_model()
         self.base_model.to(self.device)
         self.model = self._shard(self.base_model)
@@ -189,6 +233,11 @@ class _Run:
             self.xla.broadcast_master_param(self.base_model)
         self.model.train()
         self.optimizer, self.scheduler = self._optimizer(self.model)
+
+    def _restore(self) -> int:
+        """Seeds every generator, or restores them, the optimizer and the history from the
+        checkpoint to resume from; returns the step to start at."""
+        torch, plan = self.torch, self.plan
         start_step, loss_total = 0, 0.0
         random.seed(plan.seed)
         np.random.seed(plan.seed % 2**32)
@@ -208,46 +257,32 @@ class _Run:
         self.xla.set_rng_state(seed)
         # The running loss stays on the device; it is read once per logging interval.
         self.loss_total = torch.tensor(loss_total, dtype=torch.float32).to(self.device)
-        counts_start = self.counts()
-        train_start = time.perf_counter()
-        steady = self._train(start_step)
-        self.xla.sync()  # runs the last step closures
-        self.xla.wait_device_ops()
-        train_end = time.perf_counter()
-        counts_end = self.counts()
-        train_seconds = train_end - train_start - self._checkpoint_time_after(train_start)
+        return start_step
 
-        metrics, eval_compiles, eval_seconds = {}, 0, 0.0
-        if plan.data.eval is not None:
-            before = self.counts()
-            eval_start = time.perf_counter()
-            metrics = evaluate(self)
-            eval_seconds = time.perf_counter() - eval_start
-            eval_compiles = self.counts()["CompileTime"] - before["CompileTime"]
+    def _steady_figures(self, steady, counts_end: dict[str, float],
+                        train_end: float) -> dict[str, float | None]:
+        """Throughput, executions and transfers per step over the steps after warm-up
+        (checkpoint writing excluded); None when the run was too short to have any."""
+        if steady is None:
+            return {"samples_per_second": None, "executions_per_step": None,
+                    "transfers_per_step": None}
+        steady_counts, steady_time, steady_steps = steady
+        elapsed = train_end - steady_time - self._checkpoint_time_after(steady_time)
+        delta = {k: counts_end[k] - steady_counts[k] - self._checkpoint_counts_after(k)
+                 for k in COUNTED}
+        return {
+            "samples_per_second": steady_steps * self.plan.rows_per_step / max(elapsed, 1e-9),
+            "executions_per_step": sum(delta[k] for k in EXECUTE) / steady_steps,
+            "transfers_per_step": delta["TransferFromDeviceTime"] / steady_steps,
+        }
 
-        compiles = counts_end["CompileTime"] - counts_start["CompileTime"]
-        samples_per_second = executions = transfers = None
-        if steady is not None:
-            steady_counts, steady_time, steady_steps = steady
-            elapsed = train_end - steady_time - self._checkpoint_time_after(steady_time)
-            samples_per_second = steady_steps * plan.rows_per_step / max(elapsed, 1e-9)
-            delta = {k: counts_end[k] - steady_counts[k] - self._checkpoint_counts_after(k)
-                     for k in COUNTED}
-            executions = sum(delta[k] for k in EXECUTE) / steady_steps
-            transfers = delta["TransferFromDeviceTime"] / steady_steps
-        result = {
+    def _described(self) -> dict[str, Any]:
+        """What the run was: task, layout, sizes, where it saved."""
+        plan = self.plan
+        return {
             "output_dir": plan.output_dir if plan.save else None,
-            "loss_history": [list(pair) for pair in self.history],
-            "metrics": metrics,
             "steps": plan.total_steps,
             "epochs": plan.total_steps / plan.steps_per_epoch,
-            "samples_per_second": samples_per_second,
-            "train_seconds": train_seconds,
-            "eval_seconds": eval_seconds,
-            "compiles": compiles,
-            "eval_compiles": eval_compiles,
-            "executions_per_step": executions,
-            "transfers_per_step": transfers,
             "label_names": list(plan.data.label_names),
             "task": plan.task,
             "sharding": plan.sharding,
@@ -258,20 +293,8 @@ class _Run:
             "precision": self.precision,
             "bucket_lengths": list(plan.data.bucket_lengths),
             "batch_size": plan.batch_size,
-            "checkpoints": list(self.checkpoints),
             "resumed_from": plan.resume_from,
-            "notes": list(self.notes),
-            "total_seconds": time.perf_counter() - start_time,
         }
-        trained = (plan.total_steps - start_step) * plan.rows_per_step
-        result["samples_per_second_overall"] = trained / max(train_seconds, 1e-9)
-        result["chance_accuracy"] = (chance_accuracy(plan.data.eval)
-                                     if plan.task == "classification" else None)
-        result["warnings"] = learning_warnings(self.history, metrics,
-                                               result["chance_accuracy"])
-        if plan.save and self.rank == 0:
-            save_final(self, result)
-        return result
 
     def _train(self, start_step: int):
         """The loop. Returns (counts, time, steps) of the steady part, or None if too short."""
