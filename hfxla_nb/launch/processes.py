@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 TERMINATE_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
+KILL_WAIT = 10.0  # how long a SIGKILLed process may take to be gone (a loaded machine)
 
 
 def stop_group(group: int, reap: Callable[[], object] = lambda: None) -> None:
@@ -16,12 +17,23 @@ def stop_group(group: int, reap: Callable[[], object] = lambda: None) -> None:
     `reap` is called while waiting, so a caller can reap its own child (a zombie counts as gone).
     """
     signal_group(group, signal.SIGTERM)
-    deadline = time.monotonic() + TERMINATE_GRACE
-    while time.monotonic() < deadline and group_alive(group):
+    if _wait_gone(group, TERMINATE_GRACE, reap):
+        return
+    signal_group(group, signal.SIGKILL)
+    # A killed process is not gone at once: return only when none is left running, so that
+    # nothing of the launch outlives the call (on a busy machine this takes a moment).
+    _wait_gone(group, KILL_WAIT, reap)
+
+
+def _wait_gone(group: int, seconds: float, reap: Callable[[], object]) -> bool:
+    """Wait up to `seconds` for the group to have no live process; whether it has none."""
+    deadline = time.monotonic() + seconds
+    while group_alive(group):
+        if time.monotonic() >= deadline:
+            return False
         reap()
         time.sleep(0.05)
-    if group_alive(group):
-        signal_group(group, signal.SIGKILL)
+    return True
 
 
 def signal_group(group: int, number: int) -> None:
