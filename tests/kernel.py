@@ -60,7 +60,9 @@ class Kernel:
         while True:
             remaining = timeout - (time.monotonic() - start)
             if remaining <= 0:
-                raise TimeoutError(f"cell did not finish in {timeout}s:\n{code}\n{output.text}")
+                stuck = self._stop_stuck_cell(msg_id)
+                raise TimeoutError(f"cell did not finish in {timeout}s:\n{code}\n{output.text}"
+                                   f"\n{stuck}")
             if interrupt_on is not None and seen_at is None and interrupt_on in output.text:
                 seen_at = time.monotonic()
             since = start if interrupt_on is None else seen_at
@@ -96,6 +98,27 @@ class Kernel:
         if interrupted:
             output.after_interrupt = time.monotonic() - interrupted
         return output
+
+    def _stop_stuck_cell(self, msg_id: str, wait: float = 30) -> str:
+        """Press the stop button on a cell that ran too long and wait for the kernel to be idle,
+        so one stuck cell fails one test, not every later test that shares the kernel.
+        Returns what helps to find out why it was stuck: the kernel's log and the cell's end."""
+        self.manager.interrupt_kernel()
+        deadline = time.monotonic() + wait
+        ended = "still busy 30 s after the interrupt"
+        while time.monotonic() < deadline:
+            try:
+                message = self.client.get_iopub_msg(timeout=0.5)
+            except Exception:  # noqa: BLE001 - queue.Empty
+                continue
+            if message["parent_header"].get("msg_id") != msg_id:
+                continue
+            if message["msg_type"] == "error":
+                ended = "interrupted:\n" + "\n".join(message["content"]["traceback"][-6:])
+            elif (message["msg_type"] == "status"
+                  and message["content"]["execution_state"] == "idle"):
+                break
+        return f"{ended}\nkernel log (end):\n{self.log()[-2000:]}"
 
     def value(self, expression: str, timeout: float = 60):
         """Evaluate `expression` in the kernel and return it (through its repr)."""
