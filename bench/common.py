@@ -89,7 +89,8 @@ def alternate(sides: dict[str, Callable[[], Any]], repeats: int,
             started = time.perf_counter()
             results[name].append(run())
             if progress is not None:
-                progress(f"  [{repeat + 1}/{repeats}] {name}: {time.perf_counter() - started:.1f} s")
+                seconds = time.perf_counter() - started
+                progress(f"  [{repeat + 1}/{repeats}] {name}: {seconds:.1f} s")
     return results
 
 
@@ -151,12 +152,10 @@ def environment() -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _number(value: float | None, unit: str) -> str:
+def number_text(value: float | None, unit: str) -> str:
     if value is None:
         return "not measured"
-    if unit in ("graphs", "compiles", "launches") or (float(value).is_integer() and abs(value) >= 10):
-        text = f"{value:.0f}"
-    elif abs(value) >= 100:
+    if unit == "graphs" and float(value).is_integer() or abs(value) >= 100:
         text = f"{value:.0f}"
     elif abs(value) >= 10:
         text = f"{value:.1f}"
@@ -167,7 +166,7 @@ def _number(value: float | None, unit: str) -> str:
     return f"{text} {unit}".strip() if unit != "x" else f"{text}x"
 
 
-def _met(figure: Figure) -> str:
+def status_text(figure: Figure) -> str:
     if not figure.target:
         return "reported"
     return {True: "met", False: "**not met**", None: "not measured"}[figure.met]
@@ -202,8 +201,8 @@ def markdown(run: dict[str, Any]) -> str:
     ]
     for f in figures:
         note = f.note.replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| {f.group} | {f.name} | {_number(f.value, f.unit)} | "
-                     f"{f.target or '-'} | {_met(f)} | {f.repeats} | {note} |")
+        lines.append(f"| {f.group} | {f.name} | {number_text(f.value, f.unit)} | "
+                     f"{f.target or '-'} | {status_text(f)} | {f.repeats} | {note} |")
     lines += ["", *run.get("notes", [])]
     return "\n".join(lines).rstrip() + "\n"
 

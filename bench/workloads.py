@@ -86,10 +86,12 @@ MODELS = {"tiny BERT": tiny_bert, "BERT 4x256": bert_4x256, "MiniLM-L6": minilm}
 
 
 def demo_rows(n: int, split: str = "train"):
-    """The demo's labelled texts (varied lengths: about 5 to 50 words)."""
+    """`n` rows of the demo's labelled texts (varied lengths: about 5 to 50 words), from its
+    "train" or "validation" split."""
     from hfxla_nb.demo import demo_dataset
 
-    return demo_dataset(n=n)[split]
+    share = {"train": 0.8, "validation": 0.1}[split]
+    return demo_dataset(n=int(n / share) + 10)[split].select(range(n))
 
 
 def tokenized(model: str, rows: int, max_length: int, padding: str | bool = "max_length",
@@ -97,8 +99,7 @@ def tokenized(model: str, rows: int, max_length: int, padding: str | bool = "max
     """`rows` demo texts tokenized with the model's tokenizer, with their labels, as lists."""
     from transformers import AutoTokenizer
 
-    data = demo_rows(rows if split == "train" else rows * 10, split)
-    data = data.select(range(min(rows, len(data))))
+    data = demo_rows(rows, split)
     tokenizer = AutoTokenizer.from_pretrained(model)
     encoded = dict(tokenizer(list(data["text"]), padding=padding, truncation=True,
                              max_length=max_length))
