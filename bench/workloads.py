@@ -136,6 +136,7 @@ def steady_figures(start: dict, steady: dict, end: dict, steps: int, seconds: fl
         "samples_per_second": steps * batch / seconds,
         "seconds_per_step": seconds / steps,
         "compiles": delta("CompileTime", start),
+        "compile_seconds": delta("CompileTime_s", start),
         "executions_per_step": executions / steps,
         "transfers_per_step": delta("TransferFromDeviceTime") / steps,
         "execute_seconds_per_step": (delta("ExecuteTime_s") + delta("ExecuteReplicatedTime_s"))
