@@ -1,9 +1,8 @@
-"""Group 3: graphs compiled on texts of varied lengths (the demo's reviews, about 5 to 50
-words), `STEPS` training steps and one evaluation: `fine_tune` with its length buckets vs
-`transformers.Trainer` with its default collator (padding per batch) vs Trainer with every
-row padded to the longest. Counts are deterministic: one run each.
-
-`count_fine_tune` and `count_trainer` are what `tests/test_bench_contracts.py` asserts too.
+"""Group 3: graphs compiled on texts of varied lengths (1 to 4 of the demo's reviews joined,
+`workloads.varied_rows`), `STEPS` training steps and one evaluation: `fine_tune` with its
+length buckets vs `transformers.Trainer` with its default collator (padding per batch) vs
+Trainer with every row padded to the longest (truncated at the model's 128 positions).
+Counts are deterministic: one run each.
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ def count_fine_tune(model: str, steps: int = STEPS, train_rows: int = TRAIN_ROWS
     """Graphs `fine_tune` compiled for training and evaluation, and its length buckets."""
     import hfxla_nb as hx
 
-    result = hx.fine_tune(model, workloads.demo_rows(train_rows),
-                          eval_dataset=workloads.demo_rows(eval_rows, "validation"),
+    result = hx.fine_tune(model, workloads.varied_rows(train_rows),
+                          eval_dataset=workloads.varied_rows(eval_rows, "validation"),
                           max_steps=steps, batch_size=batch, output_dir=None, progress=False)
     buckets = len(result.bucket_lengths)
     return {"train": result.compiles, "eval": result.eval_compiles, "buckets": buckets,
@@ -38,13 +37,15 @@ def count_trainer(model: str, dynamic: bool, steps: int = STEPS, train_rows: int
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    texts = list(workloads.demo_rows(train_rows)["text"])
-    longest = max(len(ids) for ids in tokenizer(texts, truncation=True)["input_ids"])
+    texts = list(workloads.varied_rows(train_rows)["text"])
+    longest = min(max(len(ids) for ids in tokenizer(texts)["input_ids"]),
+                  tokenizer.model_max_length)
     padding = False if dynamic else "max_length"
     config = {"model": model, "batch_size": batch, "warmup": 1, "steps": steps,
               "dynamic": dynamic,
-              "data": workloads.tokenized(model, train_rows, longest, padding),
-              "eval": workloads.tokenized(model, eval_rows, longest, padding, "validation")}
+              "data": workloads.tokenized(model, train_rows, longest, padding, varied=True),
+              "eval": workloads.tokenized(model, eval_rows, longest, padding, "validation",
+                                          varied=True)}
     figures = workloads.launched(workloads.run_trainer, config)
     return {"train": figures["train_compiles"], "eval": figures["eval_compiles"],
             "longest": longest}

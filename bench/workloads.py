@@ -94,12 +94,28 @@ def demo_rows(n: int, split: str = "train"):
     return demo_dataset(n=int(n / share) + 10)[split].select(range(n))
 
 
+def varied_rows(n: int, split: str = "train"):
+    """`n` rows of widely varied lengths: 1 to 4 demo reviews joined (about 5 to 200 words;
+    the label is the first review's)."""
+    import datasets
+
+    base = demo_rows(4 * n, split)
+    texts, labels, start = [], [], 0
+    for i in range(n):
+        count = 1 + i % 4
+        texts.append(" ".join(base[start:start + count]["text"]))
+        labels.append(base[start]["label"])
+        start += count
+    return datasets.Dataset.from_dict({"text": texts, "label": labels}, features=base.features)
+
+
 def tokenized(model: str, rows: int, max_length: int, padding: str | bool = "max_length",
-              split: str = "train") -> dict[str, list]:
-    """`rows` demo texts tokenized with the model's tokenizer, with their labels, as lists."""
+              split: str = "train", varied: bool = False) -> dict[str, list]:
+    """`rows` demo texts tokenized with the model's tokenizer, with their labels, as lists
+    (`varied`: from `varied_rows`)."""
     from transformers import AutoTokenizer
 
-    data = demo_rows(rows, split)
+    data = (varied_rows if varied else demo_rows)(rows, split)
     tokenizer = AutoTokenizer.from_pretrained(model)
     encoded = dict(tokenizer(list(data["text"]), padding=padding, truncation=True,
                              max_length=max_length))
