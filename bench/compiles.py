@@ -12,7 +12,7 @@ from typing import Any
 from . import common, workloads
 
 GROUP = "3 compiles"
-STEPS, TRAIN_ROWS, EVAL_ROWS, BATCH = 12, 480, 48, 16
+STEPS, TRAIN_ROWS, EVAL_ROWS, BATCH = 8, 320, 48, 16
 
 
 def count_fine_tune(model: str, steps: int = STEPS, train_rows: int = TRAIN_ROWS,

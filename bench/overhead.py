@@ -56,7 +56,7 @@ def headless_panels():
         launcher.launch_display = original
 
 
-def run(steps: int = 60, warmup: int = 5) -> list[common.Figure]:
+def run(steps: int = 45, warmup: int = 5) -> list[common.Figure]:
     model = workloads.tiny_bert()
     data = workloads.tokenized(model, 400, 64)
     base = {"model": model, "data": data, "steps": steps, "warmup": warmup, "batch_size": 16}

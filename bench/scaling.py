@@ -146,5 +146,5 @@ def causal_lm(steps: int) -> list[common.Figure]:
 
 
 def run() -> list[common.Figure]:
-    steps = 30 if common.QUICK else 60
+    steps = 30 if common.QUICK else 40
     return spmd(steps) + causal_lm(steps)

@@ -18,7 +18,7 @@ from hfxla_nb.train.loop import STEADY_AFTER_STEPS
 from . import common, workloads
 
 SYNCS, SPEED, WHOLE = "2 syncs", "4 throughput", "5 whole run"
-TRAIN_ROWS, EVAL_ROWS, BATCH, LENGTH, LOG_EVERY, WARMUP = 480, 48, 16, 64, 10, 5
+TRAIN_ROWS, EVAL_ROWS, BATCH, LENGTH, LOG_EVERY, WARMUP = 400, 48, 16, 64, 10, 5
 STEADY_AFTER = STEADY_AFTER_STEPS  # the steps fine_tune's steady-state figures leave out
 
 
