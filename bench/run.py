@@ -35,7 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", default=",".join(map(str, GROUPS)),
                         help="comma-separated group numbers (default: all)")
+    parser.add_argument("--render", metavar="JSON",
+                        help="only write bench/RESULTS.md again from a results file")
     args = parser.parse_args(argv)
+    if args.render:
+        common.say(f"wrote {common.render(args.render, common.BENCH_DIR / 'RESULTS.md')}")
+        return 0
     chosen = [int(g) for g in args.groups.split(",") if g.strip()]
     started, load_start = time.perf_counter(), os.getloadavg()[0]
     # Imported once here, inherited by every forked worker (none of this starts the runtime).
