@@ -225,6 +225,10 @@ def markdown(run: dict[str, Any]) -> str:
     ]
     for f in figures:
         note = f.note.replace("|", "\\|").replace("\n", " ")
+        if len(f.samples) > 1:
+            low, high = min(f.samples), max(f.samples)
+            spread = f"{number_text(low, f.unit)} to {number_text(high, f.unit)}"
+            note = f"repetitions {spread}; {note}" if note else f"repetitions {spread}"
         lines.append(f"| {f.group} | {f.name} | {number_text(f.value, f.unit)} | "
                      f"{f.target or '-'} | {status_text(f)} | {f.repeats} | {note} |")
     lines += ["", *run.get("notes", [])]
