@@ -157,6 +157,8 @@ def environment() -> dict[str, Any]:
 def number_text(value: float | None, unit: str) -> str:
     if value is None:
         return "not measured"
+    if unit == "graphs" and value == 1:
+        return "1 graph"
     if unit == "graphs" and float(value).is_integer() or abs(value) >= 100:
         text = f"{value:.0f}"
     elif abs(value) >= 10:
@@ -216,6 +218,9 @@ def markdown(run: dict[str, Any]) -> str:
         "comparison is a ratio of two sides run alternately in this one invocation (median of "
         "the per-pair ratios). Counts (compiles, executions, transfers) are deterministic: a "
         "count from one run says so (1 run).",
+        "- Each comparison's row shows the spread of its repetitions: where that spread is wider "
+        "than the distance between the median and the target, this run alone cannot tell "
+        "whether the target holds (a loaded machine widens it).",
         f"- Targets: {met} of {len(targeted)} met.",
         "",
         SIDES,
