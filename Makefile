@@ -67,9 +67,11 @@ TASK ?= classification
 demo: setup
 	$(PY) -m hfxla_nb.$(if $(filter causal-lm,$(TASK)),demo_lm,demo)
 
+# Every group of bench/ (aimed at 15 minutes on 2 cores; bench/RESULTS.md says how long its last
+# run took); writes bench/results/<date>.json and bench/RESULTS.md. `make bench BENCH_GROUPS=1,7` runs some; BENCH_QUICK=1 fewer repetitions.
+BENCH_GROUPS ?=
 bench: setup
-	$(PY) bench/finetune.py
-	$(PY) bench/trace_overhead.py
+	$(PY) -m bench.run $(if $(BENCH_GROUPS),--groups $(BENCH_GROUPS))
 
 lab: setup
 	$(PY) -m pip install --quiet jupyterlab

@@ -1,7 +1,8 @@
 """What compilation tracing costs: steady-state steps/s with `trace_compiles` on and off.
 
-Run with `PJRT_DEVICE=CPU python bench/trace_overhead.py` (also part of `make bench`;
-`--micro` times an almost empty graph instead, to see the cost per step itself). The
+Run with `PJRT_DEVICE=CPU python bench/trace_overhead.py` (`--micro` times an almost empty
+graph instead, to see the cost per step itself). `make bench` measures the whole cost of
+watching a loop (report, panels and tracing together) in group 1, `bench/overhead.py`. The
 same training function (a hand-written loop over the demo's tiny BERT, batch 16, fixed
 padding, AdamW, `hx.report(...)` every step) runs in a fresh forked worker
 (`hfxla_nb.notebook_launcher`) with `trace_compiles=True` and `False`, alternating,

@@ -1,0 +1,124 @@
+"""Group 7: what a launch costs. `hx.notebook_launcher` (defaults: replicated, panels,
+compilation tracing) vs `torch_xla.distributed.xla_multiprocessing.spawn(fn,
+start_method="fork")` vs `accelerate.notebook_launcher(num_processes=1)`, each launching a
+trivial function: the time from the call to the function's first line, and of the whole
+launch (call to return).
+
+Each side runs in a fresh Python process (a fresh kernel: torch and torch_xla imported, the
+launcher imported, nothing launched yet): its first launch, then `LATER` more in the same
+process. The sides alternate, one fresh process each per repetition. Run alone:
+`python -m bench.launch_latency --side hx` prints that side's JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from . import common
+
+GROUP = "7 launch latency"
+SIDES = ("hx.notebook_launcher", "xmp.spawn", "accelerate.notebook_launcher")
+LATER = 2
+
+
+def first_line(index, path):
+    """The launched function (xmp.spawn style): when did its first line run?"""
+    stamp = time.time()
+    with open(path, "w") as file:
+        file.write(repr(stamp))
+
+
+def first_line_accelerate(path):
+    """The same, accelerate style (no index)."""
+    first_line(0, path)
+
+
+def launcher(side: str):
+    if side == "hx.notebook_launcher":
+        import hfxla_nb as hx
+
+        return lambda path: hx.notebook_launcher(first_line, args=(path,))
+    if side == "xmp.spawn":
+        import torch_xla.distributed.xla_multiprocessing as xmp
+
+        return lambda path: xmp.spawn(first_line, args=(path,), start_method="fork")
+    from accelerate import notebook_launcher
+
+    return lambda path: notebook_launcher(first_line_accelerate, args=(path,), num_processes=1)
+
+
+def measure_side(side: str, later: int = LATER) -> dict:
+    """In this (fresh) process: the first launch, then `later` more."""
+    import torch  # noqa: F401 - a kernel that is about to train has these imported
+    import torch_xla  # noqa: F401
+
+    launch = launcher(side)
+    out: dict[str, list[float]] = {"first_line": [], "whole": []}
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "stamp")
+        for _ in range(1 + later):
+            if os.path.exists(path):
+                os.remove(path)
+            started = time.time()
+            launch(path)
+            ended = time.time()
+            with open(path) as file:
+                out["first_line"].append(float(file.read()) - started)
+            out["whole"].append(ended - started)
+    return out
+
+
+def fresh(side: str) -> dict:
+    """`measure_side(side)` in a fresh Python process."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-m", "bench.launch_latency", "--side", side],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"{side} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(lines[-1])
+
+
+def run() -> list[common.Figure]:
+    results = common.alternate({side: (lambda s=side: fresh(s)) for side in SIDES},
+                               common.REPEATS, common.say)
+    n = common.REPEATS
+    figures = []
+
+    def values(side: str, key: str, first: bool) -> list[float]:
+        return [r[key][0] if first else common.median(r[key][1:]) for r in results[side]]
+
+    for first in (True, False):
+        when = "first launch in a fresh process" if first else f"later launches ({LATER} each)"
+        for key, what in (("first_line", "call to first line"), ("whole", "whole launch")):
+            hx = values("hx.notebook_launcher", key, first)
+            xmp = values("xmp.spawn", key, first)
+            acc = values("accelerate.notebook_launcher", key, first)
+            differences = [a - b for a, b in zip(hx, xmp, strict=True)]
+            note = (f"hx {common.median(hx):.2f} s, xmp.spawn {common.median(xmp):.2f} s, "
+                    f"accelerate {common.median(acc):.3f} s (accelerate runs the function in the "
+                    "calling process with num_processes=1 off Colab and Kaggle)")
+            figures.append(common.target_figure(
+                GROUP, f"{what}, {when}: hx.notebook_launcher - xmp.spawn",
+                common.median(differences), "<=", 0.1, "s", n, note, differences))
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--side", choices=SIDES, required=True)
+    args = parser.parse_args(argv)
+    result = measure_side(args.side)
+    sys.stdout.flush()
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
