@@ -43,7 +43,8 @@ def launcher(side: str):
     if side == "hx.notebook_launcher":
         import hfxla_nb as hx
 
-        return lambda path: hx.notebook_launcher(first_line, args=(path,))
+        notebook_launcher = hx.notebook_launcher  # imported, as xmp's module is for its side
+        return lambda path: notebook_launcher(first_line, args=(path,))
     if side == "xmp.spawn":
         import torch_xla.distributed.xla_multiprocessing as xmp
 

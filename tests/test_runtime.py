@@ -688,3 +688,16 @@ def test_runtime_package_does_not_import_torch_xla():
     for module in Path(runtime.__file__).parent.glob("*.py"):
         source = module.read_text()
         assert "import torch_xla" not in source and "from torch_xla" not in source, module
+
+
+def test_package_versions_are_what_pip_says():
+    """Read from the `Version:` header (fast, it runs before every launch), the same answer
+    as importlib.metadata's full parse, and None for a package that is not installed."""
+    import importlib.metadata
+
+    from hfxla_nb.runtime import environment
+
+    versions = environment.package_versions()
+    for key in ("torch", "torch_xla", "transformers", "datasets", "ipykernel"):
+        assert versions[key] == importlib.metadata.version(key)
+    assert environment._distribution_version(("no-such-package-hfxla",)) is None
