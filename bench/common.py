@@ -20,11 +20,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("PJRT_DEVICE", "CPU")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+def bench_environment() -> None:
+    """What every bench process runs with (set by its entry point, not at import: the tests
+    import the bench's code and must keep their own environment): XLA on the CPU unless told
+    otherwise, no hub, and XLA's C++ warnings off so the progress lines stay readable."""
+    os.environ.setdefault("PJRT_DEVICE", "CPU")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 BENCH_DIR = Path(__file__).resolve().parent
 # BENCH_QUICK=1: fewer repetitions and steps, results under /tmp (for building the bench).

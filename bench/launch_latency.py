@@ -112,6 +112,7 @@ def run() -> list[common.Figure]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    common.bench_environment()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--side", choices=SIDES, required=True)
     args = parser.parse_args(argv)

@@ -32,6 +32,7 @@ NAMES = {1: "reporting overhead", 2: "syncs, throughput, whole run (2, 4, 5)",
 
 
 def main(argv: list[str] | None = None) -> int:
+    common.bench_environment()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", default=",".join(map(str, GROUPS)),
                         help="comma-separated group numbers (default: all)")

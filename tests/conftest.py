@@ -4,7 +4,10 @@ never in a plain `pytest` / `make test`."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 OPT_IN = (Path(__file__).parent / "browser", Path(__file__).parent / "binder")
 
@@ -19,3 +22,14 @@ def pytest_ignore_collect(collection_path, config):
         if collection_path == folder and not any(_asks_for(folder, a) for a in config.args):
             return True
     return None
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """What a test body sets in os.environ ends with the test (`demo.main()` quiets XLA's C++
+    log, for one), so a later test's subprocess or kernel starts as a user's would."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
