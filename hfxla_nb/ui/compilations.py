@@ -16,6 +16,7 @@ from ..observe.compile_trace import cause_text
 from ..observe.metrics import XlaSummary
 from ..observe.trace_log import CompileRow, TraceLog
 from . import text
+from .table_style import TABLE, TD, TR
 
 # Rows shown; the rest are counted in one last line.
 MAX_ROWS = 8
@@ -92,9 +93,9 @@ def compilation_lines(summary: XlaSummary) -> list[str]:
 
 def _cell(value: str, header: bool = False) -> str:
     tag = "th" if header else "td"
-    style = "text-align:left;padding:1px 10px 1px 0;vertical-align:top"
+    style = f"{TD}padding:1px 10px 1px 0;"
     if header:
-        style += ";font-weight:normal;" + "opacity:0.75"
+        style += "font-weight:normal;opacity:0.75;"
     return f'<{tag} style="{style}">{escape(value)}</{tag}>'
 
 
@@ -110,16 +111,16 @@ def compilations_html(summary: XlaSummary) -> str:
         header = "".join(_cell(name, True) for name in (
             "compiled at", "graphs", "different", "compile time", "cause"))
         rows = trace.rows()
-        body = "".join("<tr>" + "".join(_cell(value) for value in row_cells(row)) + "</tr>"
-                       for row in rows[:MAX_ROWS])
+        body = "".join(f'<tr style="{TR}">' + "".join(_cell(value) for value in row_cells(row))
+                       + "</tr>" for row in rows[:MAX_ROWS])
         more = ""
         if len(rows) > MAX_ROWS:
             rest = plural(len(rows) - MAX_ROWS, "more line")
-            more = f"<tr>{_cell(f'... and {rest}')}</tr>"
+            more = f'<tr style="{TR}">{_cell(f"... and {rest}")}</tr>'
         parts.append(
             f"<div><b>compilations by line</b> ({escape(plural(trace.compiles, 'graph'))} "
-            f'traced)<table style="border-collapse:collapse;margin:2px 0">'
-            f"<tr>{header}</tr>{body}{more}</table></div>")
+            f'traced)<table style="{TABLE}"><tbody>'
+            f'<tr style="{TR}">{header}</tr>{body}{more}</tbody></table></div>')
     for name, value in (("graph memory", memory_text(summary)),
                         ("compile cache", cache_text(summary))):
         if value:

@@ -18,6 +18,7 @@ from ..observe.metrics import XlaSummary, shape_changes
 from . import text
 from .compilations import compilations_html
 from .state import BarView, LaunchView
+from .table_style import TABLE, TD, TR
 
 COLORS = {
     "running": "#1f77b4",
@@ -48,14 +49,6 @@ MUTED = "opacity:0.75;"
 TRACK = "rgba(128,128,128,0.25)"
 BAR_WIDTH = 150
 MONO = "font-family:var(--jp-code-font-family,monospace);font-size:12px;"
-# The same panel is drawn inside a widget while the launch runs and as a notebook's rendered
-# HTML once it ended; JupyterLab styles tables there (stripes, padding, right alignment). Every
-# table, row and cell states its own style, so both places lay it out the same.
-_TABLE = ("border-collapse:collapse;border:none;margin:2px 0;table-layout:auto;"
-          "font-size:13px;color:inherit;")
-_TR = "background:transparent;border:none;"
-_TD = ("text-align:left;vertical-align:top;line-height:1.4;white-space:normal;border:none;"
-       "max-width:none;")
 
 
 def text_color(color: str) -> str:
@@ -186,8 +179,8 @@ def chart_html(bars: list[BarView]) -> str:
 
 def _row(name: str, value: str) -> str:
     return (
-        f'<tr style="{_TR}"><td style="{_TD}padding:1px 10px 1px 0;{MUTED}">{escape(name)}</td>'
-        f'<td style="{_TD}padding:1px 0">{escape(value)}</td></tr>'
+        f'<tr style="{TR}"><td style="{TD}padding:1px 10px 1px 0;{MUTED}">{escape(name)}</td>'
+        f'<td style="{TD}padding:1px 0">{escape(value)}</td></tr>'
     )
 
 
@@ -224,7 +217,7 @@ def summary_html(summary: XlaSummary | None, title: str = "XLA metrics",
         rows.append(_row(f"input '{name}'", text.shapes_text(info)))
     return (
         f'<div style="{_BOX}"><b>{escape(heading)}</b>'
-        f'<table style="{_TABLE}"><tbody>{"".join(rows)}</tbody></table>'
+        f'<table style="{TABLE}"><tbody>{"".join(rows)}</tbody></table>'
         f"{compilations_html(summary)}</div>"
     )
 

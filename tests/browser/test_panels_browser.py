@@ -90,7 +90,7 @@ from hfxla_nb.demo import demo_dataset, demo_model_dir
 folder, data = demo_model_dir(), demo_dataset(n=1200)
 """
 FINE_TUNE = """\
-result = hx.fine_tune(folder, data, epochs=2, batch_size=32, learning_rate=2e-3,
+result = hx.fine_tune(folder, data, epochs=2, batch_size=32, learning_rate=4e-3,
                       output_dir=None, log_every=5, num_processes=1)
 """
 

@@ -26,7 +26,6 @@ if not os.access("/usr/bin/chromium", os.X_OK):
 NOTEBOOKS = ROOT / "notebooks"
 # The final panel of a launch: static HTML (class hfxla-launch), one flex row per bar.
 PANEL = ".hfxla-launch"
-ROW = PANEL + " > div[style*='display:flex']"
 SPINNERS = ".jp-Spinner, .fa-spin, [class*='spinner'], [class*='Spinner']"
 RUN_TIMEOUT = 900.0  # seconds for Run All (a busy 2-core machine; about 1.5 min when idle)
 
@@ -39,12 +38,15 @@ def code_cell(path: Path, marker: str) -> int:
 
 
 def bar_rows(nb, cell: int) -> dict[str, str]:
-    """The final bar rows of the launch panel in `cell`: bar name -> the row's text."""
-    rows = {}
-    for row in nb.measure(cell, ROW):
-        name = row["text"].split(" [rank", 1)[0].strip()
-        rows[name] = " ".join(row["text"].split())
-    return rows
+    """The final bar rows of the launch panel in `cell`: bar name -> its mark and stats, as
+    the grid shows them (one name, mark, bar and stats cell per row)."""
+    def texts(part: str) -> list[str]:
+        return [" ".join(box["text"].split()) for box in nb.measure(cell, f"{PANEL} {part}")]
+
+    names, marks, stats = texts(".hfxla-bar-name"), texts(".hfxla-bar-mark"), texts(
+        ".hfxla-bar-stats")
+    assert len(names) == len(marks) == len(stats), (names, marks, stats)
+    return {name: f"{mark} {stat}" for name, mark, stat in zip(names, marks, stats, strict=True)}
 
 
 def assert_nothing_running(nb) -> None:
