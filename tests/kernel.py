@@ -94,10 +94,24 @@ class Kernel:
                 output.updates.append(content)
             elif kind == "status" and content["execution_state"] == "idle":
                 break
+        self._last = (msg_id, output)
         output.duration = time.monotonic() - start
         if interrupted:
             output.after_interrupt = time.monotonic() - interrupted
         return output
+
+    def _late_streams(self, msg_id: str, output: CellOutput, quiet: float = 0.2) -> None:
+        """Output of the cell that arrives after its idle status: older ipykernels (Colab's
+        6.17) flush stdout from a thread and can send it late on a busy machine."""
+        while True:
+            try:
+                message = self.client.get_iopub_msg(timeout=quiet)
+            except Exception:  # noqa: BLE001 - queue.Empty: nothing more
+                return
+            if (message["parent_header"].get("msg_id") == msg_id
+                    and message["msg_type"] == "stream"):
+                name = "stdout" if message["content"]["name"] == "stdout" else "stderr"
+                setattr(output, name, getattr(output, name) + message["content"]["text"])
 
     def _stop_stuck_cell(self, msg_id: str, wait: float = 30) -> str:
         """Press the stop button on a cell that ran too long and wait for the kernel to be idle,
@@ -125,6 +139,8 @@ class Kernel:
         import ast
 
         result = self.run(f"print(repr({expression}))", timeout=timeout)
+        if not result.stdout.strip():
+            self._late_streams(*self._last, quiet=2.0)
         if result.error:
             raise RuntimeError(f"{result.error['ename']}: {result.error['evalue']}")
         return ast.literal_eval(result.stdout.strip().splitlines()[-1])
