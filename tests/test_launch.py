@@ -193,6 +193,23 @@ def test_a_frozen_process_is_stopped_by_heartbeat_timeout(kernel):
     assert_clean(kernel)
 
 
+def test_a_busy_rank_keeps_sending_heartbeats(kernel):
+    """Each process that runs ranks sends its own heartbeats (xmp.spawn's pool processes too),
+    so a function busy for longer than `heartbeat_timeout` is not taken for a frozen one."""
+    output = run_ok(
+        kernel,
+        """
+        def busy(index):
+            time.sleep(5)
+            return "still alive"
+
+        print("VALUE", hx.notebook_launcher(busy, heartbeat_timeout=3, progress=False))
+        """,
+    )
+    assert "VALUE still alive" in output.stdout
+    assert_clean(kernel)
+
+
 def test_cuda_initialized_in_the_kernel_is_refused():
     # No GPU exists here: torch.cuda's answers are replaced in a kernel of its own.
     kernel = Kernel()

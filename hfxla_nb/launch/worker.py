@@ -120,6 +120,8 @@ class _ActiveRanks:
 
 
 _active = _ActiveRanks()
+_heartbeat_pid: int | None = None
+_heartbeat_lock = threading.Lock()
 
 
 def _heartbeat(channel: Channel) -> None:
@@ -127,6 +129,31 @@ def _heartbeat(channel: Channel) -> None:
         time.sleep(HEARTBEAT_INTERVAL)
         for rank in _active.snapshot():
             channel.send(Heartbeat(rank=rank))
+
+
+def _start_heartbeat(channel: Channel) -> None:
+    """One heartbeat thread in each process that runs ranks (xmp.spawn's pool processes too:
+    a forked child has none of its parent's threads)."""
+    global _heartbeat_pid
+    with _heartbeat_lock:
+        if _heartbeat_pid == os.getpid():
+            return
+        _heartbeat_pid = os.getpid()
+        threading.Thread(
+            target=_heartbeat, args=(channel,), name="hfxla_nb-heartbeat", daemon=True
+        ).start()
+
+
+def _after_fork_in_child() -> None:
+    # A lock that a parent's thread held at the fork stays held in the child forever: the
+    # heartbeat's snapshot could leave `_active` locked, and the child's first rank would hang
+    # before it even said it started.
+    global _active, _heartbeat_lock
+    _active = _ActiveRanks()
+    _heartbeat_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def prepare_process(channel: Channel, output_fds: tuple[int, int],
@@ -149,9 +176,6 @@ def prepare_process(channel: Channel, output_fds: tuple[int, int],
     global _cells
     _cells = cell_numbers()
     leave_the_notebook(channel)
-    threading.Thread(
-        target=_heartbeat, args=(channel,), name="hfxla_nb-heartbeat", daemon=True
-    ).start()
 
 
 def _avoid_forked_openmp_pool() -> None:
@@ -173,6 +197,7 @@ def run_rank(
     """Run the user's function as `rank`, reporting its start and its outcome."""
     route_this_process(channel)
     attach_worker(channel, rank)
+    _start_heartbeat(channel)
     _active.add(rank)
     compile_cache.start_in_worker(rank)  # before the function's first compilation
     tracing.start_in_worker(channel, rank, _cells)
