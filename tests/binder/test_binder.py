@@ -7,7 +7,8 @@ whole repository is there first), then `binder/postBuild`, and starts Jupyter th
 tracks (or would track), `python3 -m venv`, the same pip install, postBuild, then tutorial 3
 through binder/start with nbval, using that virtualenv only (no PYTHONPATH, nothing of .venv).
 Each phase is timed; the times are printed and written to artifacts/binder/timing.json. The
-first run downloads torch and torch_xla from PyPI (a few GB); pip's cache keeps them.
+first run downloads torch and torch_xla from PyPI (a few GB). The virtualenv holds about 8 GB
+(PyPI's torch is the CUDA build): the test checks for the room first and removes it afterwards.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts" / "binder"
 PYTHON = os.environ.get("BINDER_PYTHON") or shutil.which("python3") or sys.executable
 TUTORIAL = "notebooks/03_your_own_loop.ipynb"
+# What the virtualenv takes (8.0 GB measured: torch's CUDA libraries are 4.3 GB), with a margin.
+NEEDED_BYTES = 10 * 2**30
 
 
 def copy_repository(target: Path) -> None:
@@ -49,8 +52,20 @@ def run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> s
     return result.stdout
 
 
+@pytest.fixture
+def build_dir(tmp_path: Path):
+    """A folder with room for the environment, emptied afterwards (pytest keeps tmp_path)."""
+    free = shutil.disk_usage(tmp_path).free
+    assert free >= NEEDED_BYTES, (
+        f"the binder environment needs about {NEEDED_BYTES / 2**30:.0f} GB in {tmp_path}, and "
+        f"{free / 2**30:.1f} GB are free: free some space, or point TMPDIR at a larger disk")
+    yield tmp_path
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
 @pytest.mark.timeout(3600)
-def test_the_binder_environment_runs_tutorial_3(tmp_path):
+def test_the_binder_environment_runs_tutorial_3(build_dir):
+    tmp_path = build_dir
     repo, venv = tmp_path / "repo", tmp_path / "venv"
     copy_repository(repo)
     env = {name: value for name, value in os.environ.items()
@@ -68,7 +83,8 @@ def test_the_binder_environment_runs_tutorial_3(tmp_path):
 
     phase("venv", [PYTHON, "-m", "venv", str(venv)], 120)
     phase("pip install -r binder/requirements.txt",
-          ["python", "-m", "pip", "install", "--quiet", "-r", "binder/requirements.txt"], 3000)
+          ["python", "-m", "pip", "install", "--quiet", "--no-cache-dir", "-r",
+           "binder/requirements.txt"], 3000)
     built = phase("binder/postBuild", [str(repo / "binder" / "postBuild")], 300)
     assert "demo model:" in built
     where = phase("check", ["python", "-c", "import hfxla_nb, torch, torch_xla, transformers; "
