@@ -34,6 +34,7 @@ class Supervision:
         self.timeout = timeout
         self.pid: int | None = None  # the supervisor, until reaped
         self.group: int | None = None  # its process group: every process of the launch
+        self.exit_fd: int | None = None  # readable once the supervisor has exited
         said: dict[str, bool] = {}  # native messages already said once in this launch
         self.native = NativeRelay(
             ranks_of=lambda pid: sorted(self.keeper.pid_ranks.get(pid, ())),
@@ -58,6 +59,7 @@ class Supervision:
                 supervise(self.record.strategy, channel, (out_write, err_write), env,
                           self.record.world, function, args, pass_index)
             self.pid = self.group = self.record.process_group = pid
+            self.exit_fd = _exit_descriptor(pid)
             os.close(out_write)
             os.close(err_write)
             self.native.add(out_read, "stdout")
@@ -85,11 +87,12 @@ class Supervision:
     def _watch(self, channel: Channel, start: float) -> None:
         last_refresh = 0.0
         while True:
-            ready, _, _ = select.select([channel, *self.native.fds()], [], [], POLL_INTERVAL)
+            waited = [channel, *self.native.fds(), *filter(None, [self.exit_fd])]
+            ready, _, _ = select.select(waited, [], [], POLL_INTERVAL)
             for event in channel.receive():  # first: a process's Started names its output
                 self._handle(event)
             for fd in ready:
-                if fd is not channel:
+                if fd is not channel and fd != self.exit_fd:
                     self.native.read(fd)
             now = time.monotonic()
             if now - last_refresh >= REFRESH_INTERVAL:
@@ -101,8 +104,9 @@ class Supervision:
                 return
             exited = self._supervisor_exited()
             if exited is not None:
-                # Whatever the workers sent before exiting is in the channel now.
-                for event in channel.receive(timeout=0.05):
+                # Whatever the workers sent before exiting is in the channel now (a datagram
+                # is queued at the receiver when it is sent).
+                for event in channel.receive():
                     self._handle(event)
                 if self.keeper.failure is None and not self.keeper.all_finished():
                     self.keeper.mark_unfinished_as_failed(exited)
@@ -172,6 +176,9 @@ class Supervision:
             self.pid = None
 
     def _finish(self, channel: Channel, start: float) -> None:
+        if self.exit_fd is not None:
+            os.close(self.exit_fd)
+            self.exit_fd = None
         try:
             for event in channel.receive():  # what was sent while the launch was stopped
                 self._handle(event)
@@ -184,3 +191,12 @@ class Supervision:
             self.display.close(self.record)
         except Exception as error:  # noqa: BLE001 - a drawing bug must not hide the result
             print(f"hfxla_nb: could not draw the final panel: {error}", file=sys.stderr)
+
+
+def _exit_descriptor(pid: int) -> int | None:
+    """A pidfd for `pid` (Linux 5.3+), so that `select` wakes up the moment it exits; None
+    where there is none (the watch loop then sees the exit within `POLL_INTERVAL`)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
