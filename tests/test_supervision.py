@@ -65,3 +65,33 @@ def test_a_rank_quiet_past_the_warning_is_named_once_without_a_heartbeat_timeout
     assert len(warnings) == 1 and "rank 0 has sent nothing for 61s" in warnings[0]
     assert watch.check_heartbeats(later + 1) == []  # once per rank
     assert watch.record.ranks[0].exit_state == "running" and watch.failure is None
+
+
+def test_a_rank_that_never_starts_is_named_and_stopped_after_the_startup_grace():
+    from hfxla_nb.launch.record import HEARTBEAT_WARNING, STARTUP_GRACE
+
+    watch = supervision(2, heartbeat_timeout=3.0)
+    watch.handle(Started(rank=0, world=2, pid=1))
+    began = watch.record.ranks[1].last_seen  # when the launch began: rank 1 never spoke
+    assert watch.check_heartbeats(began + 2) == []
+    watch.record.ranks[0].last_seen = began + HEARTBEAT_WARNING  # rank 0 keeps beating
+    assert watch.check_heartbeats(began + 30) == []  # 30 s > heartbeat_timeout: still in grace
+    assert watch.record.ranks[1].exit_state == "pending" and watch.failure is None
+    watch.record.ranks[0].last_seen = began + STARTUP_GRACE + 1
+    watch.check_heartbeats(began + STARTUP_GRACE + 1)
+    assert watch.record.ranks[1].exit_state == "timeout"
+    assert watch.failure is watch.record.ranks[1]
+    assert "rank 1 failed: not started after 61s" in watch.failure_message()
+    assert watch.record.ranks[0].exit_state == "running"
+
+
+def test_a_rank_that_never_starts_gets_a_warning_without_a_heartbeat_timeout():
+    from hfxla_nb.launch.record import HEARTBEAT_WARNING
+
+    watch = supervision(1)
+    later = watch.record.ranks[0].last_seen + HEARTBEAT_WARNING + 1
+    warnings = watch.check_heartbeats(later)
+    assert len(warnings) == 1 and "rank 0 has not started after 61s" in warnings[0]
+    assert "timeout=" in warnings[0]
+    assert watch.check_heartbeats(later + 1) == []
+    assert watch.record.ranks[0].exit_state == "pending" and watch.failure is None

@@ -75,6 +75,7 @@ def notebook_launcher(
         progress: "auto", "widgets", "html", "console" or False: how the panels are drawn.
         heartbeat_timeout: stop the launch when a rank's process sends no heartbeat for this
             many seconds (a frozen process); by default only a warning is printed after 60 s.
+            A rank that has not started yet (the runtime's start) is given at least 60 s.
         trace_compiles: capture PyTorch/XLA's analysis of every compilation in the workers
             (`PT_XLA_DEBUG_LEVEL=2`, never shown raw) for the panel's compilations view: the
             line, cause, graph and memory of each compilation. False turns it off.

@@ -25,6 +25,9 @@ from ..events import (
 from .rank_metrics import MetricsCollector, RankMetrics, dataframe
 
 HEARTBEAT_WARNING = 60.0  # seconds of silence before a rank is said to be quiet
+# A rank that has not started may be waiting on a slow runtime start (a TPU's takes seconds):
+# `heartbeat_timeout` stops it only after at least this long.
+STARTUP_GRACE = 60.0
 
 
 @dataclass
@@ -141,6 +144,9 @@ class RecordKeeper:
         self.pid_ranks: dict[int, set[int]] = {}
         self.warned_silent: set[int] = set()
         self.metrics = MetricsCollector()
+        began = time.monotonic()
+        for rank_record in record.ranks:  # a rank that never starts is silent from the start
+            rank_record.last_seen = rank_record.last_seen or began
 
     def handle(self, event: Event) -> None:
         """Update the record for one event (`Log` events only mark the rank as alive)."""
@@ -234,22 +240,34 @@ class RecordKeeper:
                     self.failure = rank_record
 
     def check_heartbeats(self, now: float) -> list[str]:
-        """Mark ranks silent past `heartbeat_timeout` as timed out; return one warning per rank
-        quiet past `HEARTBEAT_WARNING` (once each), for the caller to print."""
+        """Mark ranks silent past `heartbeat_timeout` as timed out (ranks not started yet: past
+        `STARTUP_GRACE` at least); return one warning per rank quiet past `HEARTBEAT_WARNING`
+        (once each), for the caller to print."""
         warnings = []
         for rank_record in self.record.ranks:
-            if rank_record.exit_state != "running":
+            if rank_record.exit_state not in ("running", "pending"):
                 continue
+            started = rank_record.exit_state == "running"
             silent = now - rank_record.last_seen
-            if self.heartbeat_timeout is not None and silent > self.heartbeat_timeout:
+            limit = self.heartbeat_timeout
+            if limit is not None and not started:
+                limit = max(limit, STARTUP_GRACE)
+            if limit is not None and silent > limit:
                 rank_record.exit_state = "timeout"
-                rank_record.error = f"no heartbeat for {silent:.0f}s: the process is frozen"
-                rank_record.reason = "froze"
+                rank_record.reason = "froze" if started else "never started"
+                rank_record.error = (
+                    f"no heartbeat for {silent:.0f}s: the process is frozen" if started else
+                    f"not started after {silent:.0f}s: its process hung before the function "
+                    "ran (in the runtime's start, or on a lock held when the kernel forked)")
                 self.failure = self.failure or rank_record
             elif silent > HEARTBEAT_WARNING and rank_record.rank not in self.warned_silent:
                 self.warned_silent.add(rank_record.rank)
-                warnings.append(f"hfxla_nb: rank {rank_record.rank} has sent nothing for "
-                                f"{silent:.0f}s (a long compile, or a frozen process).")
+                warnings.append(
+                    f"hfxla_nb: rank {rank_record.rank} has sent nothing for {silent:.0f}s (a "
+                    "long compile, or a frozen process)." if started else
+                    f"hfxla_nb: rank {rank_record.rank} has not started after {silent:.0f}s "
+                    "(a slow runtime start, or a process that hung before the function ran; "
+                    "`heartbeat_timeout=` or `timeout=` stops such a launch).")
         return warnings
 
     def mark_stopped(self, state: str) -> None:
