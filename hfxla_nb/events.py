@@ -69,7 +69,7 @@ class Compiled(Event):
     Attributes:
         pid: the process whose compilations these are (rank threads share one).
         records: compilations since the previous `Compiled` of this process
-            (`observe.compile_trace.CompileRecord`, each sent once).
+            (`observe.compile_records.CompileRecord`, each sent once).
         executions: every execution site so far (`ExecutionSite`: cumulative counts).
         device: what one device of the process has, when known from the hardware:
             `{"memory": bytes, "name": "a v5e chip"}`.

@@ -14,7 +14,7 @@ import pytest
 
 from hfxla_nb.events import Compiled
 from hfxla_nb.observe import tracing
-from hfxla_nb.observe.compile_trace import FETCH_CAUSE
+from hfxla_nb.observe.compile_records import FETCH_CAUSE
 from tests.kernel import Kernel
 from tests.kernel_helpers import _env, run_python
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._words import plural
-from .compile_trace import cause_text
+from .compile_records import cause_text
 from .metrics import (
     MAX_QUIET_SHAPES,
     WARMUP_STEPS,

@@ -1,4 +1,4 @@
-"""PyTorch/XLA's own compilation analysis (`PT_XLA_DEBUG_LEVEL=2`), as records and per-line rows.
+"""PyTorch/XLA's own compilation analysis (`PT_XLA_DEBUG_LEVEL=2`), parsed into records.
 
 With `PT_XLA_DEBUG_LEVEL=2`, torch_xla writes a block of text for every compilation and every
 execution (to `PT_XLA_DEBUG_FILE`, else stderr):
@@ -22,21 +22,21 @@ Execution Analysis:   most likely user code trying to access tensor value before
 ...
 ```
 
-`TraceParser` turns that text, fed in any pieces, into `CompileRecord`s and `Execution`s;
-each names the first frame in the user's own code (`Frame`, "`train` in cell 5, line 12") and,
-when the graph was cut inside a library (transformers' mask check, Trainer), the innermost
-library frame too (`trace_log.TraceLog` groups them by user line: the compilations view).
-Plain data in, plain data out: the file is read by `observe.tracing`.
+`TraceParser` turns that text, fed in any pieces, into `CompileRecord`s and `Execution`s
+(`compile_records`); each names the first frame in the user's own code (`Frame`, "`train` in
+cell 5, line 12") and, when the graph was cut inside a library (transformers' mask check,
+Trainer), the innermost library frame too (`trace_log.TraceLog` groups them by user line:
+the compilations view). Plain data in, plain data out: the file is read by `observe.tracing`.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import site
-import sysconfig
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+from .compile_records import MAX_HASHES, CompileRecord, Execution, ExecutionSite, Frame
+from .user_frames import locate
 
 # Block prefixes of torch_xla/csrc/debug_util.cpp (torch_xla 2.5 to 2.9).
 _COMPILE = "Compilation Analysis: "
@@ -44,8 +44,6 @@ _EXECUTE = "Execution Analysis: "
 _UNEXPECTED = "Unexpected Execution Analysis: "
 _POST = "Post Compilation Analysis: "
 _COMPUTATION_HASH = "Computation hash: "
-# What torch_xla prints as the cause when a tensor's value is read before the step's sync.
-FETCH_CAUSE = "most likely user code trying to access tensor value"
 # Post-compilation sizes, as torch_xla names them -> our keys (bytes).
 _SIZES = {
     "Graph input size": "input",
@@ -57,190 +55,6 @@ _SIZES = {
 _GIB = 1024**3
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")
 _IPYTHON_INPUT = re.compile(r"^<ipython-input-(?P<cell>\d+)-[0-9a-f]+>$")
-# Distinct graph hashes remembered per execution site or row; past it, a lower bound.
-MAX_HASHES = 4096
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One Python frame of torch_xla's analysis.
-
-    Attributes:
-        function: the function's name (`<module>` for a cell's or script's top level).
-        file: the file as Python knows it (a cell's is IPython's temporary file name).
-        line: the line number, within the cell for a notebook cell.
-        cell: the cell's execution count (`In [5]`) when the file is a notebook cell.
-    """
-
-    function: str
-    file: str
-    line: int
-    cell: int | None = None
-
-    def text(self) -> str:
-        """"`train` in cell 5, line 12", "`train` in train.py, line 12", "cell 5, line 3"."""
-        place = f"cell {self.cell}" if self.cell is not None else os.path.basename(self.file)
-        where = f"{place}, line {self.line}"
-        return where if self.function == "<module>" else f"`{self.function}` in {where}"
-
-    def short(self) -> str:
-        """"masking_utils.py:123 `_ignore_bidirectional_mask_sdpa`" (a library frame)."""
-        return f"{os.path.basename(self.file)}:{self.line} `{self.function}`"
-
-
-@dataclass(frozen=True)
-class CompileRecord:
-    """One compilation, as torch_xla's analysis described it.
-
-    Attributes:
-        index: its order among this process's compilations, from 1.
-        cause: torch_xla's words for what triggered it ("user torch_xla.sync", ...).
-        graph_hash: the lazy graph's hash (the same hash: the same graph).
-        inputs, outputs: the number of graph inputs and outputs.
-        where: the first frame in the user's code, or None when every frame is a library's.
-        via: the innermost frame outside torch and torch_xla when it is not `where` (the
-            library line that cut the graph), else None.
-        computation_hash: the hash of the compiled HLO module.
-        sizes: bytes of the graph's "input", "output", "aliased", "intermediate" buffers and
-            of its "program", from the post-compilation analysis (None before it arrives).
-        compile_time: seconds, from torch_xla's CompileTime metric (None when unknown).
-    """
-
-    index: int
-    cause: str
-    graph_hash: str
-    inputs: int | None = None
-    outputs: int | None = None
-    where: Frame | None = None
-    via: Frame | None = None
-    computation_hash: str | None = None
-    sizes: dict[str, int] | None = None
-    compile_time: float | None = None
-
-    @property
-    def memory(self) -> int | None:
-        """Bytes the graph needs on its device while it runs: inputs, outputs not aliased to
-        inputs, intermediate buffers and the program (XLA's own memory analysis)."""
-        if not self.sizes:
-            return None
-        sizes = self.sizes
-        return max(sizes.get("input", 0) + sizes.get("output", 0) - sizes.get("aliased", 0), 0) + (
-            sizes.get("intermediate", 0) + sizes.get("program", 0))
-
-    @property
-    def fetched(self) -> bool:
-        """Whether reading a tensor's value (`.item()`, `print`, `if tensor:`) cut this graph."""
-        return self.cause.startswith(FETCH_CAUSE)
-
-
-@dataclass(frozen=True)
-class Execution:
-    """One execution, as torch_xla's analysis described it (cause, graph, frames)."""
-
-    cause: str
-    graph_hash: str
-    where: Frame | None = None
-    via: Frame | None = None
-
-    @property
-    def fetched(self) -> bool:
-        return self.cause.startswith(FETCH_CAUSE)
-
-
-@dataclass(frozen=True)
-class ExecutionSite:
-    """Executions with the same cause from the same user line (and library line).
-
-    Attributes:
-        count: how many executions; graphs: how many distinct graphs they ran.
-    """
-
-    cause: str
-    where: Frame | None
-    via: Frame | None
-    count: int
-    graphs: int
-
-    @property
-    def fetched(self) -> bool:
-        return self.cause.startswith(FETCH_CAUSE)
-
-
-def cause_text(cause: str) -> str:
-    """torch_xla's cause in a few words: "torch_xla.sync()", "value fetched (.item(), print,
-    if)", "MpDeviceLoader step", ..."""
-    if cause.startswith(FETCH_CAUSE):
-        return "value fetched (.item(), print or if on a tensor)"
-    if cause.startswith("user "):  # "user torch_xla.sync", "user mark_step"
-        return cause[len("user "):] + "()"
-    if "parallel loader" in cause:
-        return "MpDeviceLoader step"
-    if "profiler" in cause:
-        return "profiler StepTrace"
-    if "dynamo" in cause:
-        return "torch.compile (dynamo)"
-    return cause
-
-
-# ---------------------------------------------------------------------------------------------
-# Which frames are the user's
-# ---------------------------------------------------------------------------------------------
-
-
-def _library_roots() -> tuple[str, ...]:
-    roots = set()
-    for name in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = sysconfig.get_paths().get(name)
-        if path:
-            roots.add(os.path.realpath(path))
-    try:
-        roots.update(os.path.realpath(path) for path in site.getsitepackages())
-    except AttributeError:  # pragma: no cover - virtualenvs without it
-        pass
-    roots.add(os.path.realpath(os.path.dirname(os.path.dirname(__file__))))  # hfxla_nb itself
-    return tuple(sorted(roots, key=len, reverse=True))
-
-
-_LIBRARY_ROOTS = _library_roots()
-_INTERNAL = ("torch_xla", "torch")
-# hfxla_nb's own thin wrapper of torch_xla reports cuts, like torch_xla itself.
-_XLA_WRAPPER = os.path.realpath(os.path.join(os.path.dirname(os.path.dirname(__file__)),
-                                             "_xla.py"))
-
-
-def is_library(path: str) -> bool:
-    """Whether a frame's file belongs to Python, an installed package or hfxla_nb (not to the
-    user's notebook, script or own modules)."""
-    if path.startswith("<frozen") or "/site-packages/" in path or "/dist-packages/" in path:
-        return True
-    if path.startswith("<"):  # <ipython-input-...>, <string>: the user's code
-        return False
-    real = os.path.realpath(path)
-    return any(real == root or real.startswith(root + os.sep) for root in _LIBRARY_ROOTS)
-
-
-def _is_internal(path: str) -> bool:
-    """torch's and torch_xla's own frames (where the cut is reported, not made)."""
-    if path.endswith("_xla.py") and os.path.realpath(path) == _XLA_WRAPPER:
-        return True
-    parts = path.replace("\\", "/").split("/")
-    for marker in ("site-packages", "dist-packages"):
-        if marker in parts:
-            index = parts.index(marker)
-            return len(parts) > index + 1 and parts[index + 1] in _INTERNAL
-    return False
-
-
-def locate(frames: list[Frame]) -> tuple[Frame | None, Frame | None]:
-    """(first frame in the user's code, innermost library frame when it is another one)."""
-    where = next((frame for frame in frames if not is_library(frame.file)), None)
-    via = next((frame for frame in frames if not _is_internal(frame.file)), None)
-    return where, (via if via is not None and via != where else None)
-
-
-# ---------------------------------------------------------------------------------------------
-# The parser
-# ---------------------------------------------------------------------------------------------
 
 
 @dataclass

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .compile_trace import FETCH_CAUSE, MAX_HASHES, CompileRecord, ExecutionSite, Frame
+from .compile_records import FETCH_CAUSE, MAX_HASHES, CompileRecord, ExecutionSite, Frame
 
 # Compile records kept for `records` (the rows keep counting past it).
 MAX_RECORDS = 2000

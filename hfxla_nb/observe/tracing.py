@@ -35,7 +35,8 @@ from typing import Any
 
 from .. import _xla
 from ..events import Channel, Compiled
-from .compile_trace import CompileRecord, TraceParser, execution_sites, tally_executions
+from .compile_records import CompileRecord
+from .compile_trace import TraceParser, execution_sites, tally_executions
 from .trace_log import TraceLog
 
 #: Set to "0" in a worker's environment (the launcher's `trace_compiles=False`) to turn off.

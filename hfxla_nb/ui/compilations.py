@@ -12,7 +12,7 @@ from __future__ import annotations
 from html import escape
 
 from .._words import plural
-from ..observe.compile_trace import cause_text
+from ..observe.compile_records import cause_text
 from ..observe.metrics import XlaSummary
 from ..observe.trace_log import CompileRow, TraceLog
 from . import text

@@ -1,0 +1,61 @@
+"""Which frames of a traceback are the user's: their notebook, script or own modules, not
+Python's, an installed package's or hfxla_nb's."""
+
+from __future__ import annotations
+
+import os
+import site
+import sysconfig
+
+from .compile_records import Frame
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots = set()
+    for name in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(name)
+        if path:
+            roots.add(os.path.realpath(path))
+    try:
+        roots.update(os.path.realpath(path) for path in site.getsitepackages())
+    except AttributeError:  # pragma: no cover - virtualenvs without it
+        pass
+    roots.add(os.path.realpath(os.path.dirname(os.path.dirname(__file__))))  # hfxla_nb itself
+    return tuple(sorted(roots, key=len, reverse=True))
+
+
+_LIBRARY_ROOTS = _library_roots()
+_INTERNAL = ("torch_xla", "torch")
+# hfxla_nb's own thin wrapper of torch_xla reports cuts, like torch_xla itself.
+_XLA_WRAPPER = os.path.realpath(os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                                             "_xla.py"))
+
+
+def is_library(path: str) -> bool:
+    """Whether a frame's file belongs to Python, an installed package or hfxla_nb (not to the
+    user's notebook, script or own modules)."""
+    if path.startswith("<frozen") or "/site-packages/" in path or "/dist-packages/" in path:
+        return True
+    if path.startswith("<"):  # <ipython-input-...>, <string>: the user's code
+        return False
+    real = os.path.realpath(path)
+    return any(real == root or real.startswith(root + os.sep) for root in _LIBRARY_ROOTS)
+
+
+def _is_internal(path: str) -> bool:
+    """torch's and torch_xla's own frames (where the cut is reported, not made)."""
+    if path.endswith("_xla.py") and os.path.realpath(path) == _XLA_WRAPPER:
+        return True
+    parts = path.replace("\\", "/").split("/")
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            index = parts.index(marker)
+            return len(parts) > index + 1 and parts[index + 1] in _INTERNAL
+    return False
+
+
+def locate(frames: list[Frame]) -> tuple[Frame | None, Frame | None]:
+    """(first frame in the user's code, innermost library frame when it is another one)."""
+    where = next((frame for frame in frames if not is_library(frame.file)), None)
+    via = next((frame for frame in frames if not _is_internal(frame.file)), None)
+    return where, (via if via is not None and via != where else None)
