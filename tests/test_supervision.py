@@ -42,6 +42,16 @@ def test_the_first_failure_is_the_one_reported():
     assert "Traceback: first" in message and "second" not in message
 
 
+def test_a_start_read_after_the_stop_leaves_the_rank_stopped():
+    watch = supervision(3)
+    watch.handle(Started(rank=0, world=3, pid=10))
+    watch.handle(Failed(0, "ValueError", "bad batch", "Traceback"))
+    watch.mark_stopped("stopped")
+    watch.handle(Started(rank=2, world=3, pid=12))  # queued while the launch was stopped
+    assert [r.exit_state for r in watch.record.ranks] == ["failed", "stopped", "stopped"]
+    assert watch.record.ranks[2].pid == 12
+
+
 def test_heartbeat_timeout_stops_a_silent_rank_and_a_quiet_one_gets_one_warning():
     watch = supervision(2, heartbeat_timeout=5.0)
     watch.handle(Started(rank=0, world=2, pid=1))

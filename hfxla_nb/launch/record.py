@@ -144,6 +144,7 @@ class RecordKeeper:
         self.pid_ranks: dict[int, set[int]] = {}
         self.warned_silent: set[int] = set()
         self.metrics = MetricsCollector()
+        self.stopped_as: str | None = None  # how ranks still running ended, once stopped
         began = time.monotonic()
         for rank_record in record.ranks:  # a rank that never starts is silent from the start
             rank_record.last_seen = rank_record.last_seen or began
@@ -156,7 +157,9 @@ class RecordKeeper:
             rank_record.last_seen = now
         if isinstance(event, Started) and rank_record is not None:
             rank_record.pid = event.pid
-            rank_record.exit_state = "running"
+            # A Started read after the stop (queued while the launch was being stopped) is
+            # that of a rank that was stopped too.
+            rank_record.exit_state = self.stopped_as or "running"
             rank_record.started_at = now
             self.pid_ranks.setdefault(event.pid, set()).add(event.rank)
         elif isinstance(event, Progress) and rank_record is not None:
@@ -272,6 +275,7 @@ class RecordKeeper:
 
     def mark_stopped(self, state: str) -> None:
         """Ranks still running (or never started) end in `state`."""
+        self.stopped_as = self.stopped_as or state
         for rank_record in self.record.ranks:
             if rank_record.exit_state in ("running", "pending"):
                 rank_record.exit_state = state
