@@ -87,8 +87,9 @@ class Supervision:
     def _watch(self, channel: Channel, start: float) -> None:
         last_refresh = 0.0
         while True:
-            waited = [channel, *self.native.fds(), *filter(None, [self.exit_fd])]
-            ready, _, _ = select.select(waited, [], [], POLL_INTERVAL)
+            exit_fds = [] if self.exit_fd is None else [self.exit_fd]
+            ready, _, _ = select.select([channel, *self.native.fds(), *exit_fds], [], [],
+                                        POLL_INTERVAL)
             for event in channel.receive():  # first: a process's Started names its output
                 self._handle(event)
             for fd in ready:
