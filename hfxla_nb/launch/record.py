@@ -257,20 +257,25 @@ class RecordKeeper:
                 limit = max(limit, STARTUP_GRACE)
             if limit is not None and silent > limit:
                 rank_record.exit_state = "timeout"
-                rank_record.reason = "froze" if started else "never started"
-                rank_record.error = (
-                    f"no heartbeat for {silent:.0f}s: the process is frozen" if started else
-                    f"not started after {silent:.0f}s: its process hung before the function "
-                    "ran (in the runtime's start, or on a lock held when the kernel forked)")
+                if started:
+                    rank_record.reason = "froze"
+                    rank_record.error = f"no heartbeat for {silent:.0f}s: the process is frozen"
+                else:
+                    rank_record.reason = "never started"
+                    rank_record.error = (
+                        f"not started after {silent:.0f}s: its process hung before the "
+                        "function ran (in the runtime's start, or on a lock held when the "
+                        "kernel forked)")
                 self.failure = self.failure or rank_record
             elif silent > HEARTBEAT_WARNING and rank_record.rank not in self.warned_silent:
                 self.warned_silent.add(rank_record.rank)
-                warnings.append(
-                    f"hfxla_nb: rank {rank_record.rank} has sent nothing for {silent:.0f}s (a "
-                    "long compile, or a frozen process)." if started else
-                    f"hfxla_nb: rank {rank_record.rank} has not started after {silent:.0f}s "
-                    "(a slow runtime start, or a process that hung before the function ran; "
-                    "`heartbeat_timeout=` or `timeout=` stops such a launch).")
+                if started:
+                    why = "has sent nothing for {:.0f}s (a long compile, or a frozen process)."
+                else:
+                    why = ("has not started after {:.0f}s (a slow runtime start, or a process "
+                           "that hung before the function ran; `heartbeat_timeout=` or "
+                           "`timeout=` stops such a launch).")
+                warnings.append(f"hfxla_nb: rank {rank_record.rank} " + why.format(silent))
         return warnings
 
     def mark_stopped(self, state: str) -> None:
