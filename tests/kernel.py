@@ -21,6 +21,7 @@ class CellOutput:
     updates: list[dict] = field(default_factory=list)  # update_display_data bundles
     duration: float = 0.0
     after_interrupt: float | None = None  # seconds from the stop button to the cell's end
+    msg_id: str = ""  # the execute request's id: its late output is matched by it
 
     @property
     def text(self) -> str:
@@ -54,7 +55,7 @@ class Kernel:
         (a machine under load may take longer than usual to get there)."""
         output = CellOutput()
         start = time.monotonic()
-        msg_id = self.client.execute(code)
+        msg_id = output.msg_id = self.client.execute(code)
         interrupted: float | bool = False
         seen_at: float | None = None
         while True:
@@ -94,13 +95,12 @@ class Kernel:
                 output.updates.append(content)
             elif kind == "status" and content["execution_state"] == "idle":
                 break
-        self._last = (msg_id, output)
         output.duration = time.monotonic() - start
         if interrupted:
             output.after_interrupt = time.monotonic() - interrupted
         return output
 
-    def _late_streams(self, msg_id: str, output: CellOutput, quiet: float = 0.2) -> None:
+    def _late_streams(self, output: CellOutput, quiet: float = 0.2) -> None:
         """Output of the cell that arrives after its idle status: older ipykernels (Colab's
         6.17) flush stdout from a thread and can send it late on a busy machine."""
         while True:
@@ -108,7 +108,7 @@ class Kernel:
                 message = self.client.get_iopub_msg(timeout=quiet)
             except Exception:  # noqa: BLE001 - queue.Empty: nothing more
                 return
-            if (message["parent_header"].get("msg_id") == msg_id
+            if (message["parent_header"].get("msg_id") == output.msg_id
                     and message["msg_type"] == "stream"):
                 name = "stdout" if message["content"]["name"] == "stdout" else "stderr"
                 setattr(output, name, getattr(output, name) + message["content"]["text"])
@@ -140,7 +140,7 @@ class Kernel:
 
         result = self.run(f"print(repr({expression}))", timeout=timeout)
         if not result.stdout.strip():
-            self._late_streams(*self._last, quiet=2.0)
+            self._late_streams(result, quiet=2.0)
         if result.error:
             raise RuntimeError(f"{result.error['ename']}: {result.error['evalue']}")
         return ast.literal_eval(result.stdout.strip().splitlines()[-1])
