@@ -43,8 +43,9 @@ def bar_rows(nb, cell: int) -> dict[str, str]:
     def texts(part: str) -> list[str]:
         return [" ".join(box["text"].split()) for box in nb.measure(cell, f"{PANEL} {part}")]
 
-    names, marks, stats = texts(".hfxla-bar-name"), texts(".hfxla-bar-mark"), texts(
-        ".hfxla-bar-stats")
+    names = texts(".hfxla-bar-name")
+    marks = texts(".hfxla-bar-mark")
+    stats = texts(".hfxla-bar-stats")
     assert len(names) == len(marks) == len(stats), (names, marks, stats)
     return {name: f"{mark} {stat}" for name, mark, stat in zip(names, marks, stats, strict=True)}
 
