@@ -34,9 +34,9 @@ from hfxla_nb.runtime import (
 from hfxla_nb.ui.runtime_panel import runtime_html, runtime_text
 
 REPO = Path(__file__).resolve().parents[1]
-EXPECTED = {  # generation: (cores per chip, HBM GiB, device-file kind)
-    "v2": (2, 8, "/dev/accel"),
-    "v3": (2, 16, "/dev/accel"),
+EXPECTED = {  # generation: (cores per chip, HBM GiB per chip, device-file kind)
+    "v2": (2, 16, "/dev/accel"),
+    "v3": (2, 32, "/dev/accel"),
     "v4": (1, 32, "/dev/accel"),
     "v5e": (1, 16, "/dev/vfio/"),
     "v5p": (1, 95, "/dev/vfio/"),

@@ -15,7 +15,8 @@ from typing import Literal
 
 from .._words import plural
 
-# Tables from tpu-info (`tpu_info/device.py`) and torch_xla's `_internal/tpu.py`.
+# Tables from tpu-info (`tpu_info/device.py`) and torch_xla's `_internal/tpu.py`; HBM per chip
+# from Google's TPU pages (v2: 16 GiB and v3: 32 GiB per chip, shared by its two cores).
 GOOGLE_PCI_VENDOR = "0x1ae0"
 
 
@@ -28,7 +29,7 @@ class TpuGeneration:
         pci_device: PCI device id of its chips (vendor 0x1ae0).
         pci_subsystem: subsystem id, where the device id is shared (v2 and v3).
         cores_per_chip: XLA devices per chip (2 on v2/v3/7x, else 1).
-        hbm_gib: HBM per chip, GiB.
+        hbm_gib: HBM per chip, GiB (on v2, v3 and 7x shared by the chip's two XLA devices).
     """
 
     name: str
@@ -37,10 +38,15 @@ class TpuGeneration:
     cores_per_chip: int
     hbm_gib: int
 
+    @property
+    def hbm_per_device_gib(self) -> float:
+        """HBM one XLA device has: the chip's HBM over its cores (what a memory plan uses)."""
+        return self.hbm_gib / self.cores_per_chip
+
 
 TPU_GENERATIONS: tuple[TpuGeneration, ...] = (
-    TpuGeneration("v2", "0x0027", "0x004e", 2, 8),
-    TpuGeneration("v3", "0x0027", "0x004f", 2, 16),
+    TpuGeneration("v2", "0x0027", "0x004e", 2, 16),
+    TpuGeneration("v3", "0x0027", "0x004f", 2, 32),
     TpuGeneration("v4", "0x005e", None, 1, 32),
     TpuGeneration("v5e", "0x0063", None, 1, 16),
     TpuGeneration("v5p", "0x0062", None, 1, 95),
