@@ -48,11 +48,18 @@ def test_help_comes_from_docstrings(shell, capsys):
     assert "starts the XLA runtime" in metrics_doc and "--steps STEPS" in metrics_doc
 
 
-def test_xla_info_displays_detect(shell):
+def test_xla_info_shows_detects_problems_with_their_fixes(shell, monkeypatch):
+    from hfxla_nb.runtime import detect
+    from hfxla_nb.ui.runtime_panel import runtime_text
+
+    monkeypatch.setenv("CPU_NUM_DEVICES", "two")  # a problem in this kernel's environment
     with capture_output() as captured:
         shell.run_line_magic("xla_info", "")
     (output,) = captured.outputs
-    assert output.data["text/plain"].strip()  # the RuntimeInfo's text form
+    text = output.data["text/plain"]
+    assert "CPU_NUM_DEVICES='two' is not a positive integer" in text  # the problem
+    assert "Call hx.configure(device='cpu', cores=N)" in text  # and its fix
+    assert text == runtime_text(detect())  # the same panel as hx.detect()
     with pytest.raises(UsageError):
         shell.run_line_magic("xla_info", "--verbose")
 
@@ -93,20 +100,32 @@ value
 """
 
 
+FALLBACK_CELL = """%%xla_metrics
+import torch, torch_xla
+x = torch.tensor([0.0, 1.0, 2.0], device=torch_xla.device())
+print(torch.nonzero(x).flatten().tolist())   # nonzero runs on the CPU
+"""
+
+
 def test_magics_in_a_real_kernel():
     cells = run_notebook([
         "%load_ext hfxla_nb",
-        "%xla_info",
+        # A problem in the kernel's environment: %xla_info names it with its fix.
+        "os = __import__('os'); os.environ['XLA_USE_BF16'] = '1'\n%xla_info\n"
+        "del os.environ['XLA_USE_BF16']",
         "%xla_config --device cpu",
         XLA_CELL,
         "%%xla_metrics --steps nope\nprint('ran')",
         "%xla_config --cores -3",
         "%%xla_metrics\nraise KeyError('inside')",
         "import hfxla_nb._xla as x; print(x.runtime_is_initialized())",
+        FALLBACK_CELL,
     ], timeout=180)
     assert error_of(cells[0]) is None
     (info,) = bundles_of(cells[1])
-    assert "text/html" in info and info["text/plain"].strip()
+    assert "XLA_USE_BF16 is deprecated" in info["text/plain"]  # the problem
+    assert "Unset XLA_USE_BF16 and convert the model itself" in info["text/plain"]  # its fix
+    assert "XLA_USE_BF16 is deprecated" in info["text/html"]
     assert "PJRT_DEVICE=CPU" in stdout_of(cells[2])
 
     assert error_of(cells[3]) is None, error_of(cells[3])
@@ -127,6 +146,14 @@ def test_magics_in_a_real_kernel():
     assert error_of(cells[6])["ename"] == "KeyError"
     assert bundles_of(cells[6])[0]["text/plain"].startswith("XLA metrics for this cell")
     assert stdout_of(cells[7]).strip() == "True"  # %%xla_metrics ran XLA in the kernel
+
+    # torch.nonzero falls back to the CPU on XLA: the panel names the op and warns.
+    assert error_of(cells[8]) is None, error_of(cells[8])
+    assert stdout_of(cells[8]).strip() == "[1, 2]"
+    (fallback,) = bundles_of(cells[8])
+    assert "CPU fallbacks: aten::nonzero x1" in fallback["text/plain"]
+    assert "⚠ Operations ran on the CPU: aten::nonzero" in fallback["text/plain"]
+    assert "aten::nonzero" in fallback["text/html"]
 
 
 def test_detect_and_a_result_show_their_panels_without_the_extension():
