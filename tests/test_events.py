@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 
 from hfxla_nb.events import Channel, Failed, Finished, Log, Progress
 
@@ -52,7 +53,29 @@ def test_an_unpicklable_result_becomes_a_failure_that_says_what_to_return():
     channel.close()
 
 
-def test_sending_after_close_is_a_quiet_no_op():
+def test_a_worker_sends_quietly_once_the_notebook_side_is_gone():
+    """A worker still running when the notebook stopped listening: its sends raise nothing
+    and leave nothing behind."""
+    channel = Channel()
+    channel._reader.close()  # what the notebook's end of a finished launch looks like
+    channel.send(Log(rank=0, stream="stdout", text="late\n"))
+    channel.send(Finished(rank=0, result=np.zeros(20_000)))  # spilled to a file
+    channel.close()
+    assert not os.path.exists(channel._spill_dir)
+
+
+def test_sending_a_small_event_after_close_is_a_quiet_no_op():
     channel = Channel()
     channel.close()
-    channel.send(Log(rank=0, stream="stdout", text="late\n"))
+    channel.send(Log(rank=0, stream="stdout", text="late\n"))  # raises nothing
+    assert not os.path.exists(channel._spill_dir)  # and writes nothing
+
+
+@pytest.mark.xfail(strict=True, raises=FileNotFoundError,
+                   reason="events.Channel.send spills a large payload into the removed folder "
+                          "after close() (reported to the owner of hfxla_nb/events.py)")
+def test_sending_a_large_event_after_close_is_a_quiet_no_op():
+    channel = Channel()
+    channel.close()
+    channel.send(Finished(rank=0, result=np.zeros(20_000)))
+    assert not os.path.exists(channel._spill_dir)
