@@ -10,9 +10,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from hfxla_nb.events import Failed, Finished, Heartbeat, MetricsSnapshot, Progress, Started
+from hfxla_nb.events import (
+    Failed,
+    Finished,
+    Heartbeat,
+    MetricsSnapshot,
+    ProcessExited,
+    Progress,
+    Started,
+)
 from hfxla_nb.launch.record import LaunchRecord, RankRecord
-from hfxla_nb.ui import NullDisplay, html, launch_display, modes, text
+from hfxla_nb.ui import NullDisplay, html, launch_display, modes, text, units
 from hfxla_nb.ui.console import ConsoleDisplay
 from hfxla_nb.ui.html_display import HtmlDisplay
 from hfxla_nb.ui.metrics_panel import MetricsPanel
@@ -86,7 +94,7 @@ def test_state_keeps_values_fetched_late_and_ignores_unknown_events():
     state.handle(Progress(0, 10, 20, {}, time=T0 + 1))
     state.handle(Progress(0, 11, 20, {}, time=T0 + 2))
     state.handle(Progress(0, 10, 20, {"loss": 0.25}, time=T0 + 1))  # a step closure's values
-    state.handle(SimpleNamespace(rank=0, code=9))  # e.g. the launcher's ProcessExited
+    state.handle(ProcessExited(rank=0, pid=100, exitcode=9))  # the record says it at the end
     state.handle(Heartbeat(0))
     (bar,) = state.view().bars
     assert bar.step == 11 and bar.values == {"loss": 0.25} and bar.losses == [0.25]
@@ -190,30 +198,30 @@ def test_state_metrics_of_rank_threads_name_their_process():
 # -- text ----------------------------------------------------------------------------------------
 
 
-def test_text_formats():
-    assert text.duration(3.21) == "3.2 s"
-    assert text.duration(125) == "2 min 05 s"
-    assert text.duration(3 * 3600 + 120) == "3 h 02 min"
-    assert text.duration(None) == "?"
+def test_units_formats():
+    assert units.duration(3.21) == "3.2 s"
+    assert units.duration(125) == "2 min 05 s"
+    assert units.duration(3 * 3600 + 120) == "3 h 02 min"
+    assert units.duration(None) == "?"
     # Steps of a few tens of milliseconds read in milliseconds, not "0.0 s".
-    assert text.duration(0.024) == "24 ms" and text.duration(0.0333) == "33 ms"
-    assert text.duration(0.0042) == "4.2 ms" and text.duration(0) == "0 s"
-    assert text.duration(0.9996) == "1.0 s" and text.duration(0.5) == "500 ms"
-    assert text.duration(0.00004) == "40 µs" and text.duration(0.0009999) == "1.0 ms"
-    assert text.size(None) == "n/a" and text.size(512) == "512 B"
-    assert text.size(3 * 1024**3) == "3.0 GiB"
-    assert text.rate(0.5, "it") == "2.00 s/it" and text.rate(12.34, "it") == "12.3 it/s"
+    assert units.duration(0.024) == "24 ms" and units.duration(0.0333) == "33 ms"
+    assert units.duration(0.0042) == "4.2 ms" and units.duration(0) == "0 s"
+    assert units.duration(0.9996) == "1.0 s" and units.duration(0.5) == "500 ms"
+    assert units.duration(0.00004) == "40 µs" and units.duration(0.0009999) == "1.0 ms"
+    assert units.size(None) == "n/a" and units.size(512) == "512 B"
+    assert units.size(3 * 1024**3) == "3.0 GiB"
+    assert units.rate(0.5, "it") == "2.00 s/it" and units.rate(12.34, "it") == "12.3 it/s"
     # Compact, so a bar's values stay short: 4 significant digits, or 2 in short scientific
     # form for very small and large values.
-    assert text.number(0.000012) == "1.2e-5" and text.number(0.4213) == "0.4213"
-    assert text.number(1.6667e-4) == "1.7e-4" and text.number(5e-5) == "5e-5"
-    assert text.number(123456.789) == "1.2e5" and text.number(-0.0004) == "-4e-4"
-    assert text.number(12.3456) == "12.35" and text.number(0) == "0"
-    assert text.number(0.001367) == "0.0014" and text.number(0.01234) == "0.0123"
-    assert text.number(12345.6) == "1.2e4" and text.number(1234.5) == "1234"
+    assert units.number(0.000012) == "1.2e-5" and units.number(0.4213) == "0.4213"
+    assert units.number(1.6667e-4) == "1.7e-4" and units.number(5e-5) == "5e-5"
+    assert units.number(123456.789) == "1.2e5" and units.number(-0.0004) == "-4e-4"
+    assert units.number(12.3456) == "12.35" and units.number(0) == "0"
+    assert units.number(0.001367) == "0.0014" and units.number(0.01234) == "0.0123"
+    assert units.number(12345.6) == "1.2e4" and units.number(1234.5) == "1234"
     # A bar's times, short past a minute (so its stats stay on one line).
-    assert text.clock(12.04) == "12.0 s" and text.clock(0.85) == "850 ms"
-    assert text.clock(65) == "1:05" and text.clock(3725) == "1:02:05"
+    assert units.clock(12.04) == "12.0 s" and units.clock(0.85) == "850 ms"
+    assert units.clock(65) == "1:05" and units.clock(3725) == "1:02:05"
 
 
 def test_text_panel_lines():
@@ -526,8 +534,8 @@ def test_old_ipywidgets_is_refused(monkeypatch):
 
 KERNEL_SETUP = """
 import json, time
-from types import SimpleNamespace as NS
 from hfxla_nb.events import Started, Progress, Finished, Failed, MetricsSnapshot
+from hfxla_nb.launch.record import LaunchRecord, RankRecord
 from hfxla_nb.ui import launch_display
 from hfxla_nb.ui.widgets import widget_state
 
@@ -542,8 +550,9 @@ def run(display, fail=False):
                                           "fallback_ops": []}))
     display.handle(Failed(0, "ValueError", "bad", "") if fail else Finished(0, 1))
     state = "failed" if fail else "finished"
-    display.close(NS(ok=not fail, duration=1.5,
-                     ranks=[NS(rank=0, exit_state=state, error="bad" if fail else None)]))
+    display.close(LaunchRecord("spmd", 1, [RankRecord(0, exit_state=state,
+                                                      error="bad" if fail else None)],
+                               duration=1.5, outcome=state))
     return display
 """
 

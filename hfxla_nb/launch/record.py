@@ -1,5 +1,8 @@
 """What a launch did, rank by rank: the records, and the keeper that turns events into them.
 
+The records' plain data and their states are `hfxla_nb.states`' (the panels, a layer below,
+draw the same types); here they gain each rank's XLA figures and the launch's table.
+
 `RecordKeeper` is the events-to-record state machine of the notebook side of a launch; it
 forks, reads and draws nothing (`supervision.py` does), so tests drive it with events alone.
 """
@@ -8,7 +11,7 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .._words import plural
@@ -22,6 +25,7 @@ from ..events import (
     Progress,
     Started,
 )
+from ..states import BaseLaunchRecord, BaseRankRecord, Outcome, RankState
 from .rank_metrics import MetricsCollector, RankMetrics, dataframe
 
 HEARTBEAT_WARNING = 60.0  # seconds of silence before a rank is said to be quiet
@@ -31,46 +35,29 @@ STARTUP_GRACE = 60.0
 
 
 @dataclass
-class RankRecord:
-    """How one rank of a launch went.
+class RankRecord(BaseRankRecord):
+    """How one rank of a launch went (`BaseRankRecord`'s attributes, and its XLA figures).
 
     Attributes:
-        rank: the rank index.
-        pid: the process it ran in (ranks share a process on TPU v2/v3 and XLA:CPU).
-        exit_state: "finished", "failed", "killed", "timeout", "interrupted", "stopped"
-            (stopped because another rank failed) or "pending" (never started).
-        result: the function's return value (finished ranks only).
-        error: a one-line description of what went wrong, or None.
-        reason: the same in a few words ("raised ValueError", "killed by SIGKILL"), for the
-            panel (the `LaunchError` carries the whole of it).
-        traceback: the remote traceback, when the rank raised (the launcher's own frames left
-            out).
-        duration: seconds from the rank's start to its end.
-        last_step: the last step the rank reported, if any.
-        bars: every progress bar of the rank (`report` labels, tqdm descriptions) -> its
-            last (step, total).
+        exit_state: a `RankState`: "pending" (not started; at the end: never started),
+            "running" (started and not ended: while the launch runs), "finished", "failed"
+            (raised, or never reported a result), "killed" (its process died by a signal or
+            exited before returning), "timeout" (stopped by `timeout=` or silent past
+            `heartbeat_timeout=`), "interrupted" (the stop button) or "stopped" (stopped
+            because another rank failed).
         metrics: what XLA did for the rank (compiles, executions, transfers, their times,
             step times, alerts) as of the launch's last snapshot; None when it sent none (a
             function that never used XLA).
+
+    The other attributes (`rank`, `pid`, `result`, `error`, `reason`, `traceback`,
+    `duration`, `last_step`, `bars`) are `BaseRankRecord`'s.
     """
 
-    rank: int
-    pid: int | None = None
-    exit_state: str = "pending"
-    result: Any = None
-    error: str | None = None
-    traceback: str = ""
-    duration: float = 0.0
-    last_step: int | None = None
-    bars: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     metrics: RankMetrics | None = None
-    reason: str | None = None
-    last_seen: float = field(default=0.0, repr=False)
-    started_at: float = field(default=0.0, repr=False)
 
 
 @dataclass
-class LaunchRecord:
+class LaunchRecord(BaseLaunchRecord):
     """Everything about one `notebook_launcher` call (see `last_launch()`).
 
     Attributes:
@@ -78,32 +65,13 @@ class LaunchRecord:
         world: number of ranks.
         ranks: one `RankRecord` per rank, in rank order.
         duration: wall-clock seconds of the whole launch.
-        outcome: "finished", "failed", "timeout" or "interrupted".
+        outcome: an `Outcome`: "running" until the launch ends, then "finished", "failed",
+            "timeout" or "interrupted".
         process_group: the process group of every process the launch started (all gone when
             the launcher returns; `group_processes(process_group)` lists any that are not).
     """
 
-    strategy: str
-    world: int
-    ranks: list[RankRecord]
-    duration: float = 0.0
-    outcome: str = "running"
-    process_group: int | None = None
-
-    @property
-    def ok(self) -> bool:
-        """Whether every rank finished."""
-        return self.outcome == "finished"
-
-    @property
-    def value(self) -> Any:
-        """Rank 0's return value (what `notebook_launcher` returns)."""
-        return self.ranks[0].result if self.ranks else None
-
-    @property
-    def results(self) -> list[Any]:
-        """Every rank's return value, in rank order (None where a rank did not finish)."""
-        return [rank.result for rank in self.ranks]
+    ranks: list[RankRecord]  # the same field: ranks with their metrics
 
     def to_dataframe(self) -> Any:
         """One row per rank: exit state, duration, last step and every figure of its
@@ -119,7 +87,6 @@ class LaunchRecord:
             detail = f" ({rank.error})" if rank.error else ""
             lines.append(f"  rank {rank.rank}: {rank.exit_state}, {rank.duration:.1f}s{detail}")
         return "\n".join(lines)
-
 
 
 class LaunchError(RuntimeError):
@@ -144,7 +111,7 @@ class RecordKeeper:
         self.pid_ranks: dict[int, set[int]] = {}
         self.warned_silent: set[int] = set()
         self.metrics = MetricsCollector()
-        self.stopped_as: str | None = None  # how ranks still running ended, once stopped
+        self.stopped_as: RankState | None = None  # how ranks still running ended, once stopped
         began = time.monotonic()
         for rank_record in record.ranks:  # a rank that never starts is silent from the start
             rank_record.last_seen = rank_record.last_seen or began
@@ -159,7 +126,7 @@ class RecordKeeper:
             rank_record.pid = event.pid
             # A Started read after the stop (queued while the launch was being stopped) is
             # that of a rank that was stopped too.
-            rank_record.exit_state = self.stopped_as or "running"
+            rank_record.exit_state = self.stopped_as or RankState.RUNNING
             rank_record.started_at = now
             self.pid_ranks.setdefault(event.pid, set()).add(event.rank)
         elif isinstance(event, Progress) and rank_record is not None:
@@ -167,7 +134,7 @@ class RecordKeeper:
                 rank_record.last_step = event.step
             rank_record.bars[event.label] = (event.step, event.total)
         elif isinstance(event, Finished) and rank_record is not None:
-            rank_record.exit_state = "finished"
+            rank_record.exit_state = RankState.FINISHED
             rank_record.result = event.result
             rank_record.duration = event.duration
         elif isinstance(event, Failed):
@@ -188,11 +155,12 @@ class RecordKeeper:
         if rank_record is None:  # the supervisor itself failed (e.g. xmp.spawn raised)
             if self.failure is not None:
                 return  # the cause was already reported by a rank or a ProcessExited
-            rank_record = next((r for r in self.record.ranks if r.exit_state != "finished"), None)
+            rank_record = next(
+                (r for r in self.record.ranks if r.exit_state != RankState.FINISHED), None)
             if rank_record is None:
                 return
             if "BrokenProcessPool" in event.exc_type:
-                rank_record.exit_state = "killed"
+                rank_record.exit_state = RankState.KILLED
                 rank_record.reason = "ended abruptly"
                 rank_record.error = (
                     "its process ended abruptly without reporting: a signal (SIGKILL from the "
@@ -200,7 +168,7 @@ class RecordKeeper:
                 )
                 self.failure = rank_record
                 return
-        rank_record.exit_state = "failed"
+        rank_record.exit_state = RankState.FAILED
         rank_record.error = f"{event.exc_type}: {event.message}"
         rank_record.reason = f"raised {event.exc_type}"
         rank_record.traceback = event.traceback
@@ -211,7 +179,7 @@ class RecordKeeper:
     def _record_exit(self, event: ProcessExited) -> None:
         ranks = self.pid_ranks.get(event.pid)
         if not ranks:
-            ranks = {r.rank for r in self.record.ranks if r.exit_state in ("running", "pending")}
+            ranks = {r.rank for r in self.record.ranks if r.exit_state.active}
         if event.signal is not None:
             name = signal.Signals(event.signal).name
             reason = f"killed by {name}"
@@ -221,9 +189,10 @@ class RecordKeeper:
             hint = "(os._exit() or a native library ended the process)"
         for rank in sorted(ranks):
             rank_record = self.rank(rank)
-            if rank_record is None or rank_record.exit_state in ("finished", "failed"):
+            if rank_record is None or rank_record.exit_state in (RankState.FINISHED,
+                                                                 RankState.FAILED):
                 continue
-            rank_record.exit_state = "killed"
+            rank_record.exit_state = RankState.KILLED
             rank_record.error = f"process {event.pid} {reason} {hint}".strip()
             rank_record.reason = reason
             rank_record.duration = time.monotonic() - (rank_record.started_at or time.monotonic())
@@ -231,9 +200,10 @@ class RecordKeeper:
                 self.failure = rank_record
 
     def mark_unfinished_as_failed(self, status: int) -> None:
+        """The supervisor exited with `status`: ranks that never reported a result failed."""
         for rank_record in self.record.ranks:
-            if rank_record.exit_state in ("running", "pending"):
-                rank_record.exit_state = "failed"
+            if rank_record.exit_state.active:
+                rank_record.exit_state = RankState.FAILED
                 rank_record.reason = "never reported a result"
                 rank_record.error = (
                     f"the rank never reported a result (the launch's supervisor exited with "
@@ -248,15 +218,15 @@ class RecordKeeper:
         (once each), for the caller to print."""
         warnings = []
         for rank_record in self.record.ranks:
-            if rank_record.exit_state not in ("running", "pending"):
+            if not rank_record.exit_state.active:
                 continue
-            started = rank_record.exit_state == "running"
+            started = rank_record.exit_state == RankState.RUNNING
             silent = now - rank_record.last_seen
             limit = self.heartbeat_timeout
             if limit is not None and not started:
                 limit = max(limit, STARTUP_GRACE)
             if limit is not None and silent > limit:
-                rank_record.exit_state = "timeout"
+                rank_record.exit_state = RankState.TIMEOUT
                 if started:
                     rank_record.reason = "froze"
                     rank_record.error = f"no heartbeat for {silent:.0f}s: the process is frozen"
@@ -278,31 +248,37 @@ class RecordKeeper:
                 warnings.append(f"hfxla_nb: rank {rank_record.rank} " + why.format(silent))
         return warnings
 
-    def mark_stopped(self, state: str) -> None:
-        """Ranks still running (or never started) end in `state`."""
+    def mark_stopped(self, state: RankState) -> None:
+        """Ranks still running (or never started) end in `state`; so does a rank whose
+        `Started` is read later (it was queued while the launch was being stopped)."""
         self.stopped_as = self.stopped_as or state
         for rank_record in self.record.ranks:
-            if rank_record.exit_state in ("running", "pending"):
+            if rank_record.exit_state.active:
                 rank_record.exit_state = state
 
     def rank(self, rank: int | None) -> RankRecord | None:
+        """The record of `rank`; None for no rank (the supervisor's own events) or one out of
+        range."""
         if rank is None or not 0 <= rank < len(self.record.ranks):
             return None
         return self.record.ranks[rank]
 
     def all_finished(self) -> bool:
-        return all(rank.exit_state == "finished" for rank in self.record.ranks)
+        """Whether every rank finished."""
+        return all(rank.exit_state == RankState.FINISHED for rank in self.record.ranks)
 
     # -- the error the cell raises -------------------------------------------------------------
 
     def failure_message(self) -> str:
+        """What the cell's `LaunchError` says: the first failure, its traceback, and the ranks
+        stopped because of it (or, after `timeout=`, the ranks that were still running)."""
         record = self.record
-        if record.outcome == "timeout":
+        if record.outcome == Outcome.TIMEOUT:
             stalled = [
                 f"rank {r.rank} "
                 + (f"at step {r.last_step}" if r.last_step is not None else "before its first step")
                 for r in record.ranks
-                if r.exit_state == "timeout"
+                if r.exit_state == RankState.TIMEOUT
             ]
             return (
                 f"the launch timed out after {self.timeout:g}s and was stopped. Still running: "
@@ -311,7 +287,7 @@ class RecordKeeper:
         failed = self.failure or next((r for r in record.ranks if r.error), None)
         if failed is None:
             return f"the launch ended without a result ({record.outcome})."
-        others = [r.rank for r in record.ranks if r.exit_state == "stopped"]
+        others = [r.rank for r in record.ranks if r.exit_state == RankState.STOPPED]
         stopped = f" Ranks {others} were stopped." if others else ""
         error = failed.error or ""
         message = f"rank {failed.rank} failed: {error}{'' if error.endswith('.') else '.'}"
@@ -336,7 +312,8 @@ def _frames_only(traceback: str, error: str) -> str:
 
 def _rank_row(rank: RankRecord) -> dict[str, Any]:
     """A rank's record as one row of plain values (its metrics flattened in)."""
-    row: dict[str, Any] = {"rank": rank.rank, "exit_state": rank.exit_state,
+    # The state as its plain word: the table reads and compares like any column of text.
+    row: dict[str, Any] = {"rank": rank.rank, "exit_state": str(rank.exit_state),
                            "duration": rank.duration, "last_step": rank.last_step,
                            "error": rank.error}
     if rank.metrics is not None:

@@ -10,22 +10,35 @@ import os
 import select
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..events import Channel, Event, Log, OutputPipes
 from ..runtime import compile_cache
+from ..states import Outcome, RankState
 from .native_output import NativeRelay
 from .processes import stop_group
 from .record import LaunchRecord, RecordKeeper
 
+if TYPE_CHECKING:
+    from ..ui import LaunchDisplay
+
 POLL_INTERVAL = 0.1
 REFRESH_INTERVAL = 0.25
+# How the ranks still running end, for each way a launch ends ("finished": none is left, but
+# processes that outlived the supervisor are stopped all the same).
+STOPPED_AS = {
+    Outcome.FINISHED: RankState.STOPPED,
+    Outcome.FAILED: RankState.STOPPED,
+    Outcome.TIMEOUT: RankState.TIMEOUT,
+    Outcome.INTERRUPTED: RankState.INTERRUPTED,
+}
 
 
 class Supervision:
     """One launch, from the kernel: `run()` returns when every process of it is gone."""
 
-    def __init__(self, record: LaunchRecord, display: Any, shown_ranks: set[int] | str,
+    def __init__(self, record: LaunchRecord, display: LaunchDisplay, shown_ranks: set[int] | str,
                  timeout: float | None, heartbeat_timeout: float | None) -> None:
         self.record = record
         self.keeper = RecordKeeper(record, timeout, heartbeat_timeout)
@@ -43,12 +56,43 @@ class Supervision:
             rewrite=lambda line: compile_cache.native_line(line, said),
         )
 
-    def run(self, function, args, pass_index, env) -> None:
+    def run(self, function: Callable[..., Any], args: tuple[Any, ...], pass_index: bool,
+            env: dict[str, str]) -> None:
+        """Fork the launch's supervisor, watch it until the launch ends, stop what is left.
+
+        The launch ends in one of three ways, and the record's `outcome` is set here, once,
+        for all of them (ranks still running end in the state `STOPPED_AS` gives it):
+
+        - `_watch` returns it: "finished" (the supervisor exited and every rank finished),
+          "failed" (a rank failed, was killed or went silent, or the supervisor exited
+          without every rank's result; ranks still running end "stopped") or "timeout"
+          (`timeout` passed; ranks still running end "timeout").
+        - `KeyboardInterrupt` (the kernel's stop button): "interrupted" (ranks still running
+          end "interrupted"); a line tells the user the kernel is ready, and the interrupt
+          is raised again.
+        - any other exception (the fork failed, a display or relay bug): "failed" (ranks still
+          running end "stopped"); the exception is raised again.
+
+        Whichever it is, every process of the launch is stopped (SIGTERM to its process
+        group, then SIGKILL) and reaped, the events still queued are applied, and then the
+        record gets its duration and every rank's XLA figures and the display draws the final
+        panel from it. `run` returns (or raises) when no process of the launch is left.
+
+        Args:
+            function: the user's function, run in the forked workers (never pickled).
+            args: its arguments.
+            pass_index: whether it is called as `function(index, *args)`.
+            env: the variables the workers set before torch_xla starts.
+
+        Raises:
+            KeyboardInterrupt: the kernel was interrupted (after the launch was stopped).
+        """
         from .worker import supervise
 
         channel = Channel()
         (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
         start = time.monotonic()
+        outcome = Outcome.FAILED  # what an exception leaves
         try:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -64,27 +108,41 @@ class Supervision:
             os.close(err_write)
             self.native.add(out_read, "stdout")
             self.native.add(err_read, "stderr")
-            self._watch(channel, start)
+            outcome = self._watch(channel, start)
         except KeyboardInterrupt:
-            self._stop("interrupted")
-            self.record.outcome = "interrupted"
-            self._finish(channel, start)
-            print(
-                "hfxla_nb: interrupted; every worker process of this launch was stopped. "
-                "The kernel is ready for the next launch.",
-                file=sys.stderr,
-            )
+            outcome = Outcome.INTERRUPTED
             raise
-        except BaseException:
-            self._stop("stopped")
-            self._finish(channel, start)
-            raise
-        self._finish(channel, start)
+        finally:
+            self._end(outcome, channel, start)
 
     def failure_message(self) -> str:
+        """What the cell's `LaunchError` says (see `RecordKeeper.failure_message`)."""
         return self.keeper.failure_message()
 
-    def _watch(self, channel: Channel, start: float) -> None:
+    def _watch(self, channel: Channel, start: float) -> Outcome:
+        """Relay events and output until the launch ends; return how it ended.
+
+        Each turn waits up to `POLL_INTERVAL` for an event, native output or the supervisor's
+        exit, applies the events to the record and prints the logs, relays the output,
+        redraws the panel at most every `REFRESH_INTERVAL`, then looks for an end, in this
+        order:
+
+        - a failure is known (a `Failed` event, a `ProcessExited` by a signal or an exit code,
+          a rank silent past `heartbeat_timeout`): "failed";
+        - the supervisor exited: the events its workers sent before are applied; if no
+          failure is known, ranks without a result become "failed" ("never reported a
+          result"); "finished" when every rank finished, else "failed";
+        - `timeout` passed: "timeout".
+
+        Otherwise ranks quiet past `HEARTBEAT_WARNING` are named once on stderr.
+
+        The state changes made here are the ranks' only (through `RecordKeeper`): "pending"
+        -> "running" on `Started`; -> "finished", "failed" or "killed" on `Finished`,
+        `Failed`, `ProcessExited`; "running" or "pending" -> "timeout" past
+        `heartbeat_timeout`; -> "failed" when the supervisor exited without their result.
+        It neither sets the launch's outcome nor stops a process: `run` does, from the value
+        returned. A `KeyboardInterrupt` in the wait goes up to `run` as it is.
+        """
         last_refresh = 0.0
         while True:
             exit_fds = [] if self.exit_fd is None else [self.exit_fd]
@@ -100,9 +158,7 @@ class Supervision:
                 self.display.refresh()
                 last_refresh = now
             if self.keeper.failure is not None:
-                self._stop("stopped")
-                self.record.outcome = "failed"
-                return
+                return Outcome.FAILED
             exited = self._supervisor_exited()
             if exited is not None:
                 # Whatever the workers sent before exiting is in the channel now (a datagram
@@ -111,13 +167,9 @@ class Supervision:
                     self._handle(event)
                 if self.keeper.failure is None and not self.keeper.all_finished():
                     self.keeper.mark_unfinished_as_failed(exited)
-                self._stop("stopped")  # grandchildren that outlived the supervisor
-                self.record.outcome = "finished" if self.keeper.all_finished() else "failed"
-                return
+                return Outcome.FINISHED if self.keeper.all_finished() else Outcome.FAILED
             if self.timeout is not None and now - start > self.timeout:
-                self._stop("timeout")
-                self.record.outcome = "timeout"
-                return
+                return Outcome.TIMEOUT
             for warning in self.keeper.check_heartbeats(now):
                 print(warning, file=sys.stderr)
 
@@ -163,8 +215,9 @@ class Supervision:
         self.pid = None
         return os.waitstatus_to_exitcode(status)
 
-    def _stop(self, state: str) -> None:
-        """Stop every process of the launch: SIGTERM to its group, then SIGKILL."""
+    def _stop(self, state: RankState) -> None:
+        """Stop every process of the launch (SIGTERM to its group, then SIGKILL) and reap the
+        supervisor; ranks still running end in `state`."""
         self.keeper.mark_stopped(state)
         if self.group is None:
             return
@@ -176,7 +229,22 @@ class Supervision:
                 pass
             self.pid = None
 
+    def _end(self, outcome: Outcome, channel: Channel, start: float) -> None:
+        """The one place a launch ends: stop what is left, set the record's outcome, apply the
+        last events, draw the final panel (see `run`)."""
+        self._stop(STOPPED_AS[outcome])  # grandchildren that outlived the supervisor too
+        self.record.outcome = outcome
+        self._finish(channel, start)
+        if outcome == Outcome.INTERRUPTED:
+            print(
+                "hfxla_nb: interrupted; every worker process of this launch was stopped. "
+                "The kernel is ready for the next launch.",
+                file=sys.stderr,
+            )
+
     def _finish(self, channel: Channel, start: float) -> None:
+        """Apply the events sent while the launch was stopped, close the channel and the
+        output relay, give the record its duration and figures, draw the final panel."""
         if self.exit_fd is not None:
             os.close(self.exit_fd)
             self.exit_fd = None

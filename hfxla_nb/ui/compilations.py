@@ -15,8 +15,8 @@ from .._words import plural
 from ..observe.compile_records import cause_text
 from ..observe.metrics import XlaSummary
 from ..observe.trace_log import CompileRow, TraceLog
-from . import text
 from .table_style import TABLE, TD, TR
+from .units import duration, size
 
 # Rows shown; the rest are counted in one last line.
 MAX_ROWS = 8
@@ -27,7 +27,7 @@ _GIB = 1024**3
 def row_cells(row: CompileRow) -> tuple[str, str, str, str, str]:
     """(line, graphs, different, compile time, cause) of one row, as text."""
     return (row.place(), plural(row.compiles, "graph"), f"{row.graphs} different",
-            text.duration(row.compile_time), cause_text(row.cause))
+            duration(row.compile_time), cause_text(row.cause))
 
 
 def memory_text(summary: XlaSummary) -> str | None:
@@ -39,13 +39,13 @@ def memory_text(summary: XlaSummary) -> str | None:
         return None
     place = largest.where.text() if largest.where is not None else "library code"
     # torch_xla prints sizes in GB with 6 decimals: below about 1 KiB they read 0.
-    need = text.size(largest.memory) if largest.memory >= 1024 else "under 1 KiB"
+    need = size(largest.memory) if largest.memory >= 1024 else "under 1 KiB"
     line = f"the largest graph needs {need} ({place})"
     live = (summary.memory or {}).get("bytes_limit")
     if live:
-        line += f"; the device has {text.size(live)}"
+        line += f"; the device has {size(live)}"
     elif trace.device_memory:
-        line += f"; {trace.device_name or 'one device'} has {text.size(trace.device_memory)}"
+        line += f"; {trace.device_name or 'one device'} has {size(trace.device_memory)}"
     return line
 
 
@@ -60,9 +60,9 @@ def cache_text(summary: XlaSummary) -> str | None:
         parts.append(f"{cache['unreadable']} not loadable on XLA:CPU (compiled again)")
     line = ", ".join(parts)
     if cache.get("folder"):
-        limit = f" of {text.size(cache['limit'])}" if cache.get("limit") else ""
+        limit = f" of {size(cache['limit'])}" if cache.get("limit") else ""
         line += (f"; {plural(cache.get('entries', 0), 'entry', 'entries')}, "
-                 f"{text.size(cache.get('bytes', 0))}{limit} in {cache['folder']}")
+                 f"{size(cache.get('bytes', 0))}{limit} in {cache['folder']}")
     return line
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from ..states import PanelState
 from . import text
 from .base import PanelDisplay
 from .state import LaunchView
@@ -26,7 +27,7 @@ class ConsoleDisplay(PanelDisplay):
                  per_rank: bool | None = None) -> None:
         self._file = file
         self._printed: dict[tuple, tuple] = {}
-        self._status = ""
+        self._status: PanelState | None = None  # the state of the last status line printed
         self._alerts: set[str] = set()
         super().__init__(world, per_rank=per_rank)
 
@@ -37,7 +38,7 @@ class ConsoleDisplay(PanelDisplay):
         return False  # print on news only
 
     def _draw(self, view: LaunchView) -> None:
-        if view.state != self._status and view.state != "starting":
+        if view.state != self._status and view.state != PanelState.STARTING:
             self._status = view.state
             self._print(text.status_line(view))
         name_width = max((len(bar.name) for bar in view.bars), default=0)

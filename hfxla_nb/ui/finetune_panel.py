@@ -7,7 +7,7 @@ from typing import Any
 
 from .._words import plural
 from .html import COLORS, SERIES, sparkline_svg, text_color
-from .text import duration
+from .units import duration
 
 
 def _number(name: str, value: float) -> str:

@@ -15,32 +15,32 @@ from html import escape
 
 from ..observe.analyzer import Alert
 from ..observe.metrics import XlaSummary, shape_changes
-from . import text
+from ..states import BarState, PanelState
+from . import text, units
 from .compilations import compilations_html
 from .state import BarView, LaunchView
 from .table_style import TABLE, TD, TR
 
-COLORS = {
-    "running": "#1f77b4",
-    "starting": "#7f7f7f",
-    "done": "#2ca02c",
-    "finished": "#2ca02c",
-    "short": "#e6a700",
-    "failed": "#d62728",
-    "error": "#d62728",
-    "warning": "#e6a700",
-    "info": "#1f77b4",
-}
+# Mid-tone colours, readable on light and dark backgrounds.
+BLUE, GREY, GREEN, AMBER, RED = "#1f77b4", "#7f7f7f", "#2ca02c", "#e6a700", "#d62728"
+STATUS_COLORS = {PanelState.STARTING: GREY, PanelState.RUNNING: BLUE,
+                 PanelState.FINISHED: GREEN, PanelState.FAILED: RED}
+BAR_COLORS = {BarState.RUNNING: BLUE, BarState.DONE: GREEN, BarState.SHORT: AMBER,
+              BarState.FAILED: RED}
+SEVERITY_COLORS = {"error": RED, "warning": AMBER, "info": BLUE}
+# Every colour by the word of what it means (a state or an alert severity), for the panels
+# that name a meaning rather than hold a state (`finetune_panel`: "warning").
+COLORS: dict[str, str] = {**STATUS_COLORS, **BAR_COLORS, **SEVERITY_COLORS}
 # One colour per chart series, in every panel (live, final, FineTuneResult): the loss is never
 # drawn in the colour of a failure.
-SERIES = {"loss": "#1f77b4", "step time": "#9467bd"}
+SERIES = {"loss": BLUE, "step time": "#9467bd"}
 # JupyterLab's theme colour for text of each meaning (light and dark themes define them).
 _THEME_TEXT = {
-    "#1f77b4": "--jp-brand-color1",
-    "#2ca02c": "--jp-success-color1",
-    "#d62728": "--jp-error-color1",
-    "#e6a700": "--jp-warn-color1",
-    "#7f7f7f": "--jp-ui-font-color2",
+    BLUE: "--jp-brand-color1",
+    GREEN: "--jp-success-color1",
+    RED: "--jp-error-color1",
+    AMBER: "--jp-warn-color1",
+    GREY: "--jp-ui-font-color2",
 }
 _BOX = "font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;line-height:1.4;"
 # Secondary text: the theme's text colour, dimmed, so it reads on light and dark backgrounds.
@@ -86,7 +86,7 @@ def sparkline_svg(values: list[float], width: int = 180, height: int = 36,
 
 def status_html(view: LaunchView) -> str:
     """The launch's one-line status, colored by state (green finished, red failed)."""
-    color = COLORS.get(view.state, "#7f7f7f")
+    color = STATUS_COLORS[view.state]
     return (
         f'<div class="hfxla-status" style="{_BOX}padding:4px 8px;border-left:4px solid {color};'
         f'{text_color(color)}font-weight:600">{escape(text.status_line(view))}</div>'
@@ -96,7 +96,7 @@ def status_html(view: LaunchView) -> str:
 def progress_bar_html(bar: BarView, width: int = BAR_WIDTH) -> str:
     """The bar itself: a filled box of fixed width (full when the total is unknown)."""
     fraction = bar.fraction if bar.fraction is not None else 1.0
-    color = COLORS.get(bar.state, COLORS["running"])
+    color = BAR_COLORS[bar.state]
     aria = f' aria-valuenow="{bar.step}" aria-valuemin="0"'
     if bar.total:
         aria += f' aria-valuemax="{bar.total}"'
@@ -134,7 +134,7 @@ def bars_html(bars: list[BarView]) -> str:
     cell = f"{_BOX}white-space:nowrap;min-height:1.4em;"  # one line, also when empty
     for bar in bars:
         mark = text.MARKS.get(bar.state, "")
-        color = COLORS.get(bar.state, COLORS["running"])
+        color = BAR_COLORS[bar.state]
         cells += [
             f'<span class="hfxla-bar-name" style="{cell}">{escape(bar.name)}</span>',
             f'<span class="hfxla-bar-mark" style="{cell}{text_color(color)}">{mark}</span>',
@@ -158,13 +158,13 @@ def chart_html(bars: list[BarView]) -> str:
             parts.append(
                 f'<span style="{MUTED}">loss</span> '
                 f"{sparkline_svg(bar.losses, color=SERIES['loss'])} "
-                f"{escape(text.number(bar.losses[-1]))}"
+                f"{escape(units.number(bar.losses[-1]))}"
             )
         if len(bar.step_times) >= 2:
             parts.append(
                 f'<span style="{MUTED}">step time</span> '
                 f"{sparkline_svg(bar.step_times, color=SERIES['step time'])} "
-                f"{escape(text.duration(bar.step_times[-1]))}"
+                f"{escape(units.duration(bar.step_times[-1]))}"
             )
         if parts:  # each chart wraps as a whole when the output is narrow
             return (
@@ -197,7 +197,7 @@ def summary_html(summary: XlaSummary | None, title: str = "XLA metrics",
     share = summary.compile_share
     rows = [
         _row("compiles", text.compiles_text(summary)),
-        _row("executions", f"{summary.executions} ({text.duration(summary.execute_time)})"),
+        _row("executions", f"{summary.executions} ({units.duration(summary.execute_time)})"),
     ]
     if share is not None:
         rows.append(_row("time share", f"compile {share * 100:.0f}% / execute "
@@ -227,7 +227,7 @@ def alerts_html(alerts: list[Alert]) -> str:
     itself in the theme's colour, readable on light and dark backgrounds)."""
     boxes = []
     for alert in alerts:
-        color = COLORS.get(alert.severity, COLORS["warning"])
+        color = SEVERITY_COLORS.get(alert.severity, AMBER)
         boxes.append(
             f'<div style="{_BOX}border-left:4px solid {color};padding:2px 8px;margin:4px 0">'
             f'<b><span style="{text_color(color)}">'
@@ -245,7 +245,7 @@ def metrics_html(summary: XlaSummary | None, alerts: list[Alert],
             f"{alerts_html(alerts)}</div>")
 
 
-def note_html(line: str, color: str = COLORS["failed"]) -> str:
+def note_html(line: str, color: str = RED) -> str:
     """An error (red) or a note (amber) line under the bars."""
     return f'<div style="{_BOX}{text_color(color)}">{escape(line)}</div>'
 
@@ -253,7 +253,7 @@ def note_html(line: str, color: str = COLORS["failed"]) -> str:
 def notes_html(view: LaunchView) -> str:
     """The errors after the first (the status names that one) and the notes."""
     return ("".join(note_html(line) for line in view.errors[1:])
-            + "".join(note_html(line, COLORS["warning"]) for line in view.notes))
+            + "".join(note_html(line, AMBER) for line in view.notes))
 
 
 def view_metrics_html(view: LaunchView) -> str:

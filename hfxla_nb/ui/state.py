@@ -10,12 +10,21 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
-from ..events import Compiled, Failed, Finished, Heartbeat, MetricsSnapshot, Progress, Started
+from ..events import (
+    Compiled,
+    Event,
+    Failed,
+    Finished,
+    Heartbeat,
+    MetricsSnapshot,
+    Progress,
+    Started,
+)
 from ..observe.analyzer import Alert
 from ..observe.live import LiveMetrics
 from ..observe.metrics import XlaSummary
+from ..states import BarState, BaseLaunchRecord, BaseRankRecord, Outcome, PanelState, RankState
 
 # Points kept per bar for the charts.
 HISTORY = 200
@@ -42,7 +51,7 @@ class BarView:
     values: dict[str, float]
     losses: list[float]
     step_times: list[float]
-    state: str  # "running", "done", "short" (ended before its total) or "failed"
+    state: BarState
     ranks: int = 1  # how many ranks this bar stands for
     show_rank: bool = True  # False in a one-rank launch: "[rank 0]" would say nothing
     first_step: int | None = None  # the first step reported (0: counted from 0)
@@ -58,7 +67,7 @@ class BarView:
     def overall(self) -> bool:
         """Whether `rate` and `samples_rate` are averages over the whole bar (once it ended),
         rather than the current rates of the last few updates."""
-        return self.state != "running"
+        return self.state != BarState.RUNNING
 
     @property
     def fraction(self) -> float | None:
@@ -73,9 +82,9 @@ class LaunchView:
     """Everything a launch panel shows at one moment."""
 
     world: int
-    state: str  # "starting", "running", "finished" or "failed"
+    state: PanelState
     elapsed: float
-    ranks: dict[int, str]  # rank -> "pending", "running", "finished", "failed", ...
+    ranks: dict[int, RankState]
     bars: list[BarView]
     errors: list[str]
     notes: list[str]
@@ -89,7 +98,8 @@ class LaunchView:
 
     @property
     def done(self) -> bool:
-        return self.state in ("finished", "failed")
+        """Whether the launch ended (the panel is final)."""
+        return self.state in (PanelState.FINISHED, PanelState.FAILED)
 
 
 @dataclass
@@ -102,7 +112,7 @@ class _Bar:
     values: dict[str, float] = field(default_factory=dict)
     start: float | None = None
     last: float | None = None
-    state: str = "running"
+    state: BarState = BarState.RUNNING
     first_step: int | None = None
     points: deque = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
     losses: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
@@ -125,46 +135,47 @@ class LaunchState:
         self.clock = clock
         self.start = clock()
         self.end: float | None = None
-        self.ranks: dict[int, str] = {rank: "pending" for rank in range(self.world)}
-        self.rank_start: dict[Any, float] = {}
-        self.last_heard: dict[Any, float] = {}
+        self.ranks: dict[int, RankState] = {rank: RankState.PENDING for rank in range(self.world)}
+        self.rank_start: dict[int | None, float] = {}
+        self.last_heard: dict[int, float] = {}
         self.bars: dict[tuple, _Bar] = {}
         self.errors: list[str] = []
         self.metrics = LiveMetrics()
-        self.outcome: str | None = None
-        self.failed_ranks: set[Any] = set()  # ranks named by their Failed event
+        self.outcome: PanelState | None = None  # set by `close`
+        self.failed_ranks: set[int | None] = set()  # ranks named by their Failed event
         self.changes = 0  # bumped on every event, so renderers can skip identical redraws
 
     # -- events --------------------------------------------------------------------------------
 
-    def handle(self, event: Any) -> None:
-        """Take one event; unknown events are ignored."""
+    def handle(self, event: Event) -> None:
+        """Take one event; events that change nothing drawn (`ProcessExited`: the record
+        says it at the end) only mark their rank as heard from."""
         now = self.clock()
-        rank = getattr(event, "rank", None)
+        rank = event.rank
         self.changes += 1
         if rank is not None:
             self.last_heard[rank] = now
         if isinstance(event, Started):
-            self.ranks[rank] = "running"
+            self.ranks[rank] = RankState.RUNNING
             self.rank_start.setdefault(rank, now)
         elif isinstance(event, Progress):
             self._progress(event, now)
-            if self.ranks.get(rank) == "pending":
-                self.ranks[rank] = "running"
+            if self.ranks.get(rank) == RankState.PENDING:
+                self.ranks[rank] = RankState.RUNNING
         elif isinstance(event, (MetricsSnapshot, Compiled)):
             self.metrics.add(event)
         elif isinstance(event, Finished):
             if rank is not None:
-                self.ranks[rank] = "finished"
-            self._end_bars(rank, "done")
+                self.ranks[rank] = RankState.FINISHED
+            self._end_bars(rank, BarState.DONE)
         elif isinstance(event, Failed):
             self.failed_ranks.add(rank)
             message = _failure_line(event, self.world)
             if message not in self.errors:
                 self.errors.append(message)
             if rank is not None:
-                self.ranks[rank] = "failed"
-            self._end_bars(rank, "failed")
+                self.ranks[rank] = RankState.FAILED
+            self._end_bars(rank, BarState.FAILED)
         elif isinstance(event, Heartbeat):
             pass
 
@@ -184,7 +195,7 @@ class LaunchState:
             # a newer event counting from the start again (the next epoch): restart the bar
             bar.points.clear()
             bar.start = at
-            bar.state = "running"
+            bar.state = BarState.RUNNING
         if bar.points and event.step > bar.points[-1][0] and at > bar.points[-1][1]:
             last_step, last_time, _ = bar.points[-1]
             bar.step_times.append((at - last_time) / (event.step - last_step))
@@ -196,8 +207,8 @@ class LaunchState:
         bar.values.update(event.values)
         bar.last = at
         self._loss_point(bar, event.values)
-        if bar.total is not None and bar.step >= bar.total and bar.state == "running":
-            bar.state = "done"
+        if bar.total is not None and bar.step >= bar.total and bar.state == BarState.RUNNING:
+            bar.state = BarState.DONE
 
     def _bar_start(self, event: Progress) -> float:
         """When a new bar's clock starts: at its own event when that says no step is done yet
@@ -206,7 +217,7 @@ class LaunchState:
         if event.step == 0:
             return event.time
         ends = [bar.last for (rank, _), bar in self.bars.items()
-                if rank == event.rank and bar.state != "running" and bar.last is not None
+                if rank == event.rank and bar.state != BarState.RUNNING and bar.last is not None
                 and bar.last <= event.time]
         start = self.rank_start.get(event.rank)
         candidates = ends + ([start] if start is not None else [])
@@ -217,54 +228,58 @@ class LaunchState:
         if "loss" in values:
             bar.losses.append(values["loss"])
 
-    def _end_bars(self, rank: int | None, state: str) -> None:
+    def _end_bars(self, rank: int | None, state: BarState) -> None:
         """Bars of `rank` (every rank when None) that still run become `state`; a bar that
         ended well ("done") but short of the total it announced becomes "short": the check
         mark is only for a bar that reached its total."""
         for (bar_rank, _), bar in self.bars.items():
-            if (rank is None or bar_rank == rank) and bar.state == "running":
-                short = state == "done" and bar.total is not None and bar.step < bar.total
-                bar.state = "short" if short else state
+            if (rank is None or bar_rank == rank) and bar.state == BarState.RUNNING:
+                short = state == BarState.DONE and bar.total is not None and bar.step < bar.total
+                bar.state = BarState.SHORT if short else state
 
-    def close(self, record: Any) -> None:
-        """Take the launch's final record (duck-typed: ok, duration, ranks, outcome)."""
+    def close(self, record: BaseLaunchRecord | None) -> None:
+        """Take the launch's final record: its duration, every rank's exit state and error,
+        its outcome. Without one (a display closed by hand), the end is judged from the
+        events: finished when every rank finished and none failed."""
         self.end = self.clock()
-        duration = getattr(record, "duration", None)
-        if isinstance(duration, (int, float)) and duration > 0:
-            self.end = self.start + float(duration)
-        for rank_record in getattr(record, "ranks", None) or []:
-            rank = getattr(rank_record, "rank", None)
-            state = getattr(rank_record, "exit_state", None)
-            if rank is None or state is None:
-                continue
-            self.ranks[rank] = str(state)
-            message = self._record_error(rank_record)
-            if message and state != "finished" and rank not in self.failed_ranks:
-                if not any(message in known or known in message for known in self.errors):
-                    self.errors.append(message)
-            if state != "finished":
-                self._end_bars(rank, "failed")
-        ok = getattr(record, "ok", None)
-        if ok is None:
-            ok = not self.errors and all(s == "finished" for s in self.ranks.values())
-        self.outcome = "finished" if ok else "failed"
-        if ok:
-            self._end_bars(None, "done")
+        if record is None:
+            ok = not self.errors and all(state == RankState.FINISHED
+                                         for state in self.ranks.values())
         else:
-            outcome = getattr(record, "outcome", None)
-            if outcome in ("timeout", "interrupted") and not self.errors:
-                self.errors.append("timed out" if outcome == "timeout" else "interrupted")
+            if record.duration > 0:
+                self.end = self.start + record.duration
+            for rank_record in record.ranks:
+                self._close_rank(rank_record)
+            ok = record.ok
+        self.outcome = PanelState.FINISHED if ok else PanelState.FAILED
+        if ok:
+            self._end_bars(None, BarState.DONE)
+        elif record is not None and not self.errors:
+            if record.outcome == Outcome.TIMEOUT:
+                self.errors.append("timed out")
+            elif record.outcome == Outcome.INTERRUPTED:
+                self.errors.append("interrupted")
 
-    def _record_error(self, rank_record: Any) -> str | None:
+    def _close_rank(self, rank_record: BaseRankRecord) -> None:
+        """A rank's final state from the record; its error, when no event said it already."""
+        rank, state = rank_record.rank, rank_record.exit_state
+        self.ranks[rank] = state
+        if state == RankState.FINISHED:
+            return
+        message = self._record_error(rank_record)
+        if message and rank not in self.failed_ranks:
+            if not any(message in known or known in message for known in self.errors):
+                self.errors.append(message)
+        self._end_bars(rank, BarState.FAILED)
+
+    def _record_error(self, rank_record: BaseRankRecord) -> str | None:
         """A rank's failure as the record tells it: its short reason ("killed by SIGKILL")
         when it has one (the `LaunchError` gives the details), else its error."""
-        rank = getattr(rank_record, "rank", None)
-        reason = getattr(rank_record, "reason", None)
-        error = getattr(rank_record, "error", None)
+        rank, reason, error = rank_record.rank, rank_record.reason, rank_record.error
         if reason:
-            return f"rank {rank} {reason}" if self.world > 1 else str(reason)
+            return f"rank {rank} {reason}" if self.world > 1 else reason
         if error:
-            return f"rank {rank}: {error}" if self.world > 1 else str(error)
+            return f"rank {rank}: {error}" if self.world > 1 else error
         return None
 
     # -- view ----------------------------------------------------------------------------------
@@ -272,14 +287,7 @@ class LaunchState:
     def view(self) -> LaunchView:
         """The current state as plain data."""
         now = self.end if self.end is not None else self.clock()
-        if self.outcome is not None:
-            state = self.outcome
-        elif any(s == "failed" for s in self.ranks.values()):
-            state = "failed" if self.end is not None else "running"
-        elif any(s != "pending" for s in self.ranks.values()) or self.bars:
-            state = "running"
-        else:
-            state = "starting"
+        state = self._panel_state()
         bars = [self._bar_view(bar, now) for bar in self.bars.values()]
         if not self.per_rank:
             bars = _aggregate(bars)
@@ -288,7 +296,8 @@ class LaunchState:
         if self.end is None:
             for rank, status in sorted(self.ranks.items()):
                 heard = self.last_heard.get(rank)
-                if status == "running" and heard is not None and now - heard > SILENT_AFTER:
+                if (status == RankState.RUNNING and heard is not None
+                        and now - heard > SILENT_AFTER):
                     notes.append(f"rank {rank} silent for {now - heard:.0f} s")
         metrics_ranks = self.metrics.process_ranks()
         metrics = self.metrics.summary()
@@ -307,8 +316,18 @@ class LaunchState:
             metrics_step=metrics.steps if metrics is not None else None,
         )
 
+    def _panel_state(self) -> PanelState:
+        """The status line's state: the outcome once closed; before, "running" from the first
+        rank that started or reported (also after a rank failed: the others are still being
+        stopped), else "starting"."""
+        if self.outcome is not None:
+            return self.outcome
+        if any(state != RankState.PENDING for state in self.ranks.values()) or self.bars:
+            return PanelState.RUNNING
+        return PanelState.STARTING
+
     def _bar_view(self, bar: _Bar, now: float) -> BarView:
-        running = bar.state == "running"
+        running = bar.state == BarState.RUNNING
         end = now if running else (bar.last or now)
         elapsed = max(end - (bar.start if bar.start is not None else end), 0.0)
         rate = samples_rate = None
@@ -355,7 +374,7 @@ def _failure_line(event: Failed, world: int) -> str:
 
 def short_bar_note(bar: BarView) -> str | None:
     """Why a bar of a finished launch stopped before its total, when it did."""
-    if bar.state != "short" or not bar.total:
+    if bar.state != BarState.SHORT or not bar.total:
         return None
     if bar.first_step == 0 and bar.step == bar.total - 1:
         return (f"{bar.name} stopped at {bar.step}/{bar.total}: its steps count from 0. "
@@ -377,7 +396,8 @@ def _aggregate(bars: list[BarView]) -> list[BarView]:
         rates = [b.rate for b in group if b.rate is not None]
         samples = [b.samples_rate for b in group if b.samples_rate is not None]
         states = {b.state for b in group}
-        state = next((s for s in ("failed", "running", "short") if s in states), "done")
+        state = next((s for s in (BarState.FAILED, BarState.RUNNING, BarState.SHORT)
+                      if s in states), BarState.DONE)
         merged.append(BarView(
             label=label,
             rank=None,

@@ -1,6 +1,7 @@
 """Plain-text forms of the panels: console output and every panel's `__repr__`.
 
-Pure functions of the data in `ui.state` and `metrics`; nothing is computed here but format.
+Pure functions of the data in `ui.state` and `metrics`; nothing is computed here but format
+(the units are `units`').
 """
 
 from __future__ import annotations
@@ -8,80 +9,18 @@ from __future__ import annotations
 from .._words import plural
 from ..observe.analyzer import Alert
 from ..observe.metrics import InputShapes, XlaSummary, shape_changes
+from ..states import BarState, PanelState, RankState
+from .compilations import compilation_lines
 from .state import BarView, LaunchView
+from .units import clock, duration, number, rate, size
 
-SYMBOLS = {"finished": "✔", "failed": "✖", "running": "…", "starting": "…"}
+SYMBOLS = {PanelState.FINISHED: "✔", PanelState.FAILED: "✖", PanelState.RUNNING: "…",
+           PanelState.STARTING: "…"}
 SEVERITY = {"error": "✖", "warning": "⚠", "info": "ℹ"}
 
 
 # Input shapes listed in a panel row (the alerts name how many there were in all).
 SHAPES_SHOWN = 8
-
-
-def duration(seconds: float | None) -> str:
-    """`40 µs`, `3.5 ms`, `24 ms`, `3.2 s`, `4 min 05 s`, `1 h 02 min`; '?' for None."""
-    if seconds is None:
-        return "?"
-    seconds = max(float(seconds), 0.0)
-    if seconds == 0:
-        return "0 s"
-    milliseconds = seconds * 1000
-    if milliseconds < 0.9995:
-        return f"{milliseconds * 1000:.0f} µs"
-    if milliseconds < 9.95:
-        return f"{milliseconds:.1f} ms"
-    if milliseconds < 999.5:
-        return f"{milliseconds:.0f} ms"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
-
-
-def number(value: float) -> str:
-    """A value to show, in at most 6 characters (a sign aside): up to 4 significant digits
-    (`0.4213`, `12.35`, `0.0014`), or 2 in short scientific form for very small or large
-    values (`1.7e-4`, `2.5e6`)."""
-    if value == 0:
-        return "0"
-    if value != value or value in (float("inf"), float("-inf")):
-        return str(value)
-    if 1e-3 <= abs(value) < 1e5:
-        for digits in (4, 3, 2):
-            text = f"{value:.{digits}g}"
-            if "e" not in text and len(text.lstrip("-")) <= 6:
-                return text
-    mantissa, exponent = f"{value:.1e}".split("e")
-    return f"{mantissa.removesuffix('.0')}e{int(exponent)}"
-
-
-def size(count: int | None) -> str:
-    """Bytes in B, KiB, MiB, GiB; 'n/a' for None."""
-    if count is None:
-        return "n/a"
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"  # pragma: no cover
-
-
-def rate(value: float | None, unit: str) -> str:
-    """`12.3 it/s`, or `1.20 s/it` for slow ones."""
-    if value is None or value <= 0:
-        return f"? {unit}/s"
-    if value < 1 and unit == "it":
-        return f"{1 / value:.2f} s/{unit}"
-    return f"{value:.3g} {unit}/s"
-
-
-def values_text(values: dict[str, float]) -> str:
-    """`loss=0.4213 lr=1.7e-4`."""
-    return " ".join(value_parts(values))
 
 
 def value_parts(values: dict[str, float]) -> list[str]:
@@ -94,23 +33,12 @@ def counts_text(bar: BarView) -> str:
     return f"{bar.step}/{bar.total}" if bar.total else f"{bar.step}"
 
 
-def clock(seconds: float | None) -> str:
-    """A bar's time, short: `850 ms`, `12.0 s`, then `1:05` (min:s) and `1:02:05`."""
-    if seconds is None or seconds < 59.95:
-        return duration(seconds)
-    minutes, secs = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes}:{secs:02d}"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}"
-
-
 def timing_parts(bar: BarView) -> list[str]:
     """What a bar's time and speed are, each a piece that reads on its own: while it runs
     `12.0 s elapsed`, `ETA 18.0 s`, `3.3 it/s, 53.1 samples/s` (the current rates); once it
     ended `7.3 s elapsed` and `overall 9.8 it/s, 53.1 samples/s` (averages over the bar)."""
     parts = [f"{clock(bar.elapsed)} elapsed"]
-    if bar.state == "running" and bar.total:
+    if bar.state == BarState.RUNNING and bar.total:
         parts.append(f"ETA {clock(bar.eta)}")
     rates = []
     if bar.rate is not None or not bar.overall:
@@ -122,17 +50,12 @@ def timing_parts(bar: BarView) -> list[str]:
     return parts
 
 
-def timing_text(bar: BarView) -> str:
-    """`12.0 s elapsed, ETA 18.0 s, 3.3 it/s, 53.1 samples/s`."""
-    return ", ".join(timing_parts(bar))
-
-
 def stat_parts(bar: BarView) -> list[str]:
     """Everything shown next to a bar, as pieces that are never broken across lines."""
     return [counts_text(bar), *timing_parts(bar), *value_parts(bar.values)]
 
 
-MARKS = {"done": "✔", "failed": "✖"}
+MARKS = {BarState.DONE: "✔", BarState.FAILED: "✖"}
 
 
 def bar_line(bar: BarView, width: int = 20, name_width: int = 0) -> str:
@@ -153,19 +76,19 @@ def status_line(view: LaunchView) -> str:
     """`✔ launch finished in 12.3 s` (the wall time of the whole launch) and the like."""
     symbol = SYMBOLS.get(view.state, "")
     ranks = "" if view.world == 1 else f" of {plural(view.world, 'rank')}"
-    if view.state == "finished":
+    if view.state == PanelState.FINISHED:
         return f"{symbol} launch{ranks} finished in {duration(view.elapsed)}"
-    if view.state == "failed":
+    if view.state == PanelState.FAILED:
         first = f": {view.errors[0]}" if view.errors else ""
         return f"{symbol} launch{ranks} failed after {duration(view.elapsed)}{first}"
-    if view.state == "starting":
+    if view.state == PanelState.STARTING:
         who = "" if view.world == 1 else f" {plural(view.world, 'rank')}"
         return f"{symbol} starting{who}, {duration(view.elapsed)}"
     line = f"{symbol} running for {duration(view.elapsed)}"
     if view.world > 1:
         states = list(view.ranks.values())
-        running = sum(state == "running" for state in states)
-        done = sum(state == "finished" for state in states)
+        running = sum(state == RankState.RUNNING for state in states)
+        done = sum(state == RankState.FINISHED for state in states)
         line += f": {running} of {plural(view.world, 'rank')} running, {done} finished"
     return line
 
@@ -235,8 +158,6 @@ def summary_lines(summary: XlaSummary | None, title: str = "XLA",
     lines.append("device memory: " + memory_text(summary.memory))
     for name, info in shape_changes(summary.input_shapes).items():
         lines.append(f"input {name!r} shapes: " + shapes_text(info))
-    from .compilations import compilation_lines  # it formats with this module
-
     return lines + compilation_lines(summary)
 
 

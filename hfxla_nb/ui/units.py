@@ -1,0 +1,79 @@
+"""Units for people: durations, clock times, rates, sizes and values, each as a short string.
+
+The formatting every panel shares (`text`, `html`, `compilations`, `finetune_panel`): plain
+functions of numbers, below the panels that use them.
+"""
+
+from __future__ import annotations
+
+
+def duration(seconds: float | None) -> str:
+    """`40 µs`, `3.5 ms`, `24 ms`, `3.2 s`, `4 min 05 s`, `1 h 02 min`; '?' for None."""
+    if seconds is None:
+        return "?"
+    seconds = max(float(seconds), 0.0)
+    if seconds == 0:
+        return "0 s"
+    milliseconds = seconds * 1000
+    if milliseconds < 0.9995:
+        return f"{milliseconds * 1000:.0f} µs"
+    if milliseconds < 9.95:
+        return f"{milliseconds:.1f} ms"
+    if milliseconds < 999.5:
+        return f"{milliseconds:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def number(value: float) -> str:
+    """A value to show, in at most 6 characters (a sign aside): up to 4 significant digits
+    (`0.4213`, `12.35`, `0.0014`), or 2 in short scientific form for very small or large
+    values (`1.7e-4`, `2.5e6`)."""
+    if value == 0:
+        return "0"
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    if 1e-3 <= abs(value) < 1e5:
+        for digits in (4, 3, 2):
+            text = f"{value:.{digits}g}"
+            if "e" not in text and len(text.lstrip("-")) <= 6:
+                return text
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa.removesuffix('.0')}e{int(exponent)}"
+
+
+def size(count: int | None) -> str:
+    """Bytes in B, KiB, MiB, GiB; 'n/a' for None."""
+    if count is None:
+        return "n/a"
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"  # pragma: no cover
+
+
+def rate(value: float | None, unit: str) -> str:
+    """`12.3 it/s`, or `1.20 s/it` for slow ones."""
+    if value is None or value <= 0:
+        return f"? {unit}/s"
+    if value < 1 and unit == "it":
+        return f"{1 / value:.2f} s/{unit}"
+    return f"{value:.3g} {unit}/s"
+
+
+def clock(seconds: float | None) -> str:
+    """A bar's time, short: `850 ms`, `12.0 s`, then `1:05` (min:s) and `1:02:05`."""
+    if seconds is None or seconds < 59.95:
+        return duration(seconds)
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes}:{secs:02d}"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
