@@ -24,6 +24,7 @@ setup: $(STAMP)
 lint: setup
 	$(PY) -m ruff check hfxla_nb tests bench
 	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_worker_purity.py  # workers never draw, at run time
 
 test: setup lint
 	$(PY) -m pytest -q

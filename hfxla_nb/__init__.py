@@ -45,17 +45,23 @@ _EXPORTS = {
     "xla_training_arguments": "train.trainer",
     "TrainingArgumentsInKernelError": "train.trainer",
 }
+# public module name -> the module it is (imported on first use): `hx.patches.applied()`
+_MODULES = {
+    "patches": "train.patches",
+}
 
-__all__ = sorted(_EXPORTS) + ["__version__", "load_ipython_extension",
-                              "unload_ipython_extension"]
+__all__ = sorted([*_EXPORTS, *_MODULES]) + ["__version__", "load_ipython_extension",
+                                            "unload_ipython_extension"]
 _display_registered = False
 
 
 def __getattr__(name: str) -> Any:
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
+    if name in _MODULES:
+        value = importlib.import_module(f"{__name__}.{_MODULES[name]}")
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    else:
         raise AttributeError(f"module 'hfxla_nb' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module_name}"), name)
     globals()[name] = value
     _register_display()
     return value

@@ -21,6 +21,32 @@ class XlaUnavailableError(ImportError):
     """Raised when an operation needs torch_xla and it is not installed."""
 
 
+# ---------------------------------------------------------------------------------------------
+# torch_xla's metric and counter names (torch_xla 2.9, XLA on the CPU and TPU), written only
+# here: `observe.metrics` summarizes them, fine_tune's loop counts some (`train.counts`). A
+# rename upstream is one edit.
+# ---------------------------------------------------------------------------------------------
+
+# Metrics (`torch_xla.debug.metrics.metric_data`: a count, a total, the latest samples).
+COMPILE_TIME = "CompileTime"  # one sample (ns) per compilation
+EXECUTE_TIMES = ("ExecuteTime", "ExecuteReplicatedTime")  # one per execution (SPMD: replicated)
+TRANSFER_FROM_DEVICE_TIME = "TransferFromDeviceTime"  # one per device-to-host transfer
+TRANSFER_TO_DEVICE_TIME = "TransferToDeviceTime"  # one per host-to-device transfer
+BYTES_FROM_DEVICE = "InboundData"  # bytes of those transfers
+BYTES_TO_DEVICE = "OutboundData"
+
+# Counters (`counter_value`): the fallbacks where a metric above is missing, and the rest.
+UNCACHED_COMPILE = "UncachedCompile"  # compilations
+CACHED_COMPILE = "CachedCompile"  # graphs found in the in-memory computation cache
+EXECUTE_COUNTERS = ("ExecuteComputation", "ExecuteReplicated")  # executions
+MARK_STEP = "MarkStep"  # `torch_xla.sync()` / `xm.mark_step()` calls
+FALLBACK_PREFIX = "aten::"  # every op that ran on the CPU has a counter `aten::<op>`
+ITEM_OP = "aten::_local_scalar_dense"  # what `.item()` shows up as among those fallbacks
+# The persistent compile cache: hits, misses, and entries this XLA could not load.
+PERSISTENT_CACHE_COUNTERS = {"hits": "PersistentCacheHit", "misses": "PersistentCacheMiss",
+                             "unreadable": "PersistentCacheDeserializeFailure"}
+
+
 def _require():
     try:
         import torch_xla  # noqa: F401
@@ -307,7 +333,7 @@ def metrics_snapshot() -> dict[str, Any]:
 
 def metric_counts(names: tuple[str, ...]) -> dict[str, int]:
     """How many samples each torch_xla metric has recorded (0 when absent), e.g.
-    `("CompileTime", "ExecuteTime", "ExecuteReplicatedTime", "TransferFromDeviceTime")`."""
+    `(COMPILE_TIME, *EXECUTE_TIMES, TRANSFER_FROM_DEVICE_TIME)`."""
     _require()
     import torch_xla.debug.metrics as met
 
@@ -390,7 +416,7 @@ def compile_times() -> tuple[int, list[float]]:
         return 0, []
     import torch_xla.debug.metrics as met
 
-    data = met.metric_data("CompileTime")
+    data = met.metric_data(COMPILE_TIME)
     if data is None:
         return 0, []
     count, _, samples = data
@@ -402,7 +428,7 @@ def graphs_ran() -> bool:
     longer reads `PT_XLA_DEBUG_LEVEL`). Never starts the runtime."""
     if not runtime_is_initialized():
         return False
-    counts = metric_counts(("CompileTime", "ExecuteTime", "ExecuteReplicatedTime"))
+    counts = metric_counts((COMPILE_TIME, *EXECUTE_TIMES))
     return any(counts.values())
 
 

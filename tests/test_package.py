@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
+import pydoc
 import subprocess
 import sys
 
+import pytest
+
 import hfxla_nb
+
+SUBPACKAGES = ("launch", "observe", "runtime", "train")
 
 
 def test_import_pulls_in_no_heavy_module_and_starts_nothing():
@@ -22,7 +28,46 @@ def test_import_pulls_in_no_heavy_module_and_starts_nothing():
     assert result.stdout.strip() == "[]"
 
 
-def test_every_public_name_resolves():
-    for name in hfxla_nb.__all__:
-        assert getattr(hfxla_nb, name) is not None, name
-    assert callable(hfxla_nb.last_launch)
+@pytest.mark.parametrize("package", ["hfxla_nb", *(f"hfxla_nb.{name}" for name in SUBPACKAGES)])
+def test_every_public_name_is_what_its_module_defines(package):
+    """Each lazily resolved name is the object of the module `_EXPORTS` names, defined there
+    (not re-exported from elsewhere), and listed by `__all__` and `dir()`."""
+    module = importlib.import_module(package)
+    assert set(module._EXPORTS) <= set(module.__all__) <= set(dir(module))
+    for name, where in module._EXPORTS.items():
+        defining = importlib.import_module(f"{package}.{where}")
+        value = getattr(module, name)
+        assert value is getattr(defining, name), name
+        assert getattr(value, "__module__", defining.__name__) == defining.__name__, name
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        module.not_a_name  # noqa: B018 - the lookup itself is the test
+
+
+def test_subpackage_imports_load_nothing_they_do_not_use():
+    """`from hfxla_nb.launch import group_processes` imports processes.py, not the launcher."""
+    code = ("import sys\nfrom hfxla_nb.launch import group_processes\n"
+            "print('hfxla_nb.launch.launcher' in sys.modules, group_processes.__module__)")
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.split() == ["False", "hfxla_nb.launch.processes"]
+
+
+def test_patches_are_public_as_hx_patches():
+    """`hx.patches` (the name a fine_tune result's note points at) is the patches module, found
+    by `help("hfxla_nb.patches")` and `from hfxla_nb import patches`, and it patches
+    transformers for a block and restores it."""
+    from transformers import masking_utils
+
+    from hfxla_nb import patches
+    from hfxla_nb.train import patches as internal
+
+    assert hfxla_nb.patches is patches is internal
+    assert "patches" in hfxla_nb.__all__
+    assert pydoc.locate("hfxla_nb.patches") is internal
+    original = masking_utils._ignore_bidirectional_mask_sdpa
+    with hfxla_nb.patches.applied() as applied:
+        assert "bidirectional_mask" in applied and applied == hfxla_nb.patches.active()
+        assert masking_utils._ignore_bidirectional_mask_sdpa.__wrapped__ is original
+    assert masking_utils._ignore_bidirectional_mask_sdpa is original
+    assert hfxla_nb.patches.active() == []

@@ -10,9 +10,9 @@ Plain data in, plain data out; only `snapshot()` and `device_memory()` reach tor
  "input_shapes": {...}}           # optional, added by `hfxla_nb.report(inputs=...)`
 ```
 
-Names read from torch_xla 2.9 (XLA on the CPU and TPU): compile count and time from the metric
-`CompileTime` (counter `UncachedCompile` as a fallback, `CachedCompile` for cache hits),
-executions from `ExecuteTime` / `ExecuteReplicatedTime` (SPMD), transfers from
+What is read (the names are torch_xla's, written once in `_xla`): compile count and time from
+the metric `CompileTime` (counter `UncachedCompile` as a fallback, `CachedCompile` for cache
+hits), executions from `ExecuteTime` / `ExecuteReplicatedTime` (SPMD), transfers from
 `TransferFromDeviceTime` / `TransferToDeviceTime` with their bytes in `InboundData` /
 `OutboundData`, CPU fallbacks from the `aten::*` counters, steps from `MarkStep`.
 """
@@ -23,9 +23,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import _xla
+from .._xla import FALLBACK_PREFIX, ITEM_OP
+
 # PyTorch/XLA's own debug analysis (PT_XLA_DEBUG_LEVEL) judges rates only after 10 steps.
 WARMUP_STEPS = 10
-ITEM_OP = "aten::_local_scalar_dense"  # what `.item()` shows up as among the CPU fallbacks
 
 # How many distinct shapes one input lists in a `ShapeTracker` (the rest are only counted)...
 MAX_SHAPES_PER_INPUT = 16
@@ -44,16 +46,12 @@ def snapshot() -> dict[str, Any]:
 
     Reading the counters is host-side only (no device sync) and does not start the XLA runtime.
     """
-    from .. import _xla
-
     return _xla.metrics_snapshot()
 
 
 def device_memory() -> dict[str, int] | None:
     """Device memory (`bytes_used`, `bytes_limit`, `peak_bytes_used`) when this process runs
     the XLA runtime on a TPU; None elsewhere (XLA on the CPU does not report it)."""
-    from .. import _xla
-
     if not _xla.runtime_is_initialized() or _xla.device_type() in (None, "CPU"):
         return None
     return _xla.memory_info()
@@ -90,7 +88,7 @@ def diff(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]
         }
     result["counters"] = counters
     result["metrics"] = metrics
-    result["fallback_ops"] = sorted(name for name in counters if name.startswith("aten::"))
+    result["fallback_ops"] = sorted(name for name in counters if name.startswith(FALLBACK_PREFIX))
     return result
 
 
@@ -233,12 +231,6 @@ def shapes_of(inputs: Any) -> dict[str, tuple]:
     return shapes
 
 
-def changed_inputs(input_shapes: dict[str, list[dict[str, Any]]] | None) -> dict[str, list]:
-    """`{name: [shape, ...]}` (the listed shapes) for every input seen with more than one shape;
-    `shape_changes` also gives how many shapes there were in all."""
-    return {name: info.shapes for name, info in shape_changes(input_shapes).items()}
-
-
 def shape_changes(input_shapes: dict[str, list[dict[str, Any]]] | None) -> dict[str, InputShapes]:
     """`{name: InputShapes}` for every input that was seen with more than one shape."""
     return {name: info for name, info in input_shapes_of(input_shapes).items()
@@ -314,13 +306,10 @@ def _metric(data: dict[str, Any], *names: str) -> tuple[int, float, float]:
     return count, total, largest
 
 
-_CACHE_COUNTERS = (("hits", "PersistentCacheHit"), ("misses", "PersistentCacheMiss"),
-                   ("unreadable", "PersistentCacheDeserializeFailure"))
-
-
 def _cache(counters: dict[str, Any], folder: dict[str, Any] | None) -> dict[str, Any] | None:
     """The compile cache's counters and folder, or None when no cache was used."""
-    counts = {key: int(counters.get(name, 0)) for key, name in _CACHE_COUNTERS}
+    counts = {key: int(counters.get(name, 0))
+              for key, name in _xla.PERSISTENT_CACHE_COUNTERS.items()}
     if not folder and not any(counts.values()):
         return None
     return {**counts, **(folder or {})}
@@ -349,33 +338,31 @@ def summarize(
     """
     counters = data.get("counters", {})
     if steps is None:
-        steps = counters.get("MarkStep") or None
-    compiles, compile_ns, max_compile_ns = _metric(data, "CompileTime")
+        steps = counters.get(_xla.MARK_STEP) or None
+    compiles, compile_ns, max_compile_ns = _metric(data, _xla.COMPILE_TIME)
     if not compiles:
-        compiles = int(counters.get("UncachedCompile", 0))
-    executions, execute_ns, max_execute_ns = _metric(data, "ExecuteTime", "ExecuteReplicatedTime")
+        compiles = int(counters.get(_xla.UNCACHED_COMPILE, 0))
+    executions, execute_ns, max_execute_ns = _metric(data, *_xla.EXECUTE_TIMES)
     if not executions:
-        executions = int(counters.get("ExecuteComputation", 0)) + int(
-            counters.get("ExecuteReplicated", 0)
-        )
-    from_count, from_ns, _ = _metric(data, "TransferFromDeviceTime")
-    to_count, to_ns, _ = _metric(data, "TransferToDeviceTime")
-    inbound = data.get("metrics", {}).get("InboundData")
-    outbound = data.get("metrics", {}).get("OutboundData")
+        executions = sum(int(counters.get(name, 0)) for name in _xla.EXECUTE_COUNTERS)
+    from_count, from_ns, _ = _metric(data, _xla.TRANSFER_FROM_DEVICE_TIME)
+    to_count, to_ns, _ = _metric(data, _xla.TRANSFER_TO_DEVICE_TIME)
+    inbound = data.get("metrics", {}).get(_xla.BYTES_FROM_DEVICE)
+    outbound = data.get("metrics", {}).get(_xla.BYTES_TO_DEVICE)
     fallbacks = {
         name: int(value)
         for name, value in counters.items()
-        if name.startswith("aten::") and name != ITEM_OP and value
+        if name.startswith(FALLBACK_PREFIX) and name != ITEM_OP and value
     }
     for name in data.get("fallback_ops", []):
-        if name != ITEM_OP and name not in fallbacks and name.startswith("aten::"):
+        if name != ITEM_OP and name not in fallbacks and name.startswith(FALLBACK_PREFIX):
             fallbacks[name] = 1
     summary = XlaSummary(
         steps=steps,
         compiles=compiles,
         compile_time=compile_ns * _NS,
         max_compile_time=max_compile_ns * _NS,
-        cached_compiles=int(counters.get("CachedCompile", 0)),
+        cached_compiles=int(counters.get(_xla.CACHED_COMPILE, 0)),
         executions=executions,
         execute_time=execute_ns * _NS,
         max_execute_time=max_execute_ns * _NS,

@@ -1,44 +1,47 @@
 """The runtime layer: what hardware and environment this is, and how torch_xla is set up.
 
 Nothing here starts the XLA runtime or imports torch, torch_xla or transformers
-(docs/architecture.md).
+(docs/architecture.md). Public names are resolved lazily (PEP 562), like the package's own: a
+worker that needs `runtime.compile_cache` does not load the hardware scans.
 """
 
-from .configure import DEVICES, RuntimeAlreadyStartedError, TpuNotFoundError, configure
-from .environment import (
-    ENVIRONMENTS,
-    HIDDEN,
-    detect_environment,
-    is_secret_name,
-    package_versions,
-    redact_environment,
-    relevant_environment,
-    shell_class_names,
-)
-from .hardware import (
-    GOOGLE_PCI_VENDOR,
-    TPU_GENERATIONS,
-    Accelerator,
-    TpuGeneration,
-    accelerator_from_facts,
-    cpu_device_count,
-    detect_accelerator,
-    find_device_holders,
-    generation_from_accelerator_type,
-    scan_device_files,
-    scan_gpus,
-    scan_pci,
-    tpu_generation,
-)
-from .info import RuntimeInfo, detect
-from .problems import CHECKS, Problem, find_problems
+from __future__ import annotations
 
-__all__ = [
-    "CHECKS", "DEVICES", "ENVIRONMENTS", "GOOGLE_PCI_VENDOR", "HIDDEN", "TPU_GENERATIONS",
-    "Accelerator", "Problem", "RuntimeAlreadyStartedError", "RuntimeInfo", "TpuGeneration",
-    "TpuNotFoundError", "accelerator_from_facts", "configure", "cpu_device_count", "detect",
-    "detect_accelerator", "detect_environment", "find_device_holders", "find_problems",
-    "generation_from_accelerator_type", "is_secret_name", "package_versions",
-    "redact_environment", "relevant_environment", "scan_device_files", "scan_gpus", "scan_pci",
-    "shell_class_names", "tpu_generation",
-]
+import importlib
+from typing import Any
+
+# The function `configure` has its module's name: once anything imports the module
+# `runtime.configure`, Python sets this package's attribute `configure` to that module, and a
+# lazy lookup would never run. Imported here, the function keeps the name (stdlib imports only).
+from .configure import configure as configure
+
+# public name -> module of this package that defines it (imported on first use)
+_EXPORTS = {
+    **dict.fromkeys(("DEVICES", "RuntimeAlreadyStartedError", "TpuNotFoundError", "configure"),
+                    "configure"),  # `configure` itself is imported above
+    **dict.fromkeys(("ENVIRONMENTS", "HIDDEN", "detect_environment", "is_secret_name",
+                     "package_versions", "redact_environment", "relevant_environment",
+                     "shell_class_names"), "environment"),
+    **dict.fromkeys(("GOOGLE_PCI_VENDOR", "TPU_GENERATIONS", "Accelerator", "TpuGeneration",
+                     "accelerator_from_facts", "cpu_device_count", "detect_accelerator",
+                     "find_device_holders", "generation_from_accelerator_type",
+                     "scan_device_files", "scan_gpus", "scan_pci", "tpu_generation"),
+                    "hardware"),
+    **dict.fromkeys(("RuntimeInfo", "detect"), "info"),
+    **dict.fromkeys(("CHECKS", "Problem", "find_problems"), "problems"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module_name}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -125,9 +125,3 @@ def encode_rows(name: str, rows: LmRows, max_length: int, pad_id: int) -> Encode
         inputs[i, 2 * max_length:2 * max_length + n] = np.where(learned, ids, IGNORE)
     bucket = Bucket(max_length, inputs, np.zeros(count, dtype=np.int64), np.arange(count))
     return EncodedSplit(name, [bucket] if count else [], count, rows.cut)
-
-
-def learned_tokens(split: EncodedSplit) -> int:
-    """How many tokens of a split carry a label (what the loss averages over)."""
-    return sum(int((bucket.inputs[:, 2 * bucket.length:] != IGNORE).sum())
-               for bucket in split.buckets)
