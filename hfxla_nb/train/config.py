@@ -31,9 +31,10 @@ class FineTuneConfig:
     Args:
         tokenizer: a tokenizer, name or folder; default: the model's own.
         text_column: the column with the text.
-        text_pair_column: a second text column for sentence-pair tasks (NLI, paraphrase).
-        label_column: the column with the labels: class names (str), class ids (int), or a
-            `ClassLabel`.
+        text_pair_column: classification: a second text column for sentence-pair tasks (NLI,
+            paraphrase).
+        label_column: classification: the column with the labels: class names (str), class
+            ids (int), or a `ClassLabel`.
         eval_dataset: evaluation data (same forms as `dataset`); default: the validation or
             test split of a `DatasetDict`, else none.
         max_length: pad (and truncate) every text to this many tokens. Default: a few length
@@ -59,8 +60,9 @@ class FineTuneConfig:
             folder; training continues exactly as if it had not stopped. Pass the same data
             and settings as the interrupted run.
         seed: seeds data order, head initialization and dropout.
-        metrics: "accuracy", "f1", "precision", "recall" (macro averages), or functions
-            `f(predictions, labels) -> float | dict`.
+        metrics: classification: "accuracy", "f1", "precision", "recall" (macro averages), or
+            functions `f(predictions, labels) -> float | dict`. A causal LM is evaluated by
+            its loss and perplexity.
         weight_decay: AdamW weight decay (not applied to biases and LayerNorm weights).
         warmup_steps: linear warm-up steps of the learning rate.
         max_grad_norm: gradient clipping norm (None: no clipping).

@@ -1,9 +1,12 @@
-"""`fine_tune`: fine-tune a Hugging Face text classifier on every XLA device, in one call.
+"""`fine_tune`: fine-tune a Hugging Face text classifier or causal language model on every XLA
+device, in one call.
 
 ```python
 result = hx.fine_tune("bert-base-cased", dataset, text_column="text", label_column="label")
 result.metrics          # {'eval_accuracy': ..., 'eval_loss': ...}
 model = result.load_model()
+result = hx.fine_tune(llama, pairs, prompt_column="prompt", response_column="response")
+result.generate("A prompt")                    # task "causal-lm", from the architecture
 ```
 
 In the kernel `prepare_fine_tune` checks and tokenizes everything; then `notebook_launcher`
@@ -26,16 +29,21 @@ from .result import FineTuneResult
 def fine_tune(
     model: Any, dataset: Any, config: FineTuneConfig | None = None, **options: Any
 ) -> FineTuneResult:
-    """Fine-tune a sequence classifier on every XLA device, from one notebook cell.
+    """Fine-tune a text classifier or a causal language model on every XLA device, from one
+    notebook cell.
 
     Everything is checked and tokenized in the notebook process first, without starting the
     XLA runtime, then a worker is forked by `notebook_launcher`, trains with fixed shapes
     (a constant handful of compiled graphs), evaluates, and saves the model and tokenizer.
 
     Args:
-        model: a model name on the Hub, a local folder (loaded with
-            `AutoModelForSequenceClassification.from_pretrained`, the head sized for the
-            labels), or a `...ForSequenceClassification` model instance.
+        model: a model name on the Hub, a local folder, or a model instance on the CPU. A
+            `...ForSequenceClassification` (or a name or folder whose architecture is not a
+            language model: loaded with `AutoModelForSequenceClassification`, the head sized
+            for the labels) is fine-tuned as a classifier; a `...ForCausalLM` (or a name or
+            folder with that architecture: `AutoModelForCausalLM`) as a causal language
+            model, on `text_column` or on `prompt_column` / `response_column` pairs. The
+            `task` option says which when the architecture should not decide.
         dataset: the training data: a `datasets.Dataset`, a `DatasetDict` (its "train" split;
             "validation" or "test" for evaluation), a dataset name on the Hub, a local file
             or folder, a pandas DataFrame, or a list of dicts.
@@ -45,8 +53,10 @@ def fine_tune(
             `help(hx.FineTuneConfig)`).
 
     Returns:
-        `FineTuneResult` with the loss history, evaluation metrics, throughput, compile and
-        transfer counts, and the output folder (`result.load_model()` loads the model on CPU).
+        `FineTuneResult` with the loss history, evaluation metrics (accuracy for a classifier,
+        loss and perplexity for a causal LM), throughput, compile and transfer counts, and
+        the output folder (`result.load_model()` loads the model on the CPU; for a causal LM
+        `result.generate(prompts)` continues prompts with it).
 
     Raises:
         FineTuneError: before anything is forked or written, for any argument or data that

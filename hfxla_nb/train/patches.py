@@ -1,14 +1,14 @@
 """Small, reversible fixes that make transformers trace cleanly on XLA.
 
 Each patch removes a host-device synchronization (or a recompilation) that transformers
-triggers on XLA, without changing what the model computes. They are applied only inside a
-launched worker, by `fine_tune`, and undone when it ends; the notebook kernel's transformers
-stays untouched.
+triggers on XLA, without changing what the model computes. `fine_tune` applies them inside its
+launched worker and undoes them when it ends, so the notebook kernel's transformers stays
+untouched. Your own loop can use them too, public as `hx.patches` (`hfxla_nb.patches`):
 
 ```python
-from hfxla_nb import patches
+import hfxla_nb as hx
 
-with patches.applied():          # or patches.apply() ... patches.remove()
+with hx.patches.applied():       # or hx.patches.apply() ... hx.patches.remove()
     train()
 ```
 

@@ -1,8 +1,9 @@
 """`prepare_fine_tune`: everything `fine_tune` does before forking, as named steps.
 
 Runs in the notebook kernel without starting the XLA runtime: check the options, load the
-config and tokenizer, read and check the data, tokenize into fixed-shape buckets, check the
-output folder and a checkpoint to resume. Writes nothing; any refusal is a `FineTuneError`.
+config and tokenizer, choose the task, read and check the data, tokenize into fixed-shape
+buckets, check the output folder and a checkpoint to resume. A causal LM's data steps are in
+`prepare_lm.py`. Writes nothing; any refusal is a `FineTuneError`.
 """
 
 from __future__ import annotations
