@@ -19,6 +19,25 @@ def test_accelerate_style_functions_get_only_args():
     assert check_function(lambda cfg, extra=None: None, (1,)) is False
 
 
+def test_the_first_four_parameters_are_accelerates():
+    """`from hfxla_nb import notebook_launcher` replaces accelerate's: the same first four
+    parameters, by name, order, kind and default."""
+    import inspect
+
+    import accelerate
+
+    import hfxla_nb
+
+    def first_four(function):
+        parameters = list(inspect.signature(function).parameters.values())[:4]
+        return [(p.name, p.kind, p.default) for p in parameters]
+
+    ours = first_four(hfxla_nb.notebook_launcher)
+    assert ours == first_four(accelerate.notebook_launcher)
+    assert [name for name, _, _ in ours] == ["function", "args", "num_processes",
+                                             "mixed_precision"]
+
+
 @pytest.mark.parametrize(
     ("function", "args", "expected"),
     [
@@ -48,7 +67,8 @@ def test_spmd_is_one_rank_over_every_device():
     assert tpu.world == 1 and tpu.env["PJRT_DEVICE"] == "TPU" and "CPU_NUM_DEVICES" not in tpu.env
 
 
-def test_debug_forks_processes_on_the_cpu():
+def test_debug_plans_cpu_processes_even_on_a_tpu_host():
+    # That they are forked processes joined by gloo: tests/test_launch.py.
     plan = plan_launch("debug", 3, "no", "tpu", 8)
     assert plan.world == 3 and plan.env["PJRT_DEVICE"] == "CPU"
     assert plan_launch("debug", None, "no", "cpu", 1).world == 2
