@@ -88,6 +88,14 @@ class LaunchRecord(BaseLaunchRecord):
             lines.append(f"  rank {rank.rank}: {rank.exit_state}, {rank.duration:.1f}s{detail}")
         return "\n".join(lines)
 
+    def leftover_processes(self) -> list[int]:
+        """The pids of the launch's processes still running now (from /proc; zombies do not
+        count): `[]` once the launcher has returned, whatever the outcome, and for a launch
+        refused before anything was forked (it has no `process_group`)."""
+        from .processes import group_processes
+
+        return [] if self.process_group is None else group_processes(self.process_group)
+
 
 class LaunchError(RuntimeError):
     """A launched function failed. `record` holds every rank's state; the message carries the
