@@ -1,12 +1,23 @@
-"""How the notebook side turns worker events into the record and the error (no fork):
-`RecordKeeper` is driven by events alone."""
+"""The notebook side of a launch: how `RecordKeeper` turns worker events into the record and
+the error (driven by events alone), the typed states, and how `Supervision` ends a launch
+(every exit sets the outcome in one place; real forks for the timeout and a broken loop)."""
 
 from __future__ import annotations
 
+import io
 import signal
+import socket
+import time
 
-from hfxla_nb.events import Failed, ProcessExited, Started
+import pytest
+
+from hfxla_nb.events import Channel, Failed, ProcessExited, Started
 from hfxla_nb.launch import LaunchRecord, RankRecord, RecordKeeper
+from hfxla_nb.launch.processes import group_processes
+from hfxla_nb.launch.supervision import STOPPED_AS, Supervision
+from hfxla_nb.states import Outcome, RankState
+from hfxla_nb.ui import NullDisplay
+from hfxla_nb.ui.console import ConsoleDisplay
 
 
 def supervision(world: int, **options) -> RecordKeeper:
@@ -105,3 +116,96 @@ def test_a_rank_that_never_starts_gets_a_warning_without_a_heartbeat_timeout():
     assert "timeout=" in warnings[0]
     assert watch.check_heartbeats(later + 1) == []
     assert watch.record.ranks[0].exit_state == "pending" and watch.failure is None
+
+
+# -- the states, typed ---------------------------------------------------------------------------
+
+
+def test_the_rank_record_docstring_names_every_state_a_rank_can_end_in():
+    missing = [state for state in RankState if f'"{state}"' not in RankRecord.__doc__]
+    assert missing == [], "RankRecord.exit_state's docstring leaves out these states"
+    missing = [outcome for outcome in Outcome if f'"{outcome}"' not in LaunchRecord.__doc__]
+    assert missing == [], "LaunchRecord.outcome's docstring leaves out these outcomes"
+
+
+def test_states_read_as_their_words_and_a_misspelt_one_is_refused():
+    record = LaunchRecord("spmd", 1, [RankRecord(0, exit_state="finished")], outcome="timeout")
+    assert record.ranks[0].exit_state is RankState.FINISHED and record.outcome is Outcome.TIMEOUT
+    # What a notebook shows and what tests/kernel.py reads back through repr() stay words.
+    assert repr(record.ranks[0].exit_state) == "'finished'" and f"{record.outcome}" == "timeout"
+    assert "exit_state='finished'" in repr(record.ranks[0])
+    assert type(record.to_dataframe().loc[0, "exit_state"]) is str
+    with pytest.raises(ValueError, match="finsihed"):
+        RankRecord(0, exit_state="finsihed")
+    with pytest.raises(ValueError, match="timed out"):
+        LaunchRecord("spmd", 1, [RankRecord(0)], outcome="timed out")
+
+
+# -- the supervision loop: every way a launch ends -----------------------------------------------
+
+
+def test_each_way_a_launch_ends_sets_its_outcome_and_the_state_of_the_ranks_left():
+    """`Supervision._end` is where every exit of `run` goes: the outcome is set there, the ranks
+    still running end in the state of that outcome, and the final panel is drawn from it."""
+    assert set(STOPPED_AS) == set(Outcome) - {Outcome.RUNNING}
+    panels = {}
+    for outcome, left in STOPPED_AS.items():
+        record = LaunchRecord("debug", 3, [RankRecord(0, exit_state="finished"),
+                                           RankRecord(1, exit_state="running"), RankRecord(2)])
+        output = io.StringIO()
+        supervision = Supervision(record, ConsoleDisplay(3, file=output), "all", None, None)
+        supervision._end(outcome, Channel(), time.monotonic())
+        assert record.outcome is outcome
+        assert [r.exit_state for r in record.ranks] == [RankState.FINISHED, left, left]
+        panels[outcome] = output.getvalue()
+    assert [r.exit_state for r in record.ranks] == ["finished", "interrupted", "interrupted"]
+    assert "✖ launch of 3 ranks failed" in panels[Outcome.TIMEOUT]
+    assert "timed out" in panels[Outcome.TIMEOUT]
+    assert "interrupted" in panels[Outcome.INTERRUPTED]
+
+
+def _forked_launch(display, timeout=None):
+    """A real one-rank launch of `time.sleep(60)` ("debug" strategy: a forked supervisor and a
+    forked rank), supervised from this process."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    record = LaunchRecord("debug", 1, [RankRecord(0)])
+    supervision = Supervision(record, display, "all", timeout, None)
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    return record, lambda: supervision.run(time.sleep, (60,), False, env)
+
+
+def test_a_launch_past_its_timeout_is_stopped_and_ends_as_timeout():
+    record, run = _forked_launch(NullDisplay(), timeout=2.0)
+    began = time.monotonic()
+    run()
+    assert time.monotonic() - began < 30  # not the 60 s the function sleeps
+    assert record.outcome == "timeout" and record.ranks[0].exit_state == "timeout"
+    assert group_processes(record.process_group) == []
+
+
+def test_a_launch_whose_watch_raises_is_stopped_and_ends_as_failed():
+    """An error in the kernel's own loop (here the panel's refresh) still stops every process
+    of the launch and leaves the record ended, not "running"."""
+
+
+    class BrokenPanel:
+        closed_with = None
+
+        def handle(self, event):
+            pass
+
+        def refresh(self):
+            raise RuntimeError("the panel broke")
+
+        def close(self, record):
+            self.closed_with = record
+
+    panel = BrokenPanel()
+    record, run = _forked_launch(panel)
+    with pytest.raises(RuntimeError, match="the panel broke"):
+        run()
+    assert record.outcome == "failed" and record.ranks[0].exit_state == "stopped"
+    assert panel.closed_with is record
+    assert group_processes(record.process_group) == []

@@ -57,7 +57,7 @@ class Supervision:
         )
 
     def run(self, function: Callable[..., Any], args: tuple[Any, ...], pass_index: bool,
-            env: dict[str, str]) -> None:
+            env: dict[str, str | None]) -> None:
         """Fork the launch's supervisor, watch it until the launch ends, stop what is left.
 
         The launch ends in one of three ways, and the record's `outcome` is set here, once,
