@@ -71,3 +71,17 @@ def test_patches_are_public_as_hx_patches():
         assert masking_utils._ignore_bidirectional_mask_sdpa.__wrapped__ is original
     assert masking_utils._ignore_bidirectional_mask_sdpa is original
     assert hfxla_nb.patches.active() == []
+
+
+def test_a_launch_record_lists_its_leftover_processes():
+    """`hx.last_launch().leftover_processes()`: the live processes of the launch's process
+    group, as /proc has them; none once they are gone, none for a launch that forked nothing."""
+    child = subprocess.Popen(["sleep", "60"], start_new_session=True)  # its own process group
+    record = hfxla_nb.LaunchRecord("debug", 1, [], process_group=child.pid)
+    try:
+        assert record.leftover_processes() == [child.pid]
+    finally:
+        child.kill()
+        child.wait()
+    assert record.leftover_processes() == []
+    assert hfxla_nb.LaunchRecord("spmd", 1, []).leftover_processes() == []
