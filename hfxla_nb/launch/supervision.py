@@ -60,8 +60,8 @@ class Supervision:
             env: dict[str, str | None]) -> None:
         """Fork the launch's supervisor, watch it until the launch ends, stop what is left.
 
-        The launch ends in one of three ways, and the record's `outcome` is set here, once,
-        for all of them (ranks still running end in the state `STOPPED_AS` gives it):
+        The launch ends in one of three ways; for each, the record's `outcome` is set in one
+        place, `_end`, and the ranks still running end in the state `STOPPED_AS` gives it:
 
         - `_watch` returns it: "finished" (the supervisor exited and every rank finished),
           "failed" (a rank failed, was killed or went silent, or the supervisor exited
@@ -82,7 +82,7 @@ class Supervision:
             function: the user's function, run in the forked workers (never pickled).
             args: its arguments.
             pass_index: whether it is called as `function(index, *args)`.
-            env: the variables the workers set before torch_xla starts.
+            env: the variables the workers set before torch_xla starts (None: unset it).
 
         Raises:
             KeyboardInterrupt: the kernel was interrupted (after the launch was stopped).
