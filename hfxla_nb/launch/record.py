@@ -68,7 +68,7 @@ class LaunchRecord(BaseLaunchRecord):
         outcome: an `Outcome`: "running" until the launch ends, then "finished", "failed",
             "timeout" or "interrupted".
         process_group: the process group of every process the launch started (all gone when
-            the launcher returns; `group_processes(process_group)` lists any that are not).
+            the launcher returns; `leftover_processes()` lists any that are not).
     """
 
     ranks: list[RankRecord]  # the same field: ranks with their metrics
@@ -79,6 +79,7 @@ class LaunchRecord(BaseLaunchRecord):
         return dataframe([_rank_row(rank) for rank in self.ranks])
 
     def __str__(self) -> str:
+        """`spmd launch, 2 ranks: finished in 3.2s`, then one line per rank."""
         lines = [
             f"{self.strategy} launch, {plural(self.world, 'rank')}: {self.outcome} in "
             f"{self.duration:.1f}s"
