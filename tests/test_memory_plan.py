@@ -1,0 +1,265 @@
+"""hx.plan_memory: exact parameter counts from meta-device models, bytes per parameter per
+precision, LoRA adapter counts against peft's own, the changes that make a plan fit, and the
+refusals. Real transformers models and configs, built locally (never the Hub)."""
+
+from __future__ import annotations
+
+import pytest
+
+import hfxla_nb as hx
+from hfxla_nb.train.config import FineTuneError
+from hfxla_nb.train.memory_plan import (
+    TPU_RESERVED_BYTES,
+    MemoryPlan,
+    MemoryPlanError,
+    plan_memory,
+)
+
+transformers = pytest.importorskip("transformers")
+GIB = 2**30
+
+
+def llama_7b():
+    return transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008,
+                                    num_hidden_layers=32, num_attention_heads=32,
+                                    vocab_size=32000)
+
+
+def gemma_2b():
+    # google/gemma-2b's published config.json (2.51B parameters; the head is tied).
+    return transformers.GemmaConfig(hidden_size=2048, intermediate_size=16384,
+                                    num_hidden_layers=18, num_attention_heads=8,
+                                    num_key_value_heads=1, head_dim=256, vocab_size=256000)
+
+
+def llama_1b():
+    # meta-llama/Llama-3.2-1B's shape (tied head).
+    return transformers.LlamaConfig(hidden_size=2048, intermediate_size=8192,
+                                    num_hidden_layers=16, num_attention_heads=32,
+                                    num_key_value_heads=8, vocab_size=128256,
+                                    tie_word_embeddings=True)
+
+
+def tiny_llama():
+    return transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2,
+                                    vocab_size=256)
+
+
+def test_llama_7b_parameters_are_exact():
+    plan = plan_memory(llama_7b(), hardware="v5e-8")
+    assert plan.parameters == 6_738_415_616
+
+
+def test_gemma_2b_parameters_match_the_architecture_by_hand():
+    h, inter, layers, heads, kv, head_dim, vocab = 2048, 16384, 18, 8, 1, 256, 256000
+    attention = h * heads * head_dim * 2 + h * kv * head_dim * 2
+    per_layer = attention + 3 * h * inter + 2 * h  # q/o, k/v, gate/up/down, two norms
+    expected = vocab * h + layers * per_layer + h  # tied head: the embedding counted once
+    assert expected == 2_506_172_416  # Gemma 2B's published count
+    assert plan_memory(gemma_2b(), hardware="v5e-1").parameters == expected
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_full_fine_tune_bytes_per_parameter(precision):
+    """Autocast keeps float32 master weights: 4 + 4 (gradient) + 8 (AdamW m, v) bytes."""
+    plan = plan_memory(llama_7b(), hardware="v5e-1", precision=precision)
+    n = plan.parameters
+    assert plan.trainable_parameters == n
+    assert (plan.parameters_gib, plan.gradients_gib, plan.optimizer_gib) == pytest.approx(
+        (4 * n / GIB, 4 * n / GIB, 8 * n / GIB), abs=1e-6)
+
+
+@pytest.mark.parametrize(("precision", "frozen_bytes"), [("fp32", 4), ("bf16", 2)])
+def test_lora_keeps_the_frozen_base_in_its_precision_and_adapters_in_fp32(precision,
+                                                                          frozen_bytes):
+    plan = plan_memory(llama_7b(), hardware="v5e-1", precision=precision, lora=True)
+    n, t = plan.parameters, plan.trainable_parameters
+    assert plan.lora_rank == 16
+    assert plan.parameters_gib * GIB == pytest.approx(frozen_bytes * n + 4 * t, abs=1)
+    assert plan.gradients_gib * GIB == pytest.approx(4 * t, abs=1)
+    assert plan.optimizer_gib * GIB == pytest.approx(8 * t, abs=1)
+
+
+def test_lora_rank_on_llama_7b_is_counted_by_hand():
+    """r x (in + out) for q, k, v, o, gate, up, down in each of 32 layers (not lm_head)."""
+    h, inter = 4096, 11008
+    per_layer = 4 * (h + h) + 2 * (h + inter) + (inter + h)
+    plan = plan_memory(llama_7b(), hardware="v5e-1", lora={"r": 8})
+    assert plan.trainable_parameters == 8 * 32 * per_layer
+
+
+def peft_trainable(model, **lora):
+    peft = pytest.importorskip("peft")
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(**lora))
+    trainable, _ = wrapped.get_nb_trainable_parameters()
+    return trainable
+
+
+@pytest.mark.parametrize("make", ["llama", "gpt2"])
+@pytest.mark.parametrize("rank", [4, 16])
+def test_lora_counts_equal_peft_all_linear(make, rank):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    if make == "llama":
+        config = tiny_llama()
+        model = transformers.LlamaForCausalLM(config)
+    else:  # GPT-2's projections are transformers Conv1D layers, which all-linear targets too
+        config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256,
+                                         n_positions=128)
+        model = transformers.GPT2LMHeadModel(config)
+    planned = plan_memory(config, hardware="cpu", lora={"r": rank}).trainable_parameters
+    assert planned == peft_trainable(model, r=rank, target_modules="all-linear")
+
+
+def test_lora_counts_equal_peft_with_named_target_modules():
+    config = tiny_llama()
+    model = transformers.LlamaForCausalLM(config)
+    lora = {"r": 8, "target_modules": ["q_proj", "v_proj"]}
+    planned = plan_memory(config, hardware="cpu", lora=lora).trainable_parameters
+    # q_proj 64 -> 64, v_proj 64 -> 32 (2 key-value heads of 16), in 2 layers
+    assert planned == peft_trainable(model, **lora) == 8 * 2 * ((64 + 64) + (64 + 32))
+
+
+def test_a_peft_lora_config_is_read():
+    peft = pytest.importorskip("peft")
+    plan = plan_memory(tiny_llama(), hardware="cpu",
+                       lora=peft.LoraConfig(r=4, target_modules="all-linear"))
+    assert plan.lora_rank == 4
+
+
+def test_a_model_instance_and_a_saved_folder_give_the_same_plan(tmp_path):
+    config = tiny_llama()
+    model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(tmp_path)
+    from_folder = plan_memory(str(tmp_path), hardware="v5e-1", batch_size=2, max_length=64)
+    from_model = plan_memory(model, hardware="v5e-1", batch_size=2, max_length=64)
+    assert from_model.parameters == sum(p.numel() for p in model.parameters())
+    assert from_folder.parameters == from_model.parameters
+    assert from_folder.total_gib == pytest.approx(from_model.total_gib)
+    assert from_folder.model == tmp_path.name
+
+
+def test_fsdp_splits_the_state_and_the_batch_is_split_over_devices():
+    data = plan_memory(gemma_2b(), hardware="v5e-8", batch_size=8, max_length=512)
+    fsdp = plan_memory(gemma_2b(), hardware="v5e-8", batch_size=8, max_length=512,
+                       sharding="fsdp")
+    assert fsdp.parameters_gib == pytest.approx(data.parameters_gib / 8, rel=1e-6)
+    assert fsdp.optimizer_gib == pytest.approx(data.optimizer_gib / 8, rel=1e-6)
+    assert fsdp.activations_gib == pytest.approx(data.activations_gib)
+    one_device = plan_memory(gemma_2b(), hardware="v5e-8", devices=1, batch_size=8,
+                             max_length=512)
+    assert one_device.activations_gib == pytest.approx(8 * data.activations_gib, rel=1e-6)
+
+
+def test_activations_with_and_without_gradient_checkpointing():
+    plan = plan_memory(llama_1b(), hardware="v5e-1", batch_size=4, max_length=1024)
+    assert plan.activations_gib == plan.activations_full_gib
+    assert plan.activations_checkpointed_gib < plan.activations_full_gib / 3
+    checkpointed = plan_memory(llama_1b(), hardware="v5e-1", batch_size=4, max_length=1024,
+                               gradient_checkpointing=True)
+    assert checkpointed.activations_gib == plan.activations_checkpointed_gib
+    double = plan_memory(llama_1b(), hardware="v5e-1", batch_size=8, max_length=1024)
+    assert double.activations_full_gib == pytest.approx(2 * plan.activations_full_gib)
+
+
+@pytest.mark.parametrize(("hardware", "devices", "per_device_gib"), [
+    ("v5e-1", 1, 16), ("v5e-8", 8, 16), ("v6e-1", 1, 32), ("v4-8", 4, 32), ("v3-8", 8, 16),
+    ("v2-8", 8, 8),
+])
+def test_hbm_per_xla_device(hardware, devices, per_device_gib):
+    plan = plan_memory(tiny_llama(), hardware=hardware, batch_size=8, max_length=64)
+    assert plan.devices == devices
+    assert plan.device_memory_gib * GIB == per_device_gib * GIB - TPU_RESERVED_BYTES
+
+
+def test_a_7b_full_fine_tune_does_not_fit_a_v5e_1_and_lora_bf16_on_a_1b_does():
+    seven = plan_memory(llama_7b(), hardware="v5e-1", batch_size=8, max_length=1024)
+    assert not seven.fits
+    assert seven.total_gib > 100  # 16 bytes per parameter alone are 100 GiB
+    one = plan_memory(llama_1b(), hardware="v5e-1", batch_size=4, max_length=512,
+                      lora=True, precision="bf16")
+    assert one.fits, str(one)
+    assert one.trainable_parameters < 0.01 * one.parameters
+
+
+def test_the_changes_are_cumulative_in_order_of_cost_and_end_fitting():
+    plan = plan_memory(llama_7b(), hardware="v5e-1", batch_size=8, max_length=1024,
+                       precision="fp32")
+    arguments = [change.argument for change in plan.changes]
+    assert arguments[:3] == ["lora=True", "precision='bf16'", "gradient_checkpointing=True"]
+    totals = [change.total_gib for change in plan.changes]
+    assert totals == sorted(totals, reverse=True) and totals[0] < plan.total_gib
+    assert plan.changes[-1].fits and not any(change.fits for change in plan.changes[:-1])
+    # Each total is the plan of those settings, computed again from scratch.
+    again = plan_memory(llama_7b(), hardware="v5e-1", batch_size=8, max_length=1024,
+                        precision="bf16", lora=True, gradient_checkpointing=True)
+    assert again.total_gib == pytest.approx(plan.changes[2].total_gib, abs=0.01)
+
+
+def test_fsdp_over_more_chips_then_a_smaller_batch():
+    """Already LoRA, bf16 and checkpointed on a v5e-8: FSDP over its 8 chips comes next."""
+    plan = plan_memory(llama_7b(), hardware="v5e-8", batch_size=64, max_length=2048,
+                       lora=True, gradient_checkpointing=True)
+    assert not plan.fits
+    assert plan.changes[0].argument == "sharding='fsdp'"
+    assert "FSDP over 8 devices" in plan.changes[0].change
+    if not plan.changes[0].fits:
+        assert plan.changes[1].argument.startswith("batch_size=")
+        assert "gradient_accumulation_steps=" in plan.changes[1].argument
+
+
+def test_a_plan_that_does_not_fit_is_refused_with_its_numbers_and_changes():
+    plan = plan_memory(llama_7b(), hardware="v5e-1", batch_size=8, max_length=1024)
+    with pytest.raises(MemoryPlanError) as refused:
+        plan.check()
+    message = str(refused.value)
+    assert isinstance(refused.value, FineTuneError)
+    assert f"{plan.total_gib:.2f} GiB per device" in message and "of 15.48" in message
+    for change in plan.changes:
+        assert change.argument in message and f"{change.total_gib:.2f} GiB" in message
+    fitting = plan_memory(tiny_llama(), hardware="v5e-1", batch_size=2, max_length=64)
+    assert fitting.check() is fitting and fitting.changes == ()
+
+
+def test_auto_settings_decide_from_the_plan_and_say_why():
+    plan = plan_memory(llama_7b(), hardware="v5e-8", batch_size=8, max_length=512,
+                       lora="auto", sharding="auto")
+    assert plan.lora_rank == 16 and plan.sharding == "fsdp"
+    assert any("lora='auto' chose LoRA" in note for note in plan.notes)
+    assert any("sharding='auto' chose 'fsdp'" in note for note in plan.notes)
+    small = plan_memory(tiny_llama(), hardware="v5e-8", lora="auto", sharding="auto")
+    assert small.lora_rank is None and small.sharding == "data"
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"lora": {"r": 0}}, "LoRA r must be a positive integer"),
+    ({"lora": {"r": 8, "target_modules": ["nothing_here"]}}, "match no linear layer"),
+    ({"hardware": "v9z-8"}, "is not one plan_memory knows"),
+    ({"hardware": "v5e-1", "devices": 2}, "v5e-1 has 1"),
+    ({"batch_size": 0}, "batch_size must be an integer >= 1"),
+    ({"precision": "fp16"}, "precision must be"),
+    ({"sharding": "tensor"}, "sharding must be"),
+    ({"lora": 3.5}, "lora must be True, False"),
+])
+def test_bad_arguments_are_refused_with_what_to_pass(kwargs, message):
+    kwargs = {"hardware": "cpu", **kwargs}
+    with pytest.raises(FineTuneError, match=message):
+        plan_memory(tiny_llama(), **kwargs)
+
+
+def test_a_plain_module_or_a_missing_folder_is_refused(tmp_path):
+    torch = pytest.importorskip("torch")
+    with pytest.raises(FineTuneError, match="pass its transformers config"):
+        plan_memory(torch.nn.Linear(4, 4), hardware="cpu")
+    with pytest.raises(FineTuneError, match="could not load the config"):
+        plan_memory(str(tmp_path / "missing"), hardware="cpu")
+
+
+def test_public_names_and_the_table():
+    assert hx.plan_memory is plan_memory and hx.MemoryPlan is MemoryPlan
+    plan = plan_memory(gemma_2b(), hardware="v5e-1", batch_size=8, max_length=1024)
+    text = str(plan)
+    assert text.splitlines()[0].startswith("Gemma on v5e-1 (1 device, 15.48 GiB each): ")
+    assert "2.51B" in text and "AdamW" in text and "does not fit" in text
+    assert "1. LoRA r=16 on all linear layers (lora=True)" in text
