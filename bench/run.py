@@ -1,8 +1,10 @@
 """`make bench`: every benchmark group, then `bench/results/<date>.json` and `bench/RESULTS.md`.
 
-`python -m bench.run` runs them all; `--groups 1,4` some (the files are written either way,
-with the figures measured). `BENCH_QUICK=1`: two repetitions instead of five and results under
-/tmp/hfxla_nb_bench_quick (for working on the bench, never a result).
+`python -m bench.run` runs them all; `--groups 1,4` measures the figures numbered 1 and 4 in
+RESULTS.md (and those measured in the same runs; the files are written either way, with the
+figures measured); a number that names no figure is refused with the list of those that exist.
+`BENCH_QUICK=1`: two repetitions instead of five and results under /tmp/hfxla_nb_bench_quick
+(for working on the bench, never a result).
 """
 
 from __future__ import annotations
@@ -17,32 +19,64 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import common  # noqa: E402 - after the path (python bench/run.py)
 
-# group number -> module (each has `run() -> list[Figure]`)
-GROUPS = {
-    1: "overhead",
-    2: "versus",       # 2 syncs, 4 throughput and 5 whole run: the same alternating runs
-    3: "compiles",
-    6: "limit",
-    7: "launch_latency",
-    8: "scaling",      # 8 SPMD and 9 causal LM
+# The figures, numbered as in bench/RESULTS.md's "#" column (and README.md), and the module that
+# measures each (`run() -> list[Figure]`). Some modules measure several figures in the same
+# runs: asking for one of them measures them all.
+FIGURES = {
+    1: ("reporting overhead", "overhead"),
+    2: ("syncs", "versus"),
+    3: ("compiles on varied lengths", "compiles"),
+    4: ("throughput", "versus"),
+    5: ("whole run", "versus"),
+    6: ("the limit", "limit"),
+    7: ("launch latency", "launch_latency"),
+    8: ("SPMD", "scaling"),
+    9: ("causal LM", "scaling"),
+    10: ("tracing cost", "trace_overhead"),
 }
-NAMES = {1: "reporting overhead", 2: "syncs, throughput, whole run (2, 4, 5)",
-         3: "compiles on varied lengths", 6: "the limit", 7: "launch latency",
-         8: "SPMD and causal LM (8, 9)"}
+
+
+def figures_text() -> str:
+    """The figures that exist, for `--help` and for a refusal: "1 reporting overhead, ..."."""
+    return ", ".join(f"{number} {name}" for number, (name, _) in FIGURES.items())
+
+
+def chosen_modules(groups: str) -> list[tuple[str, str]]:
+    """The modules that measure the figures named in `groups` ("1,4"), each once, in the order
+    of the figures: `[(what they measure, module), ...]`.
+
+    Raises:
+        ValueError: a number that names no figure, with the figures that exist.
+    """
+    asked: set[str] = set()
+    for part in (p.strip() for p in groups.split(",")):
+        if not part:
+            continue
+        if not part.isdigit() or int(part) not in FIGURES:
+            raise ValueError(f"there is no figure {part!r}; the figures are {figures_text()}")
+        asked.add(FIGURES[int(part)][1])
+    modules: dict[str, list[str]] = {}
+    for number, (name, module) in FIGURES.items():  # name all that a module measures
+        if module in asked:
+            modules.setdefault(module, []).append(f"{number} {name}")
+    return [(", ".join(names), module) for module, names in modules.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
     common.bench_environment()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--groups", default=",".join(map(str, GROUPS)),
-                        help="comma-separated group numbers (default: all)")
+    parser.add_argument("--groups", default=",".join(map(str, FIGURES)),
+                        help=f"comma-separated figure numbers (default: all): {figures_text()}")
     parser.add_argument("--render", metavar="JSON",
                         help="only write bench/RESULTS.md again from a results file")
     args = parser.parse_args(argv)
     if args.render:
         common.say(f"wrote {common.render(args.render, common.BENCH_DIR / 'RESULTS.md')}")
         return 0
-    chosen = [int(g) for g in args.groups.split(",") if g.strip()]
+    try:
+        chosen = chosen_modules(args.groups)
+    except ValueError as error:
+        parser.error(str(error))  # exits with status 2, the figures that exist named
     started, load_start = time.perf_counter(), os.getloadavg()[0]
     # Imported once here, inherited by every forked worker (none of this starts the runtime).
     import torch  # noqa: F401
@@ -55,15 +89,15 @@ def main(argv: list[str] | None = None) -> int:
         build()
     figures: list[common.Figure] = []
     notes: list[str] = []
-    for number in chosen:
-        module = importlib.import_module(f"bench.{GROUPS[number]}")
+    for what, name in chosen:
+        module = importlib.import_module(f"bench.{name}")
         begin = time.perf_counter()
-        common.say(f"== group {number}: {NAMES[number]} (at {begin - started:.0f} s)")
+        common.say(f"== {what} (at {begin - started:.0f} s)")
         try:
             produced = module.run()
         except Exception as error:  # noqa: BLE001 - one failing group must not hide the rest
-            common.say(f"   group {number} failed: {type(error).__name__}: {error}")
-            notes.append(f"Group {number} ({NAMES[number]}) failed: {type(error).__name__}: "
+            common.say(f"   {what} failed: {type(error).__name__}: {error}")
+            notes.append(f"Figures {what} failed: {type(error).__name__}: "
                          f"{str(error).splitlines()[0] if str(error) else ''}")
             produced = []
         figures += produced
