@@ -153,6 +153,26 @@ def test_native_output_keeps_its_stream_and_its_rank(kernel):
     assert_clean(kernel)
 
 
+def test_debug_forks_one_process_per_rank_joined_by_gloo(kernel):
+    run_ok(
+        kernel,
+        """
+        def who(index):
+            import torch.distributed as dist
+            return [os.getpid(), os.getppid() != kernel_pid, dist.get_backend(),
+                    dist.get_world_size(), dist.get_rank(), index]
+
+        kernel_pid = os.getpid()
+        hx.notebook_launcher(who, num_processes=3, strategy="debug", progress=False)
+        """,
+    )
+    ranks = kernel.value("last_launch().results")
+    pids = {pid for pid, *_ in ranks}
+    assert len(pids) == 3 and kernel.value("os.getpid()") not in pids  # three forked processes
+    assert [rest for _, *rest in ranks] == [[True, "gloo", 3, rank, rank] for rank in range(3)]
+    assert_clean(kernel)
+
+
 def test_use_port_is_the_debug_rendezvous_port(kernel):
     output = run_ok(
         kernel,
@@ -195,18 +215,43 @@ def test_a_frozen_process_is_stopped_by_heartbeat_timeout(kernel):
 
 def test_a_busy_rank_keeps_sending_heartbeats(kernel):
     """Each process that runs ranks sends its own heartbeats (xmp.spawn's pool processes too),
-    so a function busy for longer than `heartbeat_timeout` is not taken for a frozen one."""
+    so a function busy for longer than `heartbeat_timeout` is not taken for a frozen one.
+
+    No sleep decides it: the function stays busy until a thread of the kernel has seen the
+    launcher receive heartbeats over twice `heartbeat_timeout`, then lets it return."""
     output = run_ok(
         kernel,
         """
+        import tempfile, threading
+        release = tempfile.mktemp()
+
         def busy(index):
-            time.sleep(5)
+            while not os.path.exists(release):  # busy until the kernel says so
+                time.sleep(0.05)
             return "still alive"
 
-        print("VALUE", hx.notebook_launcher(busy, heartbeat_timeout=3, progress=False))
+        def release_after_heartbeats(timeout):
+            first = None
+            while not os.path.exists(release):
+                rank = last_launch().ranks[0] if last_launch() else None
+                if rank is not None and rank.exit_state == "running" and rank.last_seen:
+                    first = first or rank.last_seen
+                    if rank.last_seen - first > 2 * timeout:
+                        open(release, "w").close()
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=release_after_heartbeats, args=(3,), daemon=True)
+        watcher.start()
+        try:
+            print("VALUE", hx.notebook_launcher(busy, heartbeat_timeout=3, progress=False))
+        finally:
+            open(release, "a").close()  # the watcher stops whatever happened
+            watcher.join()
         """,
+        timeout=120,
     )
     assert "VALUE still alive" in output.stdout
+    assert kernel.value("last_launch().ranks[0].exit_state") == "finished"
     assert_clean(kernel)
 
 
@@ -346,27 +391,33 @@ def test_worker_killed_or_exiting_is_named(kernel, body, expected):
     assert_clean(kernel)
 
 
-def test_timeout_names_the_stalled_rank(kernel):
+def test_timeout_names_the_stalled_ranks(kernel):
     output = kernel.run(
         textwrap.dedent(
             """
-            def endless(index):
-                hfxla_nb_step = 0
+            def stalls(index):
+                for step in range(1, 4 + index):  # rank 1 stops at step 4, rank 2 at step 5
+                    hx.report(step=step, total=10)
+                    time.sleep(0.3)  # a step longer than the reports' throttle: each is sent
+                if index == 0:
+                    return "finished"
                 while True:
-                    hx.report(step=hfxla_nb_step, total=None)
-                    hfxla_nb_step += 1
                     time.sleep(0.05)
 
-            hx.notebook_launcher(endless, timeout=12, progress=False)
+            hx.notebook_launcher(stalls, num_processes=3, strategy="debug", timeout=15,
+                                 progress=False)
             """
         ),
-        timeout=60,
+        timeout=90,
     )
     assert output.error is not None and output.error["ename"] == "LaunchError"
-    assert "timed out after 12s" in output.error["evalue"]
-    assert "rank 0 at step" in output.error["evalue"]
-    assert output.duration < 20
+    message = output.error["evalue"]
+    assert "timed out after 15s" in message
+    assert "Still running: rank 1 at step 4, rank 2 at step 5." in message
+    assert "rank 0" not in message  # it had finished: not a stalled rank
     assert kernel.value("last_launch().outcome") == "timeout"
+    states = kernel.value("[r.exit_state for r in last_launch().ranks]")
+    assert states == ["finished", "timeout", "timeout"]
     assert_clean(kernel)
 
 
@@ -397,6 +448,36 @@ def test_interrupt_stops_workers_and_kernel_stays_usable(kernel):
         kernel, "print('AGAIN', hx.notebook_launcher(lambda i: i + 41, progress=False))"
     )
     assert "AGAIN 41" in output.stdout
+
+
+def test_interrupt_kills_a_worker_that_ignores_sigterm(kernel):
+    """SIGTERM first, then SIGKILL after the grace time: a worker that ignores SIGTERM is
+    stopped all the same, and the record says the launch was interrupted."""
+    from hfxla_nb.launch.processes import TERMINATE_GRACE
+
+    output = kernel.run(
+        textwrap.dedent(
+            """
+            def stubborn(index):
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                print("ignoring SIGTERM", flush=True)
+                while True:
+                    time.sleep(0.1)
+
+            hx.notebook_launcher(stubborn, num_processes=2, strategy="debug", progress=False)
+            """
+        ),
+        timeout=90,
+        interrupt_after=1,
+        interrupt_on="ignoring SIGTERM",
+    )
+    assert output.error is not None and output.error["ename"] == "KeyboardInterrupt"
+    assert "every worker process of this launch was stopped" in output.stderr
+    # The cell waited out the grace time after SIGTERM (the workers ignored it), then SIGKILL.
+    assert TERMINATE_GRACE <= output.after_interrupt < TERMINATE_GRACE + 12
+    assert kernel.value("last_launch().outcome") == "interrupted"
+    assert kernel.value("[r.exit_state for r in last_launch().ranks]") == ["interrupted"] * 2
+    assert_clean(kernel)
 
 
 def test_accelerate_style_function(kernel):
