@@ -198,15 +198,27 @@ def test_the_changes_are_cumulative_in_order_of_cost_and_end_fitting():
 
 
 def test_fsdp_over_more_chips_then_a_smaller_batch():
-    """Already LoRA, bf16 and checkpointed on a v5e-8: FSDP over its 8 chips comes next."""
+    """Already LoRA, bf16 and checkpointed: FSDP over the host's chips comes next, then the
+    largest batch that fits, with the accumulation that keeps the effective batch."""
     plan = plan_memory(llama_7b(), hardware="v5e-8", batch_size=64, max_length=2048,
                        lora=True, gradient_checkpointing=True)
-    assert not plan.fits
-    assert plan.changes[0].argument == "sharding='fsdp'"
-    assert "FSDP over 8 devices" in plan.changes[0].change
-    if not plan.changes[0].fits:
-        assert plan.changes[1].argument.startswith("batch_size=")
-        assert "gradient_accumulation_steps=" in plan.changes[1].argument
+    assert [change.argument for change in plan.changes] == ["sharding='fsdp'"]
+    assert plan.changes[0].change == "FSDP over 8 devices (this host's)"
+    assert plan.changes[0].fits
+    one_chip = plan_memory(llama_7b(), hardware="v5e-1", batch_size=512, max_length=2048,
+                           lora=True, gradient_checkpointing=True)
+    assert one_chip.changes[0].change == "FSDP over 8 devices (a v5e-8)"
+    assert not one_chip.changes[0].fits
+    batch = one_chip.changes[1]
+    assert batch.fits and batch.argument.startswith("batch_size=")
+    size = int(batch.argument.split("=")[1].split(",")[0])
+    assert batch.argument.endswith(f"gradient_accumulation_steps={512 // size}")
+    again = plan_memory(llama_7b(), hardware="v5e-8", batch_size=size, max_length=2048,
+                        lora=True, gradient_checkpointing=True, sharding="fsdp")
+    assert again.total_gib == pytest.approx(batch.total_gib, abs=0.01) and again.fits
+    twice = plan_memory(llama_7b(), hardware="v5e-8", batch_size=2 * size, max_length=2048,
+                        lora=True, gradient_checkpointing=True, sharding="fsdp")
+    assert not twice.fits  # the largest batch that fits, not just one that does
 
 
 def test_a_plan_that_does_not_fit_is_refused_with_its_numbers_and_changes():

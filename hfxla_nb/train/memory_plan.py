@@ -473,23 +473,22 @@ def _change(facts: _ModelFacts, settings: _Settings, device: _Device, change: st
 
 def _shard(facts: _ModelFacts, settings: _Settings, device: _Device
            ) -> tuple[_Settings, MemoryChange | None]:
-    """FSDP over this host's devices; on a TPU, when those are too few, over the fewest devices
-    of the same kind that fit (up to 256: a pod slice)."""
-    counts = [device.devices] if device.devices > 1 else []
-    if device.kind == "tpu":
-        counts += [2**power for power in range(1, 9) if 2**power > device.devices]
-    counts = [count for count in counts
-              if count > settings.devices or settings.sharding != "fsdp"]
-    if not counts:
+    """FSDP over this host's devices; on a one-chip TPU host, over the 8 chips of the same
+    kind's 8-chip host (v5e-1 -> v5e-8), the cheapest step up."""
+    if device.devices > 1:
+        count, where = device.devices, "this host's"
+    elif device.kind == "tpu":
+        generation = HOSTS.get(device.name, (None,))[0]
+        bigger = [name for name, (kind, chips) in HOSTS.items()
+                  if kind == generation and chips == 8]
+        count, where = 8, (f"a {bigger[0]}" if bigger else "an 8-chip host")
+    else:
         return settings, None
-    for count in counts:
-        sharded = dataclasses.replace(settings, sharding="fsdp", devices=count)
-        if _plan(facts, sharded, device).fits:
-            break
-    where = ("this host's" if sharded.devices <= device.devices
-             else "a larger slice of this TPU kind")
-    return sharded, _change(facts, sharded, device,
-                            f"FSDP over {sharded.devices} devices ({where})", "sharding='fsdp'")
+    if settings.sharding == "fsdp" and settings.devices >= count:
+        return settings, None
+    sharded = dataclasses.replace(settings, sharding="fsdp", devices=count)
+    return sharded, _change(facts, sharded, device, f"FSDP over {count} devices ({where})",
+                            "sharding='fsdp'")
 
 
 def _smaller_batch(facts: _ModelFacts, settings: _Settings, device: _Device
