@@ -80,6 +80,7 @@ def test_all_ranks_output_is_prefixed(kernel):
         """
         def hello(index):
             print(f"hello {index}")
+            time.sleep(0.5 * index)  # each rank takes its own time
             return index * 10
 
         value = hx.notebook_launcher(hello, num_processes=3, strategy="debug", output="all",
@@ -90,6 +91,12 @@ def test_all_ranks_output_is_prefixed(kernel):
     for rank in range(3):
         assert f"[rank {rank}] hello {rank}\n" in output.stdout
     assert "VALUE 0 [0, 10, 20]" in output.stdout
+    # hx.last_launch(): every rank's value, exit state and its own duration, also as a frame.
+    durations = kernel.value("[r.duration for r in last_launch().ranks]")
+    assert all(0.5 * rank <= seconds < 0.5 * rank + 10 for rank, seconds in enumerate(durations))
+    assert durations[2] > durations[0]  # rank 2 slept 1 s longer than rank 0
+    assert kernel.value("[r.exit_state for r in last_launch().ranks]") == ["finished"] * 3
+    assert kernel.value("list(last_launch().to_dataframe()['duration'])") == durations
     assert_clean(kernel)
 
 
