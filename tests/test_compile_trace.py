@@ -217,11 +217,11 @@ def test_graph_memory_against_the_chip_with_recorded_tpu_values(tmp_path):
                            "20.1 GiB; a v5e chip has 16.0 GiB")
     for remedy in ("smaller batch", "bfloat16", "torch_xla.utils.checkpoint", "FSDP"):
         assert remedy in alert.fix
-    # A v6e chip (32 GiB) has room; a v3 core has 8 GiB of its chip's 16.
+    # A v6e chip (32 GiB) has room; a v3 core has 16 GiB of its chip's 32.
     assert analyzer.graph_memory_alert(summary_with(tpu_step_log(tmp_path, "v6e"), steps=20,
                                                     compiles=1)) is None
     v3 = tpu_step_log(tmp_path, "v3")
-    assert (v3.device_memory, v3.device_name) == (8 * GIB, "a v3 core (16 GiB per chip of 2 cores)")
+    assert (v3.device_memory, v3.device_name) == (16 * GIB, "a v3 core (32 GiB per chip of 2 cores)")
     # The live memory of the device (xm.get_memory_info on a TPU), when known, wins.
     live = summary_with(log, steps=20, compiles=1,
                         memory={"bytes_used": 1, "bytes_limit": 32 * GIB})
