@@ -190,6 +190,21 @@ def test_a_run_that_learned_nothing_says_so_and_ends_without_lr_0(demo_cache, ca
     assert re.search(r" · lr=\d(\.\d)?e-\d+$", bar), bar
 
 
+def test_accuracy_at_chance_level_is_a_warning_even_when_the_loss_fell():
+    """The other sign of learning nothing: evaluation accuracy within CHANCE_MARGIN of always
+    predicting the most frequent label (a loss that fell does not hide it)."""
+    from hfxla_nb.train.result import CHANCE_MARGIN, learning_warnings
+
+    fell = [(10, 0.69), (20, 0.30)]  # the loss halved: no sign there
+    (warning,) = learning_warnings(fell, {"eval_accuracy": 0.61}, chance=0.6)
+    assert warning.startswith("The model learned little: the evaluation accuracy 0.610 is at "
+                              "chance level (0.600 by always predicting the most frequent label)")
+    assert "labels that do not match the texts" in warning and "fell only" not in warning
+    above = 0.6 + CHANCE_MARGIN + 0.01
+    assert learning_warnings(fell, {"eval_accuracy": above}, chance=0.6) == []
+    assert learning_warnings(fell, {"eval_accuracy": 0.61}, chance=None) == []  # no labels
+
+
 def test_four_devices_match_one(trained, trained_on_4):
     assert trained_on_4.devices == 4 and trained.devices == 1
     assert trained_on_4.executions_per_step == 1.0
