@@ -99,8 +99,27 @@ def test_the_saved_folder_is_an_ordinary_model_that_generates_on_the_cpu(one_dev
     assert type(model).__name__ == "LlamaForCausalLM"
     prompt = TEMPLATE.split("{response}")[0].format(prompt="the coffee was truly wonderful.")
     (answer,) = one_device.generate([prompt], max_new_tokens=3)
-    assert isinstance(answer, str) and answer.strip()
+    assert answer.strip()  # it did continue the prompt
+    assert answer == greedy_continuation(model, one_device.load_tokenizer(), prompt, 3)
     assert not _xla.runtime_is_initialized()
+
+
+def greedy_continuation(model, tokenizer, prompt: str, new_tokens: int) -> str:
+    """The model's own greedy choice, one token at a time from its logits (no `generate`),
+    up to `new_tokens` tokens or its end-of-sequence token."""
+    import torch
+
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    if tokenizer.bos_token_id is not None:
+        ids = [tokenizer.bos_token_id, *ids]
+    added = []
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            token = int(model(torch.tensor([ids + added])).logits[0, -1].argmax())
+            if token == tokenizer.eos_token_id:
+                break
+            added.append(token)
+    return tokenizer.decode(added, skip_special_tokens=True)
 
 
 def test_the_fsdp_checkpoint_is_gathered_into_the_same_model(fsdp_4):
