@@ -282,6 +282,32 @@ def optimizer_step(optimizer) -> None:
     xm.optimizer_step(optimizer)
 
 
+def share_sharding(tensor, like) -> None:
+    """Give `tensor` the SPMD sharding of `like` (nothing when `like` has none)."""
+    import torch_xla
+
+    sharding = torch_xla._XLAC._get_xla_op_sharding(like)
+    if sharding is not None:
+        torch_xla._XLAC._xla_mark_sharding(tensor, sharding)
+
+
+def replicate_unsharded(tensors, mesh) -> int:
+    """Mark each of `tensors` that has no SPMD sharding yet as replicated over `mesh`; returns
+    how many were marked.
+
+    A graph's output is always annotated (at least "{replicated}"), while a tensor uploaded
+    without a sharding has none, and the two count as different inputs: without this, the
+    second training step compiles a second graph although nothing else changed."""
+    import torch_xla.distributed.spmd as xs
+
+    marked = 0
+    for tensor in tensors:
+        if sharding_spec(tensor) == "":
+            xs.mark_sharding(tensor, mesh, (None,) * tensor.dim())
+            marked += 1
+    return marked
+
+
 def memory_info(dev=None) -> dict[str, int] | None:
     """Device memory (`bytes_used`, `bytes_limit`, `peak_bytes_used`), or None where the
     runtime cannot tell (XLA on the CPU raises UNIMPLEMENTED)."""

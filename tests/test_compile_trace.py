@@ -221,7 +221,8 @@ def test_graph_memory_against_the_chip_with_recorded_tpu_values(tmp_path):
     assert analyzer.graph_memory_alert(summary_with(tpu_step_log(tmp_path, "v6e"), steps=20,
                                                     compiles=1)) is None
     v3 = tpu_step_log(tmp_path, "v3")
-    assert (v3.device_memory, v3.device_name) == (16 * GIB, "a v3 core (32 GiB per chip of 2 cores)")
+    assert (v3.device_memory, v3.device_name) == (16 * GIB,
+                                                  "a v3 core (32 GiB per chip of 2 cores)")
     # The live memory of the device (xm.get_memory_info on a TPU), when known, wins.
     live = summary_with(log, steps=20, compiles=1,
                         memory={"bytes_used": 1, "bytes_limit": 32 * GIB})

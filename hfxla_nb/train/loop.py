@@ -11,8 +11,9 @@ the notebook kernel. What happens per training step, and why:
 - nothing is read from the device except the running loss, once per logging interval, in a
   step closure (after the graph ran), and the panel's progress is sent with no device value.
 
-The compile count stays fixed: a first-step graph (optimizer state created), one steady graph
-per length bucket, and one evaluation graph per bucket (padded, weighted batches).
+The compile count stays fixed: one training graph per length bucket (the optimizer state is
+made before step 1, so step 1 is already the steady graph) and one evaluation graph per bucket
+(padded, weighted batches).
 """
 
 from __future__ import annotations
@@ -236,7 +237,8 @@ class _Run:
 
     def _restore(self) -> int:
         """Seeds every generator, or restores them, the optimizer and the history from the
-        checkpoint to resume from; returns the step to start at."""
+        checkpoint to resume from, and makes the first step's state; returns the step to
+        start at."""
         torch, plan = self.torch, self.plan
         start_step, loss_total = 0, 0.0
         random.seed(plan.seed)
@@ -254,10 +256,40 @@ class _Run:
             torch.set_rng_state(state["torch_rng"])
             seed = int(state["xla_rng"])
         self._logged = (start_step, loss_total)
-        self.xla.set_rng_state(seed)
         # The running loss stays on the device; it is read once per logging interval.
         self.loss_total = torch.tensor(loss_total, dtype=torch.float32).to(self.device)
+        self._make_first_step_steady()
+        # After the sync above: each sync moves XLA's random seed on, so seeding before it
+        # would give a resumed run other dropout masks than the uninterrupted one.
+        self.xla.set_rng_state(seed)
         return start_step
+
+    def _make_first_step_steady(self) -> None:
+        """Make on the device, before step 1, everything that step 1 would otherwise create,
+        so that step 1 traces the steady graph and training compiles one graph per bucket.
+
+        AdamW's state (`step` on the host, `exp_avg` and `exp_avg_sq` zeros like each
+        parameter, with its sharding) is what torch creates lazily in the first
+        `optimizer.step()`; a resumed run brings its own, loaded from the checkpoint. Under
+        SPMD every tensor the step reads gets an explicit sharding, as a graph's outputs have.
+        The zeros are made by one small graph here, outside the training's compile count."""
+        torch, optimizer = self.torch, self.optimizer
+        states = []
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                state = optimizer.state[parameter]
+                if not state:
+                    state.update(step=torch.tensor(0.0, dtype=torch.float32),
+                                 exp_avg=torch.zeros_like(parameter),
+                                 exp_avg_sq=torch.zeros_like(parameter))
+                for name in ("exp_avg", "exp_avg_sq"):
+                    if self.spmd and self.xla.sharding_spec(state[name]) == "":
+                        self.xla.share_sharding(state[name], parameter)
+                    states.append(state[name])
+        if self.spmd:
+            self.xla.replicate_unsharded([*self.model.parameters(), *states, self.loss_total],
+                                         self.mesh)
+        self.xla.sync()
 
     def _steady_figures(self, steady, counts_end: dict[str, float],
                         train_end: float) -> dict[str, float | None]:
