@@ -156,7 +156,10 @@ class Channel:
         except Exception as error:  # noqa: BLE001 - an unpicklable result must not kill a rank
             payload = pickle.dumps(_unpicklable(event, error))
         if len(payload) > _MAX_DATAGRAM:
-            fd, path = tempfile.mkstemp(dir=self._spill_dir, suffix=".pkl")
+            try:
+                fd, path = tempfile.mkstemp(dir=self._spill_dir, suffix=".pkl")
+            except OSError:
+                return  # closed: the spill folder is gone with the notebook side's interest
             with os.fdopen(fd, "wb") as file:
                 file.write(payload)
             payload = pickle.dumps(_Spilled(path))
