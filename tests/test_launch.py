@@ -7,11 +7,14 @@ pre-flight refusal after `torch_xla.device()` gets a kernel of its own, since it
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from hfxla_nb.launch import group_processes
 from tests.kernel import Kernel
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SETUP = textwrap.dedent(
     """
@@ -333,6 +336,28 @@ def test_a_loop_counted_from_0_ends_at_its_real_last_step_with_its_figures_as_da
     assert (steps, executions) == (11, 12) and compiles >= 1 and step_times >= 1
     assert transfers >= 2  # at least the first step's fetch and the last one's
     assert "FRAME DataFrame [0] True" in output.stdout
+    assert_clean(kernel)
+
+
+def test_hbm_exhaustion_is_said_first_in_one_line_with_its_fixes(kernel):
+    """A worker dying of XLA's RESOURCE_EXHAUSTED (the real text of LWM #60) gets a first line
+    with the figures and the fixes; the allocator's whole text stays in the message."""
+    allocator_text = (ROOT / "tests/data/hbm/lwm_60_compile_v3.txt").read_text().split("\n", 1)[1]
+    output = kernel.run(textwrap.dedent(
+        f"""
+        def out_of_memory(index):
+            raise RuntimeError({allocator_text!r})
+
+        hx.notebook_launcher(out_of_memory, num_processes=1, strategy="debug", progress=False)
+        """), timeout=90)
+    assert output.error is not None and output.error["ename"] == "LaunchError"
+    first, *rest = output.error["evalue"].splitlines()
+    assert first.startswith("TPU memory (HBM) exhausted while compiling in ")
+    assert first.endswith(": the program needs 21.95 GiB of the 15.48 GiB one device has "
+                          "(6.47 GiB too much).")
+    assert rest[0] == "What would make it fit, cheapest first:"
+    assert "rank 0 failed: RuntimeError" in output.error["evalue"]
+    assert "Ran out of memory in memory space hbm" in output.error["evalue"]
     assert_clean(kernel)
 
 

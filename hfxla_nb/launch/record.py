@@ -9,6 +9,7 @@ forks, reads and draws nothing (`supervision.py` does), so tests drive it with e
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from ..events import (
     Progress,
     Started,
 )
+from ..observe.hbm import explain_hbm_exhaustion
 from ..states import BaseLaunchRecord, BaseRankRecord, Outcome, RankState
 from .rank_metrics import MetricsCollector, RankMetrics, dataframe
 
@@ -304,7 +306,22 @@ class RecordKeeper:
         if failed.traceback:
             traceback = _frames_only(failed.traceback, error)
             message += f"\n\nRemote traceback (rank {failed.rank}):\n{traceback}"
-        return message
+        # XLA's allocator text is a wall of figures: said first in one line with its fixes
+        # (the whole text stays below, and on the record).
+        explanation = explain_hbm_exhaustion(f"{error}\n{failed.traceback or ''}",
+                                             where=_user_line(failed.traceback or ""))
+        return message if explanation is None else f"{explanation}\n\n{message}"
+
+
+def _user_line(traceback: str) -> str | None:
+    """The innermost frame of a remote traceback that is the user's code ("file:line"), or
+    None: frames of installed packages and of hfxla_nb itself are not."""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', traceback)
+    own = ("site-packages", "dist-packages", "/hfxla_nb/", "<frozen")
+    for path, line in reversed(frames):
+        if not any(part in path for part in own):
+            return f"{path}:{line}"
+    return None
 
 
 def _frames_only(traceback: str, error: str) -> str:
