@@ -198,7 +198,7 @@ class _Run:
             eval_start = time.perf_counter()
             metrics = evaluate(self)
             eval_seconds = time.perf_counter() - eval_start
-            eval_compiles = self.counts()["CompileTime"] - before["CompileTime"]
+            eval_compiles = self.counts()[_xla.COMPILE_TIME] - before[_xla.COMPILE_TIME]
 
         trained = (plan.total_steps - start_step) * plan.rows_per_step
         result = {
@@ -208,7 +208,7 @@ class _Run:
             "loss_history": [list(pair) for pair in self.history],
             "train_seconds": train_seconds,
             "eval_seconds": eval_seconds,
-            "compiles": counts_end["CompileTime"] - counts_start["CompileTime"],
+            "compiles": counts_end[_xla.COMPILE_TIME] - counts_start[_xla.COMPILE_TIME],
             "eval_compiles": eval_compiles,
             "checkpoints": list(self.checkpoints),
             "notes": list(self.notes),
@@ -305,7 +305,7 @@ class _Run:
         return {
             "samples_per_second": steady_steps * self.plan.rows_per_step / max(elapsed, 1e-9),
             "executions_per_step": sum(delta[k] for k in EXECUTE) / steady_steps,
-            "transfers_per_step": delta["TransferFromDeviceTime"] / steady_steps,
+            "transfers_per_step": delta[_xla.TRANSFER_FROM_DEVICE_TIME] / steady_steps,
         }
 
     def _described(self) -> dict[str, Any]:
