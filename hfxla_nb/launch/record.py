@@ -27,6 +27,7 @@ from ..events import (
     Started,
 )
 from ..observe.hbm import explain_hbm_exhaustion
+from ..observe.user_frames import is_library
 from ..states import BaseLaunchRecord, BaseRankRecord, Outcome, RankState
 from .rank_metrics import MetricsCollector, RankMetrics, dataframe
 
@@ -315,13 +316,10 @@ class RecordKeeper:
 
 def _user_line(traceback: str) -> str | None:
     """The innermost frame of a remote traceback that is the user's code ("file:line"), or
-    None: frames of installed packages and of hfxla_nb itself are not."""
+    None (`observe.user_frames.is_library` decides what is not theirs)."""
     frames = re.findall(r'File "([^"]+)", line (\d+)', traceback)
-    own = ("site-packages", "dist-packages", "/hfxla_nb/", "<frozen")
-    for path, line in reversed(frames):
-        if not any(part in path for part in own):
-            return f"{path}:{line}"
-    return None
+    return next((f"{path}:{line}" for path, line in reversed(frames) if not is_library(path)),
+                None)
 
 
 def _frames_only(traceback: str, error: str) -> str:
