@@ -291,21 +291,17 @@ def share_sharding(tensor, like) -> None:
         torch_xla._XLAC._xla_mark_sharding(tensor, sharding)
 
 
-def replicate_unsharded(tensors, mesh) -> int:
-    """Mark each of `tensors` that has no SPMD sharding yet as replicated over `mesh`; returns
-    how many were marked.
+def replicate_unsharded(tensors, mesh) -> None:
+    """Mark each of `tensors` that has no SPMD sharding yet as replicated over `mesh`.
 
     A graph's output is always annotated (at least "{replicated}"), while a tensor uploaded
     without a sharding has none, and the two count as different inputs: without this, the
     second training step compiles a second graph although nothing else changed."""
     import torch_xla.distributed.spmd as xs
 
-    marked = 0
     for tensor in tensors:
         if sharding_spec(tensor) == "":
             xs.mark_sharding(tensor, mesh, (None,) * tensor.dim())
-            marked += 1
-    return marked
 
 
 def memory_info(dev=None) -> dict[str, int] | None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..runtime.hardware import TPU_GENERATIONS, cpu_device_count, detect_accelerator
 from .config import FineTuneError
+from .plan import resolve_precision
 
 GIB = 2**30
 # What a TPU device's runtime keeps for itself: "reserved 530.00M" in XLA's own HBM reports
@@ -204,7 +205,7 @@ def load_model_config(model: Any) -> Any:
     return config
 
 
-def _meta_model(config: Any) -> Any:
+def meta_model(config: Any) -> Any:
     """The model a config describes, built on the `meta` device: exact shapes, no memory."""
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
@@ -219,7 +220,7 @@ def _meta_model(config: Any) -> Any:
 def _model_facts(model: Any, config: Any) -> _ModelFacts:
     import torch
 
-    module = model if isinstance(model, torch.nn.Module) else _meta_model(config)
+    module = model if isinstance(model, torch.nn.Module) else meta_model(config)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     hidden = int(text_config.hidden_size)
     heads = int(text_config.num_attention_heads)
@@ -570,7 +571,7 @@ def plan_memory(
     rank, target_modules = _lora_choice(lora, default_rank)
     settings = _Settings(
         batch_size, max_length,
-        precision if precision != "auto" else ("bf16" if device.kind == "tpu" else "fp32"),
+        resolve_precision(precision, device.kind.upper()),
         rank, target_modules, "data" if sharding == "auto" else sharding,
         bool(gradient_checkpointing), count)
     settings, notes = _decide_auto(facts, settings, device, lora, sharding, default_rank)

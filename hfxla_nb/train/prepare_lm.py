@@ -15,6 +15,7 @@ from ..runtime import detect_accelerator
 from . import data, lm_data, sources, steps
 from .batching import EncodedData, round_up
 from .config import FineTuneConfig, FineTuneError
+from .memory_plan import meta_model
 from .plan import TrainPlan
 
 #: What training keeps per parameter with AdamW in float32: weights, gradients, 2 moments.
@@ -170,9 +171,4 @@ def choose_sharding(parameters: int, accelerator: Any) -> tuple[str, str | None]
 
 def parameter_count(model_config: Any) -> int:
     """Parameters of the model a config describes, counted without allocating them."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(model_config)
-    return sum(parameter.numel() for parameter in model.parameters())
+    return sum(parameter.numel() for parameter in meta_model(model_config).parameters())
