@@ -196,7 +196,9 @@ class FineTuneResult:
         return AutoTokenizer.from_pretrained(self.output_dir, **kwargs)
 
     def __repr__(self) -> str:
-        metrics = ", ".join(f"{k}={v:.4g}" for k, v in self.metrics.items())
+        # Counts (eval_rows, eval_tokens) whole, however large; other values to 4 digits.
+        metrics = ", ".join(f"{k}={int(v)}" if float(v).is_integer() else f"{k}={v:.4g}"
+                            for k, v in self.metrics.items())
         return (f"<FineTuneResult: {self.steps} steps, {metrics or 'no evaluation'}, "
                 f"saved to {self.output_dir}>")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from html import escape
 from typing import Any
 
@@ -9,11 +10,70 @@ from .._words import plural
 from .html import COLORS, SERIES, sparkline_svg, text_color
 from .units import duration
 
+# Metrics that count things (rows, tokens, samples): shown as whole numbers, never `719.0000`.
+COUNT_SUFFIXES = ("_rows", "_tokens", "_samples", "_steps", "_count", "_examples")
+# Loss entries shown in the text chart; longer histories are sampled down to this many.
+TEXT_CHART_WIDTH = 32
+SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
-def _number(name: str, value: float) -> str:
-    if name.endswith("_rows"):
-        return f"{value:.0f}"
+
+def metric_value(name: str, value: float) -> str:
+    """A metric for people: counts as integers (`719`, `12,480`), ratios and losses with 4
+    decimals (`0.0075`), large values with one (`1,234.5`)."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    if name.endswith(COUNT_SUFFIXES) and float(value).is_integer():
+        return f"{int(value):,}"
     return f"{value:.4f}" if abs(value) < 1000 else f"{value:,.1f}"
+
+
+def evaluation_rows(result: Any) -> list[tuple[str, str]]:
+    """(metric name, value) rows of the evaluation: the small table of the panel."""
+    return [(name, metric_value(name, value)) for name, value in result.metrics.items()]
+
+
+def sampled(values: list[float], width: int) -> list[float]:
+    """At most `width` of `values`, evenly spaced, the first and the last kept."""
+    if len(values) <= width:
+        return list(values)
+    stride = (len(values) - 1) / (width - 1)
+    return [values[round(i * stride)] for i in range(width)]
+
+
+def loss_extremes(result: Any) -> tuple[tuple[int, float], tuple[int, float]]:
+    """((step, highest loss), (step, lowest loss)) of the logged losses."""
+    history = [(step, loss) for step, loss in result.loss_history if loss == loss]
+    return (max(history, key=lambda pair: pair[1]), min(history, key=lambda pair: pair[1]))
+
+
+def loss_scale(result: Any) -> str:
+    """`█ 2.3145 at step 4, ▁ 0.1234 at step 44`: the text chart's scale."""
+    (high_step, high), (low_step, low) = loss_extremes(result)
+    return (f"{SPARK_CHARS[-1]} {high:.4f} at step {high_step}, "
+            f"{SPARK_CHARS[0]} {low:.4f} at step {low_step}")
+
+
+def loss_text_chart(losses: list[float], width: int = TEXT_CHART_WIDTH) -> str:
+    """The loss as a line of block characters, lowest `▁`, highest `█`."""
+    values = [loss for loss in losses if loss == loss]
+    points = sampled(values, width)
+    low, high = min(values), max(values)  # the scale of every loss, sampled out or not
+    top = len(SPARK_CHARS) - 1
+    return "".join(SPARK_CHARS[top // 2 if high == low
+                               else round((value - low) / (high - low) * top)]
+                   for value in points)
+
+
+def next_step(result: Any) -> str | None:
+    """What to do with the result now, as code to type."""
+    if not result.output_dir:
+        return None
+    if getattr(result, "task", "classification") == "causal-lm":
+        return ('result.generate(["a prompt"], max_new_tokens=32) continues prompts on the '
+                "CPU here; result.load_model() and result.load_tokenizer() give the model "
+                "and its tokenizer (the XLA runtime stays off, so you can launch again)")
+    return ("result.load_model() and result.load_tokenizer() give the trained model and its "
+            "tokenizer on the CPU here (the XLA runtime stays off, so you can launch again)")
 
 
 def _time_row(result: Any) -> str:
@@ -54,10 +114,13 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
         rows.append(("throughput", speed))
     if result.loss_history:
         first, last = result.loss_history[0][1], result.loss_history[-1][1]
-        rows.append(("loss", f"{first:.4f} -> {last:.4f}"))
+        steps = (f" over steps {result.loss_history[0][0]}-{result.loss_history[-1][0]}"
+                 if len(result.loss_history) > 1 else "")
+        rows.append(("loss", f"{first:.4f} -> {last:.4f}{steps}"))
     if result.metrics:
-        rows.append(("evaluation", "  ".join(f"{k}={_number(k, v)}"
-                                             for k, v in result.metrics.items())))
+        width = max(len(name) for name in result.metrics)
+        rows.append(("evaluation", "\n".join(f"{name:<{width}}  {value}"
+                                              for name, value in evaluation_rows(result))))
     per_step = ""
     if result.executions_per_step is not None:
         per_step = (f"; per step after warm-up: {result.executions_per_step:.2f} executions, "
@@ -80,26 +143,78 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
     if result.output_dir:
         rows.append(("saved to", result.output_dir))
     rows += [("note", note) for note in result.notes]
+    hint = next_step(result)
+    if hint:
+        rows.append(("next", hint))
     return rows
 
 
 def result_text(result: Any) -> str:
     rows = result_rows(result)
     width = max(len(name) for name, _ in rows)
-    return "\n".join(["FineTuneResult"] + [f"  {name:<{width}}  {value}" for name, value in rows])
+    lines = ["FineTuneResult"]
+    for name, value in rows:
+        first, *more = value.split("\n")  # a table (evaluation) continues under its first line
+        lines.append(f"  {name:<{width}}  {first}")
+        lines += [f"  {'':<{width}}  {line}" for line in more]
+        if name == "loss" and len(result.loss_history) > 1:
+            chart = loss_text_chart([loss for _, loss in result.loss_history])
+            lines.append(f"  {'':<{width}}  {chart}  ({loss_scale(result)})")
+    return "\n".join(lines)
+
+
+CHART_WIDTH, CHART_HEIGHT = 240, 40
+_SCALE = "font-size:11px;opacity:0.75;line-height:1;"
+
+
+def loss_chart_html(result: Any) -> str:
+    """The loss chart with its scale: the highest and lowest loss beside it, the first and
+    last step under it; '' for fewer than 2 losses."""
+    history = [(step, loss) for step, loss in result.loss_history if loss == loss]
+    points = sampled([loss for _, loss in history], CHART_WIDTH)
+    chart = sparkline_svg(points, width=CHART_WIDTH, height=CHART_HEIGHT, color=SERIES["loss"])
+    if not chart:
+        return ""
+    cell = "border:none;padding:0 4px 0 0;background:transparent;"
+    return (
+        '<table style="border-collapse:collapse;margin-top:2px"><tbody>'
+        f'<tr style="background:transparent"><td style="{cell}{_SCALE}text-align:right;'
+        f'vertical-align:top">{max(points):.4f}</td><td rowspan="2" style="{cell}">{chart}'
+        f'</td></tr><tr style="background:transparent"><td style="{cell}{_SCALE}'
+        f'text-align:right;vertical-align:bottom">{min(points):.4f}</td></tr>'
+        f'<tr style="background:transparent"><td style="{cell}"></td><td style="{cell}{_SCALE}'
+        f'"><span>step {history[0][0]}</span><span style="float:right">step '
+        f"{history[-1][0]}</span></td></tr></tbody></table>"
+    )
+
+
+def evaluation_html(result: Any) -> str:
+    """The evaluation metrics as a small two-column table."""
+    cell = "border:none;padding:0 12px 0 0;background:transparent;text-align:left;"
+    rows = "".join(
+        f'<tr style="background:transparent"><td style="{cell}">{escape(name)}</td>'
+        f'<td style="{cell}text-align:right;font-variant-numeric:tabular-nums">'
+        f"{escape(value)}</td></tr>"
+        for name, value in evaluation_rows(result))
+    return f'<table style="border-collapse:collapse"><tbody>{rows}</tbody></table>'
 
 
 def result_html(result: Any) -> str:
-    chart = sparkline_svg([loss for _, loss in result.loss_history], width=240, height=40,
-                          color=SERIES["loss"])
+    chart = loss_chart_html(result)
     cell = "text-align:left;vertical-align:top;line-height:1.4;border:none;"
+
+    def value_html(name: str, value: str) -> str:
+        if name == "evaluation":
+            return evaluation_html(result)
+        if name == "next":  # the code to type, as code
+            return re.sub(r"(result\.\w+\([^)]*\))", r"<code>\1</code>", escape(value))
+        return escape(value) + (chart if name == "loss" else "")
 
     def row(name: str, value: str) -> str:
         warn = text_color(COLORS["warning"]) + "font-weight:600;" if name == "warning" else ""
         return (f'<tr style="background:transparent"><th style="{cell}padding:2px 12px 2px 0;'
                 f'{warn}">{escape(name)}</th><td style="{cell}padding:2px 0;{warn}">'
-                f"{escape(value)}" + (f"<br>{chart}" if name == "loss" and chart else "")
-                + "</td></tr>")
+                f"{value_html(name, value)}</td></tr>")
 
     cells = "".join(row(name, value) for name, value in result_rows(result))
     return ('<div style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">'
