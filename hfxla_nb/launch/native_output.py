@@ -8,7 +8,11 @@ supervisor, xmp.spawn's own messages), fds 1 and 2 go to the launch's shared pip
 
 Notebook side: `NativeRelay` reads every pipe, keeps stdout on stdout and stderr on stderr,
 and writes whole lines tagged with the ranks of the writing process, filtered like Python
-output (`output=`).
+output (`output=`). XLA's C++ log lines (absl/TSL `W ... file.cc:123] text`) that repeat are
+folded: the first is written once, wrapped at spaces (JupyterLab breaks a long stream line
+anywhere, mid-word), and the end of the launch says how many more times it came; every such
+line is kept, verbatim, on `kept` (`hx.last_launch().native_log`). What is written at all is
+still XLA's to decide (`TF_CPP_MIN_LOG_LEVEL`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from __future__ import annotations
 import errno
 import faulthandler
 import os
+import re
 import sys
+import textwrap
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +30,19 @@ from dataclasses import dataclass, field
 from ..events import Channel, OutputPipes
 
 _routed_pid: int | None = None
+
+# A C++ log line of XLA, TSL or torch_xla: `2026-12-01 22:15:33.746046: W external/xla/...
+# sharding_propagation.cc:3120] text` (TSL) or `W1201 22:15:33.746046  123 file.cc:45] text`
+# (absl/glog).
+XLA_LOG_LINE = re.compile(
+    r"^(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: (?P<tsl>[IWEF]) "
+    r"|(?P<absl>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ )"
+    r"(?P<source>\S+:\d+)\] (?P<text>.*)$")
+SEVERITY_WORDS = {"I": "message", "W": "warning", "E": "error", "F": "fatal error"}
+# Width at which a folded log line is wrapped (at spaces only), so the browser never has to.
+WRAP_WIDTH = 100
+# Lines kept verbatim on the record (a runaway logger must not fill the kernel's memory).
+KEPT_MAX = 10_000
 _route_lock = threading.Lock()
 
 
@@ -65,16 +84,22 @@ class NativeRelay:
         tagged: whether lines get a rank tag (more than one rank in the launch).
         rewrite: each line -> the line to write instead, or None to drop it (known noise of
             native libraries said once in plain words).
+        kept: where every XLA C++ log line shown is kept verbatim (the record's
+            `native_log`); a new list when not given.
     """
 
     def __init__(self, ranks_of: Callable[[int], list[int]],
                  shown: Callable[[list[int]], bool], tagged: bool,
-                 rewrite: Callable[[str], str | None] | None = None) -> None:
+                 rewrite: Callable[[str], str | None] | None = None,
+                 kept: list[str] | None = None) -> None:
         self.ranks_of = ranks_of
         self.shown = shown
         self.tagged = tagged
         self.rewrite = rewrite
+        self.kept: list[str] = [] if kept is None else kept
         self.pipes: dict[int, _Pipe] = {}
+        # (severity, source, text) of each XLA log line -> [times seen, stream, tag of the first]
+        self.repeats: dict[tuple[str, str, str], list] = {}
 
     def add(self, fd: int, stream: str, pid: int | None = None, rank: int | None = None) -> None:
         os.set_blocking(fd, False)
@@ -116,11 +141,19 @@ class NativeRelay:
             self._close(fd)
 
     def close(self) -> None:
-        """Read what is left in every pipe, write it (a last partial line too), close them."""
+        """Read what is left in every pipe, write it (a last partial line too), close them;
+        then say how many more times each folded XLA log line came."""
         for fd in list(self.pipes):
             self.read(fd)
             if fd in self.pipes:
                 self._close(fd)
+        for (severity, _, _), (count, stream, tag) in self.repeats.items():
+            if count > 1:
+                more = "time" if count == 2 else "times"
+                line = (f"(the same XLA {SEVERITY_WORDS[severity]} {count - 1} more {more}; "
+                        "all on hx.last_launch().native_log)\n")
+                self._emit(stream, f"{tag} {line}" if tag else line)
+        self.repeats.clear()
 
     def _close(self, fd: int) -> None:
         pipe = self.pipes.pop(fd)
@@ -143,10 +176,38 @@ class NativeRelay:
             text = "".join(line for line in rewritten if line is not None)
             if not text:
                 return
-        if self.tagged and pipe.pid is not None:
-            tag = _tag(ranks, pipe.pid)
-            text = "".join(f"{tag} {line}" for line in text.splitlines(keepends=True))
-        target = sys.stderr if pipe.stream == "stderr" else sys.stdout
+        tag = _tag(ranks, pipe.pid) if self.tagged and pipe.pid is not None else ""
+        text = "".join(self._fold(line, pipe.stream, tag)
+                       for line in text.splitlines(keepends=True))
+        if text:
+            self._emit(pipe.stream, text)
+
+    def _fold(self, line: str, stream: str, tag: str) -> str:
+        """What to write for one line: an XLA log line the first time, wrapped at spaces;
+        nothing when it repeats (counted); any other line as it is. Tagged when `tag`."""
+        match = XLA_LOG_LINE.match(line.rstrip("\n"))
+        if match is None:
+            return f"{tag} {line}" if tag else line
+        if len(self.kept) < KEPT_MAX:
+            self.kept.append(line.rstrip("\n"))
+        severity = match.group("tsl") or match.group("absl")
+        key = (severity, match.group("source"), match.group("text"))
+        seen = self.repeats.get(key)
+        if seen is not None:
+            seen[0] += 1
+            return ""
+        self.repeats[key] = [1, stream, tag]
+        indent = " " * (len(tag) + 5) if tag else "    "
+        wrapped = textwrap.wrap(line.rstrip("\n"), WRAP_WIDTH, subsequent_indent=indent,
+                                break_long_words=False, break_on_hyphens=False)
+        lines = wrapped or [line.rstrip("\n")]
+        if tag:
+            lines[0] = f"{tag} {lines[0]}"
+        return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def _emit(stream: str, text: str) -> None:
+        target = sys.stderr if stream == "stderr" else sys.stdout
         target.write(text)
         target.flush()
 

@@ -1,0 +1,110 @@
+"""What the cell shows while and after a launch runs, in real Jupyter kernels: XLA's C++ log
+lines folded, one count of steps, panels for stopped ranks and for launches that ran no XLA.
+
+One kernel serves every launch here (each leaves it usable); the relay's folding is also
+driven directly, on real pipes.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+from hfxla_nb.launch.native_output import NativeRelay
+from tests.kernel import Kernel
+
+GSPMD = "Please consider migrating to Shardy"
+
+SPMD_LOOP = """
+import hfxla_nb as hx
+
+def shapes_loop(index):
+    import numpy as np
+    import torch, torch_xla
+    import torch_xla.runtime as xr
+    import torch_xla.distributed.spmd as xs
+    device = torch_xla.device()
+    n = xr.global_runtime_device_count()
+    mesh = xs.Mesh(np.arange(n), (n,), ("data",))
+    for step in range(12):  # 12 shapes: 12 SPMD compilations, each warned about by XLA
+        x = torch.ones(4 * (step + 1), 8, device=device)
+        xs.mark_sharding(x, mesh, ("data", None))
+        loss = (x * 2).sum()
+        torch_xla.sync()
+        hx.report(step=step + 1, total=12, loss=loss)
+
+hx.configure(cores=4)
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    kernel = Kernel()
+    setup = kernel.run(textwrap.dedent(SPMD_LOOP))
+    assert setup.error is None, setup.error
+    yield kernel
+    kernel.close()
+
+
+def run_ok(kernel: Kernel, code: str, timeout: float = 180):
+    output = kernel.run(textwrap.dedent(code), timeout=timeout)
+    assert output.error is None, (output.error or {}).get("traceback")
+    return output
+
+
+def test_a_repeated_xla_warning_is_shown_once_whole_with_its_count(kernel):
+    output = run_ok(kernel, 'hx.notebook_launcher(shapes_loop, strategy="spmd", progress=False)')
+    # Once, whole (wrapped at spaces, so no word is cut by the browser), then its count.
+    assert output.stderr.count(GSPMD.split()[0]) == 1, output.stderr
+    assert "Please consider migrating\n" in output.stderr or GSPMD in output.stderr
+    assert "(the same XLA warning 11 more times" in output.stderr
+    assert all(len(line) <= 100 for line in output.stderr.splitlines()), output.stderr
+    assert output.stderr.rstrip().endswith("all on hx.last_launch().native_log)")
+    # Every line, verbatim, on the record.
+    log = kernel.value("hx.last_launch().native_log")
+    assert len(log) == 12 and all(GSPMD in line for line in log)
+    assert all("sharding_propagation.cc" in line for line in log)
+
+
+def test_tf_cpp_min_log_level_still_decides_what_xla_writes(kernel):
+    output = run_ok(kernel, """
+        import os
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        try:
+            hx.notebook_launcher(shapes_loop, strategy="spmd", progress=False)
+        finally:
+            del os.environ["TF_CPP_MIN_LOG_LEVEL"]
+        """)
+    assert "Shardy" not in output.text and "the same XLA" not in output.text
+    assert kernel.value("hx.last_launch().native_log") == []
+
+
+def relay_of(lines: list[bytes], tagged: bool = False) -> NativeRelay:
+    """A relay of one process's real stderr pipe after `lines` were written to it."""
+    read, write = os.pipe()
+    relay = NativeRelay(ranks_of=lambda pid: [0], shown=lambda ranks: True, tagged=tagged)
+    relay.add(read, "stderr", pid=123)
+    for line in lines:
+        os.write(write, line)
+    os.close(write)
+    relay.close()
+    return relay
+
+
+def test_other_native_lines_pass_and_different_warnings_are_counted_apart(capsys):
+    warn = b"2026-12-01 22:15:33.746046: W external/xla/a.cc:7] the same words\n"
+    other = b"W1201 22:15:33.746046  4242 b.cc:9] another message\n"
+    relay = relay_of([warn, b"plain native line\n", warn, other, warn, b"x" * 150 + b"\n"],
+                     tagged=True)
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "[rank 0] 2026-12-01 22:15:33.746046: W external/xla/a.cc:7] the same words",
+        "[rank 0] plain native line",
+        "[rank 0] W1201 22:15:33.746046  4242 b.cc:9] another message",
+        "[rank 0] " + "x" * 150,  # not an XLA log line: relayed as it is, unwrapped
+        "[rank 0] (the same XLA warning 2 more times; all on hx.last_launch().native_log)",
+    ]
+    assert relay.kept == [warn.decode().strip()] * 2 + [other.decode().strip(), warn.decode(
+    ).strip()]
