@@ -1,0 +1,289 @@
+"""The notebook side of a launch on several hosts of a Ray cluster (`cluster=`, `hosts=`).
+
+One `HostLaunch` actor per host forks there what the kernel forks on one host; this module
+checks everything first (`preflight`), reserves the hosts (`placement`), gives each host its
+variables, then relays every host's events into one `RecordKeeper` and display, as the local
+watch loop does, with ranks numbered across hosts (host h runs ranks h*P .. h*P+P-1) and
+output tagged `[host H rank R]`. However the launch ends, every host is stopped, its actor
+killed and the placement group removed before this returns.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ...events import Event, Log
+from ...observe import tracing
+from ...runtime import detect
+from ...states import Outcome, RankState
+from ...ui import launch_display
+from .. import preflight as local_preflight
+from ..preflight import LaunchRefusedError
+from ..record import LaunchError, LaunchRecord, RankRecord, RecordKeeper
+from ..supervision import STOPPED_AS
+from . import placement
+from . import preflight as checks
+from .host import HostLaunch, installed_versions
+from .slice_env import pjrt_env
+
+POLL_WAIT = 0.2
+STOP_SECONDS = 30.0
+
+
+def launch_on_cluster(function: Callable, args: tuple, pass_index: bool, *, cluster: str,
+                      hosts: int, strategy: str, num_processes: int | None,
+                      mixed_precision: str, use_port: int | None, timeout: float | None,
+                      shown_ranks: set[int] | str, progress: bool | str,
+                      heartbeat_timeout: float | None, trace_compiles: bool,
+                      keep_record: Callable[[LaunchRecord], None]) -> Any:
+    """Run `function` on `hosts` hosts of the Ray cluster at `cluster`; rank 0's value.
+
+    Raises:
+        LaunchRefusedError: before anything starts on any host (see `preflight`).
+        LaunchError: a rank on some host failed, was killed, timed out, or its host left.
+    """
+    hosts = checks.check_hosts(hosts, strategy)
+    ray = checks.import_ray()
+    try:
+        local_preflight.check_runtime_not_started()
+    except LaunchRefusedError as error:
+        raise LaunchRefusedError(
+            f"{error} With cluster=, host 0 runs on this machine and needs its TPU chips: "
+            "restart the kernel and launch before using the XLA device here.") from None
+    info = detect()
+    plan = local_preflight.plan_launch(strategy, num_processes, mixed_precision,
+                                       info.accelerator.kind, info.accelerator.devices,
+                                       info.environment)
+    connect(ray, cluster)
+    chips = checks.check_capacity(ray.nodes(), hosts)
+    reservation = placement.reserve(hosts, chips)
+    actors: list[Any] = []
+    try:
+        actors, described = _start_actors(ray, reservation, hosts)
+        checks.check_versions(installed_versions(), described)
+        envs = _host_envs(ray, actors, described, plan, strategy, use_port, trace_compiles,
+                          reservation)
+        local_world = plan.world
+        world = hosts * local_world
+        record = LaunchRecord(strategy, world, [RankRecord(rank) for rank in range(world)])
+        keep_record(record)
+        display = launch_display(world, progress)
+        watch = _Watch(ray, actors, described, record, display, shown_ranks, timeout,
+                       heartbeat_timeout, local_world)
+        watch.run(lambda: [actor.start.remote(host, strategy, envs[host], local_world, world,
+                                              function, tuple(args), pass_index)
+                           for host, actor in enumerate(actors)])
+    finally:
+        _release(ray, actors, reservation)
+    if record.ok:
+        return record.value
+    raise LaunchError(watch.failure_message(), record)
+
+
+def connect(ray: Any, cluster: str) -> None:
+    """Join the cluster at `cluster` (or keep this process's connection to it)."""
+    if not isinstance(cluster, str) or not cluster:
+        raise LaunchRefusedError(
+            f"cluster={cluster!r}: give a Ray address ('host:port', 'ray://host:10001') or "
+            "'auto' (the Ray cluster this machine belongs to).")
+    if ray.is_initialized():
+        return
+    checks.check_address(cluster)
+    try:
+        ray.init(address=cluster, log_to_driver=False, logging_level="ERROR")
+    except ConnectionError as error:
+        raise LaunchRefusedError(
+            f"cluster={cluster!r}: Ray found no cluster to join ({error}). Run `ray start "
+            "--head` on the first host and `ray start --address=HEAD:6379` on the others, "
+            "or pass the head's address.") from None
+
+
+def _start_actors(ray: Any, reservation: placement.Reservation,
+                  hosts: int) -> tuple[list[Any], list[dict]]:
+    """One actor per bundle, ordered so that the notebook's node is host 0 (on a slice: by
+    TPU worker id); their `describe()`s, with `host` set."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    remote = ray.remote(HostLaunch)
+    resources = {"TPU": reservation.bundle["TPU"]} if reservation.bundle.get("TPU") else {}
+    actors = [
+        remote.options(
+            num_cpus=reservation.bundle.get("CPU", 0), resources=resources,
+            max_concurrency=4, name=None,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=reservation.group, placement_group_bundle_index=index),
+        ).remote()
+        for index in range(hosts)
+    ]
+    described = ray.get([actor.describe.remote() for actor in actors], timeout=120)
+    here = ray.get_runtime_context().get_node_id()
+
+    def order(pair: tuple[Any, dict]) -> tuple:
+        tpu = pair[1].get("tpu") or {}
+        if reservation.slice is not None and tpu.get("worker_id") is not None:
+            return (tpu["worker_id"],)
+        return (pair[1]["node_id"] != here,)
+
+    pairs = sorted(zip(actors, described, strict=True), key=order)
+    for host, (_, info) in enumerate(pairs):
+        info["host"] = host
+    return [a for a, _ in pairs], [d for _, d in pairs]
+
+
+def _host_envs(ray: Any, actors: list[Any], described: list[dict], plan: Any, strategy: str,
+               use_port: int | None, trace_compiles: bool,
+               reservation: placement.Reservation) -> list[dict[str, str | None]]:
+    """Each host's worker variables: the local plan's, the rendezvous at host 0, and on a TPU
+    slice the multi-host PJRT variables (`slice_env.pjrt_env`)."""
+    port = use_port or ray.get(actors[0].free_port.remote(), timeout=30)
+    envs = []
+    for info in described:
+        env = dict(plan.env)
+        env[tracing.SWITCH] = "1" if trace_compiles else "0"
+        env.update(MASTER_ADDR=described[0]["address"], MASTER_PORT=str(port))
+        if reservation.slice is not None:
+            tpu_slice = reservation.slice
+            env.update(pjrt_env(tpu_slice["pod_type"], tpu_slice["topology"],
+                                tpu_slice["chips_per_host"], info["host"],
+                                [d["address"] for d in described]))
+        envs.append(env)
+    return envs
+
+
+def _release(ray: Any, actors: list[Any], reservation: placement.Reservation) -> None:
+    """Stop every host's processes, kill the actors, free the placement group."""
+    if actors:
+        try:
+            ray.get([actor.stop.remote() for actor in actors], timeout=STOP_SECONDS)
+        except Exception:  # noqa: BLE001 - a dead actor's processes died with it (PDEATHSIG)
+            pass
+    for actor in actors:
+        try:
+            ray.kill(actor)
+        except Exception:  # noqa: BLE001
+            pass
+    reservation.release()
+
+
+class _Watch:
+    """The local watch loop's counterpart over hosts (see `supervision.Supervision._watch`)."""
+
+    def __init__(self, ray: Any, actors: list[Any], described: list[dict],
+                 record: LaunchRecord, display: Any, shown_ranks: set[int] | str,
+                 timeout: float | None, heartbeat_timeout: float | None,
+                 local_world: int) -> None:
+        self.ray = ray
+        self.actors = actors
+        self.described = described
+        self.record = record
+        self.keeper = RecordKeeper(record, timeout, heartbeat_timeout)
+        self.display = display
+        self.shown_ranks = shown_ranks
+        self.timeout = timeout
+        self.local_world = local_world
+        self.exited: dict[int, int] = {}
+        self.left: dict[int, str] = {}
+
+    def run(self, start: Callable[[], list[Any]]) -> None:
+        began = time.monotonic()
+        outcome = Outcome.FAILED
+        try:
+            self.ray.get(start(), timeout=60)
+            outcome = self._watch(began)
+        except KeyboardInterrupt:
+            outcome = Outcome.INTERRUPTED
+            raise
+        finally:
+            self.keeper.mark_stopped(STOPPED_AS[outcome])
+            self.record.outcome = outcome
+            self.record.duration = time.monotonic() - began
+            self.keeper.finish()
+            try:
+                self.display.close(self.record)
+            except Exception as error:  # noqa: BLE001 - a drawing bug must not hide the result
+                print(f"hfxla_nb: could not draw the final panel: {error}", file=sys.stderr)
+            if outcome == Outcome.INTERRUPTED:
+                print("hfxla_nb: interrupted; every host's worker processes were stopped.",
+                      file=sys.stderr)
+
+    def _watch(self, began: float) -> Outcome:
+        polls = {self.actors[h].poll.remote(POLL_WAIT): h for h in range(len(self.actors))}
+        last_refresh = 0.0
+        while True:
+            ready, _ = self.ray.wait(list(polls), num_returns=len(polls), timeout=POLL_WAIT)
+            for ref in ready:
+                host = polls.pop(ref)
+                try:
+                    events, code = self.ray.get(ref)
+                except Exception as error:  # noqa: BLE001 - RayActorError: the node left
+                    self._host_left(host, error)
+                    continue
+                for event in events:
+                    self._handle(host, event)
+                if code is None:
+                    polls[self.actors[host].poll.remote(POLL_WAIT)] = host
+                else:
+                    self.exited[host] = code
+            now = time.monotonic()
+            if now - last_refresh >= 0.25:
+                self.display.refresh()
+                last_refresh = now
+            if self.keeper.failure is not None:
+                return Outcome.FAILED
+            if not polls:  # every host's supervisor exited, its events all read
+                if self.keeper.failure is None and not self.keeper.all_finished():
+                    self.keeper.mark_unfinished_as_failed(max(self.exited.values(), default=1))
+                return Outcome.FINISHED if self.keeper.all_finished() else Outcome.FAILED
+            if self.timeout is not None and now - began > self.timeout:
+                return Outcome.TIMEOUT
+            for warning in self.keeper.check_heartbeats(now):
+                print(warning, file=sys.stderr)
+
+    def _handle(self, host: int, event: Event) -> None:
+        self.keeper.handle(event)
+        if isinstance(event, Log):
+            self._print(host, event)
+        else:
+            self.display.handle(event)
+
+    def _print(self, host: int, event: Log) -> None:
+        rank = event.rank
+        shown = self.shown_ranks
+        if shown == "none" or (shown != "all" and rank is not None and rank not in shown):
+            return
+        stream = sys.stderr if event.stream == "stderr" else sys.stdout
+        tag = f"[host {host} rank {rank}] " if rank is not None else f"[host {host}] "
+        stream.write("".join(tag + line for line in event.text.splitlines(keepends=True)))
+        stream.flush()
+
+    def _host_left(self, host: int, error: BaseException) -> None:
+        """A host's actor died (its node left the cluster, or the process was killed)."""
+        where = self.described[host]["address"]
+        self.left[host] = where
+        first = host * self.local_world
+        for rank in range(first, first + self.local_world):
+            rank_record = self.keeper.rank(rank)
+            if rank_record is None or not rank_record.exit_state.active:
+                continue
+            rank_record.exit_state = RankState.KILLED
+            rank_record.reason = "host left"
+            rank_record.error = (f"host {host} ({where}) left the cluster or its Ray actor "
+                                 f"died ({type(error).__name__}); its processes died with it")
+            if self.keeper.failure is None:
+                self.keeper.failure = rank_record
+
+    def host_of(self, rank: int) -> int:
+        return rank // self.local_world
+
+    def failure_message(self) -> str:
+        """The local message, with the host of the rank it names."""
+        message = self.keeper.failure_message()
+        failed = self.keeper.failure
+        if failed is not None and message.startswith(f"rank {failed.rank} "):
+            host = self.host_of(failed.rank)
+            where = self.described[host]["address"]
+            message = f"host {host} ({where}) {message}"
+        return message

@@ -1,0 +1,193 @@
+"""One host of a multi-host launch: the Ray actor that does there what the kernel does locally.
+
+The actor forks the host's supervisor (`host_worker.supervise_host`) with a launch channel and
+output pipes of its own, and a thread of the actor reads them as the kernel's watch loop does:
+events, and native output turned into `Log` events of the process's rank. The notebook takes
+them with `poll()`; `stop()` stops the host's process group (SIGTERM, then SIGKILL) and
+reaps it. The class is made a Ray actor by `cluster_launch` (`ray.remote`), so importing this
+module does not import Ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import select
+import socket
+import threading
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+from ...events import Channel, Event, Log, OutputPipes, Started
+from ...runtime import compile_cache
+from ..native_output import NativeRelay
+from ..processes import stop_group
+from .host_worker import supervise_host
+
+VERSIONED = ("hfxla_nb", "torch", "torch_xla")
+
+
+def installed_versions() -> dict[str, str | None]:
+    """The versions of the packages every host must share (None: not installed)."""
+    versions: dict[str, str | None] = {}
+    for name in VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+class _Relay(NativeRelay):
+    """Native output as `Log` events of the writing process's rank (the notebook tags them)."""
+
+    def __init__(self, ranks_of: Callable[[int], list[int]], sink: Callable[[Event], None]):
+        said: dict[str, bool] = {}
+        super().__init__(ranks_of=ranks_of, shown=lambda ranks: True, tagged=False,
+                         rewrite=lambda line: compile_cache.native_line(line, said))
+        self.sink = sink
+
+    def _write(self, pipe: Any, data: bytes) -> None:
+        ranks = self.ranks_of(pipe.pid) if pipe.pid is not None else []
+        if not ranks and pipe.rank is not None:
+            ranks = [pipe.rank]
+        lines = (self.rewrite(line) for line in data.decode(errors="replace").splitlines(True))
+        text = "".join(line for line in lines if line is not None)
+        if text:
+            self.sink(Log(rank=ranks[0] if ranks else None, stream=pipe.stream, text=text))
+
+
+class HostLaunch:
+    """The actor of one host (one per placement-group bundle, so one per node); which host
+    it is, `start()` says."""
+
+    def __init__(self) -> None:
+        self.host = 0
+        self._lock = threading.Condition()
+        self._events: list[Event] = []
+        self._exit: int | None = None
+        self._pid: int | None = None
+        self._offset = 0
+        self._pid_ranks: dict[int, list[int]] = {}
+        self._pump: threading.Thread | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """Where this host is and what it runs: address, versions, TPU slice figures."""
+        import ray
+
+        info: dict[str, Any] = {"address": ray.util.get_node_ip_address(),
+                                "node_id": ray.get_runtime_context().get_node_id(),
+                                "pid": os.getpid(), "versions": installed_versions()}
+        try:
+            from ray._private.accelerators.tpu import TPUAcceleratorManager as tpu
+
+            info["tpu"] = {"pod_type": tpu.get_current_node_tpu_pod_type(),
+                           "topology": tpu.get_current_node_tpu_topology(),
+                           "worker_id": tpu.get_current_node_tpu_worker_id()}
+        except Exception:  # noqa: BLE001 - no TPU, or an older Ray: no slice figures
+            info["tpu"] = None
+        return info
+
+    def free_port(self) -> int:
+        """A free TCP port on this host (the gloo rendezvous, on host 0)."""
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return sock.getsockname()[1]
+
+    def start(self, host: int, strategy: str, env: dict[str, str | None], local_world: int,
+              world: int, function: Callable, args: tuple, pass_index: bool) -> int:
+        """Fork the supervisor of host `host` and start relaying; returns its pid."""
+        self.host = host
+        channel = Channel()
+        (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
+        self._offset = 0 if strategy == "debug" else self.host * local_world
+        pid = os.fork()
+        if pid == 0:  # never returns
+            os.close(out_read)
+            os.close(err_read)
+            supervise_host(strategy, channel, (out_write, err_write), env, self.host,
+                           local_world, world, function, args, pass_index)
+        os.close(out_write)
+        os.close(err_write)
+        self._pid = pid
+        relay = _Relay(lambda p: self._pid_ranks.get(p, []), self._add)
+        relay.add(out_read, "stdout")
+        relay.add(err_read, "stderr")
+        self._pump = threading.Thread(target=self._relay, args=(channel, relay, pid),
+                                      name="hfxla_nb-host-relay", daemon=True)
+        self._pump.start()
+        return pid
+
+    def poll(self, wait: float = 0.2) -> tuple[list[Event], int | None]:
+        """The events since the last poll (waiting up to `wait` s for one), and the
+        supervisor's exit status once it has exited and everything it sent was read."""
+        with self._lock:
+            if not self._events and self._exit is None:
+                self._lock.wait(wait)
+            events, self._events = self._events, []
+            return events, self._exit
+
+    def stop(self) -> None:
+        """Stop every process of this host's launch (SIGTERM, then SIGKILL) and reap it."""
+        pid = self._pid
+        if pid is not None:
+            stop_group(pid, reap=lambda: self._reap(pid, block=False))
+            try:  # stopped before its setsid(): not in a group of its own yet
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+            self._reap(pid, block=True)
+        if self._pump is not None:
+            self._pump.join(10)
+
+    # -- the relay thread ----------------------------------------------------------------------
+
+    def _add(self, event: Event) -> None:
+        if self._offset and event.rank is not None:
+            event = dataclasses.replace(event, rank=event.rank + self._offset)
+        if isinstance(event, Started):
+            self._pid_ranks.setdefault(event.pid, []).append(event.rank)
+        with self._lock:
+            self._events.append(event)
+            self._lock.notify_all()
+
+    def _reap(self, pid: int, block: bool) -> int | None:
+        with self._lock:
+            if self._exit is not None or self._pid is None:
+                return self._exit
+        try:
+            done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            return self._exit
+        if done == 0:
+            return None
+        self._pid = None
+        return os.waitstatus_to_exitcode(status)
+
+    def _relay(self, channel: Channel, relay: _Relay, pid: int) -> None:
+        code = None
+        try:
+            while code is None:
+                ready, _, _ = select.select([channel, *relay.fds()], [], [], 0.05)
+                self._receive(channel, relay)
+                for fd in ready:
+                    if fd is not channel:
+                        relay.read(fd)
+                code = self._reap(pid, block=False)
+                if code is None and self._pid is None:
+                    code = -9  # reaped by stop()
+            self._receive(channel, relay)
+            relay.close()
+        finally:
+            channel.close()
+            with self._lock:
+                self._exit = code if code is not None else -9
+                self._lock.notify_all()
+
+    def _receive(self, channel: Channel, relay: _Relay) -> None:
+        for event in channel.receive():
+            if isinstance(event, OutputPipes):
+                relay.add_process(event)
+            else:
+                self._add(event)
