@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -91,7 +92,8 @@ class Bucket:
     Attributes:
         length: the padded length.
         inputs: `[rows, length * len(input_names)]` int32, the model inputs side by side.
-        labels: `[rows]` int64 class ids.
+        labels: `[rows]` int64 class ids, or `[rows, k]` (a label per token, a span's start
+            and end): packed after the inputs, `k` columns.
         rows: `[rows]` positions of these rows in the split (to restore the order).
     """
 
@@ -124,6 +126,8 @@ class EncodedData:
     bucket_lengths: list[int]
     label_names: list[str]
     notes: list[str] = field(default_factory=list)
+    #: What a task keeps on the host for decoding (word ids, offsets, answers); any picklable.
+    host: Any = None
 
 
 def tokenize(tokenizer, texts: list[str], pairs: list[str] | None, cap: int) -> tuple[dict, int]:
@@ -228,9 +232,10 @@ def epoch_schedule(
 
 
 def train_batch(bucket: Bucket, positions: np.ndarray, micro_batches: int) -> np.ndarray:
-    """`[micro_batches, batch, width + 1]` int32: inputs side by side, then the label."""
+    """`[micro_batches, batch, width + k]` int32: inputs side by side, then the `k` label
+    columns."""
     packed = np.concatenate(
-        [bucket.inputs[positions], bucket.labels[positions, None].astype(np.int32)], axis=1
+        [bucket.inputs[positions], _label_columns(bucket, positions)], axis=1
     )
     return packed.reshape(micro_batches, len(positions) // micro_batches, -1)
 
@@ -253,14 +258,20 @@ def eval_batches(split: EncodedSplit, batch_size: int) -> list[tuple[int, np.nda
 
 
 def eval_batch(bucket: Bucket, positions: np.ndarray, real: int) -> np.ndarray:
-    """`[1, batch, width + 2]` int32: inputs, label, weight (1 for real rows, 0 for filler)."""
+    """`[1, batch, width + k + 1]` int32: inputs, labels, weight (1 for real rows, 0 for
+    filler)."""
     weights = (np.arange(len(positions)) < real).astype(np.int32)
     packed = np.concatenate(
         [
             bucket.inputs[positions],
-            bucket.labels[positions, None].astype(np.int32),
+            _label_columns(bucket, positions),
             weights[:, None],
         ],
         axis=1,
     )
     return packed[None]
+
+
+def _label_columns(bucket: Bucket, positions: np.ndarray) -> np.ndarray:
+    labels = bucket.labels[positions]
+    return labels.reshape(len(positions), -1).astype(np.int32)

@@ -16,6 +16,20 @@ from . import batching, data, sources, steps
 from .config import FineTuneConfig, FineTuneError
 from .plan import TrainPlan
 from .prepare_lm import prepare_causal_lm
+from .registry import TASKS
+
+
+@dataclass
+class TaskContext:
+    """What a task's `prepare` gets besides the data and the config: the model as loaded in
+    the kernel (config, tokenizer, no weights)."""
+
+    model: Any  # as passed
+    source: Any  # what the worker loads: a name/folder (str) or the instance
+    model_config: Any
+    fixed_labels: int | None  # the head size of a model instance (it cannot change)
+    tokenizer: Any
+    model_name: str
 
 
 @dataclass
@@ -45,6 +59,10 @@ def prepare_fine_tune(
     tokenizer = sources.load_tokenizer(config.tokenizer, model, source)
     if task == "causal-lm":
         return prepare_causal_lm(dataset, config, source, model_config, tokenizer, model_name)
+    context = TaskContext(model, source, model_config, fixed_labels, tokenizer, model_name)
+    plan = TASKS[task].prepare(dataset, config, context)
+    if plan is not None:
+        return plan
     columns = _read_columns(dataset, config, model_config, fixed_labels)
     cap = steps.length_cap(config, model_config, tokenizer)
     encoded, truncated = {}, {}
@@ -201,3 +219,74 @@ def _model_kwargs(model_config: Any, fixed_labels: int | None, label_names: list
     return kwargs
 
 
+
+
+def build_plan(config: FineTuneConfig, context: TaskContext, task: str,
+               encoded: batching.EncodedData, model_kwargs: dict[str, Any]) -> TrainPlan:
+    """The `TrainPlan` of a task whose data is encoded: steps per epoch and in total, devices,
+    output folder, the checkpoint to resume; what every task's `prepare` ends with."""
+    train = encoded.train
+    steps.check_batch_fits(config, train.num_rows)
+    per_epoch = batching.steps_per_epoch(train, config.rows_per_step)
+    if per_epoch == 0:
+        raise FineTuneError(
+            f"no length bucket has {config.rows_per_step} training rows for a full step; pass "
+            "max_length=... (one bucket) or a smaller batch_size."
+        )
+    used = per_epoch * config.rows_per_step
+    if used < train.num_rows:
+        encoded.notes.append(f"{train.num_rows - used} of {train.num_rows} training rows left "
+                             "out per epoch (ragged batches are dropped)")
+    for split in (encoded.train, encoded.eval):
+        if split is not None and split.truncated:
+            encoded.notes.append(f"{split.truncated} {split.name} rows truncated to "
+                                 f"{encoded.bucket_lengths[-1]} tokens")
+    total = (int(config.max_steps) if config.max_steps is not None
+             else max(1, math.ceil(config.epochs * per_epoch)))
+    devices = steps.devices(config)
+    output_dir = sources.check_output_dir(config.output_dir, context.model_name)
+    fingerprint = {
+        "train_rows": train.num_rows,
+        "batch_size": config.batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "buckets": list(map(int, encoded.bucket_lengths)),
+        "seed": config.seed,
+        "total_steps": total,
+        "labels": list(encoded.label_names),
+        "train_digest": steps.digest(train),
+    }
+    resume = steps.checkpoint_to_resume(config, output_dir, fingerprint)
+    return TrainPlan(
+        model=context.source,
+        model_kwargs=model_kwargs,
+        tokenizer=context.tokenizer,
+        data=encoded,
+        batch_size=int(config.batch_size),
+        gradient_accumulation_steps=int(config.gradient_accumulation_steps),
+        learning_rate=float(config.learning_rate),
+        weight_decay=float(config.weight_decay),
+        warmup_steps=int(config.warmup_steps),
+        max_grad_norm=None if config.max_grad_norm is None else float(config.max_grad_norm),
+        total_steps=total,
+        steps_per_epoch=per_epoch,
+        precision=config.precision,
+        strategy=config.strategy,
+        output_dir=output_dir,
+        save_steps=config.save_steps,
+        resume_from=str(resume) if resume is not None else None,
+        seed=int(config.seed),
+        metrics=tuple(config.metrics),
+        log_every=int(config.log_every),
+        devices=devices,
+        fingerprint=fingerprint,
+        save=output_dir is not None,
+        task=task,
+        sharding="data" if config.sharding == "auto" else config.sharding,
+        gradient_checkpointing=bool(config.gradient_checkpointing),
+    )
+
+
+def head_kwargs(model_config: Any, fixed_labels: int | None, label_names: list[str],
+                pad_id: int | None) -> dict[str, Any]:
+    """`from_pretrained` arguments that size a head for these labels (public for tasks)."""
+    return _model_kwargs(model_config, fixed_labels, label_names, pad_id)

@@ -47,13 +47,14 @@ def model_source(model: Any) -> tuple[Any, Any, int | None, str]:
             f"model must be a model name, a folder, or a transformers model instance; got "
             f"{type(model).__name__}."
         )
-    if not _is_lm_class(type(model).__name__) and (
-            "ForSequenceClassification" not in type(model).__name__):
+    heads = _task_heads()
+    if not any(type(model).__name__.endswith(suffix) for suffixes in heads.values()
+               for suffix in suffixes):
         raise _fail(
-            f"model is a {type(model).__name__}, which has neither a classification head nor a "
-            "language-model head. Pass AutoModelForSequenceClassification.from_pretrained(..., "
-            "num_labels=N) or AutoModelForCausalLM.from_pretrained(...), or the model's name "
-            "or folder."
+            f"model is a {type(model).__name__}, which has no head fine_tune trains (a "
+            f"class name ending in {', '.join(s for v in heads.values() for s in v)}). Pass "
+            "e.g. AutoModelForSequenceClassification.from_pretrained(..., num_labels=N) or "
+            "AutoModelForCausalLM.from_pretrained(...), or the model's name or folder."
         )
     if any(getattr(p, "device", None) is not None and p.device.type != "cpu"
            for p in model.parameters()):
@@ -65,24 +66,34 @@ def model_source(model: Any) -> tuple[Any, Any, int | None, str]:
     return model, config, int(config.num_labels), name or type(model).__name__
 
 
-def _is_lm_class(name: str) -> bool:
-    return name.endswith("ForCausalLM") or name.endswith("LMHeadModel")
+def _task_heads() -> dict[str, tuple[str, ...]]:
+    """Task name -> the model class name endings that mean it (every registered task)."""
+    from .registry import TASKS
+
+    return {name: tuple(TASKS[name].head_suffixes) for name in TASKS}
 
 
 def resolve_task(task: str, model: Any, model_config: Any) -> str:
-    """"classification" or "causal-lm": as asked, or (for "auto") from the architecture."""
+    """The task name: as asked (checked against a model instance's head), or (for "auto")
+    from the architecture: the task whose head it has, else "classification"."""
     names = list(getattr(model_config, "architectures", None) or [])
-    if not isinstance(model, (str, os.PathLike)):
+    instance = not isinstance(model, (str, os.PathLike))
+    if instance:
         names = [type(model).__name__]
-    lm = any(_is_lm_class(name) for name in names)
+    heads = _task_heads()
+
+    def task_of(name: str) -> str | None:
+        return next((t for t, suffixes in heads.items()
+                     if any(name.endswith(suffix) for suffix in suffixes)), None)
+
+    found = next((t for t in map(task_of, names) if t is not None), None)
     if task == "auto":
-        return "causal-lm" if lm else "classification"
-    if task == "classification" and not isinstance(model, (str, os.PathLike)) and lm:
-        raise _fail(f"task='classification', but model is a {names[0]} (a language model): "
-                    "pass task='causal-lm', or a ...ForSequenceClassification model.")
-    if task == "causal-lm" and not lm and not isinstance(model, (str, os.PathLike)):
-        raise _fail(f"task='causal-lm', but model is a {names[0]}, which has no language-model "
-                    "head: pass AutoModelForCausalLM.from_pretrained(...) or the model's name.")
+        return found or "classification"
+    if instance and found != task:
+        wanted = " or ".join(f"...{suffix}" for suffix in heads.get(task, ())) or "its head"
+        raise _fail(f"task={task!r}, but model is a {names[0]}, which has no head for it: "
+                    f"pass a {wanted} model (or the model's name or folder), or "
+                    f"task={found!r}.")
     return task
 
 
