@@ -69,6 +69,10 @@ def launch_on_cluster(function: Callable, args: tuple, pass_index: bool, *, clus
         local_world = plan.world
         world = hosts * local_world
         record = LaunchRecord(strategy, world, [RankRecord(rank) for rank in range(world)])
+        # Which host runs which ranks, where (the record's own fields are the ranks').
+        record.hosts = [dict(info, ranks=list(range(info["host"] * local_world,
+                                                    (info["host"] + 1) * local_world)))
+                        for info in described]
         keep_record(record)
         display = launch_display(world, progress)
         watch = _Watch(ray, actors, described, record, display, shown_ranks, timeout,
@@ -89,9 +93,9 @@ def connect(ray: Any, cluster: str) -> None:
         raise LaunchRefusedError(
             f"cluster={cluster!r}: give a Ray address ('host:port', 'ray://host:10001') or "
             "'auto' (the Ray cluster this machine belongs to).")
+    checks.check_address(cluster)
     if ray.is_initialized():
         return
-    checks.check_address(cluster)
     try:
         ray.init(address=cluster, log_to_driver=False, logging_level="ERROR")
     except ConnectionError as error:
@@ -191,7 +195,9 @@ class _Watch:
         began = time.monotonic()
         outcome = Outcome.FAILED
         try:
-            self.ray.get(start(), timeout=60)
+            for info, pid in zip(self.record.hosts, self.ray.get(start(), timeout=60),
+                                 strict=True):
+                info["supervisor"] = pid
             outcome = self._watch(began)
         except KeyboardInterrupt:
             outcome = Outcome.INTERRUPTED

@@ -73,8 +73,12 @@ class HostLaunch:
         self._pump: threading.Thread | None = None
 
     def describe(self) -> dict[str, Any]:
-        """Where this host is and what it runs: address, versions, TPU slice figures."""
+        """Where this host is and what it runs: address, versions, TPU slice figures.
+
+        Also imports torch here, once, so the processes forked later inherit it (as they
+        inherit the kernel's on one host) instead of each importing it."""
         import ray
+        import torch.distributed  # noqa: F401
 
         info: dict[str, Any] = {"address": ray.util.get_node_ip_address(),
                                 "node_id": ray.get_runtime_context().get_node_id(),
