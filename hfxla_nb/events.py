@@ -168,6 +168,20 @@ class Channel:
         except OSError:
             pass  # the notebook side is gone: nobody is listening any more
 
+    def try_send(self, event: Event) -> bool:
+        """Send a small event only if the channel has room now; whether it was sent (or the
+        notebook side is gone: nothing to wait for). Never blocks, never spills to a file."""
+        payload = pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(payload) > _MAX_DATAGRAM:
+            return False
+        try:
+            self._writer.send(payload, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            pass  # the notebook side is gone: nobody is listening any more
+        return True
+
     def send_fds(self, event: Event, fds: list[int]) -> None:
         """Send a small event with open file descriptors; the receiver gets copies of them in
         the event's `fds` (the sender may close its own right after)."""

@@ -75,3 +75,41 @@ def test_sending_a_large_event_after_close_is_a_quiet_no_op():
     channel.close()
     channel.send(Finished(rank=0, result=np.zeros(20_000)))
     assert not os.path.exists(channel._spill_dir)
+
+
+def test_log_sender_never_blocks_a_writer_on_a_full_channel_and_keeps_every_line_in_order():
+    import threading
+
+    from hfxla_nb.launch.log_sender import LogSender
+
+    channel = Channel()
+    sender = LogSender(channel)
+    lines = 20_000
+
+    def write(rank):
+        for i in range(lines):
+            sender.send(rank, "stdout", f"rank {rank} line {i}\n")
+
+    writers = [threading.Thread(target=write, args=(rank,)) for rank in (0, 1)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=30)
+        # Nobody reads the channel yet: the writers finished all the same (the lines wait in
+        # the process's queue, not in the writer).
+        assert not writer.is_alive(), "a writer blocked on the full channel"
+    received: dict[int, list[str]] = {0: [], 1: []}
+    events = 0
+    drained = threading.Thread(target=sender.drain)
+    drained.start()
+    while drained.is_alive() or sum(map(len, received.values())) < 2 * lines:
+        batch = channel.receive(timeout=1)
+        assert batch or drained.is_alive(), "lines were lost"
+        for event in batch:
+            assert isinstance(event, Log) and event.text.endswith("\n")
+            events += 1
+            received[event.rank].extend(event.text.splitlines())
+    channel.close()
+    for rank in (0, 1):
+        assert received[rank] == [f"rank {rank} line {i}" for i in range(lines)]
+    assert events < lines / 10  # batched: far fewer events than lines

@@ -36,14 +36,14 @@ from ..events import (
     Failed,
     Finished,
     Heartbeat,
-    Log,
     ProcessExited,
     Started,
     attach_worker,
     worker_rank,
 )
-from ..observe import reporting, tracing
+from ..observe import reporting, tracing, user_frames
 from ..runtime import compile_cache
+from . import log_sender, rank_env
 from .native_output import route_this_process
 from .script_mode import cell_numbers, leave_the_notebook
 
@@ -53,10 +53,13 @@ _cells: dict[str, int] = {}
 
 
 class EventStream(io.TextIOBase):
-    """A text stream that sends what a worker prints to the notebook, a line at a time.
+    """A text stream that sends what a worker prints to the notebook, in whole lines.
 
     Partial lines wait for their newline or an explicit `flush()` (tqdm and `print(...,
-    flush=True)` flush), per thread, so lines from rank threads never interleave.
+    flush=True)` flush), per thread, so lines from rank threads never interleave. Whole
+    lines go to this process's `log_sender.LogSender`, which sends them at once or, while the
+    notebook catches up, in batches: `flush()` never waits for the notebook (a logging
+    handler flushes every record); `drain_output()` does, before a rank's last events.
     """
 
     def __init__(self, channel: Channel, name: str, fd: int) -> None:
@@ -96,7 +99,18 @@ class EventStream(io.TextIOBase):
             self._send(buffer)
 
     def _send(self, text: str) -> None:
-        self._channel.send(Log(rank=worker_rank(), stream=self._name, text=text))
+        log_sender.for_process(self._channel).send(worker_rank(), self._name, text)
+
+
+def drain_output() -> None:
+    """Hand every partial line of this thread to the sender and wait until this process's
+    output was sent: before `Finished`/`Failed` and before the process exits."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed or replaced stream: nothing to send
+            pass
+    log_sender.drain()
 
 
 class _ActiveRanks:
@@ -207,8 +221,7 @@ def run_rank(
     try:
         result = function(rank, *args) if pass_index else function(*args)
     except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too
-        sys.stdout.flush()
-        sys.stderr.flush()
+        drain_output()  # what it printed arrives before its failure
         # The metrics as they were when it failed, before Failed makes the launcher stop us.
         tracing.rank_ended(rank)
         reporting.rank_ended(rank, failed=True)
@@ -228,18 +241,19 @@ def run_rank(
     compile_cache.finish_in_worker()
     tracing.rank_ended(rank)
     reporting.rank_ended(rank)  # the last rank of this process sends its final metrics
-    sys.stdout.flush()
-    sys.stderr.flush()
+    drain_output()
     channel.send(Finished(rank=rank, result=result, duration=time.monotonic() - start))
     return result
 
 
 def user_traceback(error: BaseException) -> str:
     """`error`'s traceback from the user's function down: the first frame, `run_rank`'s own
-    call of the function, is the launcher's and says nothing about the error."""
+    call of the function, is the launcher's and says nothing about the error. Notebook cells
+    are named as IPython names them ("Cell In[5], line 12")."""
     frames = error.__traceback__
-    return "".join(traceback.format_exception(type(error), error,
+    text = "".join(traceback.format_exception(type(error), error,
                                               frames.tb_next if frames else None))
+    return user_frames.name_cells(text, _cells)
 
 
 def _run_pending_step_closures() -> None:
@@ -263,8 +277,13 @@ _replicated_job: tuple | None = None
 
 def _replicated_entry(index: int) -> None:
     channel, world, function, args, pass_index = _replicated_job
+    variables = rank_env.tpu_rank_variables(os.environ)  # torch_xla's, in a TPU process
     if _xla.process_device_count() == 1:
-        set_rank_variables(_xla.global_ordinal(), index, world)
+        rank_env.set_process_variables(
+            variables or rank_env.rank_variables(_xla.global_ordinal(), index, world))
+    else:  # rank threads of one process (XLA:CPU, TPU v2/v3): each has its own
+        rank_env.set_thread_variables(
+            rank_env.rank_variables(_xla.global_ordinal(), index, world))
     run_rank(channel, index, world, function, args, pass_index)
 
 
@@ -319,11 +338,7 @@ def supervise(
         )
         code = 1
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
+        drain_output()
         os._exit(code)
 
 
@@ -409,8 +424,7 @@ def _run_debug(
                 channel.send(Failed(rank, type(error).__name__, str(error), traceback.format_exc()))
                 code = 1
             finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
+                drain_output()
                 os._exit(code)
         pids[pid] = rank
     worst = 0
