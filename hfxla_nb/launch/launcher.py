@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -15,13 +16,17 @@ from typing import Any
 from ..observe import tracing
 from ..runtime import compile_cache as cache
 from ..runtime import detect
+from ..states import Outcome
 from ..ui import launch_display
 from . import preflight
+from . import record as records
+from .accelerate_options import check_accelerate_options, say_notes
+from .kernel_traceback import hide_launcher_frames
 from .preflight import LaunchRefusedError
-from .record import LaunchError, LaunchRecord, RankRecord
-from .supervision import Supervision
+from .record import LaunchRecord, RankRecord
+from .supervision import POLL_INTERVAL, Supervision
 
-__all__ = ["notebook_launcher", "last_launch", "LaunchRecord", "RankRecord", "LaunchError"]
+__all__ = ["notebook_launcher", "last_launch", "LaunchRecord", "RankRecord"]  # + LaunchError
 
 _last_record: LaunchRecord | None = None
 
@@ -37,6 +42,16 @@ def notebook_launcher(
     num_processes: int | None = None,
     mixed_precision: str = "no",
     use_port: str | int | None = None,
+    master_addr: str = "127.0.0.1",
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    rdzv_backend: str = "static",
+    rdzv_endpoint: str = "",
+    rdzv_conf: dict | None = None,
+    rdzv_id: str = "none",
+    max_restarts: int = 0,
+    monitor_interval: float = POLL_INTERVAL,
+    log_line_prefix_template: str | None = None,
     *,
     strategy: str = "replicated",
     timeout: float | None = None,
@@ -45,14 +60,16 @@ def notebook_launcher(
     heartbeat_timeout: float | None = None,
     trace_compiles: bool = True,
     compile_cache: bool | str | os.PathLike | None = None,
+    cluster: str | None = None,
+    hosts: int | None = None,
 ) -> Any:
     """Run `function` on every XLA device from a notebook cell and return rank 0's result.
 
-    The first four parameters keep `accelerate.notebook_launcher`'s names and meaning, so
+    Every parameter of `accelerate.notebook_launcher` is accepted, in its order, so
     `from hfxla_nb import notebook_launcher` replaces `from accelerate import
-    notebook_launcher` unchanged. The function is called as `function(index, *args)` when it
-    takes one more positional argument than `args` gives (xmp.spawn style), else as
-    `function(*args)` (accelerate style).
+    notebook_launcher` unchanged; this launcher's own options are keyword-only. The
+    function is called as `function(index, *args)` when it takes one more positional argument
+    than `args` gives (xmp.spawn style), else as `function(*args)` (accelerate style).
 
     Args:
         function: the training function. Create the model, move it to the device and train
@@ -63,13 +80,32 @@ def notebook_launcher(
             processes for `strategy="debug"` (default 2).
         mixed_precision: "no", "bf16" or "fp16" (not on TPU), as accelerate's
             `ACCELERATE_MIXED_PRECISION` in the workers.
-        use_port: TCP port of the gloo rendezvous for `strategy="debug"` (default: a free one).
+        use_port: TCP port of the gloo rendezvous for `strategy="debug"` (default: a free one,
+            not accelerate's "29500"); other strategies need none (a one-line note says so).
+        master_addr: the address of that rendezvous (`strategy="debug"`).
+        node_rank: this host's rank among `num_nodes`; must be 0 here.
+        num_nodes: 1: the launch runs on this host (several hosts: `cluster=`, `hosts=`).
+        rdzv_backend: accepted for accelerate's code; a single-host fork launch has no
+            torchelastic rendezvous ("static" or "c10d": a note says it is ignored).
+        rdzv_endpoint: "host:port" of the debug strategy's rendezvous (wins over
+            `master_addr`/`use_port`, as with accelerate's static rendezvous).
+        rdzv_conf: accepted; ignored with a note (no torchelastic rendezvous).
+        rdzv_id: accepted; ignored with a note.
+        max_restarts: relaunch the function after a failure (a rank raised, was killed or
+            froze), up to this many times: every rank starts again. Each attempt is on
+            `last_launch().attempts`; the launch fails when the last one does.
+            `timeout=` and the stop button end the call without a restart.
+        monitor_interval: seconds between two looks of the launcher at its workers (exits,
+            heartbeats, `timeout`); events and output wake it at once anyway.
+        log_line_prefix_template: the prefix of each line a rank prints, with torchelastic's
+            fields `${rank}`, `${local_rank}`, `${role_name}` (default: `[rank N] ` when
+            there are several ranks). Native output keeps its `[rank N]` tag.
         strategy: "replicated" (`xmp.spawn`: one process per chip, one thread per core on
             v2/v3 and on the CPU), "spmd" (one process over every device with `xr.use_spmd()`;
             recommended for data parallel training) or "debug" (N forked CPU processes joined by
             a gloo process group, to rehearse multi-process code without a TPU).
         timeout: seconds after which every rank is stopped and `LaunchError` names the ranks
-            that stalled.
+            that stalled (per attempt).
         output: whose printed output reaches the cell: "main" (rank 0 and the launcher),
             "all" (every rank, prefixed with its rank), "none", or a list of ranks.
         progress: "auto", "widgets", "html", "console" or False: how the panels are drawn.
@@ -81,6 +117,10 @@ def notebook_launcher(
             line, cause, graph and memory of each compilation. False turns it off.
         compile_cache: the persistent compile cache: None (what `hx.configure` chose, else on
             for TPU hosts), True, False, or a folder (see `hx.configure`).
+        cluster: a Ray cluster's address ("host:port", or "auto": the cluster this machine
+            belongs to): run the launch on `hosts` of its nodes, each as it runs here, with
+            ranks numbered across hosts (docs/pods.md; needs `pip install "hfxla_nb[ray]"`).
+        hosts: how many hosts (nodes) of `cluster` to run on.
 
     Returns:
         Rank 0's return value. Every rank's value, exit state and duration are on
@@ -90,14 +130,32 @@ def notebook_launcher(
         LaunchRefusedError: before forking, when the launch cannot work (the XLA runtime is
             already initialized in this kernel, bad arguments, impossible `num_processes`, a
             compile cache folder that other users can write to).
-        LaunchError: when a rank failed, was killed, or the launch timed out.
+        LaunchError: when a rank failed, was killed, or the launch timed out (after the
+            last attempt). It is also torch's `ChildFailedError`, as accelerate's failures
+            are.
         KeyboardInterrupt: after stopping every worker, when the cell was interrupted.
     """
     global _last_record
+    __tracebackhide__ = True  # the cell's traceback ends at the user's call (pytest, IPython)
     pass_index = preflight.check_function(function, args)
     if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
         raise LaunchRefusedError(f"timeout must be a positive number of seconds, got {timeout!r}.")
     shown_ranks = _parse_output(output)
+    options = check_accelerate_options(
+        strategy, use_port=use_port, master_addr=master_addr, node_rank=node_rank,
+        num_nodes=num_nodes, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
+        rdzv_conf=rdzv_conf, rdzv_id=rdzv_id, max_restarts=max_restarts,
+        monitor_interval=monitor_interval, log_line_prefix_template=log_line_prefix_template)
+    say_notes(options, stacklevel=2)
+    if cluster is not None or hosts is not None:
+        from .pods.cluster_launch import launch_on_cluster
+
+        return launch_on_cluster(
+            function, tuple(args), pass_index, cluster=cluster or "auto", hosts=hosts or 1,
+            strategy=strategy, num_processes=num_processes, mixed_precision=mixed_precision,
+            use_port=int(use_port) if use_port else None, timeout=timeout,
+            shown_ranks=shown_ranks, progress=progress, heartbeat_timeout=heartbeat_timeout,
+            trace_compiles=trace_compiles, keep_record=_keep_record)
     preflight.check_runtime_not_started()
 
     info = detect()
@@ -115,18 +173,53 @@ def notebook_launcher(
     env = dict(plan.env)
     env.update(_cache_env(compile_cache, info, strategy))
     env[tracing.SWITCH] = "1" if trace_compiles else "0"
-    if strategy == "debug":
-        env["MASTER_ADDR"] = "127.0.0.1"
-        env["MASTER_PORT"] = str(use_port or _free_port())
 
-    display = launch_display(plan.world, progress)
-    record = LaunchRecord(strategy, plan.world, [RankRecord(rank) for rank in range(plan.world)])
+    earlier: list[LaunchRecord] = []
+    while True:
+        attempt = len(earlier) + 1
+        if strategy == "debug":  # a fresh free port for each attempt (the last may linger)
+            address, port = options.rendezvous
+            env["MASTER_ADDR"] = address
+            env["MASTER_PORT"] = str(port or _free_port())
+        display = launch_display(plan.world, progress)
+        record = LaunchRecord(strategy, plan.world,
+                              [RankRecord(rank) for rank in range(plan.world)],
+                              attempt=attempt, max_attempts=options.max_attempts,
+                              previous_attempts=list(earlier))
+        _last_record = record
+        prefix = options.prefix if options.line_prefix is not None else None
+        supervision = Supervision(record, display, shown_ranks, timeout, heartbeat_timeout,
+                                  poll_interval=options.monitor_interval, line_prefix=prefix)
+        supervision.run(function, tuple(args), pass_index, env)
+        if record.ok:
+            return record.value
+        message = supervision.failure_message()
+        # Only a failure is retried: `timeout=` and the stop button mean "stop".
+        if record.outcome != Outcome.FAILED or attempt >= options.max_attempts:
+            break
+        print(f"hfxla_nb: attempt {attempt} of {options.max_attempts} failed "
+              f"({message.splitlines()[0]}); relaunching every rank (max_restarts="
+              f"{options.max_attempts - 1}): attempt {attempt + 1} of {options.max_attempts}.",
+              file=sys.stderr, flush=True)
+        earlier.append(record)
+    if options.max_attempts > 1:
+        message += (f"\n\nThat was attempt {attempt} of {options.max_attempts} "
+                    f"(max_restarts={options.max_attempts - 1}); every attempt is on "
+                    "hfxla_nb.last_launch().attempts.")
+    error = records.LaunchError(message, record)
+    hide_launcher_frames(type(error))
+    raise error
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LaunchError":  # made on first use (record.py says why)
+        return records.LaunchError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _keep_record(record: LaunchRecord) -> None:
+    global _last_record
     _last_record = record
-    supervision = Supervision(record, display, shown_ranks, timeout, heartbeat_timeout)
-    supervision.run(function, tuple(args), pass_index, env)
-    if record.ok:
-        return record.value
-    raise LaunchError(supervision.failure_message(), record)
 
 
 def _cache_env(setting: Any, info: Any, strategy: str) -> dict[str, str | None]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._words import plural
@@ -72,9 +72,30 @@ class LaunchRecord(BaseLaunchRecord):
             "timeout" or "interrupted".
         process_group: the process group of every process the launch started (all gone when
             the launcher returns; `leftover_processes()` lists any that are not).
+        native_log: every XLA C++ log line the launch's processes wrote, verbatim (the cell
+            shows each repeated one once, with its count).
+        attempt: which attempt this launch was (1, then 2... after `max_restarts=`
+            relaunched the function following a failure).
+        max_attempts: how many attempts the call allowed (`max_restarts + 1`).
+        previous_attempts: the records of the earlier attempts of the same call, in order
+            (`attempts` gives them with this one).
     """
 
     ranks: list[RankRecord]  # the same field: ranks with their metrics
+    native_log: list[str] = field(default_factory=list)
+    attempt: int = 1
+    max_attempts: int = 1
+    previous_attempts: list[LaunchRecord] = field(default_factory=list, repr=False)
+
+    @property
+    def attempts(self) -> list[LaunchRecord]:
+        """Every attempt of this `notebook_launcher` call so far, this one last."""
+        return [*self.previous_attempts, self]
+
+    @property
+    def attempt_text(self) -> str:
+        """The words "attempt 2 of 4" when the call allowed restarts, else "" (for panels)."""
+        return f"attempt {self.attempt} of {self.max_attempts}" if self.max_attempts > 1 else ""
 
     def to_dataframe(self) -> Any:
         """One row per rank: exit state, duration, last step and every figure of its
@@ -83,9 +104,10 @@ class LaunchRecord(BaseLaunchRecord):
 
     def __str__(self) -> str:
         """`spmd launch, 2 ranks: finished in 3.2s`, then one line per rank."""
+        attempt = f" ({self.attempt_text})" if self.attempt_text else ""
         lines = [
             f"{self.strategy} launch, {plural(self.world, 'rank')}: {self.outcome} in "
-            f"{self.duration:.1f}s"
+            f"{self.duration:.1f}s{attempt}"
         ]
         for rank in self.ranks:
             detail = f" ({rank.error})" if rank.error else ""
@@ -101,14 +123,60 @@ class LaunchRecord(BaseLaunchRecord):
         return [] if self.process_group is None else group_processes(self.process_group)
 
 
-class LaunchError(RuntimeError):
-    """A launched function failed. `record` holds every rank's state; the message carries the
-    failing rank, its exception and its remote traceback."""
+def _launch_error_class() -> type:
+    """`LaunchError`, made on first use: it is also torch's `ChildFailedError`, and importing
+    torch costs seconds in a kernel that has not imported it yet (`import hfxla_nb` and the
+    launcher's own import stay free of torch; a kernel that imported torch pays ~10 ms)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    def __init__(self, message: str, record: LaunchRecord) -> None:
-        super().__init__(message)
-        self.record = record
+    class LaunchError(RuntimeError, ChildFailedError):
+        """A launched function failed. `record` holds every rank's state; the message carries
+        the failing rank, its exception and its remote traceback.
 
+        It is also torch's `ChildFailedError` (what `accelerate.notebook_launcher` raises
+        through torchelastic), so `except ChildFailedError` and `pytest.raises(
+        ChildFailedError, match=...)` written for accelerate catch it: `failures` maps each
+        failed rank to a `ProcessFailure` whose `message` is that rank's error.
+        """
+
+        def __init__(self, message: str, record: LaunchRecord | None = None) -> None:
+            # Not ChildFailedError.__init__: it would write its own banner as the message.
+            RuntimeError.__init__(self, message)
+            self.record = record
+            self.name = "hfxla_nb.notebook_launcher"
+            self.failures = _process_failures(record, message)
+
+    LaunchError.__module__ = __name__
+    LaunchError.__qualname__ = "LaunchError"
+    return LaunchError
+
+
+def _process_failures(record: LaunchRecord | None, message: str) -> dict[int, Any]:
+    """torchelastic's view of a failed launch: failed rank -> `ProcessFailure` (never empty:
+    a launch that timed out with no failed rank is named by its rank 0)."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    failed = {RankState.FAILED, RankState.KILLED, RankState.TIMEOUT}
+    ranks = [] if record is None else [r for r in record.ranks if r.exit_state in failed]
+    failures = {}
+    for rank in ranks or [None]:
+        exitcode = 1
+        if rank is not None and rank.reason and rank.reason.startswith("killed by SIG"):
+            number = getattr(signal.Signals, rank.reason.removeprefix("killed by "), None)
+            exitcode = -number.value if number is not None else 1
+        failure = ProcessFailure(local_rank=0 if rank is None else rank.rank,
+                                 pid=-1 if rank is None or rank.pid is None else rank.pid,
+                                 exitcode=exitcode, error_file="<N/A>")
+        failure.message = message.splitlines()[0] if rank is None else (rank.error or message)
+        failures[failure.local_rank] = failure
+    return failures
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LaunchError":
+        globals()["LaunchError"] = error_class = _launch_error_class()
+        return error_class
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class RecordKeeper:
@@ -305,8 +373,8 @@ class RecordKeeper:
         message = f"rank {failed.rank} failed: {error}{'' if error.endswith('.') else '.'}"
         message += stopped
         if failed.traceback:
-            traceback = _frames_only(failed.traceback, error)
-            message += f"\n\nRemote traceback (rank {failed.rank}):\n{traceback}"
+            # Whole, as Python prints it: it ends with the exception line.
+            message += f"\n\nRemote traceback (rank {failed.rank}):\n{failed.traceback.rstrip()}"
         # XLA's allocator text is a wall of figures: said first in one line with its fixes
         # (the whole text stays below, and on the record).
         explanation = explain_hbm_exhaustion(f"{error}\n{failed.traceback or ''}",
@@ -315,23 +383,17 @@ class RecordKeeper:
 
 
 def _user_line(traceback: str) -> str | None:
-    """The innermost frame of a remote traceback that is the user's code ("file:line"), or
-    None (`observe.user_frames.is_library` decides what is not theirs)."""
-    frames = re.findall(r'File "([^"]+)", line (\d+)', traceback)
-    return next((f"{path}:{line}" for path, line in reversed(frames) if not is_library(path)),
-                None)
-
-
-def _frames_only(traceback: str, error: str) -> str:
-    """A remote traceback without its last line when that repeats `error` (the message's first
-    line says it already: shown once)."""
-    traceback = traceback.rstrip()
-    last = error.rstrip().removesuffix(":").rstrip()
-    if last and traceback.endswith(last) and traceback[:-len(last)].strip():
-        cut = traceback[:-len(last)]
-        # "pkg.ValueError: boom" ends with "ValueError: boom": cut the whole line.
-        return cut[:cut.rfind("\n")].rstrip() if "\n" in cut else cut.rstrip()
-    return traceback
+    """The innermost frame of a remote traceback that is the user's code ("file:line", or
+    "Cell In[5], line 12" for a notebook cell), or None (`observe.user_frames.is_library`
+    decides what is not theirs)."""
+    frames = re.findall(r'^\s*(?:File "([^"]+)", line (\d+)|(Cell In\[\d+\], line \d+))',
+                        traceback, flags=re.MULTILINE)
+    for path, line, cell in reversed(frames):
+        if cell:
+            return cell
+        if not is_library(path):
+            return f"{path}:{line}"
+    return None
 
 
 def _rank_row(rank: RankRecord) -> dict[str, Any]:

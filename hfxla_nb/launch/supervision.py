@@ -39,8 +39,15 @@ class Supervision:
     """One launch, from the kernel: `run()` returns when every process of it is gone."""
 
     def __init__(self, record: LaunchRecord, display: LaunchDisplay, shown_ranks: set[int] | str,
-                 timeout: float | None, heartbeat_timeout: float | None) -> None:
+                 timeout: float | None, heartbeat_timeout: float | None,
+                 poll_interval: float = POLL_INTERVAL,
+                 line_prefix: Callable[[int], str] | None = None) -> None:
+        """`poll_interval`: the longest wait between two looks at the workers (accelerate's
+        `monitor_interval`); `line_prefix`: rank -> the prefix of its printed lines
+        (`log_line_prefix_template`), instead of `[rank N] ` when there are several ranks."""
         self.record = record
+        self.poll_interval = poll_interval
+        self.line_prefix = line_prefix
         self.keeper = RecordKeeper(record, timeout, heartbeat_timeout)
         self.display = display
         self.shown_ranks = shown_ranks
@@ -54,6 +61,7 @@ class Supervision:
             shown=self._shown,
             tagged=record.world > 1,
             rewrite=lambda line: compile_cache.native_line(line, said),
+            kept=record.native_log,
         )
 
     def run(self, function: Callable[..., Any], args: tuple[Any, ...], pass_index: bool,
@@ -122,7 +130,7 @@ class Supervision:
     def _watch(self, channel: Channel, start: float) -> Outcome:
         """Relay events and output until the launch ends; return how it ended.
 
-        Each turn waits up to `POLL_INTERVAL` for an event, native output or the supervisor's
+        Each turn waits up to `poll_interval` for an event, native output or the supervisor's
         exit, applies the events to the record and prints the logs, relays the output,
         redraws the panel at most every `REFRESH_INTERVAL`, then looks for an end, in this
         order:
@@ -147,7 +155,7 @@ class Supervision:
         while True:
             exit_fds = [] if self.exit_fd is None else [self.exit_fd]
             ready, _, _ = select.select([channel, *self.native.fds(), *exit_fds], [], [],
-                                        POLL_INTERVAL)
+                                        self.poll_interval)
             for event in channel.receive():  # first: a process's Started names its output
                 self._handle(event)
             for fd in ready:
@@ -195,8 +203,12 @@ class Supervision:
             return
         stream = sys.stderr if event.stream == "stderr" else sys.stdout
         text = event.text
-        if self.record.world > 1 and event.rank is not None:
+        prefix = ""
+        if event.rank is not None and self.line_prefix is not None:
+            prefix = self.line_prefix(event.rank)
+        elif self.record.world > 1 and event.rank is not None:
             prefix = f"[rank {event.rank}] "
+        if prefix:
             text = "".join(prefix + line for line in text.splitlines(keepends=True))
         stream.write(text)
         stream.flush()

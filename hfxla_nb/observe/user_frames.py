@@ -4,6 +4,7 @@ Python's, an installed package's or hfxla_nb's."""
 from __future__ import annotations
 
 import os
+import re
 import site
 import sysconfig
 
@@ -59,3 +60,24 @@ def locate(frames: list[Frame]) -> tuple[Frame | None, Frame | None]:
     where = next((frame for frame in frames if not is_library(frame.file)), None)
     via = next((frame for frame in frames if not _is_internal(frame.file)), None)
     return where, (via if via is not None and via != where else None)
+
+
+_FILE_LINE = re.compile(r'^(\s*)File "([^"]+)", line (\d+)', re.MULTILINE)
+_IPYTHON7_CELL = re.compile(r"<ipython-input-(\d+)-[0-9a-f]+>")
+
+
+def name_cells(traceback: str, cells: dict[str, int]) -> str:
+    """A formatted traceback whose notebook-cell frames are named as IPython names them:
+    `File "/tmp/ipykernel_7/2093.py", line 12, in train` becomes `Cell In[5], line 12, in
+    train`. `cells` maps IPython's cell file names to execution counts
+    (`launch.script_mode.cell_numbers`); IPython 7's `<ipython-input-5-...>` names carry it."""
+
+    def rename(match: re.Match) -> str:
+        indent, path, line = match.groups()
+        count = cells.get(path)
+        if count is None:
+            ipython7 = _IPYTHON7_CELL.fullmatch(path)
+            count = int(ipython7.group(1)) if ipython7 else None
+        return match.group(0) if count is None else f"{indent}Cell In[{count}], line {line}"
+
+    return _FILE_LINE.sub(rename, traceback)
