@@ -140,3 +140,14 @@ def test_an_address_that_does_not_answer_is_refused_within_seconds(cluster):
     with pytest.raises(LaunchRefusedError, match=r"nothing answers at 127.0.0.1:9 within 3s"):
         hx.notebook_launcher(_train, ("",), cluster="127.0.0.1:9", **LAUNCH)
     assert time.monotonic() - began < 5
+
+
+def test_timeout_stops_every_host_and_names_the_ranks(cluster, tmp_path):
+    with pytest.raises(hx.LaunchError, match=r"the launch timed out after 15s and was stopped. "
+                       r"Still running: rank 0 before its first step, rank 1 before"):
+        hx.notebook_launcher(_wait_forever, (str(tmp_path),), cluster=cluster.address,
+                             timeout=15, **LAUNCH)
+    record = hx.last_launch()
+    assert record.outcome == "timeout"
+    assert [r.exit_state for r in record.ranks] == ["timeout"] * 4
+    _nothing_left(record)
