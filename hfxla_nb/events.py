@@ -117,6 +117,14 @@ class ProcessExited(Event):
 
 
 @dataclass(frozen=True)
+class ProcessesStopped(Event):
+    """Processes the launch left running (a server, a process in a session of its own, a
+    daemon) that the supervisor stopped before it exited, each as "sleep 600 (pid 1234)"."""
+
+    processes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class OutputPipes(Event):
     """A worker process's own pipes for file descriptors 1 and 2: their read ends travel with
     the datagram (SCM_RIGHTS) and arrive in `fds` as (stdout, stderr)."""

@@ -77,3 +77,56 @@ def test_a_flood_of_lines_from_two_ranks_arrives_whole_and_in_order(kernel):
         seen[int(match[1])].append(int(match[3]))
     for rank in (0, 1):
         assert seen[rank] == list(range(lines)), f"rank {rank}: lost or out of order"
+
+
+# A function that leaves two processes out of the launch's process group: one in a session of
+# its own, one daemon (double fork, new session, its parent gone). Each writes its pid first.
+LEAVE_BEHIND = """
+    def leave_behind(folder, fail):
+        import os, subprocess, sys, time
+        server = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        with open(os.path.join(folder, "session"), "w") as file:
+            file.write(str(server.pid))
+        code = (
+            "import os, sys, time\\n"
+            "if os.fork(): os._exit(0)\\n"
+            "os.setsid()\\n"
+            "if os.fork(): os._exit(0)\\n"
+            "open(sys.argv[1], 'w').write(str(os.getpid()))\\n"
+            "time.sleep(600)\\n"
+        )
+        subprocess.run([sys.executable, "-c", code, os.path.join(folder, "daemon")], check=True)
+        while not os.path.exists(os.path.join(folder, "daemon")):
+            time.sleep(0.01)
+        time.sleep(0.2)  # the daemon's file is written whole
+        if fail:
+            raise RuntimeError("failed on purpose")
+        return "done"
+    """
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["finished", "failed"])
+def test_processes_in_other_sessions_and_daemons_are_stopped_and_named(kernel, fail):
+    run_ok(kernel, LEAVE_BEHIND)
+    output = run_ok(kernel, f"""
+        import tempfile
+        folder = tempfile.mkdtemp()
+        try:
+            hx.notebook_launcher(leave_behind, args=(folder, {fail}), strategy="spmd")
+        except hx.LaunchError as error:
+            print("raised", type(error).__name__)
+        record = hx.last_launch()
+        pids = [int(open(os.path.join(folder, name)).read()) for name in ("session", "daemon")]
+        print("alive", [alive(pid) for pid in pids])
+        print("outcome", record.outcome)
+        for line in record.stopped_processes:
+            print("stopped", line)
+        print("pids", pids)
+        """)
+    lines = output.stdout.splitlines()
+    assert "alive [False, False]" in lines
+    assert f"outcome {'failed' if fail else 'finished'}" in lines
+    session, daemon = eval(next(line for line in lines if line.startswith("pids "))[5:])
+    stopped = [line.removeprefix("stopped ") for line in lines if line.startswith("stopped ")]
+    assert f"sleep 600 (pid {session})" in stopped
+    assert any(line.endswith(f"(pid {daemon})") and " -c " in line for line in stopped), stopped

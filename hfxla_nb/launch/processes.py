@@ -1,39 +1,165 @@
-"""A launch's process group: who is still alive (read from /proc), and stopping all of it."""
+"""A launch's processes: who is still alive (read from /proc), and stopping all of them, also
+those that left the launch's process group.
+
+Every process of a launch starts in the supervisor's process group (the supervisor calls
+`os.setsid`), so one `killpg` reaches them. A process the function starts in a session or
+group of its own (`subprocess.Popen(..., start_new_session=True)`, a server, a daemon that
+double-forks) is out of that group's reach. Two things catch it:
+
+- The supervisor is a *child subreaper* (`become_subreaper`, `PR_SET_CHILD_SUBREAPER`,
+  Linux 3.4+): a process of the launch whose parent exits is adopted by the supervisor, not
+  by init, so every descendant stays in the supervisor's process tree, whatever session or
+  group it moved to. Before the supervisor exits, `stop_descendants` stops what is still
+  running below it (the launcher names them on `last_launch().stopped_processes`).
+- Stopping from the notebook (`stop_group`: a failure, a timeout, the stop button) signals
+  the group *and* every descendant of its processes, read from /proc before the first
+  signal and again while waiting, since the supervisor's own death hands its adoptees to
+  init.
+
+Why the supervisor and not the kernel: a subreaper adopts every orphan below it for the rest
+of its life. Made one, the notebook kernel would adopt (and never reap: ipykernel waits
+only for the processes it started) every orphan of everything the user runs in the kernel,
+`!` shell commands and `%pip` included, launch or not. The supervisor lives only as long
+as its launch, and its descendants are the launch's by definition.
+
+What is still out of reach: a process that was started by a process of the launch after
+the last look at /proc and whose parent then died while the supervisor was already gone
+(a window of a few milliseconds while the launch is being stopped), and processes that
+change their user (the kernel cannot signal them).
+"""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 TERMINATE_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
 KILL_WAIT = 10.0  # how long a SIGKILLed process may take to be gone (a loaded machine)
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
-def stop_group(group: int, reap: Callable[[], object] = lambda: None) -> None:
-    """SIGTERM to every process of `group`, then SIGKILL to what is left after the grace time.
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux): orphans among its descendants become its
+    children instead of init's. Whether it is one now (False elsewhere than Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
-    `reap` is called while waiting, so a caller can reap its own child (a zombie counts as gone).
+
+def stop_group(group: int, reap: Callable[[], object] = lambda: None) -> list[str]:
+    """SIGTERM to every process of `group` and to every descendant of them (whatever group or
+    session it is in), then SIGKILL to what is left after the grace time.
+
+    `reap` is called while waiting, so a caller can reap its own child (a zombie counts as
+    gone). Returns what had to be stopped outside `group` (`describe`'s words for each).
     """
-    signal_group(group, signal.SIGTERM)
-    if _wait_gone(group, TERMINATE_GRACE, reap):
-        return
-    signal_group(group, signal.SIGKILL)
-    # A killed process is not gone at once: return only when none is left running, so that
-    # nothing of the launch outlives the call (on a busy machine this takes a moment).
-    _wait_gone(group, KILL_WAIT, reap)
+    outside: dict[int, int] = {}  # pid -> its start time (a reused pid is not ours)
+    names: dict[int, str] = {}
+
+    def look() -> None:
+        table = process_table()
+        members = [pid for pid, (_, pgrp, _) in table.items() if pgrp == group]
+        members += [pid for pid in outside if _same(table, pid, outside[pid])]
+        for pid in descendants(members, table):
+            if table[pid][1] != group and pid not in outside:
+                outside[pid] = table[pid][2]
+                names[pid] = describe(pid)
+
+    def alive() -> bool:
+        look()
+        table = process_table()
+        return group_alive(group) or any(_same(table, p, t) for p, t in outside.items())
+
+    def send(number: int) -> None:
+        look()
+        signal_group(group, number)
+        table = process_table()
+        for pid, started in outside.items():
+            if _same(table, pid, started):
+                _signal(pid, number)
+
+    send(signal.SIGTERM)
+    if not _wait(alive, TERMINATE_GRACE, reap):
+        send(signal.SIGKILL)
+        # A killed process is not gone at once: return only when none is left running, so
+        # that nothing of the launch outlives the call (on a busy machine this takes a while).
+        _wait(alive, KILL_WAIT, reap)
+    return [names[pid] for pid in sorted(names)]
 
 
-def _wait_gone(group: int, seconds: float, reap: Callable[[], object]) -> bool:
-    """Wait up to `seconds` for the group to have no live process; whether it has none."""
+def stop_descendants(grace: float = TERMINATE_GRACE) -> list[str]:
+    """In a subreaper (the supervisor, before it exits): stop every process below this one
+    (SIGTERM, SIGKILL after `grace`), reap them, and return `describe`'s words for each."""
+    me = os.getpid()
+    started: dict[int, int] = {}
+    names: dict[int, str] = {}
+
+    def look() -> list[int]:
+        table = process_table()
+        for pid in descendants([me], table) - {me}:
+            if pid not in started:
+                started[pid], names[pid] = table[pid][2], describe(pid)
+        return [pid for pid, at in started.items() if _same(table, pid, at)]
+
+    def reap() -> None:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+    if not look():
+        reap()
+        return []
+    for number, seconds in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT)):
+        for pid in look():
+            _signal(pid, number)
+        if _wait(lambda: bool(look()), seconds, reap):
+            break
+    reap()
+    return [names[pid] for pid in sorted(names)]
+
+
+def describe(pid: int) -> str:
+    """`"sleep 600 (pid 1234)"`: a process's command line (its name when it has none)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            words = file.read().split(b"\0")
+        # One line: an argument may hold newlines (`python -c` code).
+        command = " ".join(" ".join(w.decode(errors="replace") for w in words).split())
+        if not command:
+            with open(f"/proc/{pid}/comm") as file:
+                command = f"[{file.read().strip()}]"
+    except OSError:
+        command = "a process that has ended"
+    if len(command) > 200:
+        command = command[:197] + "..."
+    return f"{command} (pid {pid})"
+
+
+def _wait(alive: Callable[[], bool], seconds: float, reap: Callable[[], object]) -> bool:
+    """Wait up to `seconds` for `alive()` to be false; whether it is."""
     deadline = time.monotonic() + seconds
-    while group_alive(group):
+    while alive():
         if time.monotonic() >= deadline:
             return False
         reap()
         time.sleep(0.05)
     return True
+
+
+def _signal(pid: int, number: int) -> None:
+    try:
+        os.kill(pid, number)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def signal_group(group: int, number: int) -> None:
@@ -50,7 +176,12 @@ def group_alive(group: int) -> bool:
 
 def group_processes(group: int) -> list[int]:
     """Live (non-zombie) processes whose process group is `group`, read from /proc."""
-    pids = []
+    return sorted(pid for pid, (_, pgrp, _) in process_table().items() if pgrp == group)
+
+
+def process_table() -> dict[int, tuple[int, int, int]]:
+    """Every live (non-zombie) process: pid -> (parent pid, process group, start time)."""
+    table = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -59,7 +190,27 @@ def group_processes(group: int) -> list[int]:
                 fields = file.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == group and state not in ("Z", "X"):
-            pids.append(int(name))
-    return pids
+        if fields[0] not in ("Z", "X"):
+            table[int(name)] = (int(fields[1]), int(fields[2]), int(fields[19]))
+    return table
+
+
+def descendants(roots: Iterable[int], table: dict[int, tuple[int, int, int]]) -> set[int]:
+    """The live processes of `table` among `roots` or below them."""
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found: set[int] = set()
+    todo = [pid for pid in roots if pid in table]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    return found
+
+
+def _same(table: dict[int, tuple[int, int, int]], pid: int, started: int) -> bool:
+    """Whether `pid` is alive and is still the process that started at `started`."""
+    entry = table.get(pid)
+    return entry is not None and entry[2] == started

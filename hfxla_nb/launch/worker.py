@@ -36,6 +36,7 @@ from ..events import (
     Failed,
     Finished,
     Heartbeat,
+    ProcessesStopped,
     ProcessExited,
     Started,
     attach_worker,
@@ -45,6 +46,7 @@ from ..observe import reporting, tracing, user_frames
 from ..runtime import compile_cache
 from . import log_sender, rank_env
 from .native_output import route_this_process
+from .processes import become_subreaper, stop_descendants
 from .script_mode import cell_numbers, leave_the_notebook
 
 HEARTBEAT_INTERVAL = 1.0
@@ -311,6 +313,9 @@ def supervise(
     child_reported: threading.Event | None = None
     try:
         os.setsid()
+        # Orphans of the launch become this process's children, whatever session they moved
+        # to, so that the end of the launch stops them too (processes.py says why here).
+        become_subreaper()
         prepare_process(channel, output_fds, env)
         if strategy == "spmd":
             _xla.use_spmd()
@@ -338,8 +343,22 @@ def supervise(
         )
         code = 1
     finally:
+        _stop_leftovers(channel)
         drain_output()
         os._exit(code)
+
+
+def _stop_leftovers(channel: Channel) -> None:
+    """Stop what the launch started that still runs below the supervisor (a server, a
+    process in a session of its own, a daemon) and name them to the notebook."""
+    try:
+        stopped = stop_descendants()
+    except Exception as error:  # noqa: BLE001 - the notebook's stop is the fallback
+        print(f"hfxla_nb: could not stop the launch's remaining processes: {error}",
+              file=sys.stderr)
+        return
+    if stopped:
+        channel.send(ProcessesStopped(rank=None, processes=tuple(stopped)))
 
 
 def _watch_children(channel: Channel) -> threading.Event:
@@ -430,7 +449,8 @@ def _run_debug(
     worst = 0
     while pids:
         pid, status = os.wait()
-        pids.pop(pid, None)
+        if pids.pop(pid, None) is None:
+            continue  # an orphan this subreaper adopted: `_stop_leftovers` names it
         event = _exit_event(pid, os.waitstatus_to_exitcode(status))
         if event is not None:
             channel.send(event)
