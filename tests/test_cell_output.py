@@ -108,3 +108,68 @@ def test_other_native_lines_pass_and_different_warnings_are_counted_apart(capsys
     ]
     assert relay.kept == [warn.decode().strip()] * 2 + [other.decode().strip(), warn.decode(
     ).strip()]
+
+
+def final_panel(output) -> str:
+    """The text of the last panel the cell drew (its final state)."""
+    bundles = [bundle for bundle in output.displays + output.updates
+               if "text/plain" in bundle.get("data", {})]
+    return bundles[-1]["data"]["text/plain"]
+
+
+def test_a_loop_counted_from_0_ends_with_the_same_count_everywhere(kernel):
+    output = run_ok(kernel, """
+        def from_zero(index):
+            import torch, torch_xla
+            weights = torch.ones(4, device=torch_xla.device())
+            for i in range(30):  # counted from 0, as tqdm(range(30)) is
+                weights = weights * 0.9
+                loss = weights.sum()
+                torch_xla.sync()
+                hx.report(step=i, total=30, loss=loss)
+
+        hx.notebook_launcher(from_zero, num_processes=1)
+        """)
+    panel = final_panel(output)
+    assert "train ✔ |" in panel and "| 30/30 · " in panel, panel
+    assert "XLA in 30 steps: " in panel and "30 executions" in panel, panel
+    assert "count from 0" not in panel
+    rank = "hx.last_launch().ranks[0]"
+    assert kernel.value(f"({rank}.last_step, {rank}.metrics.steps, {rank}.metrics.executions)"
+                        ) == (30, 30, 30)
+
+
+def test_ranks_stopped_because_another_failed_look_stopped(kernel):
+    output = kernel.run(textwrap.dedent("""
+        import time
+        def one_fails(index):
+            for step in range(1, 21):
+                time.sleep(0.05)
+                if index == 1 and step == 3:
+                    raise ValueError("rank 1 gives up")
+                hx.report(step=step, total=20)
+
+        hx.notebook_launcher(one_fails, num_processes=2, strategy="debug")
+        """), timeout=180)
+    assert output.error is not None and output.error["ename"] == "LaunchError"
+    panel = final_panel(output)
+    assert panel.startswith("✖ launch of 2 ranks failed after "), panel
+    assert "rank 1 raised ValueError" in panel
+    stopped, failed = (line for line in panel.splitlines() if line.startswith("train [rank"))
+    assert stopped.startswith("train [rank 0] ■ |") and "· stopped after " in stopped, panel
+    assert "elapsed" not in stopped and "✖" not in stopped
+    assert failed.startswith("train [rank 1] ✖ |") and "elapsed" in failed, panel
+    assert kernel.value("[r.exit_state for r in hx.last_launch().ranks]") == ["stopped", "failed"]
+
+
+def test_a_launch_that_ran_no_xla_has_no_xla_line(kernel):
+    output = run_ok(kernel, """
+        def no_xla(index):
+            hx.report(step=1, total=2)
+            hx.report(step=2, total=2)
+
+        hx.notebook_launcher(no_xla, num_processes=2)
+        """)
+    panel = final_panel(output)
+    assert panel.startswith("✔ launch of 2 ranks finished in "), panel
+    assert "XLA" not in panel and "nothing compiled" not in panel, panel

@@ -60,10 +60,11 @@ class _BarState:
     held back by the throttle, and the latest step's device values when no fetch was queued
     for them (both sent when the rank ends)."""
 
-    __slots__ = ("calls", "last_sent", "last_fetch", "pending", "unfetched")
+    __slots__ = ("calls", "offset", "last_sent", "last_fetch", "pending", "unfetched")
 
     def __init__(self) -> None:
         self.calls = 0
+        self.offset = 0  # 1 for a loop that counts its steps from 0
         self.last_sent: float | None = None
         self.last_fetch = float("-inf")
         self.pending: Progress | None = None
@@ -129,8 +130,10 @@ def report(
     """Report training progress from a launched worker, without forcing a device sync.
 
     Args:
-        step: steps done so far, counting from 1 (pass `step + 1` in a 0-based loop);
-            defaults to the number of `report` calls for this `label` in this thread.
+        step: steps done so far, counting from 1; a loop that counts from 0 (its first
+            report says `step=0`) is counted as `step + 1` steps done, so every panel, the
+            metrics and `last_launch()` agree with a tqdm bar over the same loop. Defaults to
+            the number of `report` calls for this `label` in this thread.
         loss: the loss, a device tensor or a number.
         total: the number of steps in the run, for the bar and its ETA.
         samples: samples seen so far by this rank (cumulative, e.g. `step * batch_size`),
@@ -175,7 +178,9 @@ def _report(key, send, step, loss, total, samples, inputs, log_every, label, val
     bar = _bar_state(key, label)
     process = _process_state(key)
     bar.calls += 1
-    step = bar.calls if step is None else int(step)
+    if step is not None and bar.calls == 1 and int(step) == 0:
+        bar.offset = 1  # `for i in range(n): ... report(step=i)`: i + 1 steps are done
+    step = bar.calls if step is None else int(step) + bar.offset
     total = int(total) if total is not None else None
     samples = int(samples) if samples is not None else None
     final = total is not None and step >= total

@@ -26,7 +26,7 @@ BLUE, GREY, GREEN, AMBER, RED = "#1f77b4", "#7f7f7f", "#2ca02c", "#e6a700", "#d6
 STATUS_COLORS = {PanelState.STARTING: GREY, PanelState.RUNNING: BLUE,
                  PanelState.FINISHED: GREEN, PanelState.FAILED: RED}
 BAR_COLORS = {BarState.RUNNING: BLUE, BarState.DONE: GREEN, BarState.SHORT: AMBER,
-              BarState.FAILED: RED}
+              BarState.FAILED: RED, BarState.STOPPED: GREY}
 SEVERITY_COLORS = {"error": RED, "warning": AMBER, "info": BLUE}
 # Every colour by the word of what it means (a state or an alert severity), for the panels
 # that name a meaning rather than hold a state (`finetune_panel`: "warning").
@@ -257,8 +257,9 @@ def notes_html(view: LaunchView) -> str:
 
 
 def view_metrics_html(view: LaunchView) -> str:
-    """The launch's metrics panel ('' before the first snapshot)."""
-    if view.metrics is None:
+    """The launch's metrics panel ('' before the first snapshot, and at the end of a launch
+    that ran no XLA)."""
+    if not text.shows_metrics(view):
         return ""
     return metrics_html(view.metrics, view.alerts, text.metrics_title(view), live=not view.done)
 

@@ -34,6 +34,9 @@ RATE_WINDOW = 20
 PER_RANK_MAX = 4
 # A running rank not heard from for this long is shown as silent.
 SILENT_AFTER = 30.0
+# Ranks the launch stopped (another rank failed; the stop button): their bars say "stopped",
+# not "failed".
+STOPPED_RANKS = (RankState.STOPPED, RankState.INTERRUPTED)
 
 
 @dataclass
@@ -266,6 +269,9 @@ class LaunchState:
         self.ranks[rank] = state
         if state == RankState.FINISHED:
             return
+        if state in STOPPED_RANKS:  # not what went wrong: the status names the failure
+            self._end_bars(rank, BarState.STOPPED)
+            return
         message = self._record_error(rank_record)
         if message and rank not in self.failed_ranks:
             if not any(message in known or known in message for known in self.errors):
@@ -396,7 +402,8 @@ def _aggregate(bars: list[BarView]) -> list[BarView]:
         rates = [b.rate for b in group if b.rate is not None]
         samples = [b.samples_rate for b in group if b.samples_rate is not None]
         states = {b.state for b in group}
-        state = next((s for s in (BarState.FAILED, BarState.RUNNING, BarState.SHORT)
+        state = next((s for s in (BarState.FAILED, BarState.RUNNING, BarState.STOPPED,
+                                  BarState.SHORT)
                       if s in states), BarState.DONE)
         merged.append(BarView(
             label=label,

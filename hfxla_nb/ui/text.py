@@ -37,6 +37,8 @@ def timing_parts(bar: BarView) -> list[str]:
     """What a bar's time and speed are, each a piece that reads on its own: while it runs
     `12.0 s elapsed`, `ETA 18.0 s`, `3.3 it/s, 53.1 samples/s` (the current rates); once it
     ended `7.3 s elapsed` and `overall 9.8 it/s, 53.1 samples/s` (averages over the bar)."""
+    if bar.state == BarState.STOPPED:  # the time it ran says nothing about its own work
+        return [f"stopped after {clock(bar.elapsed)}"]
     parts = [f"{clock(bar.elapsed)} elapsed"]
     if bar.state == BarState.RUNNING and bar.total:
         parts.append(f"ETA {clock(bar.eta)}")
@@ -55,7 +57,7 @@ def stat_parts(bar: BarView) -> list[str]:
     return [counts_text(bar), *timing_parts(bar), *value_parts(bar.values)]
 
 
-MARKS = {BarState.DONE: "✔", BarState.FAILED: "✖"}
+MARKS = {BarState.DONE: "✔", BarState.FAILED: "✖", BarState.STOPPED: "■"}
 
 
 def bar_line(bar: BarView, width: int = 20, name_width: int = 0) -> str:
@@ -103,6 +105,14 @@ def steps_phrase(summary: XlaSummary, live: bool = False) -> str:
 def nothing_ran(summary: XlaSummary) -> bool:
     """Whether nothing was compiled or executed (a function that never ran an XLA graph)."""
     return not (summary.compiles or summary.executions or summary.cached_compiles)
+
+
+def shows_metrics(view: LaunchView) -> bool:
+    """Whether a launch panel has an XLA part: once a snapshot came, except at the end of a
+    launch that compiled and executed nothing (a function that ran no XLA)."""
+    if view.metrics is None:
+        return False
+    return not (view.done and nothing_ran(view.metrics) and not view.metrics.transfers_to_device)
 
 
 def compiles_text(summary: XlaSummary) -> str:
@@ -232,7 +242,7 @@ def launch_text(view: LaunchView) -> str:
     lines += [bar_line(bar, name_width=name_width) for bar in view.bars]
     lines += [f"error: {error}" for error in view.errors[1:]]
     lines += view.notes
-    if view.metrics is not None:
+    if shows_metrics(view):
         lines += summary_lines(view.metrics, "XLA" + _metrics_whose(view), live=not view.done)
     lines += alert_lines(view.alerts)
     return "\n".join(lines)
