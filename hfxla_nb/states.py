@@ -73,6 +73,7 @@ class BarState(StateWord):
     DONE = "done"  # reached the total it announced, or ended well without one
     SHORT = "short"  # its rank finished before the bar reached its total
     FAILED = "failed"  # its rank did not finish
+    STOPPED = "stopped"  # its rank was stopped (another rank failed, the stop button)
 
 
 @dataclass
