@@ -24,6 +24,7 @@ folders carry a version in their name, so a change of the recipe never reuses st
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -81,12 +82,13 @@ def _build_atomically(target: Path, build) -> Path:
 # ---------------------------------------------------------------------------------------------
 
 
-def _train_tokenizer(vocab_size: int):
+def _train_tokenizer(vocab_size: int, extra_words: tuple[str, ...] = ()):
     """A WordPiece tokenizer whose vocabulary is built, not trained: tokenizers' trainer breaks
     ties between equally frequent pieces differently from run to run, so two fresh caches got
     different token ids (and different demo models). Built from the corpus, the vocabulary is
     the same everywhere: the special tokens, every character, every character as a
-    continuation, then the words, most frequent first (alphabetical among equals)."""
+    continuation, then `extra_words` (each one token, whatever the corpus holds), then the
+    words, most frequent first (alphabetical among equals)."""
     from collections import Counter
 
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
@@ -98,10 +100,13 @@ def _train_tokenizer(vocab_size: int):
         for text in demo_texts(4000, seed=12345, num_classes=num_classes)[0]:
             words.update(word for word, _ in
                          pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text)))
-    chars = sorted({char for word in words for char in word})
+    extras = [normalizer.normalize_str(word) for word in extra_words]
+    chars = sorted({char for word in [*words, *extras] for char in word})
     pieces = [*SPECIAL_TOKENS, *chars, *(f"##{char}" for char in chars)]
-    pieces += [word for word, _ in sorted(words.items(), key=lambda item: (-item[1], item[0]))
-               if word not in pieces]
+    for word in [*extras, *(word for word, _ in sorted(words.items(),
+                                                         key=lambda item: (-item[1], item[0])))]:
+        if word not in pieces:
+            pieces.append(word)
     vocab = {piece: i for i, piece in enumerate(pieces[:vocab_size])}
     tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
     tokenizer.normalizer = normalizer
@@ -131,13 +136,17 @@ def _wrap_tokenizer(tokenizer_object) -> transformers.PreTrainedTokenizerFast:
 
 
 def demo_tokenizer(
-    cache: str | os.PathLike | None = None, vocab_size: int = 1000
+    cache: str | os.PathLike | None = None, vocab_size: int = 1000,
+    extra_words: tuple[str, ...] = (),
 ) -> transformers.PreTrainedTokenizerFast:
     """A WordPiece tokenizer trained locally on the demo texts (BERT-style, lower case).
 
     Args:
         cache: cache folder (see `cache_dir`); the trained tokenizer is kept there.
         vocab_size: upper bound of the vocabulary; the demo words need a few hundred.
+        extra_words: words that are one token each even where the texts do not hold them
+            (the causal-LM demo's labels and template words, so that it generates whole
+            words rather than spelling them letter by letter).
 
     Returns:
         `transformers.PreTrainedTokenizerFast` with `[CLS] ... [SEP]` templates, `[PAD]` as
@@ -145,9 +154,13 @@ def demo_tokenizer(
     """
     from tokenizers import Tokenizer
 
-    folder = cache_dir(cache) / f"demo-tokenizer-v{RECIPE_VERSION}-{vocab_size}"
+    name = f"demo-tokenizer-v{RECIPE_VERSION}-{vocab_size}"
+    if extra_words:  # its own folder: the plain demo tokenizer (and tiny BERT) stay as they are
+        name += "-" + hashlib.sha1("\n".join(extra_words).encode()).hexdigest()[:10]
+    folder = cache_dir(cache) / name
     _build_atomically(
-        folder, lambda tmp: _train_tokenizer(vocab_size).save(str(tmp / "tokenizer.json"))
+        folder,
+        lambda tmp: _train_tokenizer(vocab_size, extra_words).save(str(tmp / "tokenizer.json")),
     )
     return _wrap_tokenizer(Tokenizer.from_file(str(folder / "tokenizer.json")))
 

@@ -24,16 +24,23 @@ from .demo import (
     MAX_POSITIONS,
     RECIPE_VERSION,
     _build_atomically,
+    _no_progress_bars,
     cache_dir,
     demo_label_names,
     demo_texts,
     demo_tokenizer,
 )
+from .demo_data import LABELS_3
 
 if TYPE_CHECKING:
     import datasets
 
 TEMPLATE = "review: {prompt}\nverdict: {response}"
+# One token each in the demo Llama's vocabulary: the template's words and every label, so the
+# response is one whole word the model learns (and `generate` shows), not a spelling.
+VOCABULARY_WORDS = ("review", "verdict", ":", *LABELS_3)
+# Bump when the demo Llama's recipe changes (its folder is keyed on it and RECIPE_VERSION).
+LM_RECIPE_VERSION = 2
 
 
 def demo_lm_dataset(n: int = 2000, seed: int = 0) -> datasets.DatasetDict:
@@ -75,9 +82,9 @@ def demo_lm_model_dir(seed: int = 0, cache: str | os.PathLike | None = None) -> 
 
     `AutoModelForCausalLM.from_pretrained(folder)` and `AutoTokenizer.from_pretrained(folder)`
     load it offline. The tokenizer is the demo WordPiece with `[CLS]` as beginning and `[SEP]`
-    as end of text.
+    as end of text, whose vocabulary also holds `VOCABULARY_WORDS` (each label one token).
     """
-    target = cache_dir(cache) / f"demo-llama-v{RECIPE_VERSION}-seed{seed}"
+    target = cache_dir(cache) / f"demo-llama-v{RECIPE_VERSION}.{LM_RECIPE_VERSION}-seed{seed}"
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return str(target)
 
@@ -85,7 +92,7 @@ def demo_lm_model_dir(seed: int = 0, cache: str | os.PathLike | None = None) -> 
         import torch
         from transformers import LlamaForCausalLM
 
-        tokenizer = demo_tokenizer(cache)
+        tokenizer = demo_tokenizer(cache, extra_words=VOCABULARY_WORDS)
         tokenizer.bos_token, tokenizer.eos_token = "[CLS]", "[SEP]"
         tokenizer.model_input_names = ["input_ids", "attention_mask"]
         config = demo_lm_config(len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id,
@@ -93,7 +100,8 @@ def demo_lm_model_dir(seed: int = 0, cache: str | os.PathLike | None = None) -> 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = LlamaForCausalLM(config)
-        model.save_pretrained(tmp)
+        with _no_progress_bars():  # the demo's own setup: no "Writing model shards" bar
+            model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
 
     _build_atomically(target, build)
@@ -127,7 +135,8 @@ def run_demo_lm(rows: int = 2000, epochs: float = 1, batch_size: int = 16,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`make demo TASK=causal-lm`: fine-tune the tiny Llama with FSDPv2, then generate."""
+    """`make demo TASK=causal-lm`: fine-tune the tiny Llama with FSDPv2, then generate the
+    verdict of two reviews (exit status 1 unless the loss fell and both verdicts are right)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m hfxla_nb.demo_lm", description=main.__doc__)
@@ -150,16 +159,20 @@ def main(argv: list[str] | None = None) -> int:
     result = run_demo_lm(rows=args.rows, epochs=args.epochs, devices=args.devices,
                          sharding=args.sharding, output_dir=args.output_dir)
     print(result_text(result), flush=True)
-    reviews = ["the coffee was truly wonderful.", "i regretted the hotel, it was awful."]
-    answers = result.generate([TEMPLATE.split("{response}")[0].format(prompt=review)
-                               for review in reviews], max_new_tokens=2)
-    for review, answer in zip(reviews, answers, strict=True):
-        print(f"{review!r} -> {answer.strip()!r}", flush=True)
+    reviews = {"the coffee was truly wonderful.": "positive",
+               "i regretted the hotel, it was awful.": "negative"}
+    answers = [answer.strip() for answer in result.generate(
+        [TEMPLATE.split("{response}")[0].format(prompt=review) for review in reviews],
+        max_new_tokens=2)]
+    for (review, expected), answer in zip(reviews.items(), answers, strict=True):
+        print(f"{review!r} -> {answer!r}" + ("" if answer == expected
+                                              else f" (expected {expected!r})"), flush=True)
     loss = result.metrics.get("eval_loss", float("nan"))
     print(f"final eval loss: {loss:.4f}   graphs compiled: {result.compiles} training + "
           f"{result.eval_compiles} evaluation   wall time: {time.perf_counter() - start:.1f} s",
           flush=True)
-    return 0 if loss < result.loss_history[0][1] else 1
+    learned = loss < result.loss_history[0][1] and answers == list(reviews.values())
+    return 0 if learned else 1
 
 
 if __name__ == "__main__":

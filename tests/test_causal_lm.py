@@ -99,7 +99,8 @@ def test_the_saved_folder_is_an_ordinary_model_that_generates_on_the_cpu(one_dev
     assert type(model).__name__ == "LlamaForCausalLM"
     prompt = TEMPLATE.split("{response}")[0].format(prompt="the coffee was truly wonderful.")
     (answer,) = one_device.generate([prompt], max_new_tokens=3)
-    assert answer.strip()  # it did continue the prompt
+    # Each label is one token: even a short run answers with a whole verdict, not a spelling.
+    assert answer.strip() in ("positive", "negative"), answer
     assert answer == greedy_continuation(model, one_device.load_tokenizer(), prompt, 3)
     assert not _xla.runtime_is_initialized()
 
@@ -256,3 +257,50 @@ def test_auto_sharding_picks_fsdp_when_the_state_outgrows_one_chip():
     assert choose_sharding(1_000_000_000, v6e)[0] == "data"
     cpu = Accelerator("cpu", devices=8)
     assert choose_sharding(10**11, cpu) == ("data", None)  # one memory for every CPU device
+
+
+def test_in_the_kernel_loading_shows_no_bar_and_warnings_name_the_users_line(lm_dir):
+    """In a real kernel: `result.generate` (which loads the model there) leaves no "Loading
+    weights" bar in the cell, while the user's own `from_pretrained` keeps its bar; a warning
+    from `fine_tune`'s checks points at the user's line, not at hfxla_nb's internals."""
+    import textwrap
+
+    from tests.kernel import Kernel
+
+    def shown(output) -> str:
+        return output.text + repr(output.displays) + repr(output.updates)
+
+    kernel = Kernel(TOKENIZERS_PARALLELISM="false")
+    try:
+        cells = (
+            f"""
+            from transformers import AutoModelForCausalLM
+            from hfxla_nb.demo_lm import TEMPLATE, demo_lm_dataset
+            from hfxla_nb.train import FineTuneResult, prepare_fine_tune
+            result = FineTuneResult(
+                output_dir={str(lm_dir)!r}, loss_history=[], metrics={{}}, steps=0, epochs=0.0,
+                samples_per_second=None, train_seconds=0.0, compiles=0, eval_compiles=0,
+                executions_per_step=None, transfers_per_step=None, label_names=[],
+                strategy="spmd", devices=1, precision="fp32", bucket_lengths=[64],
+                task="causal-lm")
+            """,
+            'answers = result.generate(["review: great.\\nverdict:"], max_new_tokens=2)',
+            f"model = AutoModelForCausalLM.from_pretrained({str(lm_dir)!r})",
+            """
+            plan = prepare_fine_tune(result.output_dir, demo_lm_dataset(n=100), max_length=16,
+                                     prompt_column="prompt", response_column="response",
+                                     output_dir=None)
+            """,
+        )
+        outputs = [kernel.run(textwrap.dedent(code), timeout=240) for code in cells]
+        setup, generated, plain, warned = outputs
+        for output in (setup, generated, plain, warned):
+            assert output.error is None, "\n".join((output.error or {}).get("traceback", []))
+        assert "Loading weights" not in shown(generated)
+        assert "Loading weights" in shown(plain)  # the user's own load: its bar as before
+        assert "UserWarning: hfxla_nb.fine_tune: " in warned.stderr, warned.stderr
+        assert "longer than max_length=16" in warned.stderr
+        assert "plan = prepare_fine_tune(" in warned.stderr  # the line shown is the user's
+        assert "hfxla_nb/train" not in warned.stderr, warned.stderr
+    finally:
+        kernel.close()

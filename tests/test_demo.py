@@ -41,7 +41,7 @@ def test_three_classes():
 
 def test_tokenizer_covers_the_demo_words_and_is_cached(demo_cache):
     tokenizer = demo.demo_tokenizer(demo_cache)
-    folder = next(demo_cache.glob("demo-tokenizer-*"))
+    folder = demo_cache / f"demo-tokenizer-v{demo.RECIPE_VERSION}-1000"
     stamp = os.stat(folder / "tokenizer.json").st_mtime_ns
     texts = list(demo.demo_dataset(n=300, seed=7)["train"]["text"])
     encoded = tokenizer(texts)
@@ -62,6 +62,22 @@ def test_two_fresh_caches_get_the_same_tokenizer(tmp_path):
     assert first.get_vocab() == second.get_vocab()
     # Each demo word is one token: the vocabulary holds them whole.
     assert len(first("the movie was great")["input_ids"]) == 6
+
+
+def test_the_causal_lm_demo_has_its_labels_as_whole_words(demo_cache):
+    """The tiny Llama's tokenizer (what `demo_lm_model_dir` saves) holds every label and
+    template word as one token, so its response is one word it can learn (and `generate`
+    shows); the classifier's tokenizer, in its own folder, stays as it was."""
+    from hfxla_nb.demo_lm import TEMPLATE, VOCABULARY_WORDS
+
+    tokenizer = demo.demo_tokenizer(demo_cache, extra_words=VOCABULARY_WORDS)
+    text = TEMPLATE.format(prompt="the coffee was great.", response="positive")
+    assert tokenizer.tokenize(text) == ["review", ":", "the", "coffee", "was", "great", ".",
+                                        "verdict", ":", "positive"]
+    assert all(len(tokenizer.tokenize(word)) == 1 for word in VOCABULARY_WORDS)
+    plain = demo.demo_tokenizer(demo_cache)
+    assert "verdict" not in plain.get_vocab() and len(plain) < len(tokenizer)
+    assert plain.tokenize("neutral") != ["neutral"]  # spelled: not a word of the reviews
 
 
 def test_config_is_tiny():

@@ -85,3 +85,32 @@ def test_the_next_step_fits_the_task():
     html = result_html(result(task="causal-lm", label_names=[]))
     assert '<code>result.generate([&quot;a prompt&quot;], max_new_tokens=32)</code>' in html
     assert "  next" not in result_text(result(output_dir=None))  # nothing saved, nothing to load
+
+
+def test_quiet_loading_turns_the_bars_off_and_restores_each_as_it_was():
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    from hfxla_nb.train.quiet_loading import quiet_loading
+
+    def state():
+        return hf_logging.is_progress_bar_enabled(), not are_progress_bars_disabled()
+
+    try:
+        for before in ((True, True), (False, False), (False, True)):
+            if before[0]:
+                hf_logging.enable_progress_bar()  # turns the hub's on too
+            else:
+                hf_logging.disable_progress_bar()  # turns the hub's off too
+            if before[1]:
+                enable_progress_bars()  # (False, True): the hub's alone on
+            assert state() == before
+            try:
+                with quiet_loading():
+                    assert state() == (False, False)
+                    raise KeyError("a load that fails")
+            except KeyError:
+                pass
+            assert state() == before
+    finally:
+        hf_logging.enable_progress_bar()

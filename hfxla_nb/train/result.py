@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import checkpoint as ckpt
+from .quiet_loading import quiet_loading
 
 # Evaluation accuracy within this of always predicting the most frequent label is "at chance".
 CHANCE_MARGIN = 0.02
@@ -147,7 +148,8 @@ class FineTuneResult:
 
         auto_class = ("AutoModelForCausalLM" if self.task == "causal-lm"
                       else "AutoModelForSequenceClassification")
-        return getattr(transformers, auto_class).from_pretrained(self.output_dir, **kwargs)
+        with quiet_loading():  # no "Loading weights 100% 21/21" bar left in the cell
+            return getattr(transformers, auto_class).from_pretrained(self.output_dir, **kwargs)
 
     def generate(self, prompts: str | list[str], max_new_tokens: int = 32,
                  **kwargs: Any) -> list[str]:
