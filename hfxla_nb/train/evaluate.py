@@ -17,6 +17,13 @@ def evaluate(run: Any) -> dict[str, float]:
     """Evaluate `run.model` on the plan's evaluation split: padded, weighted batches (one
     graph per bucket), every result fetched in one transfer at the end; the task
     (`tasks.py`) says what is computed."""
+    batches, fetched = run_batches(run)
+    return run.task.eval_metrics(run, batches, fetched)
+
+
+def run_batches(run: Any) -> tuple[list, list]:
+    """The task's `eval_outputs` of every batch of the plan's evaluation split, on the host:
+    `(batches, fetched)` (evaluation and `predict` both)."""
     torch = run.torch
     plan = run.plan
     split = plan.data.eval
@@ -45,7 +52,7 @@ def evaluate(run: Any) -> dict[str, float]:
                 emit(Progress(worker_rank(), i + 1, len(batches), {}, None, "eval"))
     fetched = run.xla.to_cpu(outputs)  # one transfer for every batch
     run.model.train()
-    return run.task.eval_metrics(run, batches, fetched)
+    return batches, fetched
 
 
 def chance_accuracy(split: Any) -> float | None:

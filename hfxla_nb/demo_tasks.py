@@ -1,0 +1,167 @@
+"""The embedded defaults for token classification and question answering, offline.
+
+```python
+from hfxla_nb.demo_tasks import ner_dataset, ner_model_dir, qa_dataset, qa_model_dir
+result = hx.fine_tune(ner_model_dir(), ner_dataset(), task="token-classification")
+result = hx.fine_tune(qa_model_dir(), qa_dataset(), task="question-answering")
+```
+
+The data are sentences made from templates and short lists of people, places and
+organisations, in conll2003's layout (`tokens`, `ner_tags` as a `ClassLabel` sequence with
+conll's tag names) and SQuAD v2's (`id`, `title`, `context`, `question`, `answers` with `text`
+and `answer_start`; no answer for some questions). The models are the tiny BERT of
+`hfxla_nb.demo` with a token-classification or a question-answering head, built from a config;
+the demo tokenizer spells unknown names in characters, so words span several sub-tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .demo import RECIPE_VERSION, _build_atomically, cache_dir, demo_config, demo_tokenizer
+
+if TYPE_CHECKING:
+    import datasets
+
+#: conll2003's `ner_tags` names, in its order.
+CONLL_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
+PEOPLE = ("alice smith", "bob jones", "carol white", "david brown", "emma stone",
+          "frank miller", "grace lee", "henry ford", "ivan petrov", "julia roberts")
+PLACES = ("paris", "new york", "berlin", "tokyo", "london", "san francisco", "madrid", "rome",
+          "oslo", "cairo")
+ORGANISATIONS = ("google", "acme corp", "red cross", "nasa", "siemens", "general motors",
+                 "unicef", "ibm")
+LANGUAGES = ("french", "german", "english", "spanish")  # MISC
+_NER_TEMPLATES = (
+    "{PER} lives in {LOC} .",
+    "{PER} works for {ORG} in {LOC} .",
+    "yesterday {ORG} opened an office in {LOC} .",
+    "{PER} met {PER} at {ORG} .",
+    "the weather in {LOC} was great .",
+    "{PER} speaks {MISC} .",
+    "nothing happened today .",
+)
+_FILLER = ("the weather was nice .", "it rained all day .", "the movie was great .",
+           "people liked the food .", "the story was boring .")
+
+
+def _fill(template: str, rng: random.Random) -> tuple[list[str], list[str]]:
+    words, tags = [], []
+    lists = {"PER": PEOPLE, "LOC": PLACES, "ORG": ORGANISATIONS, "MISC": LANGUAGES}
+    for piece in template.split():
+        if piece.startswith("{") and piece.endswith("}"):
+            kind = piece[1:-1]
+            entity = rng.choice(lists[kind]).split()
+            words += entity
+            tags += [f"B-{kind}"] + [f"I-{kind}"] * (len(entity) - 1)
+        else:
+            words.append(piece)
+            tags.append("O")
+    return words, tags
+
+
+def ner_rows(n: int, seed: int = 0) -> list[dict]:
+    """`n` rows of `{"tokens": [...], "ner_tags": [tag names]}`."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        words, tags = _fill(rng.choice(_NER_TEMPLATES), rng)
+        rows.append({"tokens": words, "ner_tags": tags})
+    return rows
+
+
+def ner_dataset(n: int = 800, seed: int = 0) -> datasets.DatasetDict:
+    """A conll2003-shaped `DatasetDict` (train 80%, validation 20%): `tokens` and `ner_tags`,
+    a `Sequence(ClassLabel)` with conll's names."""
+    import datasets
+
+    features = datasets.Features({
+        "tokens": datasets.Sequence(datasets.Value("string")),
+        "ner_tags": datasets.Sequence(datasets.ClassLabel(names=list(CONLL_TAGS))),
+    })
+    index = {tag: i for i, tag in enumerate(CONLL_TAGS)}
+    rows = [{"tokens": r["tokens"], "ner_tags": [index[t] for t in r["ner_tags"]]}
+            for r in ner_rows(n, seed)]
+    cut = int(n * 0.8)
+    return datasets.DatasetDict({
+        "train": datasets.Dataset.from_list(rows[:cut], features=features),
+        "validation": datasets.Dataset.from_list(rows[cut:], features=features),
+    })
+
+
+def qa_rows(n: int, seed: int = 0, unanswerable: float = 0.2,
+            max_filler: int = 6) -> list[dict]:
+    """`n` SQuAD v2 rows: a context of facts among filler sentences (some long enough to be
+    split with a stride), a question, its answer (or none)."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        person, other = rng.sample(PEOPLE, 2)
+        place, org = rng.choice(PLACES), rng.choice(ORGANISATIONS)
+        facts = [f"{person} lives in {place} .", f"{other} works for {org} ."]
+        filler = [rng.choice(_FILLER) for _ in range(rng.randint(0, max_filler))]
+        sentences = facts + filler
+        rng.shuffle(sentences)
+        context = " ".join(sentences)
+        kind = rng.random()
+        if kind < unanswerable:
+            question, answer = f"what is the capital of {place} ?", None
+        elif kind < (1 + unanswerable) / 2:
+            question, answer = f"where does {person} live ?", place
+        else:
+            question, answer = f"who works for {org} ?", other
+        if answer is None:
+            answers = {"text": [], "answer_start": []}
+        else:
+            fact = facts[0] if answer == place else facts[1]
+            start = context.index(fact) + fact.index(answer)
+            answers = {"text": [answer], "answer_start": [start]}
+        rows.append({"id": f"q{i}", "title": "demo", "context": context,
+                     "question": question, "answers": answers})
+    return rows
+
+
+def qa_dataset(n: int = 800, seed: int = 0, **options) -> datasets.DatasetDict:
+    """A SQuAD v2-shaped `DatasetDict` (train 80%, validation 20%)."""
+    import datasets
+
+    rows = qa_rows(n, seed, **options)
+    cut = int(n * 0.8)
+    return datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:cut]),
+                                 "validation": datasets.Dataset.from_list(rows[cut:])})
+
+
+def _head_model_dir(kind: str, label_names: tuple[str, ...] | None,
+                    cache: str | os.PathLike | None, seed: int) -> str:
+    target = cache_dir(cache) / f"demo-bert-v{RECIPE_VERSION}-{kind}-seed{seed}"
+    if (target / "config.json").is_file():
+        return str(target)
+
+    def build(tmp: Path) -> None:
+        import torch
+        import transformers
+
+        tokenizer = demo_tokenizer(cache)
+        num_labels = len(label_names) if label_names else 2
+        config = demo_config(num_labels, vocab_size=len(tokenizer), label_names=label_names)
+        model_class = getattr(transformers, f"BertFor{kind}")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = model_class(config)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    return str(_build_atomically(target, build))
+
+
+def ner_model_dir(cache: str | os.PathLike | None = None, seed: int = 0) -> str:
+    """A tiny BERT with a token-classification head for conll's 9 tags, and its tokenizer."""
+    return _head_model_dir("TokenClassification", CONLL_TAGS, cache, seed)
+
+
+def qa_model_dir(cache: str | os.PathLike | None = None, seed: int = 0) -> str:
+    """A tiny BERT with a question-answering head (start and end logits), and its tokenizer."""
+    return _head_model_dir("QuestionAnswering", None, cache, seed)

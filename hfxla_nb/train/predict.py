@@ -1,0 +1,153 @@
+"""`hx.predict` and `FineTuneResult.predict`: prediction on every XLA device, in a launched
+worker, with the same batches and the same post-processing as `fine_tune`'s evaluation.
+
+```python
+result.predict(["alice smith lives in paris ."])          # NER: entities with char spans
+hx.predict(folder, [{"question": q, "context": c}], task="question-answering")
+```
+
+In the kernel the inputs are checked and tokenized into length buckets (the task's
+`prepare_predict`); the worker (`predict_worker.py`) shards each padded batch over every
+device (SPMD, data parallel), one graph per bucket, fetches everything in one transfer and
+decodes on the host with the task's `decode`, the function evaluation uses. What comes back
+is plain Python: one dict per input.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from . import sources
+from .config import FineTuneError
+from .plan import TrainPlan
+from .registry import TASKS
+
+#: Rows per device in a batch when `batch_size` is not given.
+ROWS_PER_DEVICE = 8
+
+
+@dataclass
+class PredictContext:
+    """What a task's `prepare_predict` gets: the model's config and tokenizer."""
+
+    model_config: Any
+    tokenizer: Any
+    allow_no_answer: bool = True  # question answering: an empty answer may win (SQuAD v2)
+
+
+class Predictions(list):
+    """One prediction (a dict) per input, in order; `to_dataframe()` makes a table of them.
+
+    Attributes:
+        task: the task that predicted.
+        compiles: graphs compiled (one per length bucket, or none from the compile cache).
+        bucket_lengths: the padded lengths used.
+        seconds: wall time of the prediction in the worker (model loading left out).
+    """
+
+    task: str = ""
+    compiles: int = 0
+    bucket_lengths: list[int]
+    seconds: float = 0.0
+
+    def to_dataframe(self):
+        """A pandas DataFrame: one row per input (per entity for token classification)."""
+        import pandas as pd
+
+        if self.task == "token-classification":
+            rows = [{"input": i, **entity} for i, item in enumerate(self)
+                    for entity in item.get("entities", [])]
+            return pd.DataFrame(rows, columns=["input", "entity", "text", "start", "end",
+                                               "score"])
+        rows = [{key: value for key, value in item.items() if key != "probabilities"}
+                for item in self]
+        return pd.DataFrame(rows)
+
+
+def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | None = None,
+            max_length: int | None = None, tokenizer: Any = None,
+            num_processes: int | None = None, allow_no_answer: bool = True,
+            progress: bool | str = "auto", timeout: float | None = None) -> Predictions:
+    """Predict with a model on every XLA device, in a launched worker.
+
+    Args:
+        model: a fine-tuned model's folder or name, a model instance on the CPU, or a
+            `FineTuneResult`.
+        inputs: one input or a list. Classification: texts (or (text, pair) tuples);
+            token-classification: texts or lists of words; question-answering:
+            `{"question": ..., "context": ...}` dicts.
+        task: a task name, or "auto" (from the model's architecture).
+        batch_size: rows per batch over all devices (a multiple of the devices); default 8
+            per device.
+        max_length: pad every input to this length (one graph); default: a few buckets.
+        tokenizer: default the model's own.
+        num_processes: devices (on the CPU: virtual devices; default as `fine_tune`).
+        allow_no_answer: question answering: answer "" when no span beats [CLS] (SQuAD v2).
+        progress: the launch panel (True/"auto", False, ...).
+        timeout: stop the worker after this many seconds.
+
+    Returns:
+        `Predictions`: a list with one plain-Python dict per input (classification: label,
+        score, probabilities; token classification: words, tags, scores and entities with
+        character spans; question answering: answer, start, end, score), and
+        `to_dataframe()`.
+
+    Raises:
+        FineTuneError: before anything is forked, for inputs or options that cannot work.
+    """
+    from ..launch import notebook_launcher
+
+    if type(model).__name__ == "FineTuneResult":
+        if model.output_dir is None:
+            raise FineTuneError("this run saved no model (output_dir was None): fine-tune "
+                                "with an output_dir to predict with it.")
+        task = model.task if task == "auto" else task
+        model = model.output_dir
+    plan = prepare_predict(model, inputs, task, batch_size=batch_size, max_length=max_length,
+                           tokenizer=tokenizer, num_processes=num_processes,
+                           allow_no_answer=allow_no_answer)
+    from .predict_worker import predict_worker
+
+    raw = notebook_launcher(predict_worker, args=(plan,), num_processes=plan.devices,
+                            strategy="spmd", progress=progress, timeout=timeout)
+    out = Predictions(raw["predictions"])
+    out.task, out.compiles, out.seconds = plan.task, raw["compiles"], raw["seconds"]
+    out.bucket_lengths = list(plan.data.bucket_lengths)
+    return out
+
+
+def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
+                    batch_size: int | None = None, max_length: int | None = None,
+                    tokenizer: Any = None, num_processes: int | None = None,
+                    allow_no_answer: bool = True) -> TrainPlan:
+    """Everything `predict` does before forking; returns the worker's plan (a `TrainPlan`
+    with the inputs as its evaluation split, no training)."""
+    source, model_config, _, _ = sources.model_source(model)
+    if task != "auto" and task not in TASKS:
+        raise FineTuneError(f"task={task!r} is not one of {', '.join(map(repr, TASKS))}.")
+    task = sources.resolve_task(task, model, model_config)
+    if isinstance(inputs, (str, dict)):
+        inputs = [inputs]
+    if hasattr(inputs, "to_dict") and hasattr(inputs, "columns"):  # a DataFrame
+        inputs = inputs.to_dict("records")
+    inputs = list(inputs)
+    if not inputs:
+        raise FineTuneError("inputs is empty: pass at least one input.")
+    context = PredictContext(model_config, sources.load_tokenizer(tokenizer, model, source),
+                             allow_no_answer)
+    encoded = TASKS[task].prepare_predict(inputs, context, max_length)
+    devices = sources.device_count(num_processes)
+    batch_size = int(batch_size or ROWS_PER_DEVICE * devices)
+    if batch_size % devices:
+        raise FineTuneError(f"batch_size={batch_size} does not split evenly over the {devices} "
+                            f"devices; use a multiple of {devices}.")
+    return TrainPlan(
+        model=source if isinstance(source, str) else model, model_kwargs={},
+        tokenizer=context.tokenizer, data=encoded, batch_size=batch_size,
+        gradient_accumulation_steps=1, learning_rate=0.0, weight_decay=0.0, warmup_steps=0,
+        max_grad_norm=None, total_steps=0, steps_per_epoch=1, precision="auto",
+        strategy="spmd", output_dir=os.devnull, save_steps=None, resume_from=None, seed=0,
+        metrics=(), log_every=1, devices=devices, save=False, task=task,
+    )

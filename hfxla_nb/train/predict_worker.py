@@ -1,0 +1,34 @@
+"""The worker side of `predict`: load the model onto every device, run the task's evaluation
+outputs over padded batches (one graph per bucket), decode on the host."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .. import _xla
+from . import patches
+from .evaluate import run_batches
+from .loop import _Run
+from .plan import TrainPlan
+
+
+def predict_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
+    """Runs in the launched worker: returns the predictions (plain Python), the graphs
+    compiled and the seconds taken."""
+    if not _xla.is_spmd():
+        _xla.use_spmd()  # before any tensor touches the device
+    with patches.applied():
+        run = _Run(index, plan)
+        run.base_model = run._load_model()
+        run.base_model.to(run.device)
+        run.model = run.base_model
+        if run.spmd:  # explicit shardings, as training gives them (the batch is sharded)
+            run.xla.replicate_unsharded(list(run.model.parameters()), run.mesh)
+            run.xla.sync()
+        before = run.counts()[_xla.COMPILE_TIME]
+        start = time.perf_counter()
+        batches, fetched = run_batches(run)
+        predictions = run.task.decode(plan.data, batches, fetched)
+        return {"predictions": predictions, "seconds": time.perf_counter() - start,
+                "compiles": run.counts()[_xla.COMPILE_TIME] - before}
