@@ -9,6 +9,7 @@ output_dir/
     config.json, model.safetensors, tokenizer files    the final model (from_pretrained-ready)
     hfxla_nb_run.json                                  what the run did (FineTuneResult)
     checkpoints/checkpoint-<step>/                     model + tokenizer + hfxla_nb_state.pt
+    adapter/                                           LoRA: the adapter (the top is merged)
 ```
 
 The checkpoint state file holds the optimizer, the scheduler, the step, the random states
@@ -91,7 +92,9 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 def is_checkpoint(path: str | os.PathLike) -> bool:
-    return (Path(path) / STATE_FILE).is_file() and (Path(path) / "config.json").is_file()
+    # A full fine-tune's checkpoint holds the model (config.json), a LoRA run's the adapter.
+    return (Path(path) / STATE_FILE).is_file() and any(
+        (Path(path) / name).is_file() for name in ("config.json", "adapter_config.json"))
 
 
 def resolve_checkpoint(resume: Any, output_dir: str | os.PathLike) -> Path | None:
@@ -123,7 +126,8 @@ def resolve_checkpoint(resume: Any, output_dir: str | os.PathLike) -> Path | Non
         return found[-1][1]
     raise ValueError(
         f"resume_from_checkpoint={os.fspath(resume)!r} is not a checkpoint: a checkpoint "
-        f"folder holds config.json and {STATE_FILE} (fine_tune writes them under "
+        f"folder holds config.json (adapter_config.json with LoRA) and {STATE_FILE} (fine_tune "
+        "writes them under "
         f"<output_dir>/{CHECKPOINTS}/checkpoint-<step> when save_steps is set)."
     )
 

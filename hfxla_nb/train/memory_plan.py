@@ -562,6 +562,9 @@ def plan_memory(
     device = _device(hardware)
     count = device.devices if devices is None else devices
     _check_positive("devices", count)
+    if device.kind == "cpu" and count != device.devices:
+        # Virtual CPU devices are as many as asked for (num_processes=), sharing the memory.
+        device = _Device("CPU", "cpu", count, _host_memory() // count)
     if count > device.devices:
         raise FineTuneError(f"devices={count}, but {device.name} has {device.devices}: pass at "
                             f"most {device.devices}, or the hardware you mean (hardware=...).")

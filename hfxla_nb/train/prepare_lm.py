@@ -1,5 +1,6 @@
 """The kernel-side steps of `fine_tune(task="causal-lm")`: read texts or prompt/response pairs,
-tokenize them into one fixed length, choose the sharding, build the `TrainPlan`.
+tokenize them into one fixed length, check the LoRA settings, plan the memory (which decides
+`sharding="auto"` and `lora="auto"`, and refuses what cannot fit), build the `TrainPlan`.
 
 Nothing is forked or written here; every refusal is a `FineTuneError` that says what to do.
 """
@@ -7,21 +8,19 @@ Nothing is forked or written here; every refusal is a `FineTuneError` that says 
 from __future__ import annotations
 
 import math
-import warnings
+from dataclasses import dataclass
 from typing import Any
 
 from .._words import plural
-from ..runtime import detect_accelerator
-from . import data, lm_data, sources, steps
+from . import data, lm_data, lora, sources, steps
 from .batching import EncodedData, round_up
 from .config import FineTuneConfig, FineTuneError
-from .memory_plan import meta_model
+from .memory_plan import MemoryPlan, MemoryPlanError, meta_model, plan_memory
 from .plan import TrainPlan
+from .user_warnings import warn_user
 
 #: What training keeps per parameter with AdamW in float32: weights, gradients, 2 moments.
 BYTES_PER_PARAMETER = 16
-#: Share of a device's memory the training state may take (activations need the rest).
-STATE_SHARE = 0.6
 DEFAULT_MAX_LENGTH = 512
 
 
@@ -40,7 +39,15 @@ def prepare_causal_lm(dataset: Any, config: FineTuneConfig, source: Any, model_c
     total = (int(config.max_steps) if config.max_steps is not None
              else max(1, math.ceil(config.epochs * per_epoch)))
     devices = steps.devices(config)
-    sharding = _sharding(config, model_config, devices, notes)
+    instance = source if not isinstance(source, str) else None
+    lora_json = lora.lora_settings(config.lora if config.lora != "auto" else False,
+                                   instance, model_config, "causal-lm")
+    memory = _memory_plan(config, instance or model_config, lora_json, max_length, devices,
+                          notes)
+    sharding = memory.sharding if devices > 1 and config.strategy == "spmd" else (
+        "data" if config.sharding == "auto" else config.sharding)
+    if memory.lora_rank and lora_json is None:  # lora="auto" chose LoRA
+        lora_json = lora.lora_settings(True, instance, model_config, "causal-lm")
     output_dir = sources.check_output_dir(config.output_dir, model_name)
     fingerprint = {
         "train_rows": train.num_rows, "batch_size": config.batch_size,
@@ -48,9 +55,12 @@ def prepare_causal_lm(dataset: Any, config: FineTuneConfig, source: Any, model_c
         "buckets": [max_length], "seed": config.seed, "total_steps": total,
         "labels": [], "train_digest": steps.digest(train),
     }
+    if lora_json:  # a resume with other LoRA settings is refused
+        fingerprint["lora"] = lora_json
     resume = steps.checkpoint_to_resume(config, output_dir, fingerprint)
     eval_name = next((name for name in encoded if name != "train"), None)
-    return TrainPlan(
+    return LmTrainPlan(
+        lora=lora_json, memory=memory,
         model=source,
         model_kwargs={} if getattr(model_config, "pad_token_id", None) is not None
         else {"pad_token_id": int(pad_id)},
@@ -71,6 +81,38 @@ def prepare_causal_lm(dataset: Any, config: FineTuneConfig, source: Any, model_c
         save=output_dir is not None, task="causal-lm", sharding=sharding,
         gradient_checkpointing=bool(config.gradient_checkpointing),
     )
+
+
+@dataclass
+class LmTrainPlan(TrainPlan):
+    """A causal LM's `TrainPlan`, with its LoRA settings and memory plan.
+
+    Attributes:
+        lora: `lora.lora_settings`' JSON (peft `LoraConfig` fields), or None: a full
+            fine-tune.
+        memory: the `MemoryPlan` that `sharding="auto"` and `lora="auto"` were decided from.
+    """
+
+    lora: dict[str, Any] | None = None
+    memory: MemoryPlan | None = None
+
+
+def _memory_plan(config: FineTuneConfig, model: Any, lora_json: dict[str, Any] | None,
+                 max_length: int, devices: int, notes: list[str]) -> MemoryPlan:
+    """The memory plan of this run on this machine's devices; "auto" sharding and LoRA are
+    decided by it (and noted); refused, with its numbers and the changes that would make it
+    fit, when it cannot fit."""
+    spmd = config.strategy == "spmd" and devices > 1
+    plan = plan_memory(
+        model, batch_size=int(config.batch_size), max_length=max_length,
+        precision=config.precision, lora=lora_json or config.lora,
+        sharding=config.sharding if spmd else "data",
+        gradient_checkpointing=bool(config.gradient_checkpointing), devices=devices)
+    notes.extend(plan.notes)
+    if not plan.fits:
+        raise MemoryPlanError(f"this fine-tune does not fit the device memory, so nothing was "
+                              f"started:\n{plan}")
+    return plan
 
 
 def _pad_token(tokenizer: Any, notes: list[str]) -> int:
@@ -131,7 +173,7 @@ def _note_lengths(splits: dict[str, lm_data.LmRows], max_length: int, packing: b
             message = (f"{rows.cut} of {plural(len(rows.ids), f'{split} row')} are longer than "
                        f"max_length={max_length} and will be cut at the end")
             notes.append(message)
-            warnings.warn(f"hfxla_nb.fine_tune: {message}.", UserWarning, stacklevel=4)
+            warn_user(f"hfxla_nb.fine_tune: {message}.")  # at the user's call
     if packing:
         notes.append(f"texts packed into rows of {max_length} tokens (no padding)")
         if not splits["train"].ids:
@@ -142,31 +184,6 @@ def _note_lengths(splits: dict[str, lm_data.LmRows], max_length: int, packing: b
     if longest and round_up(longest) < max_length:
         notes.append(f"the longest row has {longest} tokens: max_length={round_up(longest)} "
                      f"would compute less than {max_length}")
-
-
-def _sharding(config: FineTuneConfig, model_config: Any, devices: int, notes: list[str]) -> str:
-    if config.sharding != "auto":
-        return config.sharding
-    if devices == 1 or config.strategy != "spmd":
-        return "data"
-    choice, note = choose_sharding(parameter_count(model_config), detect_accelerator())
-    if note:
-        notes.append(note)
-    return choice
-
-
-def choose_sharding(parameters: int, accelerator: Any) -> tuple[str, str | None]:
-    """What `sharding="auto"` picks for a model of `parameters` on `accelerator`, and why:
-    "fsdp" when parameters, gradients and AdamW state would not fit one device's HBM."""
-    if accelerator.kind != "tpu" or not accelerator.hbm_per_chip_gib:
-        return "data", None  # a CPU's memory is shared by its virtual devices: nothing saved
-    per_device = accelerator.hbm_per_chip_gib * 2**30 / accelerator.cores_per_chip
-    needed = parameters * BYTES_PER_PARAMETER
-    if needed <= STATE_SHARE * per_device:
-        return "data", None
-    return "fsdp", (f"sharding='auto' chose 'fsdp': parameters, gradients and AdamW state need "
-                    f"{needed / 2**30:.1f} GiB, more than {STATE_SHARE:.0%} of one device's "
-                    f"{per_device / 2**30:.0f} GiB")
 
 
 def parameter_count(model_config: Any) -> int:

@@ -1,5 +1,7 @@
 """Checkpoints and the final save, from the worker: state fetched to the host in one transfer,
-written to a temporary folder and renamed into place (`checkpoint.py`)."""
+written to a temporary folder and renamed into place (`checkpoint.py`). With LoRA a checkpoint
+holds the adapter (`PeftModel.save_pretrained`) and the final save the adapter and the merged
+model (`lora.py`)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import numpy as np
 
 from . import checkpoint as ckpt
 from .counts import COUNTED
+from .lora import save_adapter, save_final_lora
 
 #: The attribute under which PyTorch/XLA's FSDPv2 keeps a wrapped module.
 FSDP_WRAPPED = "_orig_module"
@@ -80,7 +83,10 @@ def save_checkpoint(run: Any, step: int) -> None:
         }
 
         def write_model(folder: Path) -> None:
-            run.base_model.save_pretrained(folder, state_dict=cpu_model)
+            if getattr(run.plan, "lora", None):
+                save_adapter(run, folder, cpu_model)  # the base is the plan's model
+            else:
+                run.base_model.save_pretrained(folder, state_dict=cpu_model)
             run.plan.tokenizer.save_pretrained(folder)
 
         info = {"step": step, "fingerprint": run.plan.fingerprint}
@@ -95,6 +101,9 @@ def save_final(run: Any, result: dict[str, Any]) -> None:
     """The trained model, tokenizer and run summary, published atomically in `output_dir`."""
     cpu_model, _, _ = cpu_state(run)
     with ckpt.atomic_folder(run.plan.output_dir, keep=(ckpt.CHECKPOINTS,)) as tmp:
-        run.base_model.save_pretrained(tmp, state_dict=cpu_model)
+        if getattr(run.plan, "lora", None):
+            save_final_lora(run, tmp, cpu_model)  # the adapter, and the merged model
+        else:
+            run.base_model.save_pretrained(tmp, state_dict=cpu_model)
         run.plan.tokenizer.save_pretrained(tmp)
         ckpt.write_json(tmp / ckpt.RUN_FILE, result)
