@@ -143,10 +143,10 @@ def test_an_address_that_does_not_answer_is_refused_within_seconds(cluster):
 
 
 def test_timeout_stops_every_host_and_names_the_ranks(cluster, tmp_path):
-    with pytest.raises(hx.LaunchError, match=r"the launch timed out after 15s and was stopped. "
+    with pytest.raises(hx.LaunchError, match=r"the launch timed out after 8s and was stopped. "
                        r"Still running: rank 0 before its first step, rank 1 before"):
         hx.notebook_launcher(_wait_forever, (str(tmp_path),), cluster=cluster.address,
-                             timeout=15, **LAUNCH)
+                             timeout=8, **LAUNCH)
     record = hx.last_launch()
     assert record.outcome == "timeout"
     assert [r.exit_state for r in record.ranks] == ["timeout"] * 4
