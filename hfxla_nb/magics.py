@@ -16,6 +16,12 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 # The file name the `%%xla_metrics` cell's code runs under (its frames name "this cell").
 _CELL_FILE = "<xla_metrics cell>"
+# Said under the panel of the cell that started the XLA runtime in the kernel.
+RUNTIME_STARTED = (
+    "This cell started the XLA runtime in this kernel: from now on notebook_launcher refuses "
+    "to launch (forked workers would hang) until the kernel restarts (Kernel > Restart "
+    "Kernel). Run %%xla_metrics after your launches, or in a notebook of its own."
+)
 
 
 def _parse(magic: Any, line: str):
@@ -94,10 +100,13 @@ class XlaMagics(Magics):
             raise UsageError("--steps must be a positive integer")
         if args.warmup is not None and args.warmup < 0:
             raise UsageError("--warmup must be zero or more")
+        from . import _xla
         from .observe import analyzer, metrics, reporting, tracing
         from .ui.metrics_panel import MetricsPanel
 
-        trace = tracing.begin_cell(self._cell_numbers())  # before the cell's first graph
+        started_before = _xla.runtime_is_initialized()
+        numbers = self._cell_numbers()
+        trace = tracing.begin_cell(numbers)  # before the cell's first graph
         before = metrics.snapshot()
         with reporting.local_events(lambda event: None):
             try:
@@ -113,15 +122,26 @@ class XlaMagics(Magics):
                     memory=seen["memory"] or metrics.device_memory(),
                 )
                 summary.trace = log
+                summary.item_lines = [f"cell {numbers[_CELL_FILE]}, line {line}"
+                                      for line in _item_lines(self.shell.transform_cell(cell))]
+                # A cell that names no loader builds its batches itself: no drop_last advice.
+                summary.dataloader = "loader" in cell.lower()
                 warmup = metrics.WARMUP_STEPS if args.warmup is None else args.warmup
                 alerts = analyzer.analyze(summary, warmup_steps=warmup)
-                _display(MetricsPanel(summary, alerts, title="XLA metrics for this cell"))
+                started = not started_before and _xla.runtime_is_initialized()
+                _display(MetricsPanel(summary, alerts, title="XLA metrics for this cell",
+                                      note=RUNTIME_STARTED if started else None))
 
     def _cell_numbers(self) -> dict[str, int]:
-        """IPython's cell file names -> execution counts; this cell is `_CELL_FILE`."""
+        """IPython's cell file names -> execution counts; this cell is `_CELL_FILE`, numbered
+        as IPython numbers it (`In [9]`): the entry IPython made for it last, before it ran
+        (`execution_count` is already the next one while a cell runs in IPython 9, not in 8)."""
         names = getattr(getattr(self.shell, "compile", None), "_filename_map", None) or {}
         numbers = {str(name): int(count) for name, count in names.items()}
-        numbers[_CELL_FILE] = int(getattr(self.shell, "execution_count", 0) or 0)
+        current = list(numbers.values())[-1] if numbers else None
+        if current is None:
+            current = int(getattr(self.shell, "execution_count", 0) or 0)
+        numbers[_CELL_FILE] = current
         return numbers
 
     def _run(self, cell: str) -> Any:
@@ -137,6 +157,17 @@ class XlaMagics(Magics):
         if last is not None:
             return eval(compile(last, _CELL_FILE, "eval"), namespace)
         return None
+
+
+def _item_lines(cell: str) -> list[int]:
+    """The lines of the cell (the `%%xla_metrics` line is 1) that call `.item()`."""
+    try:
+        tree = ast.parse(cell)
+    except SyntaxError:
+        return []
+    return sorted({node.lineno + 1 for node in ast.walk(tree)
+                   if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                   and node.func.attr == "item" and not node.args})
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -10,6 +10,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 from hfxla_nb import magics
+from hfxla_nb.magics import RUNTIME_STARTED
 from tests.kernel_helpers import bundles_of, error_of, run_notebook, stderr_of, stdout_of
 
 
@@ -134,7 +135,12 @@ def test_magics_in_a_real_kernel():
     page, plain = panel["text/html"], panel["text/plain"]
     assert plain.startswith("XLA metrics for this cell\nXLA in 4 steps:")
     assert "transfers: device → host 4 transfers, " in plain and ", 4 .item() calls;" in plain
-    assert "Device-to-host transfers: 4 in 4 steps" in plain
+    assert "Device-to-host transfers: 4 in 4 steps, .item() at cell 4, line 10" in plain
+    assert "Fix: At cell 4, line 10: fetch values only every N steps" in plain
+    # Lines are named as IPython numbers the cell (In [4]), never by the next count.
+    assert "cell 5" not in plain and "cell 4, line 9: 4 graphs" in plain  # the recompiling line
+    # The first cell to start the runtime says what that means for launches; later ones not.
+    assert plain.endswith("\nℹ " + RUNTIME_STARTED) and RUNTIME_STARTED[:40] in page
     assert "input 'x' shapes: (2, 2), (2, 3), (2, 4), (2, 5)" in plain  # from hx.report
     assert "<table" in page and "device memory" in page and "not available" in page
 
@@ -145,6 +151,7 @@ def test_magics_in_a_real_kernel():
     # A failing cell still shows its metrics, then fails like any cell.
     assert error_of(cells[6])["ename"] == "KeyError"
     assert bundles_of(cells[6])[0]["text/plain"].startswith("XLA metrics for this cell")
+    assert "runtime" not in bundles_of(cells[6])[0]["text/plain"]
     assert stdout_of(cells[7]).strip() == "True"  # %%xla_metrics ran XLA in the kernel
 
     # torch.nonzero falls back to the CPU on XLA: the panel names the op and warns.
@@ -170,5 +177,5 @@ def test_detect_and_a_result_show_their_panels_without_the_extension():
     assert "torch_xla" in info["text/html"] and "<" in info["text/html"]
     (result,) = bundles_of(cells[1])
     assert result["text/plain"].startswith("FineTuneResult\n  training")
-    assert "eval_accuracy=0.9000" in result["text/plain"]
+    assert "eval_accuracy  0.9000" in result["text/plain"]
     assert "<svg" in result["text/html"] and "spmd over 4 devices" in result["text/html"]

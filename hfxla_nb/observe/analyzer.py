@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._units import duration
 from .._words import plural
 from .compile_records import cause_text
 from .metrics import (
@@ -90,22 +91,34 @@ def _shapes_cause(changed: dict[str, InputShapes]) -> str:
 
 _TOKENIZER_FIX = (
     "Give every batch the same shape: pad to a fixed length (tokenizer(..., "
-    "padding='max_length', max_length=N, truncation=True)) or to a few bucket lengths, and "
-    "use drop_last=True so the last batch is not smaller."
+    "padding='max_length', max_length=N, truncation=True)) or to a few bucket lengths"
 )
 _TENSOR_FIX = (
     "Give the tensors the same shape in every step: pad or crop them to a fixed size "
-    "(torch.nn.functional.pad), or to a few bucket sizes, where the batch is built, and use "
-    "drop_last=True in the DataLoader so the last batch is not smaller."
+    "(torch.nn.functional.pad), or to a few bucket sizes, where the batch is built"
 )
+# How to name the input whose shape changes, when nothing named it.
+INPUTS_HINT = ("To see which input changes shape, pass the step's inputs to report: "
+               "hx.report(step=step, loss=loss, inputs=batch) (a dict of tensors, or "
+               "inputs={'x': x}).")
 
 
-def _shapes_fix(changed: dict[str, InputShapes]) -> str:
+def _last_batch_fix(summary: XlaSummary) -> str:
+    """The DataLoader part of a shape fix, only where it can apply: said plainly when the
+    code uses a DataLoader, as a condition when that is not known, not at all when it does
+    not."""
+    if summary.dataloader is False:
+        return ""
+    if summary.dataloader:
+        return ", and use drop_last=True in the DataLoader so the last batch is not smaller"
+    return "; if the batches come from a DataLoader, drop_last=True keeps the last one whole"
+
+
+def _shapes_fix(changed: dict[str, InputShapes], summary: XlaSummary) -> str:
     """The fix for the inputs whose shape changed: the tokenizer's padding for tokenizer
     outputs, padding the tensors themselves for anything else."""
-    if any(name in TOKENIZER_INPUTS for name in changed):
-        return _TOKENIZER_FIX
-    return _TENSOR_FIX
+    fix = _TOKENIZER_FIX if any(name in TOKENIZER_INPUTS for name in changed) else _TENSOR_FIX
+    return fix + _last_batch_fix(summary) + "."
 
 
 def _cost_severity(summary: XlaSummary) -> str:
@@ -124,7 +137,7 @@ def _compile_cause(summary: XlaSummary) -> tuple[str, str]:
     """The likely cause of recompilations and its fix, from shapes, transfers and fallbacks."""
     changed = shape_changes(summary.input_shapes)
     if changed:
-        return _shapes_cause(changed), _shapes_fix(changed)
+        return _shapes_cause(changed), _shapes_fix(changed, summary)
     transfers = summary.per_step(summary.transfers_from_device)
     if transfers is not None and transfers > MAX_TRANSFERS_PER_STEP:
         return (
@@ -142,9 +155,8 @@ def _compile_cause(summary: XlaSummary) -> tuple[str, str]:
             "Replace the operations listed in the CPU-fallback alert.",
         )
     return (
-        "No input shape change was reported. Pass the batch to hfxla_nb.report(inputs=batch) to "
-        "see which input changes shape, or run with PT_XLA_DEBUG_LEVEL=2 to have PyTorch/XLA "
-        "print the cause of each compilation.",
+        f"No input shape change was reported. {INPUTS_HINT} PT_XLA_DEBUG_LEVEL=2 has "
+        "PyTorch/XLA print the cause of each compilation.",
         "Keep shapes and Python control flow the same in every step.",
     )
 
@@ -172,7 +184,7 @@ def _shape_changes_alert(summary: XlaSummary, many: dict[str, InputShapes],
         f"shape.{compiled} Later steps reuse those graphs, but each compilation can take "
         "minutes on a TPU, and every shape not seen yet (a longer text, a smaller last "
         "batch, an evaluation batch) compiles again.",
-        _shapes_fix(many),
+        _shapes_fix(many, summary),
     )
 
 
@@ -228,6 +240,20 @@ def _transfers_alert(summary: XlaSummary) -> Alert | None:
         return None
     items = f", {summary.item_calls} of them .item() calls" if summary.item_calls else ""
     title, where, fix = _fetch_sites(summary)
+    if _mask_check(summary):
+        return Alert(
+            "frequent-transfers", "warning",
+            f"Device-to-host transfers: {transfers} in {steps} steps{title}",
+            f"The program fetched values from the device {transfer_rate:.2f} times per "
+            f"{_unit(summary)} (more than {MAX_TRANSFERS_PER_STEP}).{where} That is "
+            "transformers' attention-mask check: it asks the device whether the padding mask "
+            "is all ones (padding_mask.all()) at every forward pass, which cuts the step's "
+            "graph in two and waits for the device.",
+            "Pad every batch to one fixed length (tokenizer(..., padding='max_length', "
+            "max_length=N, truncation=True)) and apply hfxla_nb's transformers patches around "
+            "the training: `with hx.patches.applied(): ...` (hx.patches keeps the mask on "
+            "XLA, with the same results; fine_tune applies them itself).",
+        )
     return Alert(
         "frequent-transfers", "warning",
         f"Device-to-host transfers: {transfers} in {steps} steps{title}",
@@ -261,7 +287,7 @@ def _slow_compile_alert(summary: XlaSummary) -> Alert | None:
         return None
     return Alert(
         "slow-compile", "warning",
-        f"A compilation took {summary.max_compile_time:.0f} s",
+        f"A compilation took {duration(summary.max_compile_time)}",
         f"One graph took longer than {MAX_COMPILE_SECONDS:.0f} s to compile; large graphs "
         "(long unrolled loops, huge models traced at once) compile slowly.",
         "Sync more often (torch_xla.sync() inside long loops), use scan for repeated "
@@ -274,7 +300,7 @@ def _slow_execution_alert(summary: XlaSummary) -> Alert | None:
         return None
     return Alert(
         "slow-execution", "warning",
-        f"An execution took {summary.max_execute_time:.0f} s",
+        f"An execution took {duration(summary.max_execute_time)}",
         f"One graph ran for longer than {MAX_EXECUTE_SECONDS:.0f} s: the step may be doing "
         "far more work than intended (a graph that keeps growing because it is never cut).",
         "Call torch_xla.sync() (or use MpDeviceLoader) once per step.",
@@ -309,10 +335,16 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
                        every_step: bool) -> Alert:
     steps = summary.steps
     rate = summary.per_step(summary.compiles) or 0.0
-    rule = ("nearly one new graph per step" if every_step and steps <= warmup_steps else
-            f"more than {MAX_COMPILES_PER_STEP} per step after {warmup_steps} warm-up steps")
+    if steps <= warmup_steps:  # no warm-up words for a run no longer than the warm-up
+        rule = "a new graph at nearly every step"
+    else:
+        rule = f"torch_xla warns above {MAX_COMPILES_PER_STEP}"
+        if summary.compiles_after_warmup is not None and summary.steps_after_warmup:
+            rule += (f"; {summary.compiles_after_warmup} of them in the "
+                     f"{plural(summary.steps_after_warmup, 'step')} after the first "
+                     f"{warmup_steps}")
     numbers = (f"XLA compiled {rate:.2f} graphs per {unit} ({rule}), taking "
-               f"{summary.compile_time:.1f} s.{_share_text(summary)}")
+               f"{duration(summary.compile_time)}.{_share_text(summary)}")
     row = recompiling_row(summary)
     if row is None or row.graphs < 2:
         cause, fix = _compile_cause(summary)
@@ -322,7 +354,7 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
     place = row.place()
     changed = shape_changes(summary.input_shapes)
     if changed:
-        cause, fix = _shapes_cause(changed), _shapes_fix(changed)
+        cause, fix = _shapes_cause(changed), _shapes_fix(changed, summary)
     elif row.fetched:
         cause = ("Each of them was cut there by reading a tensor's value (torch_xla: "
                  f"\"{row.cause}\"), and the part of the step before the read differs from "
@@ -332,9 +364,10 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
     else:
         cause = ("A different graph from the same line means the step's graph changes: a "
                  "tensor shape that changes (dynamic padding, a smaller last batch, boolean "
-                 "indexing, nonzero), or a branch or loop that depends on the data.")
+                 "indexing, nonzero), or a branch or loop that depends on the data."
+                 + ("" if summary.input_shapes else f" {INPUTS_HINT}"))
         fix = ("keep shapes and Python control flow the same in every step: pad to fixed "
-               "shapes (or a few buckets) and use drop_last=True.")
+               f"shapes (or a few buckets){_last_batch_fix(summary)}.")
     if changed:
         fix = f"{fix[0].lower()}{fix[1:]}"
     return Alert(
@@ -348,12 +381,27 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
     )
 
 
+# transformers' functions that read the padding mask on the device (`hx.patches` fixes them).
+MASK_CHECKS = ("_ignore_bidirectional_mask_sdpa", "_ignore_causal_mask_sdpa")
+
+
+def _mask_check(summary: XlaSummary) -> bool:
+    """Whether the traced fetches came from transformers' attention-mask check."""
+    trace = summary.trace
+    sites = trace.fetch_sites() if trace is not None else []
+    return any(site.via is not None and site.via.function in MASK_CHECKS for site in sites)
+
+
 def _fetch_sites(summary: XlaSummary) -> tuple[str, str, str]:
     """(title suffix, explanation, fix prefix) naming the lines whose value fetches ran the
     graph, from the trace; empty strings without one."""
     trace = summary.trace
     sites = [site for site in (trace.fetch_sites() if trace is not None else [])
              if site.where is not None or site.via is not None]
+    if not sites and summary.item_calls and summary.item_lines:
+        first = summary.item_lines[0]
+        return (f", .item() at {first}",
+                f" .item() is called at: {'; '.join(summary.item_lines[:3])}.", f"At {first}: ")
     if not sites:
         return "", "", ""
     first = sites[0]

@@ -274,6 +274,11 @@ class XlaSummary:
     rank_steps: int | None = None
     # torch_xla's analysis of each compilation (`compile_trace.TraceLog`), when traced.
     trace: Any = None
+    # Where the code calls `.item()` ("cell 4, line 10"), read from its source: named when
+    # the trace does not (a value read after its graph ran runs no graph of its own).
+    item_lines: list[str] = field(default_factory=list)
+    # Whether the code iterates a DataLoader (None: not known); fixes that need one depend on it.
+    dataloader: bool | None = None
     # The persistent compile cache: "hits", "misses", "unreadable" (entries XLA:CPU cannot
     # load) and, from the worker, its "folder", "entries", "bytes" and "limit".
     cache: dict[str, Any] | None = None

@@ -13,13 +13,17 @@ class MetricsPanel:
     Displays as HTML in a notebook; `repr()` is the same content as text.
     """
 
-    def __init__(self, summary: XlaSummary, alerts: list[Alert], title: str = "XLA metrics"):
+    def __init__(self, summary: XlaSummary, alerts: list[Alert], title: str = "XLA metrics",
+                 note: str | None = None):
         self.summary = summary
         self.alerts = list(alerts)
         self.title = title
+        self.note = note  # one line under the panel (what the cell changed in the kernel)
 
     def _repr_html_(self) -> str:
-        return html.metrics_html(self.summary, self.alerts, self.title)
+        note = html.note_html(f"ℹ {self.note}", html.BLUE) if self.note else ""
+        return html.metrics_html(self.summary, self.alerts, self.title) + note
 
     def __repr__(self) -> str:
-        return f"{self.title}\n{text.metrics_text(self.summary, self.alerts)}"
+        note = f"\nℹ {self.note}" if self.note else ""
+        return f"{self.title}\n{text.metrics_text(self.summary, self.alerts)}{note}"

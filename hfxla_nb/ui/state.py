@@ -25,6 +25,7 @@ from ..observe.analyzer import Alert
 from ..observe.live import LiveMetrics
 from ..observe.metrics import XlaSummary
 from ..states import BarState, BaseLaunchRecord, BaseRankRecord, Outcome, PanelState, RankState
+from .units import duration
 
 # Points kept per bar for the charts.
 HISTORY = 200
@@ -304,7 +305,7 @@ class LaunchState:
                 heard = self.last_heard.get(rank)
                 if (status == RankState.RUNNING and heard is not None
                         and now - heard > SILENT_AFTER):
-                    notes.append(f"rank {rank} silent for {now - heard:.0f} s")
+                    notes.append(f"rank {rank} silent for {duration(now - heard)}")
         metrics_ranks = self.metrics.process_ranks()
         metrics = self.metrics.summary()
         return LaunchView(

@@ -1,0 +1,81 @@
+"""Alerts whose fix fits the cause: each alert is judged from an `XlaSummary` (and, where the
+alert names a line, torch_xla's own analysis as `TraceLog` records), as the panels get it."""
+
+from __future__ import annotations
+
+from hfxla_nb.observe.analyzer import analyze
+from hfxla_nb.observe.compile_records import FETCH_CAUSE, ExecutionSite, Frame
+from hfxla_nb.observe.metrics import XlaSummary
+from hfxla_nb.observe.trace_log import TraceLog
+from hfxla_nb.ui import text
+
+
+def alert(summary: XlaSummary, code: str):
+    (found,) = [a for a in analyze(summary) if a.code == code]
+    return found
+
+
+def everything(found) -> str:
+    return f"{found.title}\n{found.explanation}\n{found.fix}"
+
+
+def test_the_attention_mask_check_points_to_fixed_padding_and_hx_patches():
+    trace = TraceLog()
+    check = Frame("_ignore_bidirectional_mask_sdpa", "/venv/transformers/masking_utils.py", 90)
+    trace.executions = (ExecutionSite(FETCH_CAUSE, Frame("train", "/tmp/ipykernel_1/2.py", 12,
+                                                          cell=5), check, 20, 1),)
+    summary = XlaSummary(steps=20, executions=40, transfers_from_device=20, trace=trace)
+    found = alert(summary, "frequent-transfers")
+    assert "attention-mask check" in found.explanation
+    assert "masking_utils.py:90 `_ignore_bidirectional_mask_sdpa`" in found.explanation
+    assert "padding='max_length'" in found.fix and "hx.patches.applied()" in found.fix
+    assert "log_every" not in found.fix  # fetching less often does not remove this fetch
+
+
+def test_a_fetch_elsewhere_keeps_the_fetch_less_often_fix():
+    summary = XlaSummary(steps=20, executions=20, transfers_from_device=20, item_calls=20,
+                         item_lines=["cell 9, line 7"])
+    found = alert(summary, "frequent-transfers")
+    assert found.title == "Device-to-host transfers: 20 in 20 steps, .item() at cell 9, line 7"
+    assert found.fix.startswith("At cell 9, line 7: fetch values only every N steps")
+    assert "hx.patches" not in found.fix
+
+
+def recompiling(steps: int, dataloader: bool | None = None, **shapes) -> XlaSummary:
+    return XlaSummary(steps=steps, compiles=steps, compile_time=72.3, executions=steps,
+                      execute_time=0.5, input_shapes=shapes, dataloader=dataloader)
+
+
+def test_a_recompile_without_inputs_shows_how_to_name_the_input():
+    found = alert(recompiling(12), "frequent-compiles")
+    assert "hx.report(step=step, loss=loss, inputs=batch)" in found.explanation
+    shapes = {"x": [{"shape": [4 * i, 8], "first": i, "last": i} for i in range(1, 13)]}
+    named = alert(recompiling(12, x=shapes["x"]), "frequent-compiles")
+    assert "input 'x' had 12 different shapes" in named.explanation
+    assert "inputs=" not in named.explanation
+
+
+def test_drop_last_only_where_a_dataloader_can_be():
+    shapes = [{"shape": [4 * i, 8], "first": i, "last": i} for i in range(1, 13)]
+    assert "drop_last" not in alert(recompiling(12, False, x=shapes), "frequent-compiles").fix
+    known = alert(recompiling(12, True, x=shapes), "frequent-compiles").fix
+    assert "use drop_last=True in the DataLoader" in known
+    unknown = alert(recompiling(12, None, x=shapes), "frequent-compiles").fix
+    assert "if the batches come from a DataLoader, drop_last=True" in unknown
+
+
+def test_no_warm_up_words_on_a_run_no_longer_than_the_warm_up():
+    short = everything(alert(recompiling(8), "frequent-compiles"))
+    assert "warm-up" not in short and "a new graph at nearly every step" in short
+    longer = recompiling(12)
+    longer.compiles_after_warmup, longer.steps_after_warmup = 2, 2
+    found = everything(alert(longer, "frequent-compiles"))
+    assert "warm-up" not in found
+    assert "torch_xla warns above 0.5; 2 of them in the 2 steps after the first 10" in found
+
+
+def test_one_duration_format_in_the_table_and_the_alert():
+    summary = recompiling(12)
+    found = alert(summary, "frequent-compiles")
+    assert "taking 1 min 12 s." in found.explanation and "72.3" not in found.explanation
+    assert "12 compiles (1 min 12 s)" in "\n".join(text.summary_lines(summary))
