@@ -7,7 +7,7 @@ STAMP := $(VENV)/.hfxla_nb-installed
 export PJRT_DEVICE ?= CPU
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test lint demo bench lab clean test-browser test-stacks test-notebooks \
+.PHONY: setup test lint demo bench lab clean test-browser test-stacks test-notebooks test-pods \
 	strip-notebooks test-binder
 
 $(STAMP): pyproject.toml requirements-test.txt
@@ -28,7 +28,15 @@ lint: setup
 
 test: setup lint
 	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory test-pods
 	$(MAKE) --no-print-directory test-notebooks
+
+# notebook_launcher(cluster=...) on a real 2-node Ray cluster, in a network namespace of its own
+# (loopback only: Ray binds 127.0.0.1 and no test traffic leaves the machine). Needs root or
+# user namespaces for `unshare -n`.
+UNSHARE := $(shell test "$$(id -u)" = 0 && echo unshare -n || echo unshare -rn)
+test-pods: setup
+	$(UNSHARE) sh -c 'ip link set lo up && $(PY) -m pytest -q -p no:cacheprovider tests/pods'
 
 # The tutorials, top to bottom in real kernels (nbval, lax: cells fail on errors; the checks are
 # the notebooks' own assert cells). They are stored without outputs: `make strip-notebooks`.

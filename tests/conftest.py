@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-OPT_IN = (Path(__file__).parent / "browser", Path(__file__).parent / "binder")
+# tests/pods start a Ray cluster: only inside their network namespace (`make test-pods`).
+OPT_IN = (Path(__file__).parent / "browser", Path(__file__).parent / "binder",
+          Path(__file__).parent / "pods")
 
 
 def _asks_for(folder: Path, arg: str) -> bool:
