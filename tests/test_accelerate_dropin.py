@@ -288,3 +288,64 @@ def test_accelerate_partial_state_has_each_ranks_indexes(kernel):
 )
 def test_tpu_rank_variables_from_torch_xla_variables(environ, expected):
     assert tpu_rank_variables(environ) == expected
+
+
+# -- the error and the traceback, as data ----------------------------------------------------
+
+
+def test_launch_error_is_a_child_failed_error_with_each_failed_rank():
+    import pickle
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from hfxla_nb.launch.record import LaunchError, LaunchRecord, RankRecord
+
+    record = LaunchRecord("debug", 3, [
+        RankRecord(0, exit_state="stopped"),
+        RankRecord(1, pid=41, exit_state="killed", reason="killed by SIGKILL",
+                   error="process 41 killed by SIGKILL"),
+        RankRecord(2, pid=42, exit_state="failed", reason="raised ValueError",
+                   error="ValueError: boom"),
+    ])
+    error = LaunchError("rank 2 failed: ValueError: boom.", record)
+    assert isinstance(error, ChildFailedError) and isinstance(error, RuntimeError)
+    assert str(error) == "rank 2 failed: ValueError: boom."
+    assert {rank: (f.pid, f.exitcode, f.message) for rank, f in error.failures.items()} == {
+        1: (41, -9, "process 41 killed by SIGKILL"), 2: (42, 1, "ValueError: boom")}
+    assert "ValueError: boom" in error.format_msg()  # torchelastic's own summary works
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is LaunchError and str(again) == str(error)
+    assert again.record.ranks[2].error == "ValueError: boom"
+
+
+def test_cells_are_named_as_ipython_names_them():
+    from hfxla_nb.observe.user_frames import name_cells
+
+    traceback = (
+        'Traceback (most recent call last):\n'
+        '  File "/tmp/ipykernel_7/2093.py", line 12, in train\n'
+        '    step(batch)\n'
+        '  File "<ipython-input-4-0a1b2c3d>", line 3, in step\n'
+        '    raise ValueError("bad")\n'
+        '  File "/usr/lib/python3/site-packages/torch/nn/module.py", line 9, in f\n'
+        'ValueError: bad\n')
+    assert name_cells(traceback, {"/tmp/ipykernel_7/2093.py": 5}) == (
+        'Traceback (most recent call last):\n'
+        '  Cell In[5], line 12, in train\n'
+        '    step(batch)\n'
+        '  Cell In[4], line 3, in step\n'
+        '    raise ValueError("bad")\n'
+        '  File "/usr/lib/python3/site-packages/torch/nn/module.py", line 9, in f\n'
+        'ValueError: bad\n')
+
+
+def test_record_says_its_attempt():
+    from hfxla_nb.launch.record import LaunchRecord, RankRecord
+
+    first = LaunchRecord("spmd", 1, [RankRecord(0)], outcome="failed", attempt=1,
+                         max_attempts=2)
+    second = LaunchRecord("spmd", 1, [RankRecord(0)], outcome="finished", attempt=2,
+                          max_attempts=2, previous_attempts=[first])
+    assert second.attempts == [first, second] and first.attempts == [first]
+    assert str(second).splitlines()[0] == "spmd launch, 1 rank: finished in 0.0s (attempt 2 of 2)"
+    assert LaunchRecord("spmd", 1, [RankRecord(0)]).attempt_text == ""

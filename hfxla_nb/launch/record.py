@@ -22,6 +22,7 @@ from ..events import (
     Finished,
     Heartbeat,
     MetricsSnapshot,
+    ProcessesStopped,
     ProcessExited,
     Progress,
     Started,
@@ -79,6 +80,9 @@ class LaunchRecord(BaseLaunchRecord):
         max_attempts: how many attempts the call allowed (`max_restarts + 1`).
         previous_attempts: the records of the earlier attempts of the same call, in order
             (`attempts` gives them with this one).
+        stopped_processes: what the launch left running outside its process group and had
+            to stop (a server, a process in a session of its own, a daemon), each as
+            "sleep 600 (pid 1234)" (launch/processes.py).
     """
 
     ranks: list[RankRecord]  # the same field: ranks with their metrics
@@ -86,6 +90,7 @@ class LaunchRecord(BaseLaunchRecord):
     attempt: int = 1
     max_attempts: int = 1
     previous_attempts: list[LaunchRecord] = field(default_factory=list, repr=False)
+    stopped_processes: list[str] = field(default_factory=list)
 
     @property
     def attempts(self) -> list[LaunchRecord]:
@@ -167,7 +172,7 @@ def _process_failures(record: LaunchRecord | None, message: str) -> dict[int, An
         failure = ProcessFailure(local_rank=0 if rank is None else rank.rank,
                                  pid=-1 if rank is None or rank.pid is None else rank.pid,
                                  exitcode=exitcode, error_file="<N/A>")
-        failure.message = message.splitlines()[0] if rank is None else (rank.error or message)
+        failure.message = (rank.error if rank is not None else None) or message.splitlines()[0]
         failures[failure.local_rank] = failure
     return failures
 
@@ -221,6 +226,8 @@ class RecordKeeper:
             self._record_failure(rank_record, event)
         elif isinstance(event, ProcessExited):
             self._record_exit(event)
+        elif isinstance(event, ProcessesStopped):
+            self.record.stopped_processes.extend(event.processes)
         elif isinstance(event, Heartbeat):
             pass
         if isinstance(event, (Progress, MetricsSnapshot)):
