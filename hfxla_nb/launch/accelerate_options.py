@@ -80,8 +80,12 @@ def check_accelerate_options(
     max_restarts: int,
     monitor_interval: float,
     log_line_prefix_template: str | None,
+    cluster: bool = False,
 ) -> AccelerateOptions:
     """Check accelerate's parameters and say what they mean here (before any fork).
+
+    `cluster`: the launch runs on several hosts (`cluster=`/`hosts=`), whose rendezvous
+    uses `use_port` too: no note about it.
 
     Raises:
         LaunchRefusedError: a value that cannot work (a negative `max_restarts`, a
@@ -121,7 +125,7 @@ def check_accelerate_options(
             ("rdzv_endpoint", rdzv_endpoint, ""))
         if value not in (default, ACCELERATE_DEFAULTS[name])
     ]
-    if rendezvous_given and strategy != "debug":
+    if rendezvous_given and strategy != "debug" and not cluster:
         options.notes.append(
             f"{', '.join(rendezvous_given)}: the gloo rendezvous of strategy='debug' only; "
             f"strategy={strategy!r} needs none (its processes find each other); ignored.")

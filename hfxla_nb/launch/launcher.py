@@ -23,6 +23,7 @@ from . import record as records
 from .accelerate_options import check_accelerate_options, say_notes
 from .kernel_traceback import hide_launcher_frames
 from .preflight import LaunchRefusedError
+from .processes import kernel_gains_no_process
 from .record import LaunchRecord, RankRecord
 from .supervision import POLL_INTERVAL, Supervision
 
@@ -145,9 +146,14 @@ def notebook_launcher(
         strategy, use_port=use_port, master_addr=master_addr, node_rank=node_rank,
         num_nodes=num_nodes, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
         rdzv_conf=rdzv_conf, rdzv_id=rdzv_id, max_restarts=max_restarts,
-        monitor_interval=monitor_interval, log_line_prefix_template=log_line_prefix_template)
+        monitor_interval=monitor_interval, log_line_prefix_template=log_line_prefix_template,
+        cluster=cluster is not None or hosts is not None)
     say_notes(options, stacklevel=2)
     if cluster is not None or hosts is not None:
+        if options.max_attempts > 1 or options.line_prefix is not None:
+            warnings.warn("hfxla_nb: max_restarts and log_line_prefix_template apply to "
+                          "single-host launches; ignored with cluster=/hosts=.", UserWarning,
+                          stacklevel=2)
         from .pods.cluster_launch import launch_on_cluster
 
         return launch_on_cluster(
@@ -190,7 +196,8 @@ def notebook_launcher(
         prefix = options.prefix if options.line_prefix is not None else None
         supervision = Supervision(record, display, shown_ranks, timeout, heartbeat_timeout,
                                   poll_interval=options.monitor_interval, line_prefix=prefix)
-        supervision.run(function, tuple(args), pass_index, env)
+        with kernel_gains_no_process():  # inductor's compile workers (launch/processes.py)
+            supervision.run(function, tuple(args), pass_index, env)
         if record.ok:
             return record.value
         message = supervision.failure_message()
