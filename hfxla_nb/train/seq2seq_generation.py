@@ -1,0 +1,112 @@
+"""Greedy generation for encoder-decoder models (T5, BART) with fixed shapes.
+
+`model.generate()` on XLA grows the decoder input by one token per step: a new shape, a new
+graph, every token. Here every shape is fixed before the first token: the encoder runs once,
+then each step runs the decoder over the whole target length (a causal decoder does not look
+ahead, so the tokens not written yet change nothing), reads the logits at the current
+position through a device index, and writes the chosen token into the next position with a
+mask. The position is a device tensor, so every step is the same graph: a whole generation
+compiles the encoder's graph and one step graph per source length, however many tokens.
+
+Without a key/value cache each step recomputes the decoder over the whole target length;
+for the short targets of fine-tuning evaluation that costs less than the compiles it avoids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def decoder_start_id(config: Any) -> int:
+    """The token the decoder starts from: the config's `decoder_start_token_id` (T5: the
+    padding token; BART: `</s>`), else the padding token."""
+    for name in ("decoder_start_token_id", "pad_token_id"):
+        value = getattr(config, name, None)
+        if value is not None:
+            return int(value)
+    raise ValueError("the model config has neither decoder_start_token_id nor pad_token_id.")
+
+
+def greedy_state(model: Any, encoder_hidden: Any, target_length: int) -> dict[str, Any]:
+    """The generation state before the first step, on the device of `encoder_hidden`:
+    decoder inputs (start token, then padding), the output buffer, which rows are done, and
+    the current position (a device scalar)."""
+    import torch
+
+    config = model.config
+    pad = int(config.pad_token_id)
+    batch, device = encoder_hidden.shape[0], encoder_hidden.device
+    ids = torch.full((batch, target_length), pad, dtype=torch.long, device=device)
+    ids[:, 0] = decoder_start_id(config)
+    return {"ids": ids, "out": torch.full_like(ids, pad),
+            "done": torch.zeros(batch, dtype=torch.bool, device=device),
+            "step": torch.zeros(1, dtype=torch.long, device=device)}
+
+
+def greedy_step(model: Any, encoder_hidden: Any, attention_mask: Any,
+                state: dict[str, Any]) -> dict[str, Any]:
+    """One decoding step: the next token of every row at position `state["step"]`; rows that
+    produced the end-of-text token go on with padding."""
+    import torch
+    from transformers.modeling_outputs import BaseModelOutput
+
+    config = model.config
+    pad, eos = int(config.pad_token_id), config.eos_token_id
+    ids, out, done, step = state["ids"], state["out"], state["done"], state["step"]
+    logits = model(encoder_outputs=BaseModelOutput(last_hidden_state=encoder_hidden),
+                   attention_mask=attention_mask, decoder_input_ids=ids,
+                   use_cache=False).logits
+    # The position is data (index_select), not a Python int: every step is the same graph.
+    token = logits.index_select(1, step).squeeze(1).argmax(-1)
+    token = torch.where(done, torch.full_like(token, pad), token)
+    positions = torch.arange(ids.shape[1], device=ids.device)[None, :]
+    out = torch.where(positions == step, token[:, None], out)
+    ids = torch.where(positions == step + 1, token[:, None], ids)
+    if eos is not None:
+        done = done | (token == int(eos))
+    return {"ids": ids, "out": out, "done": done, "step": step + 1}
+
+
+def greedy_generate(model: Any, input_ids: Any, attention_mask: Any, target_length: int,
+                    sync: Callable[[dict[str, Any]], None] | None = None,
+                    encoder_hidden: Any = None) -> Any:
+    """Greedy decoding of `target_length` tokens for a batch of padded sources.
+
+    Args:
+        model: a `...ForConditionalGeneration` (T5, BART, ...) in eval mode.
+        input_ids, attention_mask: `[batch, source length]` on the model's device.
+        target_length: tokens generated per row (the loop always runs this many steps).
+        sync: called with the state after the encoder and after every step (on XLA: mark
+            what must be fetched, then `torch_xla.sync()`), so each step is one graph.
+        encoder_hidden: the encoder's output when already computed (by the loss forward).
+
+    Returns:
+        `[batch, target_length]` token ids: what each row generated, padding after its
+        end-of-text token.
+    """
+    import torch
+
+    with torch.no_grad():
+        if encoder_hidden is None:
+            encoder_hidden = model.get_encoder()(
+                input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        state = greedy_state(model, encoder_hidden, target_length)
+        if sync is not None:
+            sync(state)
+        for _ in range(target_length):
+            state = greedy_step(model, encoder_hidden, attention_mask, state)
+            if sync is not None:
+                sync(state)
+    return state["out"]
+
+
+def generated_texts(tokenizer: Any, tokens: Any) -> list[str]:
+    """Decoded rows, cut at the end-of-text token, special tokens left out."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    texts = []
+    for row in tokens.tolist():
+        if eos is not None and eos in row:
+            row = row[:row.index(eos)]
+        texts.append(tokenizer.decode(row, skip_special_tokens=True).strip())
+    return texts
