@@ -173,3 +173,27 @@ def test_a_launch_that_ran_no_xla_has_no_xla_line(kernel):
     panel = final_panel(output)
     assert panel.startswith("✔ launch of 2 ranks finished in "), panel
     assert "XLA" not in panel and "nothing compiled" not in panel, panel
+
+
+def test_compilations_after_the_last_step_are_not_recompiles_of_the_step(kernel):
+    output = run_ok(kernel, """
+        def then_saves(index):
+            import torch, torch_xla
+            device = torch_xla.device()
+            weights = torch.ones(4, device=device)
+            for step in range(1, 13):  # one graph, then cache hits
+                weights = weights * 0.9
+                loss = weights.sum()
+                torch_xla.sync()
+                hx.report(step=step, total=12, loss=loss)
+            saved = []
+            for size in range(1, 21):  # "saving": 20 new graphs after the last step
+                saved.append(weights.sum() * torch.arange(size, device=device))
+                torch_xla.sync()
+
+        hx.notebook_launcher(then_saves, num_processes=1)
+        """)
+    panel = final_panel(output)
+    assert "XLA in 12 steps: " in panel, panel
+    assert "of the compiles: 20 compiles (" in panel and "after the last step" in panel, panel
+    assert "Recompiling" not in panel and "⚠" not in panel, panel

@@ -195,7 +195,8 @@ def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Al
         summary: from `summarize`.
         warmup_steps: steps allowed to compile freely before compiles per step count.
     """
-    alerts = _compile_alerts(summary, warmup_steps)
+    # Compilations after the last step (saving, evaluation) are not the training step's.
+    alerts = _compile_alerts(summary.steps_only(), warmup_steps)
     for rule in (_transfers_alert, graph_memory_alert, _fallback_alert, _slow_compile_alert,
                  _slow_execution_alert):
         alert = rule(summary)

@@ -20,7 +20,7 @@ hits), executions from `ExecuteTime` / `ExecuteReplicatedTime` (SPMD), transfers
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import _xla
@@ -279,6 +279,22 @@ class XlaSummary:
     item_lines: list[str] = field(default_factory=list)
     # Whether the code iterates a DataLoader (None: not known); fixes that need one depend on it.
     dataloader: bool | None = None
+    # Compilations after the last step (saving, evaluation: once the main bar reached its
+    # total), and their seconds; None when no bar reached a total. Never rated per step.
+    compiles_after_steps: int | None = None
+    compile_time_after_steps: float = 0.0
+
+    def steps_only(self) -> XlaSummary:
+        """The summary without the compilations after the last step (what the per-step rules
+        judge), itself when there were none."""
+        if not self.compiles_after_steps:
+            return self
+        trace = self.trace
+        until = self.compiles - self.compiles_after_steps
+        return replace(self, compiles=until,
+                       compile_time=max(self.compile_time - self.compile_time_after_steps, 0.0),
+                       trace=trace.until(until) if trace is not None else None,
+                       compiles_after_steps=None, compile_time_after_steps=0.0)
     # The persistent compile cache: "hits", "misses", "unreadable" (entries XLA:CPU cannot
     # load) and, from the worker, its "folder", "entries", "bytes" and "limit".
     cache: dict[str, Any] | None = None
@@ -387,6 +403,11 @@ def summarize(
     summary.ranks = max(len(process.get("ranks") or ()), 1)
     if summary.ranks > 1 and process.get("rank_steps"):
         summary.rank_steps = int(process["rank_steps"])
+    last_step = process.get("last_step")
+    if last_step and "compiles" in last_step:
+        summary.compiles_after_steps = max(compiles - int(last_step["compiles"]), 0)
+        summary.compile_time_after_steps = max(
+            compile_ns - int(last_step.get("compile_ns", 0)), 0) * _NS
     if warmup is not None and warmup_step is not None and steps is not None:
         before = summarize(warmup, steps=warmup_step)
         summary.compiles_after_warmup = max(summary.compiles - before.compiles, 0)

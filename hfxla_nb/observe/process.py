@@ -40,6 +40,9 @@ class ProcessState:
         self.running: set = set()  # ... and not ended yet
         self.main_label: dict[Any, str] = {}  # rank -> the label it reported first
         self.steps: dict[Any, int] = {}  # rank -> largest step of its main label
+        # The compilations when a main bar reached its total ({"step", "compiles",
+        # "compile_ns"}): what compiles later (saving, evaluation) is not the step's.
+        self.last_step: dict[str, int] | None = None
 
     def all_ranks(self) -> list:
         """The ranks of this process (started, or seen reporting), lowest first."""
@@ -58,6 +61,17 @@ class ProcessState:
         slowest = min(self.steps.values())
         ranks = self.ranks | set(self.steps)
         return sum(self.steps.get(rank, slowest) for rank in ranks)
+
+
+def mark_last_step(process: ProcessState, step: int) -> None:
+    """A main bar reached its total: note the compilations so far, read now (host-side;
+    a step's compilation is done when its sync returns, only its execution is queued)."""
+    if not _xla.runtime_is_initialized():
+        return
+    metric = _xla.metrics_snapshot().get("metrics", {}).get(_xla.COMPILE_TIME) or {}
+    with process.lock:
+        process.last_step = {"step": step, "compiles": int(metric.get("count", 0)),
+                             "compile_ns": int(metric.get("total", 0))}
 
 
 def maybe_snapshot(process: ProcessState, send, final: bool, now: float) -> None:
@@ -83,9 +97,12 @@ def send_snapshot(process: ProcessState, send) -> None:
             step = process.step()
             progress = process.rank_steps()
             ranks = process.all_ranks()
+            last_step = dict(process.last_step) if process.last_step else None
         data = _xla.metrics_snapshot()
         data["input_shapes"] = process.shapes.data()
         data["process"] = {"pid": os.getpid(), "ranks": ranks, "rank_steps": progress}
+        if last_step is not None:
+            data["process"]["last_step"] = last_step
         data["compile_cache"] = compile_cache.worker_status()
         rank = ranks[0] if ranks else events.worker_rank()
         send(MetricsSnapshot(rank, step, data, memory(process)))

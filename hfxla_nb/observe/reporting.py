@@ -47,7 +47,7 @@ from typing import Any
 from .. import _xla, events
 from ..events import Progress
 from .metrics import shapes_of
-from .process import ProcessState, maybe_snapshot, send_snapshot
+from .process import ProcessState, mark_last_step, maybe_snapshot, send_snapshot
 
 # Seconds between two Progress events of one bar (the final step is always sent).
 MIN_INTERVAL = 0.2
@@ -186,8 +186,11 @@ def _report(key, send, step, loss, total, samples, inputs, log_every, label, val
     final = total is not None and step >= total
     with process.lock:
         process.max_step = max(process.max_step, step)
-        if process.main_label.setdefault(rank, label) == label:
+        main = process.main_label.setdefault(rank, label) == label
+        if main:
             process.steps[rank] = max(process.steps.get(rank, 0), step)
+    if main and final and step == total:
+        mark_last_step(process, step)
     if loss is not None:
         values = {"loss": loss, **values}
     plain, device = _split(values)

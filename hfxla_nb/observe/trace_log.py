@@ -108,6 +108,13 @@ class TraceLog:
     def compiles(self) -> int:
         return self._compiles
 
+    def until(self, index: int) -> TraceLog:
+        """The same log with only the compilations up to the `index`-th (those of the steps,
+        without what compiled after the last one)."""
+        log = TraceLog(self.device_memory, self.device_name, self.note, self.executions)
+        log.add(record for record in self.records if record.index <= index)
+        return log
+
     def rows(self) -> list[CompileRow]:
         """One row per user line, most graphs compiled first."""
         return sorted(self._rows.values(), key=lambda row: (-row.compiles, -row.compile_time))
