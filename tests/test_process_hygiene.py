@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 from tests.kernel import Kernel
+from tests.kernel_helpers import run_python
 
 SETUP = textwrap.dedent(
     """
@@ -130,3 +131,66 @@ def test_processes_in_other_sessions_and_daemons_are_stopped_and_named(kernel, f
     stopped = [line.removeprefix("stopped ") for line in lines if line.startswith("stopped ")]
     assert f"sleep 600 (pid {session})" in stopped
     assert any(line.endswith(f"(pid {daemon})") and " -c " in line for line in stopped), stopped
+
+
+def test_the_kernel_gains_no_process_from_a_launch(kernel):
+    # A kernel as an accelerate notebook leaves it: torch and accelerate imported (accelerate
+    # imports torch's inductor), a launch whose function imports torch_xla and accelerate.
+    output = run_ok(kernel, """
+        import torch, accelerate
+        def group_of(pid):
+            with open(f"/proc/{pid}/stat") as file:
+                return int(file.read().rsplit(")", 1)[1].split()[2])
+        def my_group():
+            me = os.getpid()
+            return sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and alive(int(p))
+                          and int(p) != me and _safe_group(int(p)) == os.getpgid(0))
+        def _safe_group(pid):
+            try:
+                return group_of(pid)
+            except OSError:
+                return None
+        def uses_xla(index):
+            import torch_xla, accelerate
+            return os.environ.get("TORCH_WARM_POOL")
+        children_before, group_before = children(os.getpid()), my_group()
+        warm_pool = hx.notebook_launcher(uses_xla, num_processes=2)
+        time.sleep(1)  # a pool started during the launch would be up by now
+        print("children", children_before == children(os.getpid()), children(os.getpid()))
+        print("group", group_before == my_group())
+        print("warm pool in the workers", warm_pool)
+        print("warm pool in the kernel", os.environ.get("TORCH_WARM_POOL"))
+        """, timeout=300)
+    lines = output.stdout.splitlines()
+    assert any(line.startswith("children True") for line in lines), output.stdout
+    assert "group True" in lines
+    assert "warm pool in the workers 0" in lines  # no compile-worker pool warmed in a worker
+    assert "warm pool in the kernel None" in lines  # the kernel's variable put back
+
+
+def test_a_compile_worker_pool_started_during_a_launch_is_shut_down():
+    # The two ways torch starts inductor's pool, inside the guard the launcher puts around a
+    # launch: the warm-up (skipped: TORCH_WARM_POOL=0) and an explicit start (shut down after).
+    result = run_python("""
+        import json, os, time
+        from torch._inductor.async_compile import AsyncCompile, maybe_warm_pool
+        from hfxla_nb.launch.processes import COMPILE_WORKER, children_of, describe
+        from hfxla_nb.launch.processes import kernel_gains_no_process
+
+        def workers():
+            return [pid for pid in children_of(os.getpid()) if COMPILE_WORKER in describe(pid)]
+
+        with kernel_gains_no_process():
+            maybe_warm_pool()
+            warmed = workers()
+            AsyncCompile.warm_pool()
+            AsyncCompile.wakeup()
+            deadline = time.monotonic() + 60
+            while not workers() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            started = workers()
+        print(json.dumps({"warmed": warmed, "started": started, "after": workers()}))
+        """, timeout=300, TORCHINDUCTOR_COMPILE_THREADS="2")
+    assert result["warmed"] == []
+    assert result["started"], "the explicit start made no compile worker (nothing tested)"
+    assert result["after"] == []

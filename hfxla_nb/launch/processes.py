@@ -30,11 +30,13 @@ change their user (the kernel cannot signal them).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
+import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 TERMINATE_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
 KILL_WAIT = 10.0  # how long a SIGKILLed process may take to be gone (a loaded machine)
@@ -61,30 +63,29 @@ def stop_group(group: int, reap: Callable[[], object] = lambda: None) -> list[st
     outside: dict[int, int] = {}  # pid -> its start time (a reused pid is not ours)
     names: dict[int, str] = {}
 
-    def look() -> None:
+    def alive() -> bool:
+        """Whether any process of the launch runs (one look at /proc); notes new ones."""
         table = process_table()
         members = [pid for pid, (_, pgrp, _) in table.items() if pgrp == group]
-        members += [pid for pid in outside if _same(table, pid, outside[pid])]
-        for pid in descendants(members, table):
+        left = [pid for pid, started in outside.items() if _same(table, pid, started)]
+        for pid in descendants(members + left, table):
             if table[pid][1] != group and pid not in outside:
-                outside[pid] = table[pid][2]
-                names[pid] = describe(pid)
-
-    def alive() -> bool:
-        look()
-        table = process_table()
-        return group_alive(group) or any(_same(table, p, t) for p, t in outside.items())
+                outside[pid], names[pid] = table[pid][2], describe(pid)
+                left.append(pid)
+        return bool(members or left)
 
     def send(number: int) -> None:
-        look()
         signal_group(group, number)
         table = process_table()
         for pid, started in outside.items():
             if _same(table, pid, started):
                 _signal(pid, number)
 
+    if not alive():
+        return []  # the usual end of a finished launch: one look, nothing to stop
     send(signal.SIGTERM)
     if not _wait(alive, TERMINATE_GRACE, reap):
+        alive()
         send(signal.SIGKILL)
         # A killed process is not gone at once: return only when none is left running, so
         # that nothing of the launch outlives the call (on a busy machine this takes a while).
@@ -142,6 +143,54 @@ def describe(pid: int) -> str:
     if len(command) > 200:
         command = command[:197] + "..."
     return f"{command} (pid {pid})"
+
+
+@contextlib.contextmanager
+def kernel_gains_no_process() -> Iterator[None]:
+    """Around a launch, in the kernel: the kernel has no more children after it than before.
+
+    The launch's own processes are stopped by `stop_group`; what this guards against is a
+    process the *kernel* would start while a launch runs. torch's inductor warms a pool of
+    compile workers (`torch/_inductor/compile_worker`, a sidecar and its workers) when it
+    is imported or first used, unless `TORCH_WARM_POOL=0` (torch 2.8 warms it early; 2.9
+    only when a compilation needs it): the variable is set while the launch runs (the
+    workers inherit it too, so a launch never warms a pool it does not use, and the pool
+    is still made when a compilation needs one), then put back. A compile-worker pool that
+    the kernel started during the launch all the same is shut down with torch's own
+    `shutdown_compile_workers` (torch makes a new one on the next compilation that needs
+    it), unless the kernel already had compile workers before the launch (the user's own).
+    """
+    before = set(children_of(os.getpid()))
+    saved = os.environ.get("TORCH_WARM_POOL")
+    if saved is None:
+        os.environ["TORCH_WARM_POOL"] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TORCH_WARM_POOL", None)
+        _shut_down_new_compile_workers(before)
+
+
+COMPILE_WORKER = "torch/_inductor/compile_worker"
+
+
+def _shut_down_new_compile_workers(before: set[int]) -> None:
+    """Shut down inductor's compile-worker pool if the kernel started it since `before`."""
+    if any(COMPILE_WORKER in describe(pid) for pid in before):
+        return  # the user's pool, from before the launch: theirs to keep
+    new = set(children_of(os.getpid())) - before
+    if not any(COMPILE_WORKER in describe(pid) for pid in new):
+        return
+    async_compile = sys.modules.get("torch._inductor.async_compile")
+    shutdown = getattr(async_compile, "shutdown_compile_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def children_of(pid: int) -> list[int]:
+    """The live (non-zombie) child processes of `pid`, from /proc."""
+    return sorted(child for child, (parent, _, _) in process_table().items() if parent == pid)
 
 
 def _wait(alive: Callable[[], bool], seconds: float, reap: Callable[[], object]) -> bool:
