@@ -58,6 +58,11 @@ class FineTuneResult:
             barely fell), each with its likely causes; empty when none.
         xla: the launch's final XLA figures for the worker (`RankMetrics.to_dict()`:
             compiles, executions, transfers, their times, step times, alerts), when known.
+        lora: the LoRA settings (peft `LoraConfig` fields) of a LoRA run, else None; its
+            adapter is in `output_dir/adapter`, the merged model in `output_dir`.
+        trainable_parameters, parameters: what was trained, of how many (None when unknown).
+        memory_plan: the `MemoryPlan` the run was checked and decided with (a causal LM's),
+            as a dict; `hx.plan_memory` gives one without training.
     """
 
     output_dir: str | None
@@ -90,6 +95,10 @@ class FineTuneResult:
     chance_accuracy: float | None = None
     warnings: list[str] = field(default_factory=list)
     xla: dict[str, Any] = field(default_factory=dict)
+    lora: dict[str, Any] | None = None
+    trainable_parameters: int | None = None
+    parameters: int | None = None
+    memory_plan: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FineTuneResult:
@@ -136,19 +145,29 @@ class FineTuneResult:
         """The last logged training loss."""
         return self.loss_history[-1][1] if self.loss_history else None
 
-    def load_model(self, **kwargs: Any):
+    def load_model(self, merge: bool = True, **kwargs: Any):
         """The trained model, loaded on the CPU in this process (the XLA runtime stays off).
 
         Args:
-            kwargs: passed to `AutoModelForSequenceClassification.from_pretrained`.
+            merge: for a LoRA run: True (default) the merged model, an ordinary model;
+                False the base with the adapter from `output_dir/adapter` (a `PeftModel`).
+            kwargs: passed to `from_pretrained` (`AutoModelForCausalLM` or
+                `AutoModelForSequenceClassification`).
         """
         if self.output_dir is None:
             raise FileNotFoundError("this run saved no model (output_dir was None).")
         import transformers
 
-        auto_class = ("AutoModelForCausalLM" if self.task == "causal-lm"
+        from .registry import TASKS  # the task's own model class (token-classification, ...)
+
+        auto_class = (TASKS[self.task].auto_class if self.task in TASKS
                       else "AutoModelForSequenceClassification")
         with quiet_loading():  # no "Loading weights 100% 21/21" bar left in the cell
+            if self.lora and not merge:
+                from .lora import load_adapter_model
+
+                return load_adapter_model(self.output_dir, getattr(transformers, auto_class),
+                                          **kwargs)
             return getattr(transformers, auto_class).from_pretrained(self.output_dir, **kwargs)
 
     def generate(self, prompts: str | list[str], max_new_tokens: int = 32,
@@ -188,6 +207,17 @@ class FineTuneResult:
                                     pad_token_id=tokenizer.pad_token_id, **kwargs)
         new = output[:, encoded["input_ids"].shape[1]:]
         return tokenizer.batch_decode(new, skip_special_tokens=True)
+
+    def predict(self, inputs: Any, batch_size: int | None = None, **options: Any) -> Any:
+        """Predict with the fine-tuned model on every XLA device, in a launched worker, with
+        evaluation's post-processing (`hx.predict`; `help(hx.predict)` for the options).
+
+        Returns:
+            `Predictions`: one plain-Python dict per input, and `to_dataframe()`.
+        """
+        from .predict import predict
+
+        return predict(self, inputs, batch_size=batch_size, **options)
 
     def load_tokenizer(self, **kwargs: Any):
         """The tokenizer saved next to the model."""
