@@ -74,6 +74,7 @@ def test_the_html_form_has_the_table_the_scaled_chart_and_the_next_step():
     assert labels == ["2.5000", "0.2500", "step 5", "step 20"]
     assert "<code>result.load_model()</code>" in html
     assert "<code>result.load_tokenizer()</code>" in html
+    assert "<code>result.predict([&quot;a text&quot;])</code>" in html
     assert "result.generate" not in html  # a classifier does not generate
 
 
