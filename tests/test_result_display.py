@@ -85,6 +85,8 @@ def test_the_next_step_fits_the_task():
     assert "result.load_model()" in hint
     html = result_html(result(task="causal-lm", label_names=[]))
     assert '<code>result.generate([&quot;a prompt&quot;], max_new_tokens=32)</code>' in html
+    text = result_text(result(task="question-answering"))
+    assert 'result.predict([{"question": "...", "context": "..."}])' in text
     assert "  next" not in result_text(result(output_dir=None))  # nothing saved, nothing to load
 
 

@@ -72,7 +72,9 @@ def next_step(result: Any) -> str | None:
         return ('result.generate(["a prompt"], max_new_tokens=32) continues prompts on the '
                 "CPU here; result.load_model() and result.load_tokenizer() give the model "
                 "and its tokenizer (the XLA runtime stays off, so you can launch again)")
-    return ('result.predict(["a text"]) predicts on every XLA device (in a launched worker); '
+    example = ('[{"question": "...", "context": "..."}]'
+               if getattr(result, "task", "") == "question-answering" else '["a text"]')
+    return (f"result.predict({example}) predicts on every XLA device (in a launched worker); "
             "result.load_model() and result.load_tokenizer() give the trained model and its "
             "tokenizer on the CPU here (the XLA runtime stays off, so you can launch again)")
 
