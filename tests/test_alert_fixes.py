@@ -79,3 +79,16 @@ def test_one_duration_format_in_the_table_and_the_alert():
     found = alert(summary, "frequent-compiles")
     assert "taking 1 min 12 s." in found.explanation and "72.3" not in found.explanation
     assert "12 compiles (1 min 12 s)" in "\n".join(text.summary_lines(summary))
+
+
+def test_compiles_after_the_last_step_are_not_rated_per_step():
+    # The causal-LM fine-tune's figures: 2 graphs for 45 steps, then 64 while saving.
+    summary = XlaSummary(steps=45, compiles=66, compile_time=40.0, executions=100,
+                         execute_time=3.0)
+    assert alert(summary, "frequent-compiles").title == "Recompiling: 66 compiles in 45 steps"
+    summary.compiles_after_steps, summary.compile_time_after_steps = 64, 8.6
+    assert [a.code for a in analyze(summary)] == []
+    lines = text.summary_lines(summary)
+    assert lines[0].startswith("XLA in 45 steps: 66 compiles (40.0 s)")
+    assert lines[1] == ("after the last step: 64 of the compiles (8.6 s): saving, evaluation; "
+                        "not rated per step")

@@ -197,7 +197,8 @@ def summary_html(summary: XlaSummary | None, title: str = "XLA metrics",
     share = summary.compile_share
     rows = [
         _row("compiles", text.compiles_text(summary)),
-        *([_row("of them", after)] if (after := text.after_steps_text(summary)) else []),
+        *([_row("after the last step", after)] if (after := text.after_steps_text(summary))
+          else []),
         _row("executions", f"{summary.executions} ({units.duration(summary.execute_time)})"),
     ]
     if share is not None:

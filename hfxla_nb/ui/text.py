@@ -124,13 +124,13 @@ def compiles_text(summary: XlaSummary) -> str:
 
 
 def after_steps_text(summary: XlaSummary) -> str | None:
-    """`3 compiles (1.2 s), after the last step (saving, evaluation; not rated per step)`, or
-    None when nothing compiled after it."""
+    """`64 of the compiles (8.6 s): saving, evaluation; not rated per step` (what compiled
+    after the last step), or None when nothing did."""
     if not summary.compiles_after_steps:
         return None
-    return (f"{plural(summary.compiles_after_steps, 'compile')} "
-            f"({duration(summary.compile_time_after_steps)}), after the last step (saving, "
-            "evaluation; not rated per step)")
+    return (f"{summary.compiles_after_steps} of the compiles "
+            f"({duration(summary.compile_time_after_steps)}): saving, evaluation; not rated "
+            "per step")
 
 
 def transfers_text(count: int, seconds: float, nbytes: int | None, items: int = 0) -> str:
@@ -163,7 +163,7 @@ def summary_lines(summary: XlaSummary | None, title: str = "XLA",
         f"{heading}: {plural(summary.compiles, 'compile')} ({duration(summary.compile_time)}), "
         f"{plural(summary.executions, 'execution')} ({duration(summary.execute_time)})"
         f"{share_text}",
-        *([f"of the compiles: {after}"] if (after := after_steps_text(summary)) else []),
+        *([f"after the last step: {after}"] if (after := after_steps_text(summary)) else []),
         "transfers: device → host "
         + transfers_text(summary.transfers_from_device, summary.transfer_from_device_time,
                          summary.bytes_from_device, summary.item_calls)

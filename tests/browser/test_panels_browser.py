@@ -85,6 +85,19 @@ def train():
 hx.notebook_launcher(train, num_processes=1)
 """
 
+ONE_RANK_FAILS = """\
+import time
+
+def train(index):
+    for step in range(1, 21):
+        time.sleep(0.2)
+        if index == 1 and step == 8:
+            raise ValueError("rank 1 gives up")
+        hx.report(step=step, total=20)
+
+hx.notebook_launcher(train, num_processes=2, strategy="debug")
+"""
+
 FINE_TUNE_DATA = """\
 from hfxla_nb.demo import demo_dataset, demo_model_dir
 folder, data = demo_model_dir(), demo_dataset(n=1200)
@@ -220,15 +233,27 @@ def test_loop_ends_at_60_of_60_with_its_last_values(loop_panel):
     assert_nothing_wraps(loop_panel["live"]["pieces"] + loop_panel["final"]["pieces"])
 
 
-def test_steps_counted_from_zero_end_short_with_a_hint(browser_lab):
+def test_steps_counted_from_zero_end_at_their_total_everywhere(browser_lab):
     with browser_lab.notebook("zero_based", [SETUP, ZERO_BASED]) as nb:
         text = nb.output_text(1)
         (stats,) = nb.measure(1, FINAL + PARTS["stats"])
         (mark,) = nb.measure(1, FINAL + PARTS["mark"])
-        assert stats["text"].startswith("59/60 · ") and mark["text"] == "", (stats, mark)
+        # step=i reports i + 1 steps done: 60/60, as tqdm(range(60)) ends, and the metrics too.
+        assert stats["text"].startswith("60/60 · ") and mark["text"] == "✔", (stats, mark)
         assert stats["text"].endswith("loss=59"), stats  # the values of the real last step
-        assert "step=i + 1" in text, text
+        assert "XLA metrics in 60 steps" in text and "step=i + 1" not in text, text
         assert_settled(nb)
+
+
+def test_a_rank_stopped_because_another_failed_looks_stopped(browser_lab):
+    seen = run_live_and_final(browser_lab, "stopped", [SETUP, ONE_RANK_FAILS], 1,
+                              ready=lambda step: step is not None and step >= 5)
+    text = seen["text"]
+    assert "✖ launch of 2 ranks failed after" in text and "rank 1 raised ValueError" in text
+    assert [box["text"] for box in seen["final"]["mark"]] == ["■", "✖"], seen["final"]["mark"]
+    stopped, failed = seen["final"]["stats"]
+    assert "stopped after" in stopped["text"] and "elapsed" not in stopped["text"], stopped
+    assert "elapsed" in failed["text"], failed
 
 
 # -- a recompiling loop, a failure, a fine-tune: live and final, each screenshotted -------------
