@@ -222,26 +222,29 @@ def test_accelerate_parameters_act_or_say_once_that_they_do_not(kernel):
     assert "no meaning" not in again.stderr  # said once
 
 
-def test_debug_rendezvous_uses_rdzv_endpoint(kernel):
+def test_debug_rendezvous_is_at_rdzv_endpoint(kernel):
     output = run_ok(
         kernel,
         """
         import socket
         with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
+            probe.bind(("127.0.0.2", 0))
             port = probe.getsockname()[1]
 
-        def where(index):
-            return os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+        def where(index):  # the gloo group's store: where the ranks met
+            from torch.distributed.distributed_c10d import _get_default_store
+            store = _get_default_store()
+            while hasattr(store, "underlying_store"):
+                store = store.underlying_store
+            return store.host, store.port
 
         print("SEEN", notebook_launcher(where, num_processes=2, strategy="debug",
-                                        rdzv_endpoint=f"127.0.0.1:{port}", progress=False),
+                                        rdzv_endpoint=f"127.0.0.2:{port}", progress=False),
               port)
         """,
     )
     port = output.stdout.split("SEEN")[1].split()[-1]
-    # Both ranks met at the endpoint given (the gloo group formed there).
-    assert f"SEEN ('127.0.0.1', '{port}') {port}" in output.stdout
+    assert f"SEEN ('127.0.0.2', {port}) {port}" in output.stdout
 
 
 def test_accelerate_partial_state_has_each_ranks_indexes(kernel):

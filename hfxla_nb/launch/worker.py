@@ -461,6 +461,7 @@ def _run_debug(
 def _init_gloo(rank: int, world: int, port: str) -> None:
     import torch.distributed as dist
 
+    address = os.environ.get("MASTER_ADDR", "127.0.0.1")  # master_addr / rdzv_endpoint
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        "gloo", init_method=f"tcp://{address}:{port}", rank=rank, world_size=world
     )
