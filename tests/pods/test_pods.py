@@ -1,11 +1,18 @@
 """notebook_launcher(cluster=..., hosts=2) on a real 2-node Ray cluster (tests/pods/conftest.py):
-the debug strategy's gloo group spans both hosts; output, failures and interrupts of every
-host reach the notebook side; nothing of a launch is left on any node."""
+the debug strategy's gloo group spans both hosts; output, failures, frozen ranks, restarts,
+interrupts, timeouts and a host that dies reach the notebook side, named by host; nothing of a
+launch is left on any node. Each launch starts one Ray worker per host and imports torch in it
+(the cost of these tests), so one launch checks as much as it can: the restart test's three
+attempts (a failure, a frozen rank, then the all-reduce) run on the same host actors."""
 
 from __future__ import annotations
 
 import _thread
+import ctypes
+import glob
 import os
+import re
+import signal
 import threading
 import time
 
@@ -25,18 +32,33 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _nothing_left(record) -> None:
+def _nothing_left(*records) -> None:
     """No rank process, host supervisor or host actor of the launch is running (the nodes
     share this machine's pid namespace)."""
-    pids = [r.pid for r in record.ranks if r.pid] + [h["pid"] for h in record.hosts]
-    pids += [h["supervisor"] for h in record.hosts if "supervisor" in h]
+    pids = []
+    for record in records:
+        pids += [r.pid for r in record.ranks if r.pid] + [h["pid"] for h in record.hosts]
+        pids += [h["supervisor"] for h in record.hosts if "supervisor" in h]
     deadline = time.monotonic() + 15  # ray.kill of an actor returns before its process exits
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert [pid for pid in pids if _alive(pid)] == []
 
 
-def _train(scratch):
+def _when_all_started(scratch, then, ranks=4):
+    """Run `then()` in a thread once `ranks` ranks wrote their start file into `scratch`."""
+    def wait():
+        deadline = time.monotonic() + 120
+        while len(glob.glob(os.path.join(scratch, "started-*"))) < ranks:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
+        then()
+
+    threading.Thread(target=wait, daemon=True).start()
+
+
+def _train():
     """An all-reduce, then one data-parallel SGD step; every rank returns what it holds."""
     import torch
     import torch.distributed as dist
@@ -61,46 +83,62 @@ def _train(scratch):
             "host_rank": int(os.environ["RANK"]), "local": int(os.environ["LOCAL_RANK"])}
 
 
-def test_allreduce_and_data_parallel_step_agree_on_every_host(cluster, capsys, tmp_path):
-    value = hx.notebook_launcher(_train, (str(tmp_path),), cluster=cluster.address,
-                                 output="all", **LAUNCH)
+def _flaky(scratch):
+    """Attempt 1: rank 2 (host 1) raises. Attempt 2: rank 2 hangs in native code holding the
+    GIL (no heartbeat). Attempt 3: the all-reduce and the data-parallel step."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    attempt = len(glob.glob(os.path.join(scratch, f"rank{rank}-*"))) + 1
+    open(os.path.join(scratch, f"rank{rank}-{attempt}"), "w").close()
+    if attempt < 3:
+        dist.barrier()  # every rank counted its attempt before rank 2 fails
+        if rank == 2 and attempt == 1:
+            raise ValueError("bad batch on host 1")
+        if rank == 2:
+            ctypes.PyDLL(None).sleep(300)  # PyDLL keeps the GIL: the heartbeat thread stops
+        time.sleep(300)
+    return _train()
+
+
+@pytest.mark.filterwarnings("error::UserWarning")  # max_restarts is not "ignored" there
+def test_failures_on_host_1_stop_every_host_and_max_restarts_relaunches_them(
+        cluster, capfd, tmp_path):
+    value = hx.notebook_launcher(_flaky, (str(tmp_path),), cluster=cluster.address,
+                                 output="all", max_restarts=2, heartbeat_timeout=10, **LAUNCH)
     record = hx.last_launch()
+    first, frozen, last = record.attempts
+    assert [a.attempt for a in record.attempts] == [1, 2, 3] and last is record
+    # Attempt 1: rank 2 on host 1 failed, every other rank (host 0's too) was stopped.
+    assert [r.exit_state for r in first.ranks] == ["stopped", "stopped", "failed", "stopped"]
+    assert first.ranks[2].error == "ValueError: bad batch on host 1"
+    assert "in _flaky" in first.ranks[2].traceback
+    # Attempt 2: rank 2 froze; heartbeat_timeout stopped it and every host.
+    assert [r.exit_state for r in frozen.ranks] == ["stopped", "stopped", "timeout", "stopped"]
+    assert frozen.ranks[2].reason == "froze"
+    out, err = capfd.readouterr()
+    assert ("hfxla_nb: attempt 1 of 3 failed (host 1 (127.0.0.1) rank 2 failed: ValueError: "
+            "bad batch on host 1. Ranks [0, 1, 3] were stopped.); stopping every host and "
+            "relaunching (max_restarts=2): attempt 2 of 3.") in err
+    assert re.search(r"hfxla_nb: attempt 2 of 3 failed \(host 1 \(127\.0\.0\.1\) rank 2 "
+                     r"failed: no heartbeat for 1\ds: the process is frozen\. Ranks \[0, 1, 3\] "
+                     r"were stopped\.\); stopping every host and relaunching", err), err
+    # Attempt 3: the gloo group spans both hosts; every rank holds the same parameters.
     assert value["sum"] == 1 + 2 + 3 + 4
-    assert record.world == 4 and [r.exit_state for r in record.ranks] == ["finished"] * 4
-    results = [r.result for r in record.ranks]
+    assert last.world == 4 and [r.exit_state for r in last.ranks] == ["finished"] * 4
+    results = [r.result for r in last.ranks]
     assert {res["sum"] for res in results} == {10.0}
     assert all(res["params"] == results[0]["params"] for res in results)
     assert [(res["host_rank"], res["local"]) for res in results] == [(0, 0), (1, 1), (2, 0),
                                                                      (3, 1)]
-    assert [h["ranks"] for h in record.hosts] == [[0, 1], [2, 3]]
-    assert len({h["node_id"] for h in record.hosts}) == 2  # one host per node
-    out = capsys.readouterr().out
+    assert [h["ranks"] for h in last.hosts] == [[0, 1], [2, 3]]
+    assert len({h["node_id"] for h in last.hosts}) == 2  # one host per node
+    # A relaunch keeps each host's actor and forks a new supervisor there.
+    assert [h["pid"] for h in first.hosts] == [h["pid"] for h in last.hosts]
+    assert {h["supervisor"] for h in first.hosts}.isdisjoint(h["supervisor"] for h in last.hosts)
     for host, rank in [(0, 0), (0, 1), (1, 2), (1, 3)]:
-        assert f"[host {host} rank {rank}] hello from rank {rank} of 4" in out
-    _nothing_left(record)
-
-
-def _fail_on_host_1(scratch):
-    import torch.distributed as dist
-
-    if dist.get_rank() == 2:
-        raise ValueError("bad batch on host 1")
-    time.sleep(300)
-
-
-def test_failure_on_host_1_stops_every_host_and_is_named(cluster):
-    began = time.monotonic()
-    with pytest.raises(hx.LaunchError) as caught:
-        hx.notebook_launcher(_fail_on_host_1, ("",), cluster=cluster.address, **LAUNCH)
-    elapsed = time.monotonic() - began
-    message = str(caught.value)
-    assert message.startswith("host 1 (127.0.0.1) rank 2 failed: ValueError: bad batch on "
-                              "host 1.")
-    assert "Remote traceback (rank 2)" in message and "in _fail_on_host_1" in message
-    record = caught.value.record
-    assert [r.exit_state for r in record.ranks] == ["stopped", "stopped", "failed", "stopped"]
-    assert elapsed < 120  # the others sleep 300 s: they were stopped
-    _nothing_left(record)
+        assert out.count(f"[host {host} rank {rank}] hello from rank {rank} of 4") == 1
+    _nothing_left(*record.attempts)
 
 
 def _wait_forever(scratch):
@@ -111,35 +149,37 @@ def _wait_forever(scratch):
 
 
 def test_interrupt_stops_every_host(cluster, tmp_path):
-    def interrupt_when_all_started():
-        deadline = time.monotonic() + 120
-        while len(os.listdir(tmp_path)) < 4 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        _thread.interrupt_main()
-
-    threading.Thread(target=interrupt_when_all_started, daemon=True).start()
+    _when_all_started(str(tmp_path), _thread.interrupt_main)
     with pytest.raises(KeyboardInterrupt):
         hx.notebook_launcher(_wait_forever, (str(tmp_path),), cluster=cluster.address,
-                             **LAUNCH)
+                             max_restarts=1, **LAUNCH)
     record = hx.last_launch()
-    assert record.outcome == "interrupted"
+    assert record.outcome == "interrupted" and record.attempt == 1  # the stop is not retried
     assert [r.exit_state for r in record.ranks] == ["interrupted"] * 4
     _nothing_left(record)
 
 
-def test_more_hosts_than_nodes_is_refused_before_anything_starts(cluster):
-    before = hx.last_launch()
-    with pytest.raises(LaunchRefusedError, match=r"hosts=3 asks for 3 hosts of 4 TPU chips, "
-                       r"and the cluster has 2 nodes \(2 with 4 TPU chips\)"):
-        hx.notebook_launcher(_train, ("",), cluster=cluster.address, **{**LAUNCH, "hosts": 3})
-    assert hx.last_launch() is before
+def test_a_host_whose_actor_dies_is_named_and_the_other_host_stopped(cluster, tmp_path):
+    def kill_host_1():
+        os.kill(hx.last_launch().hosts[1]["pid"], signal.SIGKILL)
 
-
-def test_an_address_that_does_not_answer_is_refused_within_seconds(cluster):
+    _when_all_started(str(tmp_path), kill_host_1)
     began = time.monotonic()
-    with pytest.raises(LaunchRefusedError, match=r"nothing answers at 127.0.0.1:9 within 3s"):
-        hx.notebook_launcher(_train, ("",), cluster="127.0.0.1:9", **LAUNCH)
-    assert time.monotonic() - began < 5
+    with pytest.raises(hx.LaunchError) as caught:
+        hx.notebook_launcher(_wait_forever, (str(tmp_path),), cluster=cluster.address,
+                             max_restarts=1, **LAUNCH)
+    killed_after = time.monotonic() - began
+    message = str(caught.value)
+    assert message.startswith(
+        "host 1 (127.0.0.1) rank 2 failed: its host left the cluster or the host's Ray actor "
+        "died (ActorDiedError); its processes died with it. Ranks [0, 1] were stopped.")
+    assert message.endswith("Not relaunched: a host left the cluster, and a launch is "
+                            "relaunched on the hosts it started on.")
+    record = caught.value.record
+    assert record.attempt == 1
+    assert [r.exit_state for r in record.ranks] == ["stopped", "stopped", "killed", "killed"]
+    assert killed_after < 60  # the others sleep 300 s
+    _nothing_left(record)
 
 
 def test_timeout_stops_every_host_and_names_the_ranks(cluster, tmp_path):
@@ -151,3 +191,18 @@ def test_timeout_stops_every_host_and_names_the_ranks(cluster, tmp_path):
     assert record.outcome == "timeout"
     assert [r.exit_state for r in record.ranks] == ["timeout"] * 4
     _nothing_left(record)
+
+
+def test_more_hosts_than_nodes_is_refused_before_anything_starts(cluster):
+    before = hx.last_launch()
+    with pytest.raises(LaunchRefusedError, match=r"hosts=3 asks for 3 hosts of 4 TPU chips, "
+                       r"and the cluster has 2 nodes \(2 with 4 TPU chips\)"):
+        hx.notebook_launcher(_train, (), cluster=cluster.address, **{**LAUNCH, "hosts": 3})
+    assert hx.last_launch() is before
+
+
+def test_an_address_that_does_not_answer_is_refused_within_seconds():
+    began = time.monotonic()
+    with pytest.raises(LaunchRefusedError, match=r"nothing answers at 127.0.0.1:9 within 3s"):
+        hx.notebook_launcher(_train, (), cluster="127.0.0.1:9", **LAUNCH)
+    assert time.monotonic() - began < 5

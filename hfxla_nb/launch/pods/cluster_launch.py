@@ -38,14 +38,22 @@ def launch_on_cluster(function: Callable, args: tuple, pass_index: bool, *, clus
                       mixed_precision: str, use_port: int | None, timeout: float | None,
                       shown_ranks: set[int] | str, progress: bool | str,
                       heartbeat_timeout: float | None, trace_compiles: bool,
-                      keep_record: Callable[[LaunchRecord], None]) -> Any:
+                      keep_record: Callable[[LaunchRecord], None],
+                      max_restarts: int = 0) -> Any:
     """Run `function` on `hosts` hosts of the Ray cluster at `cluster`; rank 0's value.
+
+    After a failure, `max_restarts` relaunches every host: each host's processes are stopped
+    first, then all are started again on the same hosts (their actors are kept, so a relaunch
+    costs no new Ray worker), each attempt on `last_launch().attempts`. A host that left the
+    cluster ends the launch: there is nothing to relaunch it on.
 
     Raises:
         LaunchRefusedError: before anything starts on any host (see `preflight`).
-        LaunchError: a rank on some host failed, was killed, timed out, or its host left.
+        LaunchError: a rank on some host failed, was killed, timed out, or its host left
+            (after the last attempt).
     """
     hosts = checks.check_hosts(hosts, strategy)
+    max_attempts = checks.check_restarts(max_restarts) + 1
     ray = checks.import_ray()
     try:
         local_preflight.check_runtime_not_started()
@@ -64,27 +72,51 @@ def launch_on_cluster(function: Callable, args: tuple, pass_index: bool, *, clus
     try:
         actors, described = _start_actors(ray, reservation, hosts)
         checks.check_versions(installed_versions(), described)
-        envs = _host_envs(ray, actors, described, plan, strategy, use_port, trace_compiles,
-                          reservation)
         local_world = plan.world
         world = hosts * local_world
-        record = LaunchRecord(strategy, world, [RankRecord(rank) for rank in range(world)])
-        # Which host runs which ranks, where (the record's own fields are the ranks').
-        record.hosts = [dict(info, ranks=list(range(info["host"] * local_world,
-                                                    (info["host"] + 1) * local_world)))
-                        for info in described]
-        keep_record(record)
-        display = launch_display(world, progress)
-        watch = _Watch(ray, actors, described, record, display, shown_ranks, timeout,
-                       heartbeat_timeout, local_world)
-        watch.run(lambda: [actor.start.remote(host, strategy, envs[host], local_world, world,
-                                              function, tuple(args), pass_index)
-                           for host, actor in enumerate(actors)])
+        earlier: list[LaunchRecord] = []
+        while True:
+            attempt = len(earlier) + 1
+            # A fresh rendezvous port for each attempt (the last one's may linger).
+            envs = _host_envs(ray, actors, described, plan, strategy, use_port, trace_compiles,
+                              reservation)
+            record = LaunchRecord(strategy, world, [RankRecord(rank) for rank in range(world)],
+                                  attempt=attempt, max_attempts=max_attempts,
+                                  previous_attempts=list(earlier))
+            # Which host runs which ranks, where (the record's own fields are the ranks').
+            record.hosts = [dict(info, ranks=list(range(info["host"] * local_world,
+                                                        (info["host"] + 1) * local_world)))
+                            for info in described]
+            keep_record(record)
+            display = launch_display(world, progress)
+            watch = _Watch(ray, actors, described, record, display, shown_ranks, timeout,
+                           heartbeat_timeout, local_world)
+            watch.run(lambda envs=envs: [
+                actor.start.remote(host, strategy, envs[host], local_world, world, function,
+                                   tuple(args), pass_index)
+                for host, actor in enumerate(actors)])
+            if record.ok:
+                return record.value
+            message = watch.failure_message()
+            # Only a failure is retried: `timeout=` and the stop button mean "stop".
+            if record.outcome != Outcome.FAILED or attempt >= max_attempts or watch.left:
+                break
+            print(f"hfxla_nb: attempt {attempt} of {max_attempts} failed "
+                  f"({message.splitlines()[0]}); stopping every host and relaunching "
+                  f"(max_restarts={max_attempts - 1}): attempt {attempt + 1} of "
+                  f"{max_attempts}.", file=sys.stderr, flush=True)
+            earlier.append(record)
+            _stop_hosts(ray, actors, watch.pending)
     finally:
         _release(ray, actors, reservation)
-    if record.ok:
-        return record.value
-    raise LaunchError(watch.failure_message(), record)
+    if max_attempts > 1:
+        message += (f"\n\nThat was attempt {attempt} of {max_attempts} "
+                    f"(max_restarts={max_attempts - 1}); every attempt is on "
+                    "hfxla_nb.last_launch().attempts.")
+        if watch.left and attempt < max_attempts:
+            message += (" Not relaunched: a host left the cluster, and a launch is relaunched "
+                        "on the hosts it started on.")
+    raise LaunchError(message, record)
 
 
 def connect(ray: Any, cluster: str) -> None:
@@ -157,13 +189,21 @@ def _host_envs(ray: Any, actors: list[Any], described: list[dict], plan: Any, st
     return envs
 
 
+def _stop_hosts(ray: Any, actors: list[Any], pending: list[Any] = ()) -> None:
+    """Stop every host's processes (each host on its own: one dead actor does not keep the
+    others from stopping); the actors stay. `pending`: polls still in flight, drained first
+    so that none takes the next attempt's events."""
+    if pending:
+        ray.wait(list(pending), num_returns=len(pending), timeout=5)
+    if actors:
+        stops = [actor.stop.remote() for actor in actors]
+        # A dead actor's stop fails at once; its processes died with it (PDEATHSIG).
+        ray.wait(stops, num_returns=len(stops), timeout=STOP_SECONDS)
+
+
 def _release(ray: Any, actors: list[Any], reservation: placement.Reservation) -> None:
     """Stop every host's processes, kill the actors, free the placement group."""
-    if actors:
-        try:
-            ray.get([actor.stop.remote() for actor in actors], timeout=STOP_SECONDS)
-        except Exception:  # noqa: BLE001 - a dead actor's processes died with it (PDEATHSIG)
-            pass
+    _stop_hosts(ray, actors)
     for actor in actors:
         try:
             ray.kill(actor)
@@ -190,6 +230,12 @@ class _Watch:
         self.local_world = local_world
         self.exited: dict[int, int] = {}
         self.left: dict[int, str] = {}
+        self.polls: dict[Any, int] = {}  # poll -> host, in flight
+
+    @property
+    def pending(self) -> list[Any]:
+        """The polls still in flight (after the watch ended: to drain before a relaunch)."""
+        return list(self.polls)
 
     def run(self, start: Callable[[], list[Any]]) -> None:
         began = time.monotonic()
@@ -217,6 +263,7 @@ class _Watch:
 
     def _watch(self, began: float) -> Outcome:
         polls = {self.actors[h].poll.remote(POLL_WAIT): h for h in range(len(self.actors))}
+        self.polls = polls  # updated in place: what is in flight when this returns
         last_refresh = 0.0
         while True:
             ready, _ = self.ray.wait(list(polls), num_returns=len(polls), timeout=POLL_WAIT)
@@ -276,8 +323,8 @@ class _Watch:
                 continue
             rank_record.exit_state = RankState.KILLED
             rank_record.reason = "host left"
-            rank_record.error = (f"host {host} ({where}) left the cluster or its Ray actor "
-                                 f"died ({type(error).__name__}); its processes died with it")
+            rank_record.error = (f"its host left the cluster or the host's Ray actor died "
+                                 f"({type(error).__name__}); its processes died with it")
             if self.keeper.failure is None:
                 self.keeper.failure = rank_record
 

@@ -101,8 +101,12 @@ class HostLaunch:
 
     def start(self, host: int, strategy: str, env: dict[str, str | None], local_world: int,
               world: int, function: Callable, args: tuple, pass_index: bool) -> int:
-        """Fork the supervisor of host `host` and start relaying; returns its pid."""
+        """Fork the supervisor of host `host` and start relaying; returns its pid. Called
+        again after `stop()` for the next attempt of a launch (`max_restarts`): what the last
+        attempt left unread is dropped."""
         self.host = host
+        with self._lock:
+            self._events, self._exit, self._pid_ranks = [], None, {}
         channel = Channel()
         (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
         self._offset = 0 if strategy == "debug" else self.host * local_world

@@ -38,6 +38,16 @@ def check_hosts(hosts: Any, strategy: str) -> int:
     return hosts
 
 
+def check_restarts(max_restarts: Any) -> int:
+    """`max_restarts` as an int of at least 0 (how many times a failed launch is relaunched
+    on every host)."""
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise LaunchRefusedError(
+            f"max_restarts={max_restarts!r}: give how many times to relaunch every host after "
+            f"a failure (an int, 0 for none).")
+    return max_restarts
+
+
 def check_address(address: str, seconds: float = CONNECT_SECONDS) -> None:
     """Refuse a `host:port` where nothing answers within `seconds` (ray.init would retry for
     minutes). "auto" is left to Ray, which knows this machine's cluster."""
