@@ -134,9 +134,18 @@ def qa_dataset(n: int = 800, seed: int = 0, **options) -> datasets.DatasetDict:
                                  "validation": datasets.Dataset.from_list(rows[cut:])})
 
 
+def _qa_words() -> tuple[str, ...]:
+    """Every word of the QA recipe: one token each, so its rows stay short."""
+    text = " ".join([*PEOPLE, *PLACES, *ORGANISATIONS, *_FILLER,
+                     "lives in . works for ? what is the capital of where does live who"])
+    return tuple(sorted(set(text.split())))
+
+
 def _head_model_dir(kind: str, label_names: tuple[str, ...] | None,
-                    cache: str | os.PathLike | None, seed: int) -> str:
-    target = cache_dir(cache) / f"demo-bert-v{RECIPE_VERSION}-{kind}-seed{seed}"
+                    cache: str | os.PathLike | None, seed: int,
+                    extra_words: tuple[str, ...] = ()) -> str:
+    suffix = "-words" if extra_words else ""
+    target = cache_dir(cache) / f"demo-bert-v{RECIPE_VERSION}-{kind}{suffix}-seed{seed}"
     if (target / "config.json").is_file():
         return str(target)
 
@@ -144,7 +153,7 @@ def _head_model_dir(kind: str, label_names: tuple[str, ...] | None,
         import torch
         import transformers
 
-        tokenizer = demo_tokenizer(cache)
+        tokenizer = demo_tokenizer(cache, extra_words=extra_words)
         num_labels = len(label_names) if label_names else 2
         config = demo_config(num_labels, vocab_size=len(tokenizer), label_names=label_names)
         model_class = getattr(transformers, f"BertFor{kind}")
@@ -163,5 +172,48 @@ def ner_model_dir(cache: str | os.PathLike | None = None, seed: int = 0) -> str:
 
 
 def qa_model_dir(cache: str | os.PathLike | None = None, seed: int = 0) -> str:
-    """A tiny BERT with a question-answering head (start and end logits), and its tokenizer."""
-    return _head_model_dir("QuestionAnswering", None, cache, seed)
+    """A tiny BERT with a question-answering head (start and end logits), and its tokenizer
+    (every word of the recipe one token)."""
+    return _head_model_dir("QuestionAnswering", None, cache, seed, _qa_words())
+
+
+#: `python -m hfxla_nb.demo_tasks --task ...`: what each demo runs and predicts on.
+DEMOS = {
+    "token-classification": (ner_model_dir, ner_dataset,
+                             {"epochs": 3, "learning_rate": 5e-3},
+                             ["alice smith lives in berlin .",
+                              "yesterday unicef opened an office in tokyo ."]),
+    "question-answering": (qa_model_dir, qa_dataset,
+                           {"epochs": 5, "learning_rate": 5e-3, "max_length": 48},
+                           [{"question": "where does grace lee live ?",
+                             "context": "grace lee lives in oslo . bob jones works for nasa ."},
+                            {"question": "what is the capital of oslo ?",
+                             "context": "grace lee lives in oslo . bob jones works for nasa ."}]),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Fine-tune the tiny BERT on one task's demo data over every device, then predict."""
+    import argparse
+
+    import hfxla_nb as hx
+
+    parser = argparse.ArgumentParser(prog="python -m hfxla_nb.demo_tasks",
+                                     description=main.__doc__)
+    parser.add_argument("--task", choices=sorted(DEMOS), default="token-classification")
+    parser.add_argument("--devices", type=int, default=None,
+                        help="XLA devices (on the CPU: virtual devices; default 4)")
+    args = parser.parse_args(argv)
+    model_dir, dataset, options, inputs = DEMOS[args.task]
+    devices = args.devices or (None if os.environ.get("PJRT_DEVICE") == "TPU" else 4)
+    result = hx.fine_tune(model_dir(), dataset(), task=args.task, batch_size=32,
+                          num_processes=devices,
+                          **options)
+    print(result)
+    for item in result.predict(inputs):
+        print(item.get("entities", item))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -59,9 +59,15 @@ def prepare_fine_tune(
     tokenizer = sources.load_tokenizer(config.tokenizer, model, source)
     if task == "causal-lm":
         return prepare_causal_lm(dataset, config, source, model_config, tokenizer, model_name)
+    picked = None
+    if config.task == "auto" and sources.head_task(model, model_config) is None:
+        picked = task_from_columns(dataset, config)
+        task = picked or task
     context = TaskContext(model, source, model_config, fixed_labels, tokenizer, model_name)
     plan = TASKS[task].prepare(dataset, config, context)
     if plan is not None:
+        if picked:
+            plan.data.notes.insert(0, f"task='auto' picked {picked!r} from the data's columns")
         return plan
     columns = _read_columns(dataset, config, model_config, fixed_labels)
     cap = steps.length_cap(config, model_config, tokenizer)
@@ -219,6 +225,26 @@ def _model_kwargs(model_config: Any, fixed_labels: int | None, label_names: list
     return kwargs
 
 
+
+
+def task_from_columns(dataset: Any, config: FineTuneConfig) -> str | None:
+    """task="auto" for a model without a task head: the one task whose columns (`Task.columns`)
+    the training data has; None when none has them (classification, as before); refused when
+    several fit."""
+    try:
+        train, _, _ = data.pick_splits(dataset, None)
+    except data.DataError as error:
+        raise FineTuneError(str(error)) from None
+    present = set(getattr(train, "column_names", ()) or ())
+    if config.text_column in present and config.text_column != "text":
+        return None  # columns named for classification
+    fits = [name for name in TASKS if TASKS[name].columns
+            and set(TASKS[name].columns) <= present]
+    if len(fits) > 1:
+        raise FineTuneError(
+            f"task='auto' cannot tell the task from the columns ({', '.join(sorted(present))}): "
+            f"they fit {', '.join(map(repr, fits))}. Pass task=... .")
+    return fits[0] if fits else None
 
 
 def build_plan(config: FineTuneConfig, context: TaskContext, task: str,

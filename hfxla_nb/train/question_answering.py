@@ -134,6 +134,7 @@ class QuestionAnswering(Task):
     name = "question-answering"
     auto_class = "AutoModelForQuestionAnswering"
     head_suffixes = ("ForQuestionAnswering",)
+    columns = ("question", "context", "answers")
     outputs_per_batch = 3
 
     # -- kernel side -----------------------------------------------------------------------

@@ -73,20 +73,27 @@ def _task_heads() -> dict[str, tuple[str, ...]]:
     return {name: tuple(TASKS[name].head_suffixes) for name in TASKS}
 
 
+def head_task(model: Any, model_config: Any) -> str | None:
+    """The task whose head the model (its class, or its config's architectures) has."""
+    names = list(getattr(model_config, "architectures", None) or [])
+    if not isinstance(model, (str, os.PathLike)):
+        names = [type(model).__name__]
+    heads = _task_heads()
+    for name in names:
+        for task, suffixes in heads.items():
+            if any(name.endswith(suffix) for suffix in suffixes):
+                return task
+    return None
+
+
 def resolve_task(task: str, model: Any, model_config: Any) -> str:
     """The task name: as asked (checked against a model instance's head), or (for "auto")
     from the architecture: the task whose head it has, else "classification"."""
-    names = list(getattr(model_config, "architectures", None) or [])
     instance = not isinstance(model, (str, os.PathLike))
-    if instance:
-        names = [type(model).__name__]
+    names = [type(model).__name__] if instance else list(
+        getattr(model_config, "architectures", None) or [])
     heads = _task_heads()
-
-    def task_of(name: str) -> str | None:
-        return next((t for t, suffixes in heads.items()
-                     if any(name.endswith(suffix) for suffix in suffixes)), None)
-
-    found = next((t for t in map(task_of, names) if t is not None), None)
+    found = head_task(model, model_config)
     if task == "auto":
         return found or "classification"
     if instance and found != task:

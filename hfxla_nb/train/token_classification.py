@@ -198,6 +198,7 @@ class TokenClassification(Task):
     name = "token-classification"
     auto_class = "AutoModelForTokenClassification"
     head_suffixes = ("ForTokenClassification",)
+    columns = (WORDS_COLUMN, TAGS_COLUMN)
     outputs_per_batch = 4
 
     # -- kernel side -----------------------------------------------------------------------
@@ -293,8 +294,8 @@ class TokenClassification(Task):
                               getattr(tokenizer, "padding_side", "right") or "right", cut)
         return batching.EncodedData(
             train=None, eval=split, input_names=input_names,
-            bucket_lengths=list(map(int, buckets)), label_names=[], notes=notes,
-            host={"eval": WordRows(words, firsts, None, spans, texts)})
+            bucket_lengths=list(map(int, buckets)), label_names=_model_tags(context),
+            notes=notes, host={"eval": WordRows(words, firsts, None, spans, texts)})
 
     # -- worker side -----------------------------------------------------------------------
 
@@ -353,6 +354,11 @@ class TokenClassification(Task):
         values.update(seqeval_metrics(truth, [item["tags"] for item in decoded]))
         values["eval_rows"] = float(run.plan.data.eval.num_rows)
         return values
+
+
+def _model_tags(context: Any) -> list[str]:
+    id2label = context.model_config.id2label
+    return [str(id2label[key]) for key in sorted(id2label, key=int)]
 
 
 def _buckets(config: Any, encoded: dict[str, dict], cap: int) -> list[int]:

@@ -1,0 +1,84 @@
+"""hx.predict / FineTuneResult.predict for classification on real XLA:CPU over 4 virtual
+devices: the same answers as evaluation for the evaluation rows, the probabilities of a CPU
+forward pass, one graph per bucket, plain Python out, bad input refused before any fork."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hfxla_nb as hx
+from hfxla_nb import _xla, demo
+from hfxla_nb.train import FineTuneError
+
+ROWS = 400  # 320 train, 40 validation
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
+
+
+@pytest.fixture(scope="module")
+def classifier(cache, tmp_path_factory):
+    data = demo.demo_dataset(n=ROWS)
+    result = hx.fine_tune(demo.demo_model_dir(cache=cache), data, batch_size=32, epochs=2,
+                          learning_rate=4e-3, num_processes=4, progress=False,
+                          output_dir=tmp_path_factory.mktemp("cls") / "out")
+    texts = list(data["validation"]["text"])
+    return result, data, result.predict(texts, batch_size=16)
+
+
+def test_predict_gives_evaluations_answers_for_the_evaluation_rows(classifier):
+    result, data, predicted = classifier
+    labels = [result.label_names[y] for y in data["validation"]["label"]]
+    accuracy = np.mean([p["label"] == y for p, y in zip(predicted, labels, strict=True)])
+    assert accuracy == pytest.approx(result.metrics["eval_accuracy"], abs=1e-12)
+    assert predicted.task == "classification"
+    assert predicted.compiles == len(predicted.bucket_lengths)  # one graph per bucket
+
+
+def test_predict_returns_plain_python_with_a_cpu_forwards_probabilities(classifier):
+    import torch
+
+    result, data, predicted = classifier
+    texts = list(data["validation"]["text"])
+    model, tokenizer = result.load_model(), result.load_tokenizer()
+    model.eval()
+    with torch.no_grad():
+        probabilities = torch.softmax(model(**tokenizer(texts, padding=True,
+                                                        return_tensors="pt")).logits, -1)
+    for item, row in zip(predicted, probabilities.numpy(), strict=True):
+        assert type(item) is dict and type(item["score"]) is float
+        assert set(item["probabilities"]) == set(result.label_names)
+        assert [item["probabilities"][n] for n in result.label_names] == pytest.approx(
+            row.tolist(), abs=1e-4)
+        assert item["label"] == result.label_names[int(row.argmax())]
+    frame = predicted.to_dataframe()
+    assert list(frame.columns) == ["label", "score"] and len(frame) == len(texts)
+
+
+@pytest.mark.parametrize("inputs, options, message", [
+    ([], {}, "inputs is empty"),
+    (["a text"], {"batch_size": 6}, "does not split evenly over the 4 devices"),
+    ([3], {}, "input 0 is a int; classification predicts on texts"),
+    (["a text"], {"task": "summarize"}, "task='summarize' is not one of"),
+    ([{"question": "q", "context": "c"}], {"task": "question-answering"},
+     "has no head for it"),
+])
+def test_bad_predict_input_is_refused_before_forking(inputs, options, message, cache,
+                                                      monkeypatch):
+    import hfxla_nb.launch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("notebook_launcher was called")
+
+    monkeypatch.setattr(hfxla_nb.launch, "notebook_launcher", refuse)
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(demo.demo_model_dir(cache=cache))
+    model.config._name_or_path = demo.demo_model_dir(cache=cache)  # where its tokenizer is
+    with pytest.raises(FineTuneError) as raised:
+        hx.predict(model, inputs, num_processes=4, **options)
+    assert message in str(raised.value)
+    assert not _xla.runtime_is_initialized()
