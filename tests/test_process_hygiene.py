@@ -194,3 +194,16 @@ def test_a_compile_worker_pool_started_during_a_launch_is_shut_down():
     assert result["warmed"] == []
     assert result["started"], "the explicit start made no compile worker (nothing tested)"
     assert result["after"] == []
+
+
+def test_the_launcher_is_imported_while_the_kernel_is_idle_after_import_hfxla_nb():
+    kernel = Kernel()
+    try:
+        assert kernel.run("import sys\nimport hfxla_nb as hx").error is None
+        # The next cell runs after the kernel's idle-time warm-up: the first launch's
+        # imports are done, and neither torch nor the XLA runtime was touched.
+        loaded = kernel.value("[m in sys.modules for m in ('hfxla_nb.launch.launcher', "
+                              "'hfxla_nb.launch.worker', 'ipywidgets', 'torch', 'torch_xla')]")
+        assert loaded == [True, True, True, False, False]
+    finally:
+        kernel.close()
