@@ -70,8 +70,11 @@ def test_no_warm_up_words_on_a_run_no_longer_than_the_warm_up():
     longer = recompiling(12)
     longer.compiles_after_warmup, longer.steps_after_warmup = 2, 2
     found = everything(alert(longer, "frequent-compiles"))
-    assert "warm-up" not in found
-    assert "torch_xla warns above 0.5; 2 of them in the 2 steps after the first 10" in found
+    assert "warm-up" not in found and "(torch_xla warns above 0.5)" in found
+    longer = recompiling(16)
+    longer.compiles_after_warmup, longer.steps_after_warmup = 6, 6
+    found = everything(alert(longer, "frequent-compiles"))
+    assert "torch_xla warns above 0.5; 6 of them in the 6 steps after the first 10" in found
 
 
 def test_one_duration_format_in_the_table_and_the_alert():

@@ -340,7 +340,9 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
         rule = "a new graph at nearly every step"
     else:
         rule = f"torch_xla warns above {MAX_COMPILES_PER_STEP}"
-        if summary.compiles_after_warmup is not None and summary.steps_after_warmup:
+        # Only over enough steps to be a rate (the warm-up snapshot is read a step late).
+        if (summary.compiles_after_warmup and summary.steps_after_warmup
+                and summary.steps_after_warmup >= MIN_RATE_STEPS):
             rule += (f"; {summary.compiles_after_warmup} of them in the "
                      f"{plural(summary.steps_after_warmup, 'step')} after the first "
                      f"{warmup_steps}")

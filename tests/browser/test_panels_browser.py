@@ -98,6 +98,26 @@ def train(index):
 hx.notebook_launcher(train, num_processes=2, strategy="debug")
 """
 
+SPMD_SHAPES = """\
+def train(index):
+    import numpy as np
+    import torch, torch_xla
+    import torch_xla.runtime as xr
+    import torch_xla.distributed.spmd as xs
+    device = torch_xla.device()
+    n = xr.global_runtime_device_count()
+    mesh = xs.Mesh(np.arange(n), (n,), ("data",))
+    for step in range(12):  # 12 shapes: 12 compilations, each with XLA's GSPMD warning
+        x = torch.ones(4 * (step + 1), 8, device=device)
+        xs.mark_sharding(x, mesh, ("data", None))
+        loss = (x * 2).sum()
+        torch_xla.sync()
+        hx.report(step=step + 1, total=12, loss=loss)
+
+hx.configure(cores=4)
+hx.notebook_launcher(train, strategy="spmd")
+"""
+
 FINE_TUNE_DATA = """\
 from hfxla_nb.demo import demo_dataset, demo_model_dir
 folder, data = demo_model_dir(), demo_dataset(n=1200)
@@ -254,6 +274,20 @@ def test_a_rank_stopped_because_another_failed_looks_stopped(browser_lab):
     stopped, failed = seen["final"]["stats"]
     assert "stopped after" in stopped["text"] and "elapsed" not in stopped["text"], stopped
     assert "elapsed" in failed["text"], failed
+
+
+def test_a_repeated_xla_warning_is_one_block_of_whole_words(browser_lab):
+    stderr = '[data-mime-type="application/vnd.jupyter.stderr"]'
+    with browser_lab.notebook("gspmd", [SETUP, SPMD_SHAPES]) as nb:
+        text = nb.output_text(1)
+        (block,) = nb.measure(1, stderr)
+        nb.screenshot(browser_lab.artifacts, f"gspmd-{browser_lab.theme}", [1])
+        assert_settled(nb)
+    assert text.count("GSPMD sharding") == 1, text
+    assert "(the same XLA warning 11 more times" in text, text
+    # Lines as written (wrapped at spaces by the relay): the browser breaks none of them.
+    lines = block["text"].strip("\n").count("\n") + 1
+    assert lines == 5 and round(block["height"] / block["lineHeight"]) <= lines + 1, block
 
 
 # -- a recompiling loop, a failure, a fine-tune: live and final, each screenshotted -------------
