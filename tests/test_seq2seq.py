@@ -20,7 +20,7 @@ from hfxla_nb.demo_seq2seq import (
 )
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
 
-STEPS = 70
+STEPS = 50  # imperfect yet: the reference test compares real mistakes
 EVAL_ROWS = 64
 
 
@@ -51,8 +51,8 @@ def test_it_learns_the_demo_translation(learned):
     assert learned.devices == 4
     history = [loss for _, loss in learned.loss_history]
     assert history[-1] < 0.2 * history[0]
-    assert learned.metrics["eval_bleu"] > 50
-    assert learned.metrics["eval_rouge1"] > 70
+    assert learned.metrics["eval_bleu"] > 50  # an untrained model scores 0
+    assert learned.metrics["eval_rouge1"] > 80
     assert learned.metrics["eval_rows"] == EVAL_ROWS
     assert not learned.warnings
 
@@ -65,23 +65,34 @@ def test_compile_contract(learned):
     assert learned.eval_compiles == 2
 
 
-def test_metrics_equal_a_cpu_reference(learned):
-    """transformers' `generate` on the CPU from the saved model, scored by the packages
-    themselves against the raw target texts, gives exactly the reported figures."""
-    import sacrebleu
+def eval_rows() -> tuple[list[str], list[str]]:
+    rows = demo_seq2seq_dataset()["validation"].select(range(EVAL_ROWS))["translation"]
+    return [r["en"] for r in rows], [r["rev"] for r in rows]
+
+
+@pytest.fixture(scope="module")
+def cpu_predictions(learned) -> list[str]:
+    """transformers' own `generate`, greedy, on the CPU, from the saved model."""
     import torch
-    from rouge_score import rouge_scorer
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    rows = demo_seq2seq_dataset()["validation"].select(range(EVAL_ROWS))["translation"]
-    sources, targets = [r["en"] for r in rows], [r["rev"] for r in rows]
     tokenizer = AutoTokenizer.from_pretrained(learned.output_dir)
     model = AutoModelForSeq2SeqLM.from_pretrained(learned.output_dir).eval()
-    batch = tokenizer(sources, padding="max_length", max_length=8, return_tensors="pt")
+    batch = tokenizer(eval_rows()[0], padding="max_length", max_length=8, return_tensors="pt")
     with torch.no_grad():
         generated = model.generate(**batch, do_sample=False, num_beams=1, max_new_tokens=8)
-    predictions = [text.strip() for text in
-                   tokenizer.batch_decode(generated, skip_special_tokens=True)]
+    return [text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True)]
+
+
+def test_metrics_equal_a_cpu_reference(learned, cpu_predictions):
+    """The CPU's predictions, scored by the packages themselves against the raw target
+    texts, give exactly the reported figures."""
+    import sacrebleu
+    from rouge_score import rouge_scorer
+
+    predictions, targets = cpu_predictions, eval_rows()[1]
+    wrong = sum(p != t for p, t in zip(predictions, targets, strict=True))
+    assert 0 < wrong < EVAL_ROWS // 2  # mistakes to score: equal figures mean equal texts
     assert learned.metrics["eval_bleu"] == pytest.approx(
         sacrebleu.corpus_bleu(predictions, [targets]).score, abs=1e-9)
     scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
@@ -90,6 +101,15 @@ def test_metrics_equal_a_cpu_reference(learned):
     for name in ("rouge1", "rouge2", "rougeL"):
         reference = 100 * sum(s[name].fmeasure for s in scores) / len(scores)
         assert learned.metrics[f"eval_{name}"] == pytest.approx(reference, abs=1e-9)
+
+
+def test_predict_on_every_device_equals_evaluation(learned, cpu_predictions):
+    """`result.predict` generates with the prefix and length the run saved, one forward and
+    one step graph for its one bucket, the same texts as evaluation scored."""
+    predictions = learned.predict(eval_rows()[0], batch_size=16, num_processes=4,
+                                  progress=False)
+    assert [item["generated_text"] for item in predictions] == cpu_predictions
+    assert predictions.compiles == 2 and predictions.bucket_lengths == [8]
 
 
 @pytest.mark.parametrize("architecture", ["t5", "bart"])
