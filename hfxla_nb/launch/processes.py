@@ -116,9 +116,9 @@ def stop_descendants(grace: float = TERMINATE_GRACE) -> list[str]:
             if pid == 0:
                 return
 
-    if not look():
+    if not _has_children(me) or not look():
         reap()
-        return []
+        return []  # the usual end: nothing below the supervisor, no look at all of /proc
     for number, seconds in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT)):
         for pid in look():
             _signal(pid, number)
@@ -126,6 +126,20 @@ def stop_descendants(grace: float = TERMINATE_GRACE) -> list[str]:
             break
     reap()
     return [names[pid] for pid in sorted(names)]
+
+
+def _has_children(pid: int) -> bool:
+    """Whether `pid` has a child (a zombie counts), from /proc/PID/task/*/children (a few
+    files instead of all of /proc); True where the kernel does not have those files."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        for task in tasks:
+            with open(f"/proc/{pid}/task/{task}/children") as file:
+                if file.read().strip():
+                    return True
+    except OSError:
+        return True
+    return False
 
 
 def describe(pid: int) -> str:
