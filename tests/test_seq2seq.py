@@ -160,6 +160,10 @@ def test_xsum_layout_prefix_and_labels(t5_dir):
     assert ((mask == 1) == (bucket.inputs[:, :length] != tokenizer.pad_token_id)).all()
     assert np.all(labels[labels != -100] != tokenizer.pad_token_id)
     assert plan.data.text_metrics == ("rouge",)
+    # task="auto": an encoder-decoder architecture is a seq2seq task, BLEU for translations
+    plan = prepare_fine_tune(t5_dir, demo_seq2seq_dataset(n=200), source_lang="en",
+                             target_lang="rev", batch_size=8, output_dir=None, progress=False)
+    assert plan.task == "seq2seq" and plan.data.text_metrics == ("bleu",)
 
 
 def _refused(tmp_path, *args, **options) -> str:
