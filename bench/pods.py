@@ -2,9 +2,12 @@
 (`cluster=`, `hosts=2`) vs the same launch on this host, and events per second from a worker to
 the notebook through Ray vs locally. Both with `strategy="debug"`, 2 processes per host.
 
-Ray binds 127.0.0.1 only inside a network namespace of its own: run it as
-`unshare -n sh -c 'ip link set lo up && .venv/bin/python -m bench.pods'` (as root). The cluster
-is started once (its start is reported, not counted in a launch). Prints one JSON object.
+Ray binds 127.0.0.1 only inside a network namespace of its own, so no bench traffic leaves
+the loopback. `run()` (what bench/run.py calls) measures in a child process that it starts in
+such a namespace (`unshare -n` as root, `unshare -rn` otherwise, loopback up) and returns the
+figures; `python -m bench.pods` does the same and prints them, and `python -m bench.pods
+--inside` (already in a namespace) prints the raw JSON. The cluster is started once (its start
+is reported, not counted in a launch).
 """
 
 from __future__ import annotations
@@ -12,12 +15,20 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import shlex
 import socket
+import subprocess
 import sys
 import time
+from pathlib import Path
 
-REPEATS = 3
+from . import common
+
+GROUP = "11 pods"
+REPEATS = 2 if common.QUICK else 3
 LINES = 3000
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def trivial():
@@ -57,7 +68,8 @@ def _launch(hx, function, args, **where):
     return time.monotonic() - start, out
 
 
-def main() -> None:
+def measure() -> dict:
+    """The figures, as a dict (`--inside`); only inside a network namespace of its own."""
     if [name for _, name in socket.if_nameindex()] != ["lo"]:
         sys.exit("run inside `unshare -n` with the loopback up (see the module docstring)")
     import ray
@@ -88,7 +100,58 @@ def main() -> None:
     finally:
         ray.shutdown()
         nodes.shutdown()
-    print(json.dumps(figures))
+    return figures
+
+
+def measure_isolated(timeout: float = 1200) -> dict:
+    """`measure()` in a child process in a network namespace of its own; its dict.
+
+    Raises:
+        RuntimeError: the namespace could not be made (no root, no user namespaces) or the
+            measurement failed (its stderr's end).
+    """
+    unshare = ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-rn"]
+    inner = f"ip link set lo up && exec {shlex.quote(sys.executable)} -m bench.pods --inside"
+    done = subprocess.run([*unshare, "sh", "-c", inner], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"bench.pods in `{' '.join(unshare)}` exited {done.returncode}: "
+                           f"{done.stderr.strip()[-800:]}")
+    return json.loads(lines[-1])
+
+
+def run() -> list[common.Figure]:
+    """bench/run.py's entry: launch latency and events/s, 2 local Ray hosts vs one host."""
+    raw = measure_isolated()
+    local, ray_side = raw["local"], raw["ray_2_hosts"]
+    how = (f"strategy='debug', 2 processes per host, best of {REPEATS} launches of a trivial "
+           f"function; the 2-node cluster on this machine started in {raw['cluster_start_s']} s "
+           f"(not counted)")
+    flood = f"{LINES} printed lines from rank 0, first to last line in the cell"
+    return [
+        common.Figure(GROUP, "launch latency, one host", local["launch_best_s"], "s",
+                      repeats=REPEATS, note=how, samples=local["launch_s"]),
+        common.Figure(GROUP, "launch latency, 2 Ray hosts", ray_side["launch_best_s"], "s",
+                      repeats=REPEATS, note=how, samples=ray_side["launch_s"]),
+        common.Figure(GROUP, "launch latency, 2 Ray hosts / one host",
+                      raw["launch_ratio_ray_vs_local"], "x", repeats=REPEATS, note=how),
+        common.Figure(GROUP, "events to the cell, one host", local["events_per_s"],
+                      "lines/s", note=flood),
+        common.Figure(GROUP, "events to the cell, 2 Ray hosts", ray_side["events_per_s"],
+                      "lines/s", note=flood),
+        common.Figure(GROUP, "events to the cell, 2 Ray hosts / one host",
+                      raw["events_ratio_ray_vs_local"], "x", note=flood),
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--inside" in argv:
+        print(json.dumps(measure()))
+        return
+    for figure in run():
+        print(f"{figure.name}: {figure.value} {figure.unit}")
 
 
 if __name__ == "__main__":

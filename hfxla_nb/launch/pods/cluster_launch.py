@@ -89,6 +89,7 @@ def launch_on_cluster(function: Callable, args: tuple, pass_index: bool, *, clus
                             for info in described]
             keep_record(record)
             display = launch_display(world, progress)
+            _name_ranks(display, world, local_world)
             watch = _Watch(ray, actors, described, record, display, shown_ranks, timeout,
                            heartbeat_timeout, local_world)
             watch.run(lambda envs=envs: [
@@ -187,6 +188,15 @@ def _host_envs(ray: Any, actors: list[Any], described: list[dict], plan: Any, st
                                 [d["address"] for d in described]))
         envs.append(env)
     return envs
+
+
+def _name_ranks(display: Any, world: int, local_world: int) -> None:
+    """Bars and failure lines of the panel say "host H rank R" (a panel without state:
+    nothing to name)."""
+    state = getattr(display, "state", None)
+    if state is not None:
+        state.rank_names = {rank: f"host {rank // local_world} rank {rank}"
+                            for rank in range(world)}
 
 
 def _stop_hosts(ray: Any, actors: list[Any], pending: list[Any] = ()) -> None:
