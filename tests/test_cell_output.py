@@ -183,9 +183,8 @@ def test_compilations_after_the_last_step_are_not_recompiles_of_the_step(kernel)
             weights = torch.ones(4, device=device)
             for step in range(1, 13):  # one graph, then cache hits
                 weights = weights * 0.9
-                loss = weights.sum()
+                hx.report(step=step, total=12, loss=weights.sum())  # then the step's sync
                 torch_xla.sync()
-                hx.report(step=step, total=12, loss=loss)
             saved = []
             for size in range(1, 21):  # "saving": 20 new graphs after the last step
                 saved.append(weights.sum() * torch.arange(size, device=device))

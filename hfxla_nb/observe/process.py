@@ -64,14 +64,17 @@ class ProcessState:
 
 
 def mark_last_step(process: ProcessState, step: int) -> None:
-    """A main bar reached its total: note the compilations so far, read now (host-side;
-    a step's compilation is done when its sync returns, only its execution is queued)."""
-    if not _xla.runtime_is_initialized():
-        return
-    metric = _xla.metrics_snapshot().get("metrics", {}).get(_xla.COMPILE_TIME) or {}
-    with process.lock:
-        process.last_step = {"step": step, "compiles": int(metric.get("count", 0)),
-                             "compile_ns": int(metric.get("total", 0))}
+    """A main bar reached its total: note the compilations so far (a step closure, run after
+    the next graph: the last step's own when `report` comes before its sync; in a loop that
+    reports after the sync, the first graph after the last step is counted as the step's)."""
+    try:
+        metric = _xla.metrics_snapshot().get("metrics", {}).get(_xla.COMPILE_TIME) or {}
+        with process.lock:
+            process.last_step = {"step": step, "compiles": int(metric.get("count", 0)),
+                                 "compile_ns": int(metric.get("total", 0))}
+    except Exception as error:  # noqa: BLE001 - never break the user's sync
+        warnings.warn(f"hfxla_nb.report could not read metrics: {error!r}", RuntimeWarning,
+                      stacklevel=2)
 
 
 def maybe_snapshot(process: ProcessState, send, final: bool, now: float) -> None:

@@ -189,8 +189,10 @@ def _report(key, send, step, loss, total, samples, inputs, log_every, label, val
         main = process.main_label.setdefault(rank, label) == label
         if main:
             process.steps[rank] = max(process.steps.get(rank, 0), step)
-    if main and final and step == total:
-        mark_last_step(process, step)
+    if main and final and step == total and _xla.runtime_is_initialized():
+        # After the step's graph (the next sync: `report` then `sync`, as documented), so
+        # its compilation is the step's.
+        _xla.add_step_closure(mark_last_step, (process, step))
     if loss is not None:
         values = {"loss": loss, **values}
     plain, device = _split(values)
