@@ -171,6 +171,11 @@ def ner_model_dir(cache: str | os.PathLike | None = None, seed: int = 0) -> str:
     return _head_model_dir("TokenClassification", CONLL_TAGS, cache, seed)
 
 
+def mlm_model_dir(cache: str | os.PathLike | None = None, seed: int = 0) -> str:
+    """A tiny BERT with a masked-LM head, and the demo tokenizer (for the demo reviews)."""
+    return _head_model_dir("MaskedLM", None, cache, seed)
+
+
 def qa_model_dir(cache: str | os.PathLike | None = None, seed: int = 0) -> str:
     """A tiny BERT with a question-answering head (start and end logits), and its tokenizer
     (every word of the recipe one token)."""

@@ -24,6 +24,8 @@ TASK_MODULES: dict[str, str] = {
     "causal-lm": ".tasks",
     "token-classification": ".token_classification",
     "question-answering": ".question_answering",
+    "masked-lm": ".masked_lm",
+    "seq2seq": ".seq2seq_task",
 }
 
 

@@ -66,11 +66,13 @@ def model_source(model: Any) -> tuple[Any, Any, int | None, str]:
     return model, config, int(config.num_labels), name or type(model).__name__
 
 
-def _task_heads() -> dict[str, tuple[str, ...]]:
-    """Task name -> the model class name endings that mean it (every registered task)."""
+def _task_heads(picking: bool = False) -> dict[str, tuple[str, ...]]:
+    """Task name -> the model class name endings that mean it (every registered task; with
+    `picking`, only those that task="auto" may pick by the head)."""
     from .registry import TASKS
 
-    return {name: tuple(TASKS[name].head_suffixes) for name in TASKS}
+    return {name: tuple(TASKS[name].head_suffixes) for name in TASKS
+            if not picking or getattr(TASKS[name], "pick_by_head", True)}
 
 
 def head_task(model: Any, model_config: Any) -> str | None:
@@ -78,7 +80,7 @@ def head_task(model: Any, model_config: Any) -> str | None:
     names = list(getattr(model_config, "architectures", None) or [])
     if not isinstance(model, (str, os.PathLike)):
         names = [type(model).__name__]
-    heads = _task_heads()
+    heads = _task_heads(picking=True)
     for name in names:
         for task, suffixes in heads.items():
             if any(name.endswith(suffix) for suffix in suffixes):
@@ -96,7 +98,7 @@ def resolve_task(task: str, model: Any, model_config: Any) -> str:
     found = head_task(model, model_config)
     if task == "auto":
         return found or "classification"
-    if instance and found != task:
+    if instance and not any(names[0].endswith(suffix) for suffix in heads.get(task, ())):
         wanted = " or ".join(f"...{suffix}" for suffix in heads.get(task, ())) or "its head"
         raise _fail(f"task={task!r}, but model is a {names[0]}, which has no head for it: "
                     f"pass a {wanted} model (or the model's name or folder), or "

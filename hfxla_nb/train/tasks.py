@@ -47,6 +47,8 @@ class Task:
     auto_class = ""
     #: Model class name endings that mean this task (task="auto" and model instances).
     head_suffixes: tuple[str, ...] = ()
+    #: Whether task="auto" picks this task from the model's head (False: explicit only).
+    pick_by_head = True
     #: Dataset columns that mean this task (task="auto" with a model without a task head).
     columns: tuple[str, ...] = ()
     #: Outputs per batch of `eval_outputs` (to split `fetched` by batch).

@@ -1,0 +1,144 @@
+"""`fine_tune(task="masked-lm")`: BERT-style masked language modeling on a text column.
+
+Kernel side: texts are tokenized (at most the row length) into length buckets, and masked on
+the host with fixed shapes, transformers' `DataCollatorForLanguageModeling` rules: 15% of the
+tokens that are not special tokens are chosen (at least one per row); of those 80% become the
+mask token, 10% a random token, 10% stay; the labels are the original ids there, -100
+elsewhere. The masks are drawn once from the seed (the batches keep one shape, and evaluation
+is the same every time). Evaluation: the loss over masked tokens and its perplexity.
+
+Explicit only (`task="masked-lm"`): a `...ForMaskedLM` architecture is what most pretrained
+encoders (bert-base-cased) are saved as, and `task="auto"` keeps fine-tuning those as
+classifiers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from . import batching, data, steps
+from .config import FineTuneError
+from .registry import register_task
+from .tasks import Task
+from .token_classification import IGNORE, encode_blocks, pad_values
+
+MASK_SHARE = 0.15
+
+
+def mask_tokens(ids: list[int], special: list[int], rng: np.random.Generator, mask_id: int,
+                vocab_size: int) -> tuple[list[int], np.ndarray]:
+    """One row masked by the 15% / 80-10-10 rules; returns (inputs, labels)."""
+    ids_array = np.asarray(ids, dtype=np.int64)
+    candidates = np.flatnonzero(np.asarray(special) == 0)
+    labels = np.full(len(ids), IGNORE, dtype=np.int64)
+    if len(candidates) == 0:
+        return list(ids), labels
+    chosen = candidates[rng.random(len(candidates)) < MASK_SHARE]
+    if len(chosen) == 0:
+        chosen = rng.choice(candidates, 1)
+    labels[chosen] = ids_array[chosen]
+    draw = rng.random(len(chosen))
+    inputs = ids_array.copy()
+    inputs[chosen[draw < 0.8]] = mask_id
+    randomized = chosen[(draw >= 0.8) & (draw < 0.9)]
+    inputs[randomized] = rng.integers(0, vocab_size, len(randomized))
+    return inputs.tolist(), labels
+
+
+class MaskedLM(Task):
+    """Masked tokens predicted from both sides; loss and perplexity."""
+
+    name = "masked-lm"
+    auto_class = "AutoModelForMaskedLM"
+    head_suffixes = ("ForMaskedLM",)
+    pick_by_head = False  # pretrained encoders are ...ForMaskedLM: "auto" stays classification
+    outputs_per_batch = 2
+
+    def prepare(self, dataset: Any, config: Any, context: Any) -> Any:
+        from .prepare import build_plan
+
+        tokenizer = context.tokenizer
+        if getattr(tokenizer, "mask_token_id", None) is None:
+            raise FineTuneError("task='masked-lm' needs a tokenizer with a mask token (BERT, "
+                                "RoBERTa style); this one has none.")
+        try:
+            train_ds, eval_ds, eval_name = data.pick_splits(dataset, config.eval_dataset)
+        except data.DataError as error:
+            raise FineTuneError(str(error)) from None
+        splits = {"train": train_ds} if eval_ds is None else {"train": train_ds,
+                                                               eval_name: eval_ds}
+        cap = steps.length_cap(config, context.model_config, tokenizer)
+        vocab = int(getattr(context.model_config, "vocab_size", len(tokenizer)))
+        encoded = {}
+        for index, (split, ds) in enumerate(splits.items()):
+            try:
+                data.check_columns(ds, split, [config.text_column])
+                texts = data.check_texts(list(ds[config.text_column]), config.text_column,
+                                         split)
+            except data.DataError as error:
+                raise FineTuneError(str(error)) from None
+            rows = tokenizer(texts, truncation=True, max_length=cap,
+                             return_special_tokens_mask=True)
+            rng = np.random.default_rng([config.seed, index])
+            inputs, labels = [], []
+            for ids, special in zip(rows["input_ids"], rows["special_tokens_mask"],
+                                    strict=True):
+                masked, label = mask_tokens(ids, special, rng, tokenizer.mask_token_id, vocab)
+                inputs.append(masked)
+                labels.append(label)
+            encoded[split] = {**{k: list(v) for k, v in rows.items()
+                                 if k != "special_tokens_mask"},
+                              "input_ids": inputs, "labels": labels}
+        steps.check_batch_fits(config, len(encoded["train"]["input_ids"]))
+        if config.max_length is not None:
+            buckets = [int(config.max_length)]
+        else:
+            lengths = [len(r) for r in encoded["train"]["input_ids"]]
+            buckets = batching.choose_buckets(lengths, cap, min_rows=4 * config.rows_per_step)
+            longest = batching.round_up(max(len(r) for e in encoded.values()
+                                            for r in e["input_ids"]))
+            buckets[-1] = max(buckets[-1], min(cap, longest))
+        notes: list[str] = []
+        pads = pad_values(tokenizer, notes)
+        input_names = batching.input_names_of(tokenizer, encoded["train"])
+        side = getattr(tokenizer, "padding_side", "right") or "right"
+        out = {split: encode_blocks(split, encoded[split], input_names, "labels", buckets,
+                                    pads, side, 0) for split in splits}
+        encoded_data = batching.EncodedData(
+            train=out["train"], eval=out.get(eval_name) if eval_ds is not None else None,
+            input_names=input_names, bucket_lengths=list(map(int, buckets)), label_names=[],
+            notes=notes)
+        return build_plan(config, context, self.name, encoded_data, {})
+
+    def _losses(self, run: Any, x: Any, length: int, labels: Any) -> Any:
+        logits = run.logits(x, length)
+        return run.torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE,
+            reduction="none").view(labels.shape)
+
+    def train_loss(self, run: Any, x: Any, length: int) -> Any:
+        labels = x[:, -length:].long()
+        losses = self._losses(run, x, length, labels)
+        counted = (labels != IGNORE).float()
+        return (losses * counted).sum() / counted.sum().clamp(min=1.0)
+
+    def eval_outputs(self, run: Any, x: Any, length: int) -> list[Any]:
+        labels = x[:, -length - 1:-1].long()
+        counted = (labels != IGNORE).float() * x[:, -1].float()[:, None]
+        losses = self._losses(run, x, length, labels)
+        return [(losses * counted).sum(-1), counted.sum(-1)]
+
+    def eval_metrics(self, run: Any, batches: list, fetched: list) -> dict[str, float]:
+        total = tokens = 0.0
+        for _, (sums, counts) in self.per_batch(batches, fetched):
+            total += float(sums.double().sum())
+            tokens += float(counts.double().sum())
+        loss = total / max(tokens, 1.0)
+        return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0)),
+                "eval_masked_tokens": tokens, "eval_rows": float(run.plan.data.eval.num_rows)}
+
+
+register_task(MaskedLM())
