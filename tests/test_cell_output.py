@@ -110,6 +110,24 @@ def test_other_native_lines_pass_and_different_warnings_are_counted_apart(capsys
     ).strip()]
 
 
+def test_a_warning_repeated_by_several_processes_is_counted_once_for_all(capsys):
+    read_0, write_0 = os.pipe()
+    read_1, write_1 = os.pipe()
+    relay = NativeRelay(ranks_of=lambda pid: [pid], shown=lambda ranks: True, tagged=True)
+    relay.add(read_0, "stderr", pid=0)
+    relay.add(read_1, "stderr", pid=1)
+    warn = b"2026-12-01 22:15:33.746046: W external/xla/a.cc:7] the same words\n"
+    for write in (write_0, write_1, write_1):
+        os.write(write, warn)
+    os.close(write_0)
+    os.close(write_1)
+    relay.close()
+    assert capsys.readouterr().err.splitlines() == [
+        "[rank 0] 2026-12-01 22:15:33.746046: W external/xla/a.cc:7] the same words",
+        "(the same XLA warning 2 more times; all on hx.last_launch().native_log)",
+    ]
+
+
 def final_panel(output) -> str:
     """The text of the last panel the cell drew (its final state)."""
     bundles = [bundle for bundle in output.displays + output.updates

@@ -98,7 +98,8 @@ class NativeRelay:
         self.rewrite = rewrite
         self.kept: list[str] = [] if kept is None else kept
         self.pipes: dict[int, _Pipe] = {}
-        # (severity, source, text) of each XLA log line -> [times seen, stream, tag of the first]
+        # (severity, source, text) of each XLA log line -> [times seen, stream, the tag of
+        # every process that wrote it]
         self.repeats: dict[tuple[str, str, str], list] = {}
 
     def add(self, fd: int, stream: str, pid: int | None = None, rank: int | None = None) -> None:
@@ -147,7 +148,8 @@ class NativeRelay:
             self.read(fd)
             if fd in self.pipes:
                 self._close(fd)
-        for (severity, _, _), (count, stream, tag) in self.repeats.items():
+        for (severity, _, _), (count, stream, tags) in self.repeats.items():
+            tag = tags[0] if len(tags) == 1 else ""  # several processes: none is the one
             if count > 1:
                 more = "time" if count == 2 else "times"
                 line = (f"(the same XLA {SEVERITY_WORDS[severity]} {count - 1} more {more}; "
@@ -195,8 +197,10 @@ class NativeRelay:
         seen = self.repeats.get(key)
         if seen is not None:
             seen[0] += 1
+            if tag not in seen[2]:
+                seen[2].append(tag)
             return ""
-        self.repeats[key] = [1, stream, tag]
+        self.repeats[key] = [1, stream, [tag]]
         indent = " " * (len(tag) + 5) if tag else "    "
         wrapped = textwrap.wrap(line.rstrip("\n"), WRAP_WIDTH, subsequent_indent=indent,
                                 break_long_words=False, break_on_hyphens=False)
