@@ -248,18 +248,31 @@ def test_gradient_checkpointing_with_torch_xlas_checkpoint_keeps_the_losses(lm_c
 
 
 def test_auto_sharding_picks_fsdp_when_the_state_outgrows_one_chip():
-    from hfxla_nb.runtime import Accelerator
-    from hfxla_nb.train.prepare_lm import choose_sharding
+    """`sharding="auto"` is decided by the memory plan (one place, `plan_memory`): FSDPv2
+    where parameters, gradients and AdamW state do not fit one chip's HBM, else data."""
+    from transformers import LlamaConfig
 
-    # A TPU v5e host as detection reports it (16 GiB HBM per chip, one device per chip).
-    v5e = Accelerator("tpu", generation="v5e", chips=8, devices=8, hbm_per_chip_gib=16)
-    assert choose_sharding(125_000_000, v5e) == ("data", None)  # 2 GiB of state: fits
-    choice, note = choose_sharding(1_000_000_000, v5e)  # 16 GB: more than 60% of 16 GiB
-    assert choice == "fsdp" and "need 14.9 GiB, more than 60% of one device's 16 GiB" in note
-    v6e = Accelerator("tpu", generation="v6e", chips=8, devices=8, hbm_per_chip_gib=32)
-    assert choose_sharding(1_000_000_000, v6e)[0] == "data"
-    cpu = Accelerator("cpu", devices=8)
-    assert choose_sharding(10**11, cpu) == ("data", None)  # one memory for every CPU device
+    from hfxla_nb.train.memory_plan import plan_memory
+
+    def llama(hidden: int, layers: int, intermediate: int) -> LlamaConfig:
+        return LlamaConfig(hidden_size=hidden, intermediate_size=intermediate,
+                           num_hidden_layers=layers, num_attention_heads=16,
+                           num_key_value_heads=16, vocab_size=32000)
+
+    small, large = llama(768, 12, 2048), llama(2048, 16, 8192)  # 134M and 1.2B parameters
+
+    def plan(config, hardware):
+        return plan_memory(config, hardware=hardware, sharding="auto", batch_size=8,
+                           max_length=512)
+
+    assert plan(small, "v5e-8").sharding == "data"  # about 2 GiB of state: fits 16 GiB
+    chosen = plan(large, "v5e-8")  # about 18 GiB of state: more than one v5e chip
+    assert chosen.sharding == "fsdp"
+    assert "sharding='auto' chose 'fsdp': the state does not fit one device" in " ".join(
+        chosen.notes)
+    assert plan(large, "v6e-8").sharding == "data"  # 32 GiB per chip: fits
+    assert plan(large, "cpu").sharding == "data"  # one memory for every CPU device
+
 
 
 def test_in_the_kernel_loading_shows_no_bar_and_warnings_name_the_users_line(lm_dir):
