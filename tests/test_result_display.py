@@ -117,3 +117,16 @@ def test_quiet_loading_turns_the_bars_off_and_restores_each_as_it_was():
             assert state() == before
     finally:
         hf_logging.enable_progress_bar()
+
+
+def test_a_lora_run_says_what_was_trained_and_where_the_adapter_is():
+    lora = {"r": 8, "lora_alpha": 16, "target_modules": ["v_proj", "q_proj"]}
+    text = result_text(result(task="causal-lm", lora=lora, trainable_parameters=73728,
+                              parameters=1234567))
+    (row,) = [line for line in text.splitlines() if line.startswith("  LoRA")]
+    assert row == ("  LoRA        r=8, alpha=16, on q_proj, v_proj; 73,728 of 1,234,567 "
+                   "parameters trained (5.97%); the adapter alone in /runs/tiny/adapter "
+                   "(result.load_model(merge=False) loads it on its base)")
+    assert "<code>result.load_model(merge=False)</code>" in result_html(
+        result(task="causal-lm", lora=lora))
+    assert "LoRA" not in result_text(result())  # a full fine-tune has no such row

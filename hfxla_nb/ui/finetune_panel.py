@@ -64,6 +64,26 @@ def loss_text_chart(losses: list[float], width: int = TEXT_CHART_WIDTH) -> str:
                    for value in points)
 
 
+def lora_row(result: Any) -> str | None:
+    """`r=8, alpha=16, on all-linear; 73,728 of 1,234,567 parameters trained (5.97%); the
+    adapter alone in <output_dir>/adapter`; None for a full fine-tune."""
+    lora = getattr(result, "lora", None)
+    if not lora:
+        return None
+    targets = lora.get("target_modules") or "all-linear"
+    if not isinstance(targets, str):
+        targets = ", ".join(sorted(targets))
+    text = f"r={lora.get('r')}, alpha={lora.get('lora_alpha')}, on {targets}"
+    trainable, total = (getattr(result, "trainable_parameters", None),
+                        getattr(result, "parameters", None))
+    if trainable and total:
+        text += f"; {trainable:,} of {total:,} parameters trained ({trainable / total:.2%})"
+    if result.output_dir:
+        text += (f"; the adapter alone in {result.output_dir}/adapter "
+                 "(result.load_model(merge=False) loads it on its base)")
+    return text
+
+
 def next_step(result: Any) -> str | None:
     """What to do with the result now, as code to type."""
     if not result.output_dir:
@@ -138,6 +158,9 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
     rows.append(("setup", f"{result.strategy} over {plural(result.devices, 'device')}, "
                  f"{result.precision}, batch {result.batch_size}, lengths "
                  f"{result.bucket_lengths}, {what}"))
+    adapter = lora_row(result)
+    if adapter:
+        rows.append(("LoRA", adapter))
     for name, spec in list((getattr(result, "parameter_sharding", None) or {}).items())[:2]:
         if task != "classification" or "devices=" in spec:
             rows.append(("layout", f"{name}: {spec}"))
@@ -209,9 +232,9 @@ def result_html(result: Any) -> str:
     def value_html(name: str, value: str) -> str:
         if name == "evaluation":
             return evaluation_html(result)
-        if name == "next":  # the code to type, as code
-            return re.sub(r"(result\.\w+\([^)]*\))", r"<code>\1</code>", escape(value))
-        return escape(value) + (chart if name == "loss" else "")
+        # The code to type (`result.load_model()`, ...), as code.
+        text = re.sub(r"(result\.\w+\([^)]*\))", r"<code>\1</code>", escape(value))
+        return text + (chart if name == "loss" else "")
 
     def row(name: str, value: str) -> str:
         warn = text_color(COLORS["warning"]) + "font-weight:600;" if name == "warning" else ""
