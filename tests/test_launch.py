@@ -301,7 +301,7 @@ def test_spmd_sees_four_virtual_devices(kernel):
     assert_clean(kernel)
 
 
-def test_a_loop_counted_from_0_ends_at_its_real_last_step_with_its_figures_as_data(kernel):
+def test_a_loop_counted_from_0_ends_at_its_total_with_its_figures_as_data(kernel):
     output = run_ok(
         kernel,
         """
@@ -326,14 +326,14 @@ def test_a_loop_counted_from_0_ends_at_its_real_last_step_with_its_figures_as_da
         timeout=180,
     )
     final = output.stdout[output.stdout.rindex("✔ launch finished"):]
-    (bar,) = [line for line in final.splitlines() if line.startswith("train   |")]
-    # No check mark at 11/12, the last step's own value (fetched after the function
-    # returned), and the hint to count from 1.
-    assert "| 11/12 · " in bar and bar.endswith(" · loss=11")
-    assert "step=i + 1" in final
+    (bar,) = [line for line in final.splitlines() if line.startswith("train ✔ |")]
+    # Counted from 0: step=i is i + 1 steps done, so the bar ends at its total with its check
+    # mark and the last step's own value, and every figure counts the same 12 steps.
+    assert "| 12/12 · " in bar and bar.endswith(" · loss=11")
+    assert "step=i + 1" not in final and "XLA in 12 steps" in final
     figures = output.stdout.split("FIGURES ")[1].split()
     steps, executions, compiles, transfers, step_times = (int(v) for v in figures[:5])
-    assert (steps, executions) == (11, 12) and compiles >= 1 and step_times >= 1
+    assert (steps, executions) == (12, 12) and compiles >= 1 and step_times >= 1
     assert transfers >= 2  # at least the first step's fetch and the last one's
     assert "FRAME DataFrame [0] True" in output.stdout
     assert_clean(kernel)
