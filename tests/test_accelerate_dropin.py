@@ -347,8 +347,13 @@ def test_record_says_its_attempt():
 
     first = LaunchRecord("spmd", 1, [RankRecord(0)], outcome="failed", attempt=1,
                          max_attempts=2)
-    second = LaunchRecord("spmd", 1, [RankRecord(0)], outcome="finished", attempt=2,
-                          max_attempts=2, previous_attempts=[first])
+    second = LaunchRecord("spmd", 1, [RankRecord(0, duration=65.2)], duration=65.4,
+                          outcome="finished", attempt=2, max_attempts=2,
+                          previous_attempts=[first])
     assert second.attempts == [first, second] and first.attempts == [first]
-    assert str(second).splitlines()[0] == "spmd launch, 1 rank: finished in 0.0s (attempt 2 of 2)"
+    # Durations in the panels' one format (`_units.duration`), not "65.4s".
+    assert str(second).splitlines() == [
+        "spmd launch, 1 rank: finished in 1 min 05 s (attempt 2 of 2)",
+        "  rank 0: pending, 1 min 05 s",
+    ]
     assert LaunchRecord("spmd", 1, [RankRecord(0)]).attempt_text == ""

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._units import duration
 from .._words import plural
 from ..events import (
     Event,
@@ -108,15 +109,18 @@ class LaunchRecord(BaseLaunchRecord):
         return dataframe([_rank_row(rank) for rank in self.ranks])
 
     def __str__(self) -> str:
-        """`spmd launch, 2 ranks: finished in 3.2s`, then one line per rank."""
+        """`spmd launch, 2 ranks: finished in 3.2 s`, then one line per rank (durations in the
+        panels' one format, `_units.duration`)."""
         attempt = f" ({self.attempt_text})" if self.attempt_text else ""
         lines = [
             f"{self.strategy} launch, {plural(self.world, 'rank')}: {self.outcome} in "
-            f"{self.duration:.1f}s{attempt}"
+            f"{duration(self.duration)}{attempt}"
         ]
         for rank in self.ranks:
             detail = f" ({rank.error})" if rank.error else ""
-            lines.append(f"  rank {rank.rank}: {rank.exit_state}, {rank.duration:.1f}s{detail}")
+            lines.append(
+                f"  rank {rank.rank}: {rank.exit_state}, {duration(rank.duration)}{detail}"
+            )
         return "\n".join(lines)
 
     def leftover_processes(self) -> list[int]:
