@@ -71,6 +71,7 @@ class HostLaunch:
         self._offset = 0
         self._pid_ranks: dict[int, list[int]] = {}
         self._pump: threading.Thread | None = None
+        self._attempt = 0  # which start() the relay thread serves (a relaunch starts again)
 
     def describe(self) -> dict[str, Any]:
         """Where this host is and what it runs: address, versions, TPU slice figures.
@@ -107,6 +108,7 @@ class HostLaunch:
         self.host = host
         with self._lock:
             self._events, self._exit, self._pid_ranks = [], None, {}
+            self._attempt += 1
         channel = Channel()
         (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
         self._offset = 0 if strategy == "debug" else self.host * local_world
@@ -122,7 +124,8 @@ class HostLaunch:
         relay = _Relay(lambda p: self._pid_ranks.get(p, []), self._add)
         relay.add(out_read, "stdout")
         relay.add(err_read, "stderr")
-        self._pump = threading.Thread(target=self._relay, args=(channel, relay, pid),
+        self._pump = threading.Thread(target=self._relay,
+                                      args=(channel, relay, pid, self._attempt),
                                       name="hfxla_nb-host-relay", daemon=True)
         self._pump.start()
         return pid
@@ -173,7 +176,7 @@ class HostLaunch:
         self._pid = None
         return os.waitstatus_to_exitcode(status)
 
-    def _relay(self, channel: Channel, relay: _Relay, pid: int) -> None:
+    def _relay(self, channel: Channel, relay: _Relay, pid: int, attempt: int) -> None:
         code = None
         try:
             while code is None:
@@ -190,7 +193,8 @@ class HostLaunch:
         finally:
             channel.close()
             with self._lock:
-                self._exit = code if code is not None else -9
+                if attempt == self._attempt:  # not a later attempt's exit
+                    self._exit = code if code is not None else -9
                 self._lock.notify_all()
 
     def _receive(self, channel: Channel, relay: _Relay) -> None:
