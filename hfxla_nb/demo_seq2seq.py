@@ -224,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     result = run_demo_seq2seq(max_steps=args.steps, devices=args.devices,
                               architecture=args.architecture, output_dir=args.output_dir)
     print(result_text(result), flush=True)
+    sources = ["the happy dog finds my red bird", "a small fox"]
+    predictions = result.predict(sources, num_processes=None if detect_accelerator().kind ==
+                                 "tpu" else args.devices, progress=False)
+    for source, item in zip(sources, predictions, strict=True):
+        print(f"{source!r} -> {item['generated_text']!r}", flush=True)
     bleu = result.metrics.get("eval_bleu", float("nan"))
     print(f"BLEU {bleu:.1f}   graphs compiled: {result.compiles} training + "
           f"{result.eval_compiles} evaluation (generation included)   wall time: "
