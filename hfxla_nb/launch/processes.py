@@ -203,8 +203,18 @@ def _shut_down_new_compile_workers(before: set[int]) -> None:
 
 
 def children_of(pid: int) -> list[int]:
-    """The live (non-zombie) child processes of `pid`, from /proc."""
-    return sorted(child for child, (parent, _, _) in process_table().items() if parent == pid)
+    """The child processes of `pid` (zombies too), from /proc/PID/task/*/children (a few
+    files: this runs around every launch), or from all of /proc where those files are
+    missing (live children only)."""
+    children: set[int] = set()
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as file:
+                children.update(int(child) for child in file.read().split())
+    except OSError:
+        return sorted(child for child, (parent, _, _) in process_table().items()
+                      if parent == pid)
+    return sorted(children)
 
 
 def _wait(alive: Callable[[], bool], seconds: float, reap: Callable[[], object]) -> bool:
