@@ -100,11 +100,13 @@ def test_status_is_the_launch_and_a_finished_bar_gives_overall_rates():
     live, _ = run(range(1, 31), dt=0.1)
     assert text.status_line(live) == "… running for 3.1 s"
     (live_bar,) = live.bars
-    assert text.timing_parts(live_bar) == ["3.1 s elapsed", "ETA 3.0 s", "10 it/s, 80 samples/s"]
+    assert text.timing_parts(live_bar) == ["3.1 s elapsed", "ETA 3.0 s",
+                                          "10 it/s, 80 samples/s wall clock"]
     _, final = run(range(1, 61), dt=0.1)
     assert text.status_line(final) == "✔ launch finished in 9.0 s"
     (final_bar,) = final.bars
-    assert text.timing_parts(final_bar) == ["6.0 s elapsed", "overall 10 it/s, 80 samples/s"]
+    assert text.timing_parts(final_bar) == ["6.0 s elapsed",
+                                           "overall 10 it/s, 80 samples/s wall clock"]
 
 
 def test_a_bar_clock_starts_with_its_own_work():
@@ -121,6 +123,61 @@ def test_a_bar_clock_starts_with_its_own_work():
     train, evaluation = state.view().bars
     assert train.elapsed == pytest.approx(10.0)  # the loop, not the rank's start-up
     assert evaluation.elapsed == pytest.approx(1.0)  # after training ended, not from T0
+
+
+def test_a_report_bar_and_a_tqdm_bar_over_one_loop_count_the_same_time():
+    # `for step in tqdm(range(10)): ...; hx.report(step=step + 1, total=10)`: the tqdm bar
+    # says step 0 when it is made, before the loop; `report` says nothing before step 1.
+    clock = Clock()
+    state = LaunchState(1, clock=clock)
+    state.handle(Started(0, 1, 1))  # at T0: 5 s of set-up follow
+    state.handle(Progress(0, 0, 10, {}, label="tqdm", time=T0 + 5))
+    for step in range(1, 11):
+        at = T0 + 5 + step * 0.5
+        state.handle(Progress(0, step, 10, {"loss": 1 / step}, time=at))
+        state.handle(Progress(0, step, 10, {}, label="tqdm", time=at))
+        clock.now = at
+        if step == 6:
+            live = {bar.label: text.timing_parts(bar) for bar in state.view().bars}
+    state.handle(Finished(0, None))
+    state.close(finished())
+    train, bar = state.view().bars
+    assert (train.label, bar.label) == ("train", "tqdm")
+    # Both clocks start with the loop (not the rank's set-up): the same elapsed and rates.
+    assert train.elapsed == bar.elapsed == pytest.approx(5.0)
+    assert text.timing_parts(train) == text.timing_parts(bar) == [
+        "5.0 s elapsed", "overall 2 it/s wall clock"]
+    assert live["train"] == live["tqdm"] == ["3.0 s elapsed", "ETA 2.0 s", "2 it/s wall clock"]
+    # Each figure says what it counts (tooltips in the HTML panel and the widget's parts).
+    page = html.bars_html([train])
+    assert f'title="{text.ELAPSED_MEANS}"' in page.replace("&#x27;", "'")
+    assert f'title="{text.RATE_MEANS}"' in page.replace("&#x27;", "'")
+    chart = html.chart_html([train])
+    assert "wall time per step</span>" in chart and "500 ms" in chart
+
+
+def test_xla_time_per_step_and_a_failed_steps_counts_say_what_they_count():
+    clock = Clock()
+    state = LaunchState(1, clock=clock)
+    state.handle(Progress(0, 30, 30, {}, time=T0 + 1))
+    state.handle(snapshot(30, executions=30))  # 20 ms of execution in all
+    state.close(finished())
+    view = state.view()
+    assert "30 executions (20 ms, 667 µs XLA per step)" in text.launch_text(view)
+    page = html.launch_html(view)
+    assert f'title="{html.escape(text.XLA_STEP_MEANS)}">30 (20 ms, 667 µs XLA per step)<' in page
+    # A run that failed in its 5th step: the function reported 5 steps, 4 graphs ran.
+    state = LaunchState(1, clock=clock)
+    state.handle(Progress(0, 5, 30, {}, time=T0 + 1))
+    state.handle(snapshot(5, executions=4))
+    state.handle(Failed(0, "ValueError", "boom", ""))
+    state.close(LaunchRecord("replicated", 1, [RankRecord(0, exit_state="failed")],
+                             duration=2.0, outcome="failed"))
+    view = state.view()
+    said = "4 executions (20 ms) for 5 steps reported: the last step's graph did not run"
+    assert "XLA in 5 steps: 2 compiles (1.3 s), " + said in text.launch_text(view)
+    assert ">4 (20 ms) for 5 steps reported: the last step&#x27;s graph did not run<" in (
+        html.launch_html(view))
 
 
 def test_metrics_header_says_as_of_which_step():

@@ -232,10 +232,10 @@ def test_text_panel_lines():
     line = text.bar_line(state.view().bars[0], width=4)
     # One rank: no "[rank 0]"; the mark's place is kept blank while it runs.
     assert line.startswith("train   |██░░| 2/4 · ")
-    assert line.endswith(" · 2 it/s, 16 samples/s · loss=0.5 · lr=0.001")
+    assert line.endswith(" · 2 it/s, 16 samples/s wall clock · loss=0.5 · lr=0.001")
     whole = text.launch_text(state.view())
-    assert ("XLA as of step 20: 2 compiles (3.0 s), 20 executions (1.0 s), compile 75% / "
-            "execute 25%\n") in whole
+    assert ("XLA as of step 20: 2 compiles (3.0 s), 20 executions (1.0 s, 50 ms XLA per step), "
+            "compile 75% / execute 25%\n") in whole
     assert "CPU fallbacks: aten::nonzero x3" in whole
     assert "device memory: not available" in whole
     assert "⚠ Operations ran on the CPU: aten::nonzero" in whole
@@ -287,7 +287,7 @@ def full_view():
 
 def test_html_colours_read_on_light_and_dark_themes():
     page = html.launch_html(full_view())
-    assert "step time" in page and "24 ms" in page  # a 24 ms step is not "0.0 s"
+    assert "wall time per step" in page and "24 ms" in page  # a 24 ms step is not "0.0 s"
     # No fixed grey text (#444 on JupyterLab Dark is unreadable) and no light-only fill.
     for grey in ("#444", "#555", "#666", "#777", "#e8e8e8"):
         assert grey not in page
@@ -314,7 +314,7 @@ def test_metrics_panel_has_html_and_text():
     summary = metrics.summarize(SNAPSHOT)
     panel = MetricsPanel(summary, analyzer.analyze(summary), title="cell")
     assert "<table" in panel._repr_html_() and "20 executions" not in panel._repr_html_()
-    assert "20 (1.0 s)" in panel._repr_html_()
+    assert "20 (1.0 s, 50 ms XLA per step)" in panel._repr_html_()
     assert repr(panel).startswith("cell\nXLA in 20 steps: 2 compiles")
 
 

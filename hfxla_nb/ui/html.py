@@ -114,7 +114,8 @@ def bar_stats_html(bar: BarView) -> str:
     """Counts, timing and values next to a bar: pieces that each stay on one line (a narrow
     output wraps between them, never inside one)."""
     pieces = [f"<b>{escape(text.counts_text(bar))}</b>"]
-    pieces += [f'<span style="{MUTED}">{escape(part)}</span>' for part in text.timing_parts(bar)]
+    pieces += [f'<span style="{MUTED}" title="{escape(means)}">{escape(part)}</span>'
+               for part, means in text.timing_pieces(bar)]
     pieces += [f'<span style="{MONO}">{escape(part)}</span>'
                for part in text.value_parts(bar.values)]
     dot = f'<span style="{MUTED}">·</span> '
@@ -161,8 +162,9 @@ def chart_html(bars: list[BarView]) -> str:
                 f"{escape(units.number(bar.losses[-1]))}"
             )
         if len(bar.step_times) >= 2:
-            parts.append(
-                f'<span style="{MUTED}">step time</span> '
+            parts.append(  # wall clock: the metrics' "XLA per step" is the device's share
+                f'<span style="{MUTED}" title="{escape(text.STEP_TIME_MEANS)}">'
+                "wall time per step</span> "
                 f"{sparkline_svg(bar.step_times, color=SERIES['step time'])} "
                 f"{escape(units.duration(bar.step_times[-1]))}"
             )
@@ -177,10 +179,12 @@ def chart_html(bars: list[BarView]) -> str:
     return ""
 
 
-def _row(name: str, value: str) -> str:
+def _row(name: str, value: str, means: str | None = None) -> str:
+    """A row of the metrics table; `means` (what the figure counts) as the value's tooltip."""
+    title = f' title="{escape(means)}"' if means else ""
     return (
         f'<tr style="{TR}"><td style="{TD}padding:1px 10px 1px 0;{MUTED}">{escape(name)}</td>'
-        f'<td style="{TD}padding:1px 0">{escape(value)}</td></tr>'
+        f'<td style="{TD}padding:1px 0"{title}>{escape(value)}</td></tr>'
     )
 
 
@@ -199,7 +203,7 @@ def summary_html(summary: XlaSummary | None, title: str = "XLA metrics",
         _row("compiles", text.compiles_text(summary)),
         *([_row("after the last step", after)] if (after := text.after_steps_text(summary))
           else []),
-        _row("executions", f"{summary.executions} ({units.duration(summary.execute_time)})"),
+        _row("executions", text.executions_text(summary, live), text.XLA_STEP_MEANS),
     ]
     if share is not None:
         rows.append(_row("time share", f"compile {share * 100:.0f}% / execute "

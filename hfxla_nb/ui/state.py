@@ -59,13 +59,15 @@ class BarView:
     ranks: int = 1  # how many ranks this bar stands for
     show_rank: bool = True  # False in a one-rank launch: "[rank 0]" would say nothing
     first_step: int | None = None  # the first step reported (0: counted from 0)
+    rank_name: str | None = None  # "host 1 rank 2" in a launch over several hosts
 
     @property
     def name(self) -> str:
         """The bar's caption: its label, with the rank when bars are per rank of several."""
         if self.rank is None:
             return self.label if self.ranks == 1 else f"{self.label} ({self.ranks} ranks)"
-        return f"{self.label} [rank {self.rank}]" if self.show_rank else self.label
+        who = self.rank_name or f"rank {self.rank}"
+        return f"{self.label} [{who}]" if self.show_rank else self.label
 
     @property
     def overall(self) -> bool:
@@ -148,6 +150,9 @@ class LaunchState:
         self.outcome: PanelState | None = None  # set by `close`
         self.failed_ranks: set[int | None] = set()  # ranks named by their Failed event
         self.changes = 0  # bumped on every event, so renderers can skip identical redraws
+        # How ranks are named where "rank R" is not enough: "host 1 rank 2" in a launch over
+        # several hosts (set by launch/pods/cluster_launch.py).
+        self.rank_names: dict[int, str] = {}
 
     # -- events --------------------------------------------------------------------------------
 
@@ -174,7 +179,7 @@ class LaunchState:
             self._end_bars(rank, BarState.DONE)
         elif isinstance(event, Failed):
             self.failed_ranks.add(rank)
-            message = _failure_line(event, self.world)
+            message = _failure_line(event, self.world, self.rank_names)
             if message not in self.errors:
                 self.errors.append(message)
             if rank is not None:
@@ -216,10 +221,19 @@ class LaunchState:
 
     def _bar_start(self, event: Progress) -> float:
         """When a new bar's clock starts: at its own event when that says no step is done yet
-        (step 0), else after the rank's bars that already ended (an evaluation after
-        training), else at the rank's start."""
+        (step 0); else with a bar of the same loop that said so (a tqdm bar, made before the
+        loop, over the steps `hx.report` counts: same rank and total, still running), so both
+        count the same wall time; else after the rank's bars that already ended (an
+        evaluation after training), else at the rank's start."""
         if event.step == 0:
             return event.time
+        same_loop = [bar.start for (rank, _), bar in self.bars.items()
+                     if rank == event.rank and bar.state == BarState.RUNNING
+                     and bar.first_step == 0 and bar.total is not None
+                     and bar.total == event.total and bar.start is not None
+                     and bar.start <= event.time]
+        if same_loop:
+            return max(same_loop)
         ends = [bar.last for (rank, _), bar in self.bars.items()
                 if rank == event.rank and bar.state != BarState.RUNNING and bar.last is not None
                 and bar.last <= event.time]
@@ -366,16 +380,18 @@ class LaunchState:
             state=bar.state,
             show_rank=self.world > 1,
             first_step=bar.first_step,
+            rank_name=self.rank_names.get(bar.rank) if bar.rank is not None else None,
         )
 
 
-def _failure_line(event: Failed, world: int) -> str:
-    """`rank 1 raised ValueError`: who failed and how, for the panel. The message itself is
-    shown once, by the `LaunchError` the cell raises (with the remote traceback)."""
+def _failure_line(event: Failed, world: int, names: dict[int, str] | None = None) -> str:
+    """`rank 1 raised ValueError` (`host 1 rank 2 raised ...` over several hosts): who failed
+    and how, for the panel. The message itself is shown once, by the `LaunchError` the cell
+    raises (with the remote traceback)."""
     if event.rank is None:
         who = "the launcher"
     else:
-        who = f"rank {event.rank}" if world > 1 else "the function"
+        who = (names or {}).get(event.rank, f"rank {event.rank}") if world > 1 else "the function"
     return f"{who} raised {event.exc_type}" if event.exc_type else f"{who} failed"
 
 

@@ -33,23 +33,43 @@ def counts_text(bar: BarView) -> str:
     return f"{bar.step}/{bar.total}" if bar.total else f"{bar.step}"
 
 
-def timing_parts(bar: BarView) -> list[str]:
-    """What a bar's time and speed are, each a piece that reads on its own: while it runs
-    `12.0 s elapsed`, `ETA 18.0 s`, `3.3 it/s, 53.1 samples/s` (the current rates); once it
-    ended `7.3 s elapsed` and `overall 9.8 it/s, 53.1 samples/s` (averages over the bar)."""
+# What each timing figure of a bar counts (the HTML panel's tooltips; the text says "wall").
+ELAPSED_MEANS = ("wall-clock time from the bar's first step (a tqdm bar's creation, or the "
+                 "start of the loop it shares with one) to its latest update")
+RATE_MEANS = ("steps (or samples) per second of wall-clock time, the host's work included: "
+              "over the last updates while the bar runs, over the whole bar once it ended")
+ETA_MEANS = "the steps left at the current rate"
+STEP_TIME_MEANS = ("wall-clock time per step between two updates of the bar (the host's "
+                   "work included); the XLA metrics' time per step is the device's execution")
+XLA_STEP_MEANS = ("XLA's execution time (torch_xla's ExecuteTime) per step reported: the "
+                  "device's share of a step, without tracing, data loading or waiting")
+
+
+def timing_pieces(bar: BarView) -> list[tuple[str, str]]:
+    """`timing_parts`, each with what it counts (for tooltips)."""
     if bar.state == BarState.STOPPED:  # the time it ran says nothing about its own work
-        return [f"stopped after {clock(bar.elapsed)}"]
-    parts = [f"{clock(bar.elapsed)} elapsed"]
+        return [(f"stopped after {clock(bar.elapsed)}", ELAPSED_MEANS)]
+    pieces = [(f"{clock(bar.elapsed)} elapsed", ELAPSED_MEANS)]
     if bar.state == BarState.RUNNING and bar.total:
-        parts.append(f"ETA {clock(bar.eta)}")
+        pieces.append((f"ETA {clock(bar.eta)}", ETA_MEANS))
     rates = []
     if bar.rate is not None or not bar.overall:
         rates.append(rate(bar.rate, "it"))
     if bar.samples_rate is not None:
         rates.append(rate(bar.samples_rate, "samples"))
     if rates:
-        parts.append(("overall " if bar.overall else "") + ", ".join(rates))
-    return parts
+        pieces.append((("overall " if bar.overall else "") + ", ".join(rates) + " wall clock",
+                       RATE_MEANS))
+    return pieces
+
+
+def timing_parts(bar: BarView) -> list[str]:
+    """What a bar's time and speed are, each a piece that reads on its own: while it runs
+    `12.0 s elapsed`, `ETA 18.0 s`, `3.3 it/s, 53.1 samples/s wall clock` (the current
+    rates); once it ended `7.3 s elapsed` and `overall 9.8 it/s, 53.1 samples/s wall clock`
+    (averages over the bar). Times are wall-clock times (the host's work included), not
+    XLA's: the metrics give XLA's execution time per step (`executions_text`)."""
+    return [piece for piece, _ in timing_pieces(bar)]
 
 
 def stat_parts(bar: BarView) -> list[str]:
@@ -133,6 +153,27 @@ def after_steps_text(summary: XlaSummary) -> str | None:
             "per step")
 
 
+def executions_text(summary: XlaSummary, live: bool = False) -> str:
+    """`30 (451 ms, 15 ms XLA per step)`: the executions, their time and XLA's execution time
+    per step reported. At the end of a run with fewer executions than steps reported (a
+    failed step: the function reported it, its graph never ran to its end), both counts are
+    said: `4 (120 ms) for 5 steps reported: the last step's graph did not run`."""
+    text = f"{summary.executions} ({duration(summary.execute_time)}"
+    per_step = summary.per_step(summary.execute_time) if summary.executions else None
+    short = (not live and summary.ranks == 1 and summary.steps is not None
+             and 0 < summary.executions < summary.steps)
+    if (per_step is not None and (summary.steps or 0) > 1 and not summary.compiles_after_steps
+            and not short):
+        text += f", {duration(per_step)} XLA per step"
+    text += ")"
+    if short:
+        missing = summary.steps - summary.executions
+        which = ("the last step's graph" if missing == 1
+                 else f"the graphs of the last {missing} steps")
+        text += f" for {summary.steps} steps reported: {which} did not run"
+    return text
+
+
 def transfers_text(count: int, seconds: float, nbytes: int | None, items: int = 0) -> str:
     """`6 transfers, 24 B, 6.7 ms` or `none`; `.item()` calls named when there were any."""
     if not count:
@@ -161,7 +202,8 @@ def summary_lines(summary: XlaSummary | None, title: str = "XLA",
         share is not None) else ""
     lines = [
         f"{heading}: {plural(summary.compiles, 'compile')} ({duration(summary.compile_time)}), "
-        f"{plural(summary.executions, 'execution')} ({duration(summary.execute_time)})"
+        f"{plural(summary.executions, 'execution')} "
+        f"{executions_text(summary, live).split(' ', 1)[1]}"
         f"{share_text}",
         *([f"after the last step: {after}"] if (after := after_steps_text(summary)) else []),
         "transfers: device → host "
