@@ -233,7 +233,8 @@ class Supervision:
         self.keeper.mark_stopped(state)
         if self.group is None:
             return
-        stop_group(self.group, reap=self._supervisor_exited)
+        # Also what left the group (a new session, a daemon): named on the record.
+        self.record.stopped_processes.extend(stop_group(self.group, reap=self._supervisor_exited))
         if self.pid is not None:
             try:
                 os.waitpid(self.pid, 0)
