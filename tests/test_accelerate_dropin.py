@@ -136,11 +136,18 @@ def test_max_restarts_relaunches_until_the_function_succeeds(kernel, tmp_path):
             return done + 1
 
         value = notebook_launcher(train, ({str(counter)!r},), num_processes=1, max_restarts=3,
-                                  monitor_interval=0.01, progress=False)
+                                  monitor_interval=0.01, progress="console")
         print("VALUE", value)
         """,
     )
     assert "VALUE 3" in output.stdout and "succeeded on try 3" in output.stdout
+    # Each attempt's panel says which it is, in its status line.
+    statuses = [line for line in output.stdout.splitlines() if line.startswith(("✔", "✖"))]
+    assert len(statuses) == 3, output.stdout
+    for number, status in enumerate(statuses, start=1):
+        assert f"(attempt {number} of 4)" in status, status
+    assert statuses[-1].startswith("✔ launch finished in ")
+    assert statuses[0].startswith("✖ launch failed after ")
     assert "attempt 1 of 4 failed (rank 0 failed: RuntimeError: transient failure 1.)" in \
         output.stderr
     assert "attempt 2 of 4." in output.stderr and "attempt 3 of 4." in output.stderr

@@ -109,6 +109,35 @@ def test_status_is_the_launch_and_a_finished_bar_gives_overall_rates():
                                            "overall 10 it/s, 80 samples/s wall clock"]
 
 
+def test_the_status_line_says_which_attempt():
+    from hfxla_nb.ui import launch_display
+
+    # `max_restarts=3`: the launcher hands each attempt's display its `attempt_text`.
+    display = launch_display(1, "console", attempt="attempt 2 of 4")
+    display.state.clock = clock = Clock()
+    display.state.start = T0
+    display.handle(Started(0, 1, 1))
+    clock.now = T0 + 3
+    live = display.view
+    assert text.status_line(live) == "… running for 3.0 s (attempt 2 of 4)"
+    assert "running for 3.0 s (attempt 2 of 4)</div>" in html.status_html(live)
+    display.handle(Failed(0, "ValueError", "boom", ""))
+    record = LaunchRecord("replicated", 1, [RankRecord(0, exit_state="failed")], duration=4.0,
+                          outcome="failed", attempt=2, max_attempts=4)
+    display.close(record)
+    assert text.status_line(display.view) == (
+        "✖ launch failed after 4.0 s (attempt 2 of 4): the function raised ValueError")
+    # The final record says it too (a display made without it); no words without restarts.
+    state = LaunchState(1, clock=Clock())
+    state.close(LaunchRecord("replicated", 1, [RankRecord(0, exit_state="finished")],
+                             duration=9.0, outcome="finished", attempt=4, max_attempts=4))
+    assert text.status_line(state.view()) == "✔ launch finished in 9.0 s (attempt 4 of 4)"
+    assert "(attempt 4 of 4)" in html.launch_html(state.view())
+    state = LaunchState(1, clock=Clock())
+    state.close(finished())
+    assert text.status_line(state.view()) == "✔ launch finished in 9.0 s"
+
+
 def test_a_bar_clock_starts_with_its_own_work():
     clock = Clock()
     state = LaunchState(1, clock=clock)

@@ -366,9 +366,9 @@ def bars_of(value: str) -> list[tuple]:
 
 
 def test_widget_display_state_without_a_browser():
-    display = WidgetDisplay(2)
+    display = WidgetDisplay(2, attempt="attempt 2 of 3")
     status, bars, chart, metrics_html = display.widget.children
-    assert bars.value == ""
+    assert bars.value == "" and "(attempt 2 of 3)" in status.value
     live = display._repr_mimebundle_()  # while it runs: the widget view and a text form
     assert live["application/vnd.jupyter.widget-view+json"]["model_id"] == (
         display.widget.model_id)
@@ -387,7 +387,7 @@ def test_widget_display_state_without_a_browser():
                                                       ("train [rank 1]", 4, 4, "done")]
     assert "finished" in status.value and html.COLORS["finished"] in status.value
     assert "<svg" in chart.value and "aten::nonzero" in metrics_html.value
-    assert repr(display).startswith("✔ launch of 2 ranks finished in 4.0 s")
+    assert repr(display).startswith("✔ launch of 2 ranks finished in 4.0 s (attempt 2 of 3)")
     # Closed: displaying the panel again shows its final state as static HTML and text.
     bundle = display._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" not in bundle

@@ -45,7 +45,7 @@ class NullDisplay:
         pass
 
 
-def launch_display(world: int, mode: str | bool = "auto") -> LaunchDisplay:
+def launch_display(world: int, mode: str | bool = "auto", attempt: str = "") -> LaunchDisplay:
     """The display for a launch of `world` ranks.
 
     Args:
@@ -53,6 +53,8 @@ def launch_display(world: int, mode: str | bool = "auto") -> LaunchDisplay:
         mode: "auto" (widgets in a notebook with ipywidgets, else HTML in a notebook, else
             console), "widgets", "html", "console", or False/"none" for no display; True
             means "auto".
+        attempt: "attempt 2 of 4" (`LaunchRecord.attempt_text`) for an attempt of a call
+            with `max_restarts=`, said in the status line; "" otherwise.
 
     Returns:
         A `LaunchDisplay`; the widget, HTML and console ones show it in the cell right away
@@ -69,13 +71,13 @@ def launch_display(world: int, mode: str | bool = "auto") -> LaunchDisplay:
     if chosen == "widgets":
         from .widgets import WidgetDisplay
 
-        return WidgetDisplay(world)
+        return WidgetDisplay(world, attempt=attempt)
     if chosen == "html":
         from .html_display import HtmlDisplay
 
-        return HtmlDisplay(world)
+        return HtmlDisplay(world, attempt=attempt)
     if chosen == "console":
         from .console import ConsoleDisplay
 
-        return ConsoleDisplay(world)
+        return ConsoleDisplay(world, attempt=attempt)
     return NullDisplay()

@@ -20,12 +20,14 @@ class PanelDisplay:
     Args:
         world: number of ranks.
         per_rank: one bar per rank (default when `world <= 4`) or one per label.
+        attempt: "attempt 2 of 4" for an attempt of a call with `max_restarts=`, else "":
+            the status line says it.
     """
 
     min_interval: float = 0.25
 
-    def __init__(self, world: int, per_rank: bool | None = None) -> None:
-        self.state = LaunchState(world, per_rank=per_rank)
+    def __init__(self, world: int, per_rank: bool | None = None, attempt: str = "") -> None:
+        self.state = LaunchState(world, per_rank=per_rank, attempt=attempt)
         self._last_draw = float("-inf")
         self._drawn_changes = -1
         self._closed = False

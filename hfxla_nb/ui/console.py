@@ -24,12 +24,12 @@ class ConsoleDisplay(PanelDisplay):
     min_interval = 5.0
 
     def __init__(self, world: int, file: TextIO | None = None,
-                 per_rank: bool | None = None) -> None:
+                 per_rank: bool | None = None, attempt: str = "") -> None:
         self._file = file
         self._printed: dict[tuple, tuple] = {}
         self._status: PanelState | None = None  # the state of the last status line printed
         self._alerts: set[str] = set()
-        super().__init__(world, per_rank=per_rank)
+        super().__init__(world, per_rank=per_rank, attempt=attempt)
 
     def _print(self, line: str) -> None:
         print(line, file=self._file or sys.stdout, flush=True)

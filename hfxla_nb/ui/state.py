@@ -101,6 +101,7 @@ class LaunchView:
     # the rank threads of one process (replicated mode on the CPU, TPU v2/v3) share them.
     metrics_ranks: list[int] = field(default_factory=list)
     metrics_step: int | None = None  # the step as of which `metrics` were read
+    attempt: str = ""  # "attempt 2 of 4" when the call allowed restarts (`max_restarts=`)
 
     @property
     def done(self) -> bool:
@@ -133,9 +134,13 @@ class LaunchState:
         per_rank: one bar per rank and label (default: when `world <= 4`), else one bar per
             label for all ranks (the slowest rank's step).
         clock: the wall clock (`time.time`), replaceable in tests.
+        attempt: "attempt 2 of 4" when the launch is one of several attempts of one call
+            (`LaunchRecord.attempt_text`), else ""; the final record's, when it has one.
     """
 
-    def __init__(self, world: int, per_rank: bool | None = None, clock=time.time) -> None:
+    def __init__(self, world: int, per_rank: bool | None = None, clock=time.time,
+                 attempt: str = "") -> None:
+        self.attempt = attempt
         self.world = max(int(world), 1)
         self.per_rank = self.world <= PER_RANK_MAX if per_rank is None else per_rank
         self.clock = clock
@@ -266,6 +271,7 @@ class LaunchState:
         else:
             if record.duration > 0:
                 self.end = self.start + record.duration
+            self.attempt = getattr(record, "attempt_text", "") or self.attempt
             for rank_record in record.ranks:
                 self._close_rank(rank_record)
             ok = record.ok
@@ -335,6 +341,7 @@ class LaunchState:
             alerts=self.metrics.alerts(),
             metrics_ranks=metrics_ranks,
             metrics_step=metrics.steps if metrics is not None else None,
+            attempt=self.attempt,
         )
 
     def _panel_state(self) -> PanelState:

@@ -95,18 +95,21 @@ def bar_line(bar: BarView, width: int = 20, name_width: int = 0) -> str:
 
 
 def status_line(view: LaunchView) -> str:
-    """`✔ launch finished in 12.3 s` (the wall time of the whole launch) and the like."""
+    """`✔ launch finished in 12.3 s` (the wall time of the whole launch) and the like; an
+    attempt of a call with `max_restarts=` says which: `✔ launch finished in 12.3 s (attempt
+    2 of 4)`, `… running for 3.0 s (attempt 2 of 4)`."""
     symbol = SYMBOLS.get(view.state, "")
     ranks = "" if view.world == 1 else f" of {plural(view.world, 'rank')}"
+    attempt = f" ({view.attempt})" if view.attempt else ""
     if view.state == PanelState.FINISHED:
-        return f"{symbol} launch{ranks} finished in {duration(view.elapsed)}"
+        return f"{symbol} launch{ranks} finished in {duration(view.elapsed)}{attempt}"
     if view.state == PanelState.FAILED:
         first = f": {view.errors[0]}" if view.errors else ""
-        return f"{symbol} launch{ranks} failed after {duration(view.elapsed)}{first}"
+        return f"{symbol} launch{ranks} failed after {duration(view.elapsed)}{attempt}{first}"
     if view.state == PanelState.STARTING:
         who = "" if view.world == 1 else f" {plural(view.world, 'rank')}"
-        return f"{symbol} starting{who}, {duration(view.elapsed)}"
-    line = f"{symbol} running for {duration(view.elapsed)}"
+        return f"{symbol} starting{who}, {duration(view.elapsed)}{attempt}"
+    line = f"{symbol} running for {duration(view.elapsed)}{attempt}"
     if view.world > 1:
         states = list(view.ranks.values())
         running = sum(state == RankState.RUNNING for state in states)
