@@ -71,10 +71,13 @@ $(CHROMIUM):
 test-browser: setup $(BROWSER_STAMP) $(CHROMIUM)
 	$(PY) -m pytest -q -rP tests/browser
 
-# `make demo` fine-tunes the tiny BERT; `make demo TASK=causal-lm` the tiny Llama with FSDPv2.
+# `make demo` fine-tunes the tiny BERT; `make demo TASK=causal-lm` the tiny Llama with FSDPv2;
+# TASK=token-classification or question-answering: the tiny BERT's NER or QA head, then predict.
+# TASK=seq2seq: a tiny BART learns word-list translations (BLEU, fixed-shape generation).
 TASK ?= classification
+DEMO_TASKS := token-classification question-answering
 demo: setup
-	$(PY) -m hfxla_nb.$(if $(filter causal-lm,$(TASK)),demo_lm,demo)
+	$(PY) -m hfxla_nb.$(if $(filter causal-lm,$(TASK)),demo_lm,$(if $(filter seq2seq,$(TASK)),demo_seq2seq,$(if $(filter $(DEMO_TASKS),$(TASK)),demo_tasks --task $(TASK),demo)))
 
 # Every group of bench/ (aimed at 15 minutes on 2 cores; bench/RESULTS.md says how long its last
 # run took); writes bench/results/<date>.json and bench/RESULTS.md. `make bench BENCH_GROUPS=1,7` runs some; BENCH_QUICK=1 fewer repetitions.

@@ -9,8 +9,10 @@ results = hx.notebook_launcher(train, args=(cfg,))
 result = hx.fine_tune("bert-base-cased", dataset)
 ```
 
-Importing the package is cheap and has no side effects: torch, torch_xla and transformers are
-imported only by the functions that need them, and nothing here starts the XLA runtime.
+Importing the package is cheap: torch, torch_xla and transformers are imported only by the
+functions that need them, and nothing here starts the XLA runtime. In a Jupyter kernel, what
+the first launch needs in the kernel is imported once the importing cell is done, while the
+kernel is idle (`launch/warm_up.py`), so the first launch is as quick as the next ones.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ _EXPORTS = {
     "fine_tune": "train.finetune",
     "prepare_fine_tune": "train.prepare",
     "generate": "train.generation",
+    "predict": "train.predict",
     "FineTuneConfig": "train.config",
     "FineTuneError": "train.config",
     "FineTuneResult": "train.result",
@@ -46,6 +49,7 @@ _EXPORTS = {
     "MemoryPlanError": "train.memory_plan",
     "XlaProgressCallback": "train.trainer",
     "xla_training_arguments": "train.trainer",
+    "xla_trainer": "train.trainer",
     "TrainingArgumentsInKernelError": "train.trainer",
 }
 # public module name -> the module it is (imported on first use): `hx.patches.applied()`
@@ -96,3 +100,15 @@ def unload_ipython_extension(ipython) -> None:
     from .magics import unload_ipython_extension as unload
 
     unload(ipython)
+
+
+def _warm_up_in_a_kernel() -> None:
+    import sys
+
+    if "ipykernel" in sys.modules:
+        from .launch import warm_up
+
+        warm_up.schedule()
+
+
+_warm_up_in_a_kernel()

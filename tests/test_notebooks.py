@@ -24,7 +24,7 @@ from tests.kernel_helpers import ROOT, _env, error_of, run_notebook, stdout_of
 NOTEBOOKS = ROOT / "notebooks"
 TUTORIALS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 EXPECTED = ["01_runtime", "02_fine_tune", "03_your_own_loop", "04_why_is_it_slow", "05_trainer",
-            "06_causal_lm"]
+            "06_causal_lm", "07_lora", "08_beyond_classification"]
 SANITIZE = NOTEBOOKS / "nbval_sanitize.cfg"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 

@@ -12,12 +12,13 @@ from typing import Any
 import numpy as np
 
 from .._choices import PROGRESS_MODES
+from .registry import task_choices
 
 STRATEGIES = ("spmd", "replicated")
-TASKS = ("auto", "classification", "causal-lm")
+TASKS = ("auto", "classification", "causal-lm")  # the first ones; every one: task_choices()
 SHARDINGS = ("auto", "data", "fsdp")
 PRECISIONS = ("auto", "fp32", "bf16")
-METRICS = ("accuracy", "f1", "precision", "recall")
+METRICS = ("accuracy", "f1", "precision", "recall", "rouge", "bleu")
 
 
 class FineTuneError(ValueError):
@@ -90,7 +91,21 @@ class FineTuneConfig:
             compilations view (the line, cause, graph and memory of each); False turns it off.
         compile_cache: the persistent compile cache: None (`hx.configure`'s choice, else on
             for TPU hosts), True, False, or a folder.
+        lora: train LoRA adapters instead of every weight (needs peft: `pip install
+            "hfxla_nb[lora]"`): True (rank 8, or 16 from a hidden size of 2048, on every linear
+            layer), a `peft.LoraConfig`, a dict of its fields, or "auto" (LoRA only when
+            `hx.plan_memory` says the full fine-tune does not fit). The base stays frozen
+            (bfloat16 on TPU), the adapters train in float32; `output_dir/adapter` holds the
+            adapter (PEFT's format), `output_dir` the merged model.
 
+        source_column, target_column: seq2seq: the source and target text columns (default:
+            XSum's "document" / "summary", CNN/DailyMail's "article" / "highlights", ...).
+        source_lang, target_lang: seq2seq translation: the language pair to take from a
+            "translation" column of `{lang: text}` dicts (WMT's layout), e.g. "en", "fr".
+        source_prefix: seq2seq: text put in front of every source (T5: "summarize: ").
+        max_target_length: seq2seq: the target length in tokens (end-of-text included) that
+            training pads to and evaluation generates; default: the longest target. Targets
+            longer than it are refused, not cut.
     Raises:
         FineTuneError: on construction, for a value that cannot work (the message says what
             to change).
@@ -130,6 +145,13 @@ class FineTuneConfig:
     gradient_checkpointing: bool = False
     trace_compiles: bool = True
     compile_cache: bool | str | os.PathLike | None = None
+    lora: Any = False
+    source_column: str | None = None
+    target_column: str | None = None
+    source_lang: str | None = None
+    target_lang: str | None = None
+    source_prefix: str | None = None
+    max_target_length: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.metrics, str) or callable(self.metrics):
@@ -168,6 +190,7 @@ class FineTuneConfig:
         for name in ("max_steps", "save_steps"):
             _check_int(name, getattr(self, name), allow_none=True)
         _check_int("max_length", self.max_length, minimum=2, allow_none=True)
+        _check_int("max_target_length", self.max_target_length, minimum=2, allow_none=True)
         _check_int("warmup_steps", self.warmup_steps, minimum=0)
         _check_int("seed", self.seed, minimum=0)
         _check_numbers(self)
@@ -190,10 +213,11 @@ def _check_choices(config: FineTuneConfig) -> None:
             "process, the batch sharded over every device; recommended) or 'replicated' "
             "(xmp.spawn, one process per TPU chip)."
         )
-    if config.task not in TASKS:
+    if config.task not in task_choices():
         raise FineTuneError(
-            f"task={config.task!r} is not one of {', '.join(map(repr, TASKS))}: 'auto' picks "
-            "'causal-lm' for a ...ForCausalLM model and 'classification' otherwise."
+            f"task={config.task!r} is not one of {', '.join(map(repr, task_choices()))}: "
+            "'auto' picks from the model's architecture (a ...ForCausalLM is 'causal-lm'), "
+            "'classification' otherwise."
         )
     if config.sharding not in SHARDINGS:
         raise FineTuneError(
