@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     """Fine-tune the tiny BERT on one task's demo data over every device, then predict."""
     import argparse
 
-    import hfxla_nb as hx
+    from .train.finetune import fine_tune
 
     parser = argparse.ArgumentParser(prog="python -m hfxla_nb.demo_tasks",
                                      description=main.__doc__)
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model_dir, dataset, options, inputs = DEMOS[args.task]
     devices = args.devices or (None if os.environ.get("PJRT_DEVICE") == "TPU" else 4)
-    result = hx.fine_tune(model_dir(), dataset(), task=args.task, batch_size=32,
+    result = fine_tune(model_dir(), dataset(), task=args.task, batch_size=32,
                           num_processes=devices,
                           **options)
     print(result)
