@@ -97,7 +97,14 @@ _TENSOR_FIX = (
     "Give the tensors the same shape in every step: pad or crop them to a fixed size "
     "(torch.nn.functional.pad), or to a few bucket sizes, where the batch is built"
 )
-# How to name the input whose shape changes, when nothing named it.
+# How to name the input whose shape changes, when nothing named it. torch_xla's own analysis
+# cannot name it (checked on torch_xla 2.9): its compilation block gives the cause, the graph
+# hash, the number of graph inputs and outputs and the Python frames, and its post-compilation
+# block the inputs' total size in GB (6 decimals), never an input's name or shape.
+# `_XLAC._get_xla_tensors_text` and `_get_xla_tensor_debug_info` describe tensors one holds,
+# and `_XLAC` lists no live tensors (`_xla_sync_live_tensors` syncs them); the IR dumps
+# (`XLA_SAVE_TENSORS_FILE`, `XLA_IR_DEBUG`) write every graph of every step, far from cheap.
+# So only `report(inputs=...)` names the input.
 INPUTS_HINT = ("To see which input changes shape, pass the step's inputs to report: "
                "hx.report(step=step, loss=loss, inputs=batch) (a dict of tensors, or "
                "inputs={'x': x}).")

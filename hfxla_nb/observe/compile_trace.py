@@ -27,6 +27,10 @@ Execution Analysis:   most likely user code trying to access tensor value before
 cell 5, line 12") and, when the graph was cut inside a library (transformers' mask check,
 Trainer), the innermost library frame too (`trace_log.TraceLog` groups them by user line:
 the compilations view). Plain data in, plain data out: the file is read by `observe.tracing`.
+
+The text names no input and no shape (only how many inputs a graph has and their total
+size), so which input changed shape comes from `report(inputs=...)` alone (see
+`analyzer.INPUTS_HINT`).
 """
 
 from __future__ import annotations
