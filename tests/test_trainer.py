@@ -84,3 +84,95 @@ def test_trainer_with_the_callback_in_a_launched_run(demo_cache, tmp_path, capsy
     shown = capsys.readouterr().out
     assert "train" in shown and "loss=" in shown and "4/4" in shown
     assert not _xla.runtime_is_initialized()
+
+
+def _sft_lora_fsdp(folder, output_dir):
+    """trl's SFTTrainer + LoRA + packing with FSDPv2 on every device (SFTConfig's default
+    gradient checkpointing kept, through torch_xla's checkpoint)."""
+    import warnings
+
+    import torch_xla.debug.metrics as met
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    import hfxla_nb as hx
+    from hfxla_nb.demo_lm import TEMPLATE, demo_lm_dataset
+
+    rows = demo_lm_dataset(n=160)["train"]
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    lora = LoraConfig(r=8, target_modules="all-linear", task_type="CAUSAL_LM")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = hx.xla_training_arguments(
+            fsdp=True, model=model, arguments_class=SFTConfig, output_dir=output_dir,
+            max_steps=8, per_device_train_batch_size=4, learning_rate=2e-2, logging_steps=2,
+            max_length=64, packing=True, save_strategy="no")
+    refused = ""
+    try:  # trl's prompt/completion reading of a 'prompt' column, refused with the fix
+        hx.xla_trainer(SFTTrainer)(model=model, args=args, train_dataset=rows,
+                                   processing_class=tokenizer, peft_config=lora)
+    except ValueError as error:
+        refused = str(error)
+    texts = Dataset.from_list([{"text": TEMPLATE.format(**row)} for row in rows])
+    callback = hx.XlaProgressCallback()
+    per_step: list[int] = []
+
+    class Compiles(TrainerCallback):  # graphs compiled by the end of each step
+        def on_step_end(self, args, state, control, **kwargs):
+            data = met.metric_data("CompileTime")
+            per_step.append(data[0] if data else 0)
+
+    trainer = hx.xla_trainer(SFTTrainer)(model=model, args=args, train_dataset=texts,
+                                         processing_class=tokenizer, peft_config=lora,
+                                         callbacks=[callback, Compiles()])
+    before = met.metric_data("CompileTime")
+    trainer.train()
+    after = met.metric_data("CompileTime")
+    trainer.save_model(output_dir)
+    return {
+        "refused": refused,
+        "changes": args.hfxla_nb_changes,
+        "fsdp_config": dict(args.fsdp_config),
+        "gradient_checkpointing": args.gradient_checkpointing,
+        "losses": [log["loss"] for log in trainer.state.log_history if "loss" in log],
+        "compiles": (after[0] if after else 0) - (before[0] if before else 0),
+        "per_step": per_step,
+        "events_sent": callback.events_sent,
+        "trainable": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+    }
+
+
+def test_sft_trainer_with_lora_and_fsdp_v2_in_a_launched_worker(tmp_path):
+    from hfxla_nb.demo_lm import demo_lm_model_dir
+
+    peft = pytest.importorskip("peft")
+    pytest.importorskip("trl")
+    folder = demo_lm_model_dir(cache=tmp_path / "cache")
+    out = tmp_path / "sft"
+    result = hx.notebook_launcher(_sft_lora_fsdp, args=(folder, str(out)), num_processes=4,
+                                  strategy="spmd", progress=False)
+    assert "rename_column('response', 'completion')" in result["refused"]
+    config = result["fsdp_config"]
+    assert config["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]
+    assert config["xla"] and config["xla_fsdp_v2"] and config["xla_fsdp_grad_ckpt"]
+    assert result["gradient_checkpointing"] is False  # torch.utils.checkpoint fails on XLA
+    assert any("torch_xla's checkpoint through FSDPv2" in c for c in result["changes"])
+    losses = result["losses"]
+    assert len(losses) == 4 and losses == sorted(losses, reverse=True), losses  # falls
+    assert losses[-1] < losses[0] - 0.1, losses
+    # Bounded: the graphs of the first steps (and of the first logging step) are compiled
+    # once; the steps after them compile nothing ({result['compiles']} in all, on 8 steps).
+    per_step = result["per_step"]
+    assert len(per_step) == 8 and per_step[-1] == per_step[3], per_step
+    assert result["events_sent"] > 0
+    assert result["trainable"] < 0.2 * 123584  # adapters only
+    adapter = peft.PeftConfig.from_pretrained(out)  # saved in PEFT's format, gathered
+    assert adapter.peft_type == "LORA" and adapter.r == 8
+    from transformers import AutoModelForCausalLM
+
+    model = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(folder), out)
+    trained = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert len(trained) == 14 and all(p.abs().max() > 0 for p in trained)  # all trained

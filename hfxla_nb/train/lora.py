@@ -128,10 +128,12 @@ def _jsonable(value: Any) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-def lora_config(settings: Mapping[str, Any]) -> Any:
-    """peft's `LoraConfig` from `lora_settings`' JSON."""
+def lora_config(settings: Any) -> Any:
+    """peft's `LoraConfig` from `lora_settings`' JSON (a `LoraConfig` is returned as it is)."""
     import peft
 
+    if isinstance(settings, peft.PeftConfig):
+        return settings
     return peft.LoraConfig(**dict(settings))
 
 
@@ -160,7 +162,7 @@ def trainable_counts(model: Any) -> tuple[int, int]:
     return trainable, total
 
 
-def host_copy(peft_model: Any, settings: Mapping[str, Any], state: Mapping[str, Any]) -> Any:
+def host_copy(peft_model: Any, settings: Any, state: Mapping[str, Any]) -> Any:
     """A `PeftModel` on the host whose tensors are `state`'s, gathered from the devices
     (assigned to a meta-device build, not copied: no second model is allocated). Its names
     are peft's own, without FSDPv2's wrappers, so peft's saving and merging see a plain

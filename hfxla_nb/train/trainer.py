@@ -29,7 +29,8 @@ try:  # transformers is optional for the package; the callback needs it
 except ImportError:  # pragma: no cover - transformers missing
     TrainerCallback = object  # type: ignore[assignment,misc]
 
-__all__ = ["XlaProgressCallback", "xla_training_arguments", "TrainingArgumentsInKernelError"]
+__all__ = ["XlaProgressCallback", "xla_training_arguments", "xla_trainer",
+           "TrainingArgumentsInKernelError"]
 
 _PROGRESS_CALLBACKS = ("ProgressCallback", "NotebookProgressCallback", "PrinterCallback")
 _SUMMARY_SUFFIXES = ("_runtime", "_per_second")
@@ -161,7 +162,8 @@ def _explicit(kwargs: dict[str, Any], name: str) -> bool:
     return name in kwargs
 
 
-def xla_training_arguments(**kwargs: Any):
+def xla_training_arguments(*, fsdp: bool = False, model: Any = None,
+                           arguments_class: Any = None, **kwargs: Any):
     """`transformers.TrainingArguments` with the XLA pitfalls fixed. Only inside a launched
     function: constructing `TrainingArguments` starts the XLA runtime.
 
@@ -182,9 +184,30 @@ def xla_training_arguments(**kwargs: Any):
     - a warning (no change) for `logging_steps` under 10: every logging step fetches the loss
       from the device (a sync), and with `logging_steps=1` the Trainer syncs about 9 times
       per step.
+    - `gradient_checkpointing=False`: transformers' (and trl's `SFTConfig` default) goes through
+      `torch.utils.checkpoint`, which fails on XLA ("module 'torch' has no attribute 'xla'") and
+      XLA's compiler would remove anyway. When it was asked for, torch_xla's own checkpoint
+      recomputes each layer instead: through FSDPv2 (`xla_fsdp_grad_ckpt`) with `fsdp=True`,
+      else on the layers of `model` (given), else it is refused.
+    - trl's `SFTConfig`: `packing_strategy="wrapped"` with packing (the default "bfd" is
+      padding-free: a row of a new length, so a new compile, every step) and
+      `pad_to_multiple_of=max_length` (unless given): one shape.
+    - `bf16=False` (unless given) off a TPU: bfloat16 autocast on XLA's CPU devices mixes
+      dtypes in attention (trl's `SFTConfig` turns it on by default).
+    - `fsdp=True` (with `model=`): what FSDPv2 needs, as optimum-tpu's
+      `get_fsdp_training_args(model)` gave: SPMD on, `fsdp="full_shard"`, `fsdp_config` with
+      the model's layer class to wrap (`_no_split_modules`), `xla` and `xla_fsdp_v2`, and
+      `dataloader_drop_last=True`. Build the trainer with `hx.xla_trainer(Trainer)(...)`:
+      transformers' Trainer otherwise never creates the optimizer under FSDPv2.
 
     Args:
-        kwargs: any `TrainingArguments` arguments; `output_dir` defaults to
+        fsdp: shard the model with PyTorch/XLA's FSDPv2 over every device (the worker must be
+            launched with `strategy="spmd"`).
+        model: the model to train (needed by `fsdp=True` and by gradient checkpointing
+            without it); a `PeftModel` is looked through.
+        arguments_class: `TrainingArguments` (default) or a subclass such as trl's
+            `SFTConfig`.
+        kwargs: any arguments of `arguments_class`; `output_dir` defaults to
             "hfxla_nb_trainer_output".
 
     Returns:
@@ -213,7 +236,9 @@ def xla_training_arguments(**kwargs: Any):
         )
     from transformers import TrainingArguments
 
+    arguments_class = arguments_class or TrainingArguments
     changes: list[str] = []
+    _checkpointing_and_fsdp(kwargs, arguments_class, fsdp, model, changes)
     optim = str(kwargs.get("optim", "adamw_torch_fused"))
     if optim in ("adamw_torch_fused", "OptimizerNames.ADAMW_TORCH_FUSED"):
         kwargs["optim"] = "adamw_torch"
@@ -245,10 +270,188 @@ def xla_training_arguments(**kwargs: Any):
             UserWarning,
             stacklevel=2,
         )
-    arguments = TrainingArguments(**kwargs)
+    arguments = arguments_class(**kwargs)
     arguments.hfxla_nb_changes = changes
     if changes:
         warnings.warn(
             "xla_training_arguments changed: " + "; ".join(changes), UserWarning, stacklevel=2
         )
     return arguments
+
+
+def _layer_classes(model: Any) -> set[type]:
+    """The classes of `model`'s repeated layers (`_no_split_modules`: what FSDP wraps)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return {type(module) for module in model.modules() if type(module).__name__ in names}
+
+
+def _checkpointing_and_fsdp(kwargs: dict[str, Any], arguments_class: Any, fsdp: bool,
+                            model: Any, changes: list[str]) -> None:
+    """Gradient checkpointing through torch_xla's own checkpoint, and FSDPv2's arguments."""
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(arguments_class)}
+    checkpointing = bool(kwargs.get("gradient_checkpointing",
+                                    defaults.get("gradient_checkpointing", False)))
+    layers = _layer_classes(model) if model is not None else set()
+    if fsdp:
+        if model is None or not layers:
+            raise ValueError(
+                "xla_training_arguments(fsdp=True) needs model=<the model to train>: FSDPv2 "
+                "wraps each of its repeated layers (the classes in model._no_split_modules)"
+                + ("" if model is None else ", and this model names none") + ".")
+        if not _xla.is_spmd():
+            _xla.use_spmd()  # before any tensor is on the device; the Trainer makes the mesh
+        config = dict(kwargs.get("fsdp_config") or {})
+        config.update(transformer_layer_cls_to_wrap=sorted(c.__name__ for c in layers),
+                      xla=True, xla_fsdp_v2=True, xla_fsdp_grad_ckpt=checkpointing)
+        kwargs.update(fsdp="full_shard", fsdp_config=config)
+        kwargs.setdefault("dataloader_drop_last", True)
+        wrapped = ", ".join(config["transformer_layer_cls_to_wrap"])
+        changes.append(f"fsdp='full_shard' with FSDPv2 on {wrapped} (SPMD on; build the "
+                       "trainer with hx.xla_trainer(Trainer))")
+    if checkpointing:
+        if fsdp:
+            how = "torch_xla's checkpoint through FSDPv2 (xla_fsdp_grad_ckpt)"
+        elif layers:
+            _xla.checkpoint_layers(model, layers)
+            names = ", ".join(sorted(c.__name__ for c in layers))
+            how = f"torch_xla's checkpoint on each {names}"
+        else:
+            raise ValueError(
+                "gradient_checkpointing=True goes through torch.utils.checkpoint, which fails on "
+                "XLA: pass model=<the model> (its layers are then recomputed with torch_xla's "
+                "own checkpoint), or gradient_checkpointing=False.")
+        changes.append(f"gradient_checkpointing -> False, recomputing with {how} instead "
+                       "(torch.utils.checkpoint fails on XLA)")
+    if "gradient_checkpointing" in kwargs or checkpointing:
+        kwargs["gradient_checkpointing"] = False
+    _fixed_sft_shapes(kwargs, defaults, changes)
+    if "bf16" not in kwargs and defaults.get("bf16", False) is not False and (
+            _xla.device_type() != "TPU"):  # trl's SFTConfig: None, "on where supported"
+        kwargs["bf16"] = False
+        changes.append("bf16=False (bfloat16 autocast on XLA's CPU devices mixes dtypes in "
+                       "attention; on a TPU it stays)")
+
+
+def _fixed_sft_shapes(kwargs: dict[str, Any], defaults: dict[str, Any],
+                      changes: list[str]) -> None:
+    """trl's `SFTConfig`: rows of one length, so training compiles a fixed number of graphs.
+    Its default packing ("bfd") is padding-free, one row of a new length every step, and
+    without packing batches are padded to their longest row."""
+    if "packing_strategy" in defaults and kwargs.get("packing") and (
+            "packing_strategy" not in kwargs):
+        kwargs["packing_strategy"] = "wrapped"
+        changes.append("packing_strategy='wrapped' (rows of max_length; 'bfd' packs padding-"
+                       "free rows of a new length, a new compile, every step)")
+    length = kwargs.get("max_length", defaults.get("max_length"))
+    if "pad_to_multiple_of" in defaults and "pad_to_multiple_of" not in kwargs and (
+            isinstance(length, int)):
+        kwargs["pad_to_multiple_of"] = length
+        changes.append(f"pad_to_multiple_of={length} (every batch padded to max_length: one "
+                       "shape, one compile)")
+
+
+def xla_trainer(trainer_class: Any) -> Any:
+    """`trainer_class` (transformers' `Trainer`, trl's `SFTTrainer`, ...) made to work with
+    `xla_training_arguments(fsdp=True)`, and its data checked for trl's column formats.
+
+    - Under FSDPv2 the Trainer delays creating the optimizer until after wrapping the model,
+      then never creates it (transformers 5: "'NoneType' object has no attribute
+      'param_groups'"); this subclass creates it from the wrapped model's parameters
+      (FSDPv2 shards them in place) before the scheduler.
+    - FSDPv2's output sharding knows only the logits; trl's fused LM head returns
+      `log_probs` instead ("the output of the model shouldn't be `None`"): the first
+      batch-shaped output is sharded.
+    - Under FSDPv2 the Trainer's `save_model` writes the wrapper's raw state dict; a LoRA
+      model is saved as peft saves it (`adapter_config.json`, `adapter_model.safetensors`),
+      gathered from the shards.
+    - trl reads a dataset with a `prompt` column as prompt/completion data and fails with
+      `KeyError: 'completion'` without one; refused here with what to rename.
+
+    Example:
+
+    ```python
+    args = hx.xla_training_arguments(fsdp=True, model=model, arguments_class=SFTConfig, ...)
+    trainer = hx.xla_trainer(SFTTrainer)(model=model, args=args, train_dataset=ds,
+                                         peft_config=LoraConfig(...),
+                                         callbacks=[hx.XlaProgressCallback()])
+    ```
+    """
+    cached = _TRAINERS.get(trainer_class)
+    if cached is not None:
+        return cached
+
+    class XlaTrainer(trainer_class):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            _check_trl_columns(kwargs.get("train_dataset"), trainer_class)
+            super().__init__(*args, **kwargs)
+
+        def _wrap_model(self, model: Any, *args: Any, **kwargs: Any) -> Any:
+            wrapped = super()._wrap_model(model, *args, **kwargs)
+            if hasattr(wrapped, "_shard_output"):  # FSDPv2
+                wrapped._shard_output = _shard_batch_output
+            return wrapped
+
+        def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+            inner = getattr(self.model, "module", None)
+            if not (hasattr(self.model, "_shard_output") and hasattr(inner, "peft_config")):
+                return super().save_model(output_dir, _internal_call)
+            _save_fsdp_v2_adapter(inner, output_dir or self.args.output_dir,
+                                  self.processing_class)
+
+        def create_scheduler(self, num_training_steps: int, optimizer: Any = None):
+            if optimizer is None and self.optimizer is None:
+                self.create_optimizer()
+            return super().create_scheduler(num_training_steps, optimizer)
+
+    XlaTrainer.__name__ = XlaTrainer.__qualname__ = f"Xla{trainer_class.__name__}"
+    _TRAINERS[trainer_class] = XlaTrainer
+    return XlaTrainer
+
+
+_TRAINERS: dict[Any, Any] = {}
+
+
+def _save_fsdp_v2_adapter(peft_model: Any, output_dir: str, processing_class: Any) -> None:
+    """A `PeftModel` trained under FSDPv2, saved as peft saves it (the Trainer's own save
+    writes the wrapper's raw state dict, transformers #29659): its state gathered to the
+    host, FSDPv2's wrapper names removed, saved from a host copy (`lora.host_copy`)."""
+    from .lora import host_copy
+
+    _xla.sync()  # every tensor holds its value before the one transfer
+    state = peft_model.state_dict()
+    names = list(state)
+    tensors = _xla.to_cpu([state[name] for name in names])
+    clean = {name.replace("_orig_module.", ""): tensor
+             for name, tensor in zip(names, tensors, strict=True)}
+    config = peft_model.peft_config["default"]
+    host_copy(peft_model, config, clean).save_pretrained(output_dir)
+    if processing_class is not None:
+        processing_class.save_pretrained(output_dir)
+
+
+def _shard_batch_output(output: Any, mesh: Any) -> None:
+    """FSDPv2's output sharding, on the batch axis of the output's first batch-shaped tensor:
+    the logits, or what trl's fused LM head returns instead (`log_probs`; transformers' own
+    `shard_output` only knows the logits and raises on it)."""
+    import torch
+
+    values = output.values() if hasattr(output, "values") else (
+        output if isinstance(output, tuple) else (output,))
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.dim() >= 2:
+            _xla.mark_sharding(value, mesh, ("fsdp",) + (None,) * (value.dim() - 1))
+            return
+
+
+def _check_trl_columns(dataset: Any, trainer_class: Any) -> None:
+    columns = set(getattr(dataset, "column_names", None) or ())
+    if "trl" not in trainer_class.__module__ or "prompt" not in columns:
+        return
+    if "completion" not in columns and "messages" not in columns:
+        raise ValueError(
+            f"{trainer_class.__name__} reads a dataset with a 'prompt' column as prompt/"
+            "completion data and needs a 'completion' column (KeyError: 'completion'). Rename "
+            "the response column, e.g. dataset.rename_column('response', 'completion') (the "
+            "prompt is then not learned), or join both into one 'text' column.")
