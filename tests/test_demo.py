@@ -140,3 +140,29 @@ def test_make_demo_shows_what_the_run_uses_and_no_setup_noise(tmp_path):
     assert "CPU: 2 virtual XLA devices" in output, output
     assert re.search(r"setup\s+spmd over 2 devices", output), output
     assert "1 virtual XLA device" not in output
+
+
+@pytest.mark.parametrize("task, command", [
+    ("classification", "-m hfxla_nb.demo"),
+    ("causal-lm", "-m hfxla_nb.demo_lm"),
+    ("token-classification", "-m hfxla_nb.demo_tasks --task token-classification"),
+    ("question-answering", "-m hfxla_nb.demo_tasks --task question-answering"),
+    ("seq2seq", "-m hfxla_nb.demo_seq2seq"),
+])
+def test_make_demo_runs_each_tasks_default(task, command):
+    """`make demo TASK=<task>` runs that task's demo module (the same embedded data and tiny
+    models the task's own tests fine-tune), and the module's command line answers."""
+    import subprocess
+    import sys
+
+    from tests.kernel_helpers import ROOT
+
+    planned = subprocess.run(["make", "-n", "--no-print-directory", "demo", f"TASK={task}",
+                              "STAMP=/dev/null"], capture_output=True, text=True, cwd=str(ROOT),
+                             timeout=60)
+    (line,) = [line for line in planned.stdout.splitlines() if " -m hfxla_nb." in line]
+    assert line.endswith(command), line
+    module_args = command.split()[1:]
+    helped = subprocess.run([sys.executable, "-m", *module_args[:1], "--help"],
+                            capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+    assert helped.returncode == 0 and "usage:" in helped.stdout, helped.stderr
