@@ -6,7 +6,7 @@ declared on each node. `make test-pods` runs these tests in a network namespace 
 What costs time here is starting Ray workers and importing torch in them (each launch starts
 one host actor per node), so the tests share one cluster and as few launches as they can; the
 one refusal that needs a fresh process (a kernel whose XLA runtime started) runs in the
-background while the cluster starts."""
+background from the cluster's start on."""
 
 from __future__ import annotations
 
@@ -36,28 +36,46 @@ def in_own_network_namespace() -> bool:
     return [name for _, name in socket.if_nameindex()] == ["lo"]
 
 
-@pytest.fixture(scope="session")
-def started_runtime_refusal():
-    """A process that started XLA, then launched with cluster=: started at once, read by the
-    test that needs it (`communicate()`)."""
-    process = subprocess.Popen([sys.executable, "-c", STARTED_RUNTIME], text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    yield process
-    if process.poll() is None:
-        process.kill()
-        process.wait()
-
-
-@pytest.fixture(scope="session")
-def cluster(started_runtime_refusal):
-    if not in_own_network_namespace():
-        pytest.skip("the pods tests run inside `unshare -n` only: `make test-pods`")
+def _start_cluster(attempts: int = 2):
+    """Ray gives a node 30 s to register with the GCS; on a machine busy with other work that
+    can run out: start again."""
     from ray.cluster_utils import Cluster
 
-    nodes = Cluster(initialize_head=True,
-                    head_node_args={"num_cpus": 2, "resources": {"TPU": 4}})
-    nodes.add_node(num_cpus=2, resources={"TPU": 4})
-    nodes.wait_for_nodes()
+    for attempt in range(attempts):
+        try:
+            # No dashboard: one heavy process less to start (the tests do not use it).
+            nodes = Cluster(initialize_head=True,
+                            head_node_args={"num_cpus": 2, "resources": {"TPU": 4},
+                                            "include_dashboard": False})
+            nodes.add_node(num_cpus=2, resources={"TPU": 4})
+            nodes.wait_for_nodes()
+            return nodes
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """The cluster, and (`.started_runtime_refusal`) the refusal's process, started once the
+    cluster is up so that it does not slow the nodes' registration."""
+    if not in_own_network_namespace():
+        pytest.skip("the pods tests run inside `unshare -n` only: `make test-pods`")
+    nodes = _start_cluster()
+    nodes.started_runtime_refusal = subprocess.Popen(
+        [sys.executable, "-c", STARTED_RUNTIME], text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE)
     yield nodes
+    if nodes.started_runtime_refusal.poll() is None:
+        nodes.started_runtime_refusal.kill()
+        nodes.started_runtime_refusal.wait()
     ray.shutdown()
     nodes.shutdown()
+
+
+@pytest.fixture(scope="session")
+def started_runtime_refusal(cluster):
+    """A process that started XLA, then launched with cluster= (runs in the background from
+    the cluster's start on; `communicate()` waits for it)."""
+    return cluster.started_runtime_refusal

@@ -3,7 +3,8 @@ the debug strategy's gloo group spans both hosts; output, failures, frozen ranks
 interrupts, timeouts and a host that dies reach the notebook side, named by host; nothing of a
 launch is left on any node. Each launch starts one Ray worker per host and imports torch in it
 (the cost of these tests), so one launch checks as much as it can: the restart test's three
-attempts (a failure, a frozen rank, then the all-reduce) run on the same host actors."""
+attempts (a failure, a frozen rank, then the all-reduce) run on the same host actors, and
+its console panel shows each rank's bar with its host."""
 
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ def _train():
         for parameter in model.parameters():
             parameter -= 0.1 * parameter.grad
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    hx.report(step=1, total=1, loss=float(params.abs().sum()))  # a bar per rank in the panel
     return {"sum": total.item(), "params": params.tolist(), "world": world,
             "host_rank": int(os.environ["RANK"]), "local": int(os.environ["LOCAL_RANK"])}
 
@@ -105,7 +107,8 @@ def _flaky(scratch):
 def test_failures_on_host_1_stop_every_host_and_max_restarts_relaunches_them(
         cluster, capfd, tmp_path):
     value = hx.notebook_launcher(_flaky, (str(tmp_path),), cluster=cluster.address,
-                                 output="all", max_restarts=2, heartbeat_timeout=10, **LAUNCH)
+                                 output="all", max_restarts=2, heartbeat_timeout=10,
+                                 **{**LAUNCH, "progress": "console"})
     record = hx.last_launch()
     first, frozen, last = record.attempts
     assert [a.attempt for a in record.attempts] == [1, 2, 3] and last is record
@@ -138,6 +141,10 @@ def test_failures_on_host_1_stop_every_host_and_max_restarts_relaunches_them(
     assert {h["supervisor"] for h in first.hosts}.isdisjoint(h["supervisor"] for h in last.hosts)
     for host, rank in [(0, 0), (0, 1), (1, 2), (1, 3)]:
         assert out.count(f"[host {host} rank {rank}] hello from rank {rank} of 4") == 1
+        # The panel (console here) names each bar's host and rank.
+        assert re.search(rf"^train \[host {host} rank {rank}\] ✔ \|█+\| 1/1", out, re.M), out
+    assert "✖ launch of 4 ranks failed after" in out  # attempt 1's panel, by host and rank:
+    assert re.search(r"failed after [^:\n]+: host 1 rank 2 raised ValueError\n", out), out
     _nothing_left(*record.attempts)
 
 

@@ -89,7 +89,7 @@ def launch_on_cluster(function: Callable, args: tuple, pass_index: bool, *, clus
                             for info in described]
             keep_record(record)
             display = launch_display(world, progress)
-            _name_ranks(display, world, local_world)
+            _name_ranks(display, world, local_world, record.attempt_text)
             watch = _Watch(ray, actors, described, record, display, shown_ranks, timeout,
                            heartbeat_timeout, local_world)
             watch.run(lambda envs=envs: [
@@ -190,13 +190,14 @@ def _host_envs(ray: Any, actors: list[Any], described: list[dict], plan: Any, st
     return envs
 
 
-def _name_ranks(display: Any, world: int, local_world: int) -> None:
-    """Bars and failure lines of the panel say "host H rank R" (a panel without state:
-    nothing to name)."""
+def _name_ranks(display: Any, world: int, local_world: int, attempt: str = "") -> None:
+    """Bars and failure lines of the panel say "host H rank R", and the panel which attempt
+    it shows ("attempt 2 of 3", as on one host); a panel without state: nothing to name."""
     state = getattr(display, "state", None)
     if state is not None:
         state.rank_names = {rank: f"host {rank // local_world} rank {rank}"
                             for rank in range(world)}
+        state.attempt = attempt
 
 
 def _stop_hosts(ray: Any, actors: list[Any], pending: list[Any] = ()) -> None:
