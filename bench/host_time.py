@@ -1,0 +1,277 @@
+"""Group 11: where the host's time per training step goes, `fine_tune` beside the hand-written
+loop, for the tiny BERT and BERT 4x256.
+
+Inside the launched worker, the phases of each steady step are timed by wrapping what every
+training loop calls (nothing in `hfxla_nb` is changed for it): the model's forward (hooks on
+the top module), `Tensor.backward`, `clip_grad_norm_`, the optimizer's and the scheduler's
+`step`, torch_xla's graph cut (`_xla_step_marker`) and its step closures, and the batch
+(fine_tune: `train_batch` + `upload`; hand-written: the `MpDeviceLoader` iterator on the
+training thread). Each phase's CPU time on the training thread (`time.thread_time`, which the
+other processes of a shared machine disturb far less than wall time) per step, and:
+
+- tracing: forward + backward + clip + optimizer + scheduler (torch_xla's own `LazyTracing`
+  timer, the C++ part of it, is reported beside);
+- graph cut: the step marker (hashing the graph, handing its data over; the wait for the
+  previous execution, `DeviceLockWait`, is wall time, not CPU);
+- data: the batch made and uploaded (or taken from the loader's queue);
+- ours: everything else on the training thread: `report`, the loss closures, step
+  accounting (fine_tune's loop; in the hand-written loop, its own few lines).
+
+The target: fine_tune's "ours" <= 2% of its steady wall time per step. Run alone:
+`python -m bench.host_time` prints the figures.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from . import common, workloads
+
+GROUP = "11 host time"
+CASES = (("tiny BERT", 40, 16, 64), ("BERT 4x256", 24, 16, 64))  # model, steps, batch, length
+SKIP = 6  # steps left out (compiling, the first executions)
+PHASES = ("forward", "loss", "backward", "clip", "optimizer", "scheduler", "graph cut",
+          "closures", "data", "report")
+TRACING = ("forward", "loss", "backward", "clip", "optimizer", "scheduler")
+
+
+class PhaseClock:
+    """CPU (training thread) and wall seconds per phase, from step `skip` on."""
+
+    def __init__(self, skip: int) -> None:
+        self.skip = skip
+        self.steps = 0
+        self.cpu = dict.fromkeys(PHASES, 0.0)
+        self.wall = dict.fromkeys(PHASES, 0.0)
+        self.start: tuple[float, float] | None = None
+        self.end: tuple[float, float] | None = None
+        self.lazy_start = 0.0
+        self.lazy_end = 0.0
+        self.inner: list[list[float]] = []  # per open phase: CPU and wall of phases inside it
+
+    def counting(self) -> bool:
+        return self.start is not None and self.end is None
+
+    def enter(self) -> None:
+        self.inner.append([time.thread_time(), time.perf_counter(), 0.0, 0.0])
+
+    def leave(self, phase: str) -> None:
+        """A phase inside another (MpDeviceLoader cuts the graph in its iterator; the loss
+        holds the forward) counts once, as itself."""
+        cpu, wall, inner_cpu, inner_wall = self.inner.pop()
+        spent_cpu, spent_wall = time.thread_time() - cpu, time.perf_counter() - wall
+        self.cpu[phase] += spent_cpu - inner_cpu
+        self.wall[phase] += spent_wall - inner_wall
+        if self.inner:
+            self.inner[-1][2] += spent_cpu
+            self.inner[-1][3] += spent_wall
+
+    def timed(self, phase: str, function):
+        def wrapper(*args, **kwargs):
+            if not self.counting():
+                return function(*args, **kwargs)
+            self.enter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.leave(phase)
+        wrapper.__wrapped__ = function
+        return wrapper
+
+    def step_done(self, total: int) -> None:
+        """After each step's graph cut: start counting after `skip`, stop at the last step."""
+        self.steps += 1
+        if self.steps == self.skip:
+            workloads.wait()
+            self.lazy_start = _lazy_tracing_seconds()
+            self.start = (time.thread_time(), time.perf_counter())
+        elif self.steps == total and self.start is not None:
+            self.end = (time.thread_time(), time.perf_counter())
+            self.lazy_end = _lazy_tracing_seconds()
+
+    def figures(self) -> dict[str, Any]:
+        steps = self.steps - self.skip
+        cpu = (self.end[0] - self.start[0]) / steps
+        wall = (self.end[1] - self.start[1]) / steps
+        per = {phase: self.cpu[phase] / steps for phase in PHASES}
+        tracing = sum(per[p] for p in TRACING)
+        return {
+            "steps": steps, "wall": wall, "cpu": cpu, "phases": per,
+            "tracing": tracing, "graph_cut": per["graph cut"], "data": per["data"],
+            "graph_cut_wall": self.wall["graph cut"] / steps,
+            "ours": cpu - tracing - per["graph cut"] - per["data"],
+            "report": per["report"] + per["closures"],
+            "lazy_tracing": (self.lazy_end - self.lazy_start) / steps,
+        }
+
+
+def _lazy_tracing_seconds() -> float:
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data("LazyTracing")
+    return data[1] / 1e9 if data else 0.0
+
+
+def install(clock: PhaseClock, total: int) -> None:
+    """Wrap what every loop calls, in this (forked worker) process only."""
+    import torch
+    import torch_xla
+    from torch.nn.modules import module as torch_module
+    from torch.optim import optimizer as torch_optimizer
+    from torch.optim.lr_scheduler import LRScheduler
+
+    torch.Tensor.backward = clock.timed("backward", torch.Tensor.backward)
+    torch.nn.utils.clip_grad_norm_ = clock.timed("clip", torch.nn.utils.clip_grad_norm_)
+    LRScheduler.step = clock.timed("scheduler", LRScheduler.step)
+    marker = torch_xla._XLAC._xla_step_marker
+    timed_marker = clock.timed("graph cut", marker)
+
+    def step_marker(*args, **kwargs):
+        timed_marker(*args, **kwargs)
+        clock.step_done(total)
+
+    torch_xla._XLAC._xla_step_marker = step_marker
+    import torch_xla.core.xla_model as xm
+
+    xm._run_step_closures = clock.timed("closures", xm._run_step_closures)
+    depth = {"forward": 0, "optimizer": False}
+
+    def before(*_):
+        if clock.counting():
+            depth["optimizer"] = True
+            clock.enter()
+
+    def after(*_):
+        if depth["optimizer"]:
+            depth["optimizer"] = False
+            clock.leave("optimizer")
+
+    torch_optimizer.register_optimizer_step_pre_hook(before)
+    torch_optimizer.register_optimizer_step_post_hook(after)
+
+    def forward_before(module, *_):
+        depth["forward"] += 1
+        if depth["forward"] == 1 and clock.counting():
+            depth["timed"] = True
+            clock.enter()
+
+    def forward_after(module, *_):
+        depth["forward"] -= 1
+        if not depth["forward"] and depth.pop("timed", False):
+            clock.leave("forward")
+
+    # Global module hooks see every module; the depth keeps the outermost call only.
+    torch_module.register_module_forward_pre_hook(forward_before)
+    torch_module.register_module_forward_hook(forward_after)
+
+
+def fine_tune_worker(index: int, plan: Any) -> dict[str, Any]:
+    from hfxla_nb.train import batching, loop
+
+    clock = PhaseClock(SKIP)
+    install(clock, plan.total_steps)
+    batching.train_batch = clock.timed("data", batching.train_batch)
+    loop._Run.upload = clock.timed("data", loop._Run.upload)
+    loop.report = clock.timed("report", loop.report)
+    task = loop.TASKS[plan.task]
+    task.train_loss = clock.timed("loss", task.train_loss)  # the forward inside is its own
+    loop.train_worker(index, plan)
+    return clock.figures()
+
+
+def hand_written_worker(config: dict) -> dict[str, Any]:
+    import torch
+    import torch_xla.distributed.parallel_loader as pl
+
+    import hfxla_nb as hx
+
+    clock = PhaseClock(SKIP)
+    install(clock, config["steps"])
+    pl.PerDeviceLoader.__next__ = clock.timed("data", pl.PerDeviceLoader.__next__)
+    torch.nn.functional.cross_entropy = clock.timed("loss", torch.nn.functional.cross_entropy)
+    hx.report = clock.timed("report", hx.report)
+    workloads.run_hand_written(config)
+    return clock.figures()
+
+
+def measure(model: str, steps: int, batch: int, length: int) -> dict[str, dict]:
+    import hfxla_nb as hx
+    from hfxla_nb.train.config import FineTuneConfig
+
+    rows = workloads.demo_rows(max(steps * batch, 64))
+    config = FineTuneConfig.build(None, dict(max_steps=steps, batch_size=batch,
+                                             max_length=length, output_dir=None, progress=False,
+                                             learning_rate=1e-4))
+    plan = hx.prepare_fine_tune(model, rows, config)
+    hand = {"model": model, "batch_size": batch, "warmup": SKIP, "steps": steps,
+            "data": workloads.tokenized(model, max(steps * batch, 64), length)}
+
+    def fine_tune():
+        return hx.notebook_launcher(fine_tune_worker, args=(plan,), strategy=config.strategy,
+                                    num_processes=config.num_processes, progress=False,
+                                    trace_compiles=config.trace_compiles)
+
+    def hand_written():
+        return workloads.launched(hand_written_worker, hand)
+
+    return common.alternate({"fine_tune": fine_tune, "hand-written": hand_written},
+                            common.REPEATS, common.say)
+
+
+def _ms(value: float) -> str:
+    return f"{value * 1000:.2f} ms"
+
+
+def run(models: tuple[str, ...] | None = None) -> list[common.Figure]:
+    figures: list[common.Figure] = []
+    for name, steps, batch, length in CASES:
+        if models and name not in models:
+            continue
+        model = workloads.MODELS[name]()
+        if common.QUICK:
+            steps = max(SKIP + 8, steps // 2)
+        results = measure(model, steps, batch, length)
+        med = {side: {key: common.median([r[key] for r in runs])
+                      for key in ("wall", "cpu", "tracing", "graph_cut", "data", "ours",
+                                  "lazy_tracing", "graph_cut_wall")}
+               for side, runs in results.items()}
+        for side, m in med.items():
+            phases = results[side][0]["phases"]
+            split = ", ".join(f"{p} {_ms(common.median([r['phases'][p] for r in results[side]]))}"
+                              for p in phases)
+            note = (f"per steady step, training thread's CPU: tracing {_ms(m['tracing'])} "
+                    f"(torch_xla's LazyTracing timer {_ms(m['lazy_tracing'])}), graph cut "
+                    f"{_ms(m['graph_cut'])} (wall {_ms(m['graph_cut_wall'])}, the wait for the "
+                    f"previous execution included), data {_ms(m['data'])}, the loop's own "
+                    f"{_ms(m['ours'])}; in all {_ms(m['cpu'])} CPU of {_ms(m['wall'])} wall; "
+                    f"phases: {split}; batch {batch}, length {length}, {steps} steps, "
+                    f"the first {SKIP} left out")
+            figures.append(common.Figure(GROUP, f"{name}, {side}: host CPU per step",
+                                         m["cpu"] * 1000 if m["cpu"] else None, "ms",
+                                         repeats=len(results[side]), note=note))
+        shares = [r["ours"] / r["wall"] for r in results["fine_tune"]]
+        figures.append(common.target_figure(
+            GROUP, f"{name}: fine_tune's own host work (report, closures, step accounting) / "
+            "steady step", common.median(shares) * 100, "<=", 2, "%", len(shares),
+            f"{_ms(med['fine_tune']['ours'])} of {_ms(med['fine_tune']['wall'])} per step; the "
+            f"hand-written loop's own lines {_ms(med['hand-written']['ours'])}",
+            [s * 100 for s in shares]))
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    common.bench_environment()
+    parser = argparse.ArgumentParser(prog="python -m bench.host_time", description=__doc__)
+    parser.add_argument("--models", default="", help="comma-separated: tiny BERT,BERT 4x256")
+    args = parser.parse_args(argv)
+    for figure in run(tuple(filter(None, args.models.split(","))) or None):
+        common.say(f"{figure.name}: {common.number_text(figure.value, figure.unit)} "
+                   f"(target {figure.target or '-'}: {common.status_text(figure)}); {figure.note}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
