@@ -267,11 +267,28 @@ def test_accelerate_partial_state_has_each_ranks_indexes(kernel):
         print("REPLICATED", hx.last_launch().results)
         print("SPMD", notebook_launcher(indexes, num_processes=2, strategy="spmd",
                                         progress=False))
+
+        def gloo_world():
+            import torch
+            import torch.distributed as dist
+            from accelerate import Accelerator
+            accelerator = Accelerator()
+            total = torch.tensor([accelerator.process_index + 1.0])
+            dist.all_reduce(total)  # accelerate's world is the launch's gloo group
+            return (*indexes(), accelerator.num_processes, accelerator.device.type,
+                    int(total))
+
+        notebook_launcher(gloo_world, num_processes=3, strategy="debug", progress=False)
+        print("DEBUG", hx.last_launch().results)
         """,
     )
     # Two rank threads of one XLA:CPU process: each its own indexes (was -1 for both).
     assert "REPLICATED [(0, 0, 2), (1, 1, 2)]" in output.stdout
     assert "SPMD (0, 0, 1)" in output.stdout
+    # Three CPU processes joined by gloo: accelerate's CPU world of 3, as under its own CPU
+    # launcher (each process said "process 0 of 1" from its own XLA client).
+    assert "DEBUG [(0, 0, 3, 3, 'cpu', 6), (1, 1, 3, 3, 'cpu', 6), (2, 2, 3, 3, 'cpu', 6)]" in (
+        output.stdout)
 
 
 # -- TPU hosts: from the variables torch_xla's xmp.spawn sets in each process ---------------
@@ -347,6 +364,34 @@ def test_cells_are_named_as_ipython_names_them():
         '    raise ValueError("bad")\n'
         '  File "/usr/lib/python3/site-packages/torch/nn/module.py", line 9, in f\n'
         'ValueError: bad\n')
+
+
+def test_a_debug_process_gives_accelerate_its_gloo_world_when_accelerate_comes_later():
+    # What a debug process does after its gloo group is up, where the function imports
+    # accelerate only itself (the kernel test above imported it before the fork).
+    found = run_python(
+        """
+        import json, os, socket, sys
+        import torch.distributed as dist
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        os.environ.update(RANK="1", LOCAL_RANK="1", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                world_size=1)
+        from hfxla_nb.launch.accelerate_state import gloo_world_for_accelerate
+        gloo_world_for_accelerate()
+        before = "accelerate" in sys.modules
+        from accelerate import PartialState
+        from accelerate.utils import is_torch_xla_available
+        state = PartialState()
+        print(json.dumps([before, str(state.distributed_type), state.backend,
+                          state.num_processes, state.local_process_index,
+                          is_torch_xla_available(), os.environ["ACCELERATE_USE_CPU"]]))
+        """
+    )
+    # Made when accelerate.state was imported; torch_xla is still available to everyone else.
+    assert found == [False, "DistributedType.MULTI_CPU", "gloo", 1, 1, True, "yes"]
 
 
 def test_record_says_its_attempt():
