@@ -45,6 +45,7 @@ from ..events import (
 from ..observe import reporting, tracing, user_frames
 from ..runtime import compile_cache
 from . import log_sender, rank_env
+from .accelerate_state import gloo_world_for_accelerate
 from .native_output import route_this_process
 from .processes import become_subreaper, stop_descendants
 from .script_mode import cell_numbers, leave_the_notebook
@@ -438,6 +439,7 @@ def _run_debug(
                 set_rank_variables(rank, rank, world)
                 route_this_process(channel, rank)  # gloo's own messages carry the rank too
                 _init_gloo(rank, world, port)
+                gloo_world_for_accelerate()  # PartialState(): this group, not XLA's 1 process
                 run_rank(channel, rank, world, function, args, pass_index)
             except BaseException as error:  # noqa: BLE001
                 channel.send(Failed(rank, type(error).__name__, str(error), traceback.format_exc()))
