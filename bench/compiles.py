@@ -63,9 +63,9 @@ def run() -> list[common.Figure]:
     buckets = f"{ft['buckets']} buckets ({', '.join(map(str, ft['lengths']))} tokens)"
     return [
         common.target_figure(GROUP, "fine_tune training graphs per bucket", ft["train_per_bucket"],
-                             "<=", 3, "graphs", 1, f"{ft['train']} in all, {buckets}; {setting}"),
+                             "<=", 1, "graphs", 1, f"{ft['train']} in all, {buckets}; {setting}"),
         common.target_figure(GROUP, "fine_tune evaluation graphs per bucket",
-                             ft["eval_per_bucket"], "<=", 2, "graphs", 1,
+                             ft["eval_per_bucket"], "<=", 1, "graphs", 1,
                              f"{ft['eval']} in all; 1 run"),
         common.Figure(GROUP, "Trainer, default collator (padding per batch): training graphs",
                       dynamic["train"], "graphs", note=f"{setting}; 1 run"),

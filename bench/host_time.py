@@ -1,4 +1,4 @@
-"""Group 11: where the host's time per training step goes, `fine_tune` beside the hand-written
+"""Group 12: where the host's time per training step goes, `fine_tune` beside the hand-written
 loop, for the tiny BERT and BERT 4x256.
 
 Inside the launched worker, the phases of each steady step are timed by wrapping what every
@@ -28,7 +28,7 @@ from typing import Any
 
 from . import common, workloads
 
-GROUP = "11 host time"
+GROUP = "12 host time"
 CASES = (("tiny BERT", 40, 16, 64), ("BERT 4x256", 24, 16, 64))  # model, steps, batch, length
 SKIP = 6  # steps left out (compiling, the first executions)
 PHASES = ("forward", "loss", "backward", "clip", "optimizer", "scheduler", "graph cut",

@@ -33,6 +33,11 @@ FIGURES = {
     8: ("SPMD", "scaling"),
     9: ("causal LM", "scaling"),
     10: ("tracing cost", "trace_overhead"),
+    11: ("LoRA", "lora"),
+    12: ("host time", "host_time"),
+    13: ("relay throughput", "relay"),
+    14: ("predict", "predict_group"),
+    15: ("pods", "pods_group"),
 }
 
 
@@ -60,6 +65,16 @@ def chosen_modules(groups: str) -> list[tuple[str, str]]:
         if module in asked:
             modules.setdefault(module, []).append(f"{number} {name}")
     return [(", ".join(names), module) for module, names in modules.items()]
+
+
+def numbered(figures: list[common.Figure], module: str) -> list[common.Figure]:
+    """`figures` of `module`, each group starting with its figure number (RESULTS.md sorts by
+    it): a module that names its group without one ("relay throughput") gets its number."""
+    number = min(n for n, (_, m) in FIGURES.items() if m == module)
+    for figure in figures:
+        if not figure.group.split()[0].isdigit():
+            figure.group = f"{number} {figure.group}"
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             notes.append(f"Figures {what} failed: {type(error).__name__}: "
                          f"{str(error).splitlines()[0] if str(error) else ''}")
             produced = []
-        figures += produced
+        figures += numbered(produced, name)
         for f in produced:
             target = f" (target {f.target}: {common.status_text(f)})" if f.target else ""
             common.say(f"   {f.name}: {common.number_text(f.value, f.unit)}{target}")

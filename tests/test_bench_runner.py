@@ -21,7 +21,7 @@ def test_figures_measured_in_the_same_runs_are_chosen_together():
     assert len(every) == len(set(every)) == len({module for _, module in FIGURES.values()})
 
 
-@pytest.mark.parametrize("asked", ["11", "0", "x", "4,12"])
+@pytest.mark.parametrize("asked", ["16", "0", "x", "4,17"])
 def test_an_unknown_figure_is_refused_with_the_list(asked):
     with pytest.raises(ValueError, match="the figures are 1 reporting overhead, 2 syncs"):
         chosen_modules(asked)
@@ -29,4 +29,20 @@ def test_an_unknown_figure_is_refused_with_the_list(asked):
     done = subprocess.run([sys.executable, "-m", "bench.run", "--groups", asked], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "there is no figure" in done.stderr and "10 tracing cost" in done.stderr
+    assert "there is no figure" in done.stderr and "15 pods" in done.stderr
+
+
+def test_every_figure_has_a_module_that_measures_it():
+    import importlib
+
+    for number, (_, module) in FIGURES.items():
+        assert callable(importlib.import_module(f"bench.{module}").run), number
+
+
+def test_a_group_named_without_its_number_gets_it():
+    from bench import common
+    from bench.run import numbered
+
+    figures = numbered([common.Figure("relay throughput", "lines", 1.0),
+                        common.Figure("13 relay throughput", "lines", 2.0)], "relay")
+    assert [f.group for f in figures] == ["13 relay throughput"] * 2

@@ -1,0 +1,51 @@
+"""Group 15: past one host (`bench/pods.py` measures: 2 local Ray nodes vs a local launch,
+`strategy="debug"`, 2 processes per host). Ray binds 127.0.0.1 only in a network namespace of
+its own, so `bench/pods.py` runs in a child process under `unshare -n` (root, or a user
+namespace where allowed); where that cannot start, the figures say why.
+
+No targets: the pods issue asks for the figures only (the first measurement of a new path;
+Ray's cluster start, outside any launch, is reported beside them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from . import common
+
+GROUP = "15 pods"
+COMMAND = "ip link set lo up && exec {python} -m bench.pods"
+
+
+def measure() -> dict:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(["unshare", "-n", "sh", "-c", COMMAND.format(python=sys.executable)],
+                          cwd=root, capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"bench.pods under unshare -n exited {done.returncode}: {tail}")
+    return json.loads(lines[-1])
+
+
+def run() -> list[common.Figure]:
+    try:
+        m = measure()
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as error:
+        return [common.Figure(GROUP, "Ray launch, 2 hosts / local launch", None, "x",
+                              note=f"not measured: {error}")]
+    local, ray = m["local"], m["ray_2_hosts"]
+    start = f"Ray's 2-node cluster started in {m['cluster_start_s']:.1f} s (not in a launch)"
+    return [
+        common.Figure(GROUP, "trivial function: launch on 2 Ray hosts / local launch",
+                      m["launch_ratio_ray_vs_local"], "x", repeats=len(local["launch_s"]),
+                      note=f"best of {len(local['launch_s'])}: Ray {ray['launch_best_s']:.2f} s, "
+                      f"local {local['launch_best_s']:.2f} s; {start}; reported (no target set)"),
+        common.Figure(GROUP, "events/s to the notebook: 2 Ray hosts / local",
+                      m["events_ratio_ray_vs_local"], "x",
+                      note=f"{ray['events_per_s']} vs {local['events_per_s']} printed lines/s "
+                      "relayed into the cell, 1 run; reported (no target set)"),
+    ]
