@@ -10,11 +10,32 @@ bench/run.py's FIGURES as `11: ("LoRA", "lora")`.
 
 from __future__ import annotations
 
+import contextlib
+
 from . import common, workloads
-from .scaling import SKIP_STEPS, recorded, steps_per_second
+from .scaling import SKIP_STEPS, TraceRecorder, steps_per_second
 
 GROUP = "11 LoRA"
 DEVICES = 4
+
+
+@contextlib.contextmanager
+def recorded():
+    """Launches in this block keep their compilations in the yielded list's recorders."""
+    from hfxla_nb.launch import launcher
+
+    made: list[TraceRecorder] = []
+    original = launcher.launch_display
+
+    def display(world, *args, **kwargs):  # whatever else the launcher passes
+        made.append(TraceRecorder(world))
+        return made[-1]
+
+    launcher.launch_display = display
+    try:
+        yield made
+    finally:
+        launcher.launch_display = original
 
 
 def run() -> list[common.Figure]:
