@@ -226,6 +226,7 @@ def fsdp_v2(model, mesh, layer_classes: set | None = None, checkpoint: bool = Fa
     wrapped (and recomputed in the backward pass with torch_xla's checkpoint when asked)."""
     _require()
     import functools
+    import warnings
 
     import torch_xla.distributed.spmd as xs
     from torch_xla.distributed.fsdp import checkpoint_module
@@ -241,6 +242,12 @@ def fsdp_v2(model, mesh, layer_classes: set | None = None, checkpoint: bool = Fa
         tensor = getattr(output, "logits", output)
         xs.mark_sharding(tensor, mesh, ("fsdp",) + (None,) * (tensor.dim() - 1))
 
+    # FSDPv2 puts an optimization barrier on each wrapped module's backward through a full
+    # backward hook; the whole model returns a ModelOutput, so torch warns ("For backward hooks
+    # to be called, module output should be a Tensor...") on the first step: the layers'
+    # barriers still run, and the user can do nothing about it. Silenced in this worker only.
+    warnings.filterwarnings("ignore", message="For backward hooks to be called",
+                            category=UserWarning, module="torch.nn.modules.module")
     policy = wrapper = None
     if layer_classes:
         policy = functools.partial(transformer_auto_wrap_policy,
@@ -289,6 +296,14 @@ def share_sharding(tensor, like) -> None:
     sharding = torch_xla._XLAC._get_xla_op_sharding(like)
     if sharding is not None:
         torch_xla._XLAC._xla_mark_sharding(tensor, sharding)
+
+
+def mark_sharding(tensor, mesh, spec: tuple) -> None:
+    """`xs.mark_sharding`: lay `tensor` out over `mesh`, one mesh axis name (or None) per
+    dimension."""
+    import torch_xla.distributed.spmd as xs
+
+    xs.mark_sharding(tensor, mesh, spec)
 
 
 def replicate_unsharded(tensors, mesh) -> None:

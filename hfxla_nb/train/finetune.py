@@ -20,14 +20,15 @@ import inspect
 from typing import Any
 
 from ..launch import last_launch, notebook_launcher
-from .config import FineTuneConfig
+from .config import FineTuneConfig, FineTuneError
 from .loop import train_worker
 from .prepare import prepare_fine_tune
 from .result import FineTuneResult
 
 
 def fine_tune(
-    model: Any, dataset: Any, config: FineTuneConfig | None = None, **options: Any
+    model: Any, dataset: Any, config: FineTuneConfig | None = None, *,
+    cluster: str | None = None, hosts: int | None = None, **options: Any
 ) -> FineTuneResult:
     """Fine-tune a text classifier or a causal language model on every XLA device, from one
     notebook cell.
@@ -48,6 +49,9 @@ def fine_tune(
             "validation" or "test" for evaluation), a dataset name on the Hub, a local file
             or folder, a pandas DataFrame, or a list of dicts.
         config: a `hx.FineTuneConfig`; keyword arguments override its fields.
+        cluster: a Ray cluster's address ("host:port", or "auto"): train on `hosts` hosts of
+            it, as `notebook_launcher(cluster=, hosts=)` runs a function (docs/pods.md).
+        hosts: how many hosts of `cluster` to train on (a v5e-16 slice has 4).
         options: any field of `hx.FineTuneConfig` (`epochs`, `batch_size`, `learning_rate`,
             `max_length`, `output_dir`, `save_steps`, `resume_from_checkpoint`, ...; see
             `help(hx.FineTuneConfig)`).
@@ -75,6 +79,9 @@ def fine_tune(
     """
     config = FineTuneConfig.build(config, options)
     plan = prepare_fine_tune(model, dataset, config)
+    if config.lora not in (False, None, "auto") and plan.task != "causal-lm":
+        raise FineTuneError(f"lora= is supported for causal LMs; this is a {plan.task} "
+                            "fine-tune: drop lora= (or use a ...ForCausalLM model).")
     raw = notebook_launcher(
         train_worker,
         args=(plan,),
@@ -84,8 +91,12 @@ def fine_tune(
         timeout=config.timeout,
         trace_compiles=config.trace_compiles,
         compile_cache=config.compile_cache,
+        cluster=cluster,
+        hosts=hosts,
     )
     result = FineTuneResult.from_dict(raw)
+    memory = getattr(plan, "memory", None)  # a causal LM's MemoryPlan
+    result.memory_plan = dataclasses.asdict(memory) if memory is not None else None
     record = last_launch()
     if record is not None:  # what the launch panel showed, as data on the result
         result.launch_seconds = record.duration

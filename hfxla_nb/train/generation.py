@@ -17,6 +17,7 @@ from typing import Any
 
 from .. import _xla
 from ..events import worker_channel
+from .quiet_loading import quiet_loading
 
 
 def generate(model: str | os.PathLike, prompts: str | list[str], max_new_tokens: int = 32,
@@ -52,7 +53,8 @@ def generate(model: str | os.PathLike, prompts: str | list[str], max_new_tokens:
 
     texts = [prompts] if isinstance(prompts, str) else list(prompts)
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(os.fspath(model))
-    network = AutoModelForCausalLM.from_pretrained(os.fspath(model))
+    with quiet_loading():  # no "Loading weights 21/21" bar in the launch panel
+        network = AutoModelForCausalLM.from_pretrained(os.fspath(model))
     device = _xla.device()
     network.to(device).eval()
     ids, mask, positions, length = _left_padded(tokenizer, texts, bucket, max_new_tokens)
