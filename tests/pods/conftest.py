@@ -37,16 +37,14 @@ def in_own_network_namespace() -> bool:
 
 
 def _start_cluster(attempts: int = 2):
-    """Ray gives a node 30 s to register with the GCS; on a machine busy with other work that
-    can run out: start again."""
+    """Ray gives a node's agents about 15 s to start and the node 30 s to register with the
+    GCS; on a machine busy with other work that can run out: start again."""
     from ray.cluster_utils import Cluster
 
     for attempt in range(attempts):
         try:
-            # No dashboard: one heavy process less to start (the tests do not use it).
             nodes = Cluster(initialize_head=True,
-                            head_node_args={"num_cpus": 2, "resources": {"TPU": 4},
-                                            "include_dashboard": False})
+                            head_node_args={"num_cpus": 2, "resources": {"TPU": 4}})
             nodes.add_node(num_cpus=2, resources={"TPU": 4})
             nodes.wait_for_nodes()
             return nodes
