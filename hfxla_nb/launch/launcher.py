@@ -150,9 +150,9 @@ def notebook_launcher(
         cluster=cluster is not None or hosts is not None)
     say_notes(options, stacklevel=2)
     if cluster is not None or hosts is not None:
-        if options.max_attempts > 1 or options.line_prefix is not None:
-            warnings.warn("hfxla_nb: max_restarts and log_line_prefix_template apply to "
-                          "single-host launches; ignored with cluster=/hosts=.", UserWarning,
+        if options.line_prefix is not None:  # max_restarts works there (pods/cluster_launch)
+            warnings.warn("hfxla_nb: log_line_prefix_template applies to single-host "
+                          "launches; ignored with cluster=/hosts=.", UserWarning,
                           stacklevel=2)
         from .pods.cluster_launch import launch_on_cluster
 
@@ -161,7 +161,8 @@ def notebook_launcher(
             strategy=strategy, num_processes=num_processes, mixed_precision=mixed_precision,
             use_port=int(use_port) if use_port else None, timeout=timeout,
             shown_ranks=shown_ranks, progress=progress, heartbeat_timeout=heartbeat_timeout,
-            trace_compiles=trace_compiles, keep_record=_keep_record)
+            trace_compiles=trace_compiles, keep_record=_keep_record,
+            max_restarts=options.max_attempts - 1)
     preflight.check_runtime_not_started()
 
     info = detect()
@@ -187,11 +188,14 @@ def notebook_launcher(
             address, port = options.rendezvous
             env["MASTER_ADDR"] = address
             env["MASTER_PORT"] = str(port or _free_port())
-        display = launch_display(plan.world, progress)
         record = LaunchRecord(strategy, plan.world,
                               [RankRecord(rank) for rank in range(plan.world)],
                               attempt=attempt, max_attempts=options.max_attempts,
                               previous_attempts=list(earlier))
+        # "attempt 2 of 4" in the panel's status line; only passed with restarts, so a display
+        # stand-in taking (world, mode) (bench/, tests) still works for every other launch
+        shown = {"attempt": record.attempt_text} if record.attempt_text else {}
+        display = launch_display(plan.world, progress, **shown)
         _last_record = record
         prefix = options.prefix if options.line_prefix is not None else None
         supervision = Supervision(record, display, shown_ranks, timeout, heartbeat_timeout,
