@@ -130,3 +130,13 @@ def test_a_lora_run_says_what_was_trained_and_where_the_adapter_is():
     assert "<code>result.load_model(merge=False)</code>" in result_html(
         result(task="causal-lm", lora=lora))
     assert "LoRA" not in result_text(result())  # a full fine-tune has no such row
+
+
+def test_the_setup_row_names_each_task():
+    assert "labels ['negative', 'positive']" in result_text(result())
+    for task, words in [("seq2seq", "sequence to sequence, data sharding"),
+                        ("token-classification", "token classification, data sharding"),
+                        ("causal-lm", "causal LM, data sharding")]:
+        text = result_text(result(task=task))
+        assert words in text, text
+        assert "labels ['negative'" not in text

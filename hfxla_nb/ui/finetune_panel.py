@@ -126,6 +126,23 @@ def _speed_row(result: Any) -> str | None:
     return "; ".join(parts) or None
 
 
+TASK_NAMES = {"causal-lm": "causal LM", "seq2seq": "sequence to sequence",
+              "masked-lm": "masked LM", "token-classification": "token classification",
+              "question-answering": "question answering",
+              "multiple-choice": "multiple choice"}
+
+
+def _task_text(task: str, result: Any) -> str:
+    """`labels ['neg', 'pos']` for a classifier; else the task, its sharding and checkpointing:
+    `causal LM, fsdp sharding, torch_xla gradient checkpointing`."""
+    if task == "classification":
+        return f"labels {result.label_names}"
+    text = f"{TASK_NAMES.get(task, task)}, {getattr(result, 'sharding', 'data')} sharding"
+    if getattr(result, "gradient_checkpointing", False):
+        text += ", torch_xla gradient checkpointing"
+    return text
+
+
 def result_rows(result: Any) -> list[tuple[str, str]]:
     """(label, text) rows of a `FineTuneResult`; warnings first."""
     rows = [("warning", warning) for warning in getattr(result, "warnings", [])]
@@ -151,10 +168,7 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
     rows.append(("XLA", f"{result.compiles} training + {result.eval_compiles} evaluation graphs "
                  f"compiled{per_step}"))
     task = getattr(result, "task", "classification")
-    what = (f"labels {result.label_names}" if task == "classification"
-            else f"causal LM, {getattr(result, 'sharding', 'data')} sharding"
-            + (", torch_xla gradient checkpointing"
-               if getattr(result, "gradient_checkpointing", False) else ""))
+    what = _task_text(task, result)
     rows.append(("setup", f"{result.strategy} over {plural(result.devices, 'device')}, "
                  f"{result.precision}, batch {result.batch_size}, lengths "
                  f"{result.bucket_lengths}, {what}"))
