@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import batching, data, seq2seq_data, steps
-from .config import FineTuneError
+from .config import FineTuneConfig, FineTuneError
 from .registry import register_task
 from .seq2seq_data import Seq2SeqColumns, Seq2SeqData
 from .seq2seq_generation import generated_texts, greedy_generate
@@ -64,13 +64,12 @@ def refuse_encoder_decoder(task: str, model_config: Any) -> None:
         )
 
 
-def columns_of(config: Any) -> Seq2SeqColumns:
+def columns_of(config: FineTuneConfig) -> Seq2SeqColumns:
+    """The source/target columns, language pair and prefix a `FineTuneConfig` asks for."""
     return Seq2SeqColumns(
-        source_column=getattr(config, "source_column", None),
-        target_column=getattr(config, "target_column", None),
-        source_lang=getattr(config, "source_lang", None),
-        target_lang=getattr(config, "target_lang", None),
-        prefix=getattr(config, "source_prefix", None),
+        source_column=config.source_column, target_column=config.target_column,
+        source_lang=config.source_lang, target_lang=config.target_lang,
+        prefix=config.source_prefix,
     )
 
 
