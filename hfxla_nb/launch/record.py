@@ -84,6 +84,8 @@ class LaunchRecord(BaseLaunchRecord):
         stopped_processes: what the launch left running outside its process group and had
             to stop (a server, a process in a session of its own, a daemon), each as
             "sleep 600 (pid 1234)" (launch/processes.py).
+        hosts: a `cluster=` launch's hosts, in host order: each a dict of its address, Ray
+            node, actor and supervisor pids and global ranks; empty on one host.
     """
 
     ranks: list[RankRecord]  # the same field: ranks with their metrics
@@ -92,6 +94,7 @@ class LaunchRecord(BaseLaunchRecord):
     max_attempts: int = 1
     previous_attempts: list[LaunchRecord] = field(default_factory=list, repr=False)
     stopped_processes: list[str] = field(default_factory=list)
+    hosts: list[dict] = field(default_factory=list)
 
     @property
     def attempts(self) -> list[LaunchRecord]:

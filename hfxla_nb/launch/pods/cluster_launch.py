@@ -80,13 +80,13 @@ def launch_on_cluster(function: Callable, args: tuple, pass_index: bool, *, clus
             # A fresh rendezvous port for each attempt (the last one's may linger).
             envs = _host_envs(ray, actors, described, plan, strategy, use_port, trace_compiles,
                               reservation)
+            # Which host runs which ranks, where.
+            hosts = [dict(info, ranks=list(range(info["host"] * local_world,
+                                                 (info["host"] + 1) * local_world)))
+                     for info in described]
             record = LaunchRecord(strategy, world, [RankRecord(rank) for rank in range(world)],
                                   attempt=attempt, max_attempts=max_attempts,
-                                  previous_attempts=list(earlier))
-            # Which host runs which ranks, where (the record's own fields are the ranks').
-            record.hosts = [dict(info, ranks=list(range(info["host"] * local_world,
-                                                        (info["host"] + 1) * local_world)))
-                            for info in described]
+                                  previous_attempts=list(earlier), hosts=hosts)
             keep_record(record)
             display = launch_display(world, progress)
             _name_ranks(display, world, local_world, record.attempt_text)
