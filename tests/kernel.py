@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+import textwrap
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from jupyter_client.manager import KernelManager
@@ -154,3 +156,20 @@ class Kernel:
     def close(self) -> None:
         self.client.stop_channels()
         self.manager.shutdown_kernel(now=True)
+
+    def run_ok(self, code: str, timeout: float = 120) -> CellOutput:
+        """Run `code` (dedented) as one cell; fail the test with the cell's traceback if it
+        raised."""
+        output = self.run(textwrap.dedent(code), timeout=timeout)
+        assert output.error is None, (output.error or {}).get("traceback")
+        return output
+
+
+def started_kernel(setup: str, **env: str) -> Iterator[Kernel]:
+    """The body of a module-scoped kernel fixture: a kernel that ran `setup` (dedented)
+    without error, closed after the module's tests."""
+    kernel = Kernel(**env)
+    done = kernel.run(textwrap.dedent(setup))
+    assert done.error is None, done.error
+    yield kernel
+    kernel.close()

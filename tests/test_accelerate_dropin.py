@@ -14,7 +14,7 @@ import pytest
 
 from hfxla_nb.launch.preflight import LaunchRefusedError
 from hfxla_nb.launch.rank_env import tpu_rank_variables
-from tests.kernel import Kernel
+from tests.kernel import Kernel, started_kernel
 from tests.kernel_helpers import run_python
 
 # A notebook written for accelerate: accelerate (so torch and torch_xla) imported in the kernel.
@@ -31,17 +31,11 @@ SETUP = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def kernel():
-    kernel = Kernel()
-    setup = kernel.run(SETUP)
-    assert setup.error is None, setup.error
-    yield kernel
-    kernel.close()
+    yield from started_kernel(SETUP)
 
 
 def run_ok(kernel: Kernel, code: str, timeout: float = 180):
-    output = kernel.run(textwrap.dedent(code), timeout=timeout)
-    assert output.error is None, (output.error or {}).get("traceback")
-    return output
+    return kernel.run_ok(code, timeout)
 
 
 # -- the signature --------------------------------------------------------------------------

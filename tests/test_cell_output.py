@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from hfxla_nb.launch.native_output import NativeRelay
-from tests.kernel import Kernel
+from tests.kernel import Kernel, started_kernel
 
 GSPMD = "Please consider migrating to Shardy"
 
@@ -41,17 +41,11 @@ hx.configure(cores=4)
 
 @pytest.fixture(scope="module")
 def kernel():
-    kernel = Kernel()
-    setup = kernel.run(textwrap.dedent(SPMD_LOOP))
-    assert setup.error is None, setup.error
-    yield kernel
-    kernel.close()
+    yield from started_kernel(SPMD_LOOP)
 
 
 def run_ok(kernel: Kernel, code: str, timeout: float = 180):
-    output = kernel.run(textwrap.dedent(code), timeout=timeout)
-    assert output.error is None, (output.error or {}).get("traceback")
-    return output
+    return kernel.run_ok(code, timeout)
 
 
 def test_a_repeated_xla_warning_is_shown_once_whole_with_its_count(kernel):

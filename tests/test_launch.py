@@ -42,9 +42,7 @@ def kernel():
 
 
 def run_ok(kernel: Kernel, code: str, timeout: float = 120):
-    output = kernel.run(textwrap.dedent(code), timeout=timeout)
-    assert output.error is None, (output.error or {}).get("traceback")
-    return output
+    return kernel.run_ok(code, timeout)
 
 
 def assert_clean(kernel: Kernel) -> None:

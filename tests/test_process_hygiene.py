@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from tests.kernel import Kernel
+from tests.kernel import Kernel, started_kernel
 from tests.kernel_helpers import run_python
 
 SETUP = textwrap.dedent(
@@ -46,17 +46,11 @@ SETUP = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def kernel():
-    kernel = Kernel()
-    setup = kernel.run(SETUP)
-    assert setup.error is None, setup.error
-    yield kernel
-    kernel.close()
+    yield from started_kernel(SETUP)
 
 
 def run_ok(kernel: Kernel, code: str, timeout: float = 120):
-    output = kernel.run(textwrap.dedent(code), timeout=timeout)
-    assert output.error is None, (output.error or {}).get("traceback")
-    return output
+    return kernel.run_ok(code, timeout)
 
 
 def test_a_flood_of_lines_from_two_ranks_arrives_whole_and_in_order(kernel):
