@@ -169,13 +169,14 @@ def install(clock: PhaseClock, total: int) -> None:
 
 
 def fine_tune_worker(index: int, plan: Any) -> dict[str, Any]:
-    from hfxla_nb.train import batching, loop
+    from hfxla_nb.train import batching, clipping, loop
 
     clock = PhaseClock(SKIP)
     install(clock, plan.total_steps)
     batching.train_batch = clock.timed("data", batching.train_batch)
     loop._Run.upload = clock.timed("data", loop._Run.upload)
     loop.report = clock.timed("report", loop.report)
+    clipping.GradientClipper.__call__ = clock.timed("clip", clipping.GradientClipper.__call__)
     task = loop.TASKS[plan.task]
     task.train_loss = clock.timed("loss", task.train_loss)  # the forward inside is its own
     loop.train_worker(index, plan)
