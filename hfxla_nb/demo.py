@@ -314,6 +314,24 @@ def run_demo(
     )
 
 
+def start_demo(devices: int) -> float:
+    """What every demo's command line does first: `devices` virtual XLA devices when there is
+    no TPU, XLA's C++ warnings quiet, the runtime panel printed. Returns the start time
+    (`time.perf_counter()`)."""
+    from hfxla_nb.runtime import configure, detect, detect_accelerator
+    from hfxla_nb.ui.runtime_panel import runtime_text
+
+    if detect_accelerator().kind != "tpu":
+        # What the panel below shows is what the run uses: this many virtual devices.
+        configure(device="cpu", cores=devices)
+    # XLA's C++ warnings (a GSPMD deprecation notice per compiled graph) would bury the demo's
+    # own output; errors still show. Only for the demo: the library leaves logging alone.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    start = time.perf_counter()
+    print(runtime_text(detect()), flush=True)
+    return start
+
+
 def main(argv: list[str] | None = None) -> int:
     """`make demo`: show what runtime is there, then fine-tune the tiny BERT on the demo data."""
     import argparse
@@ -328,18 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", default="demo_output/tiny-bert")
     args = parser.parse_args(argv)
 
-    from hfxla_nb.runtime import configure, detect, detect_accelerator
     from hfxla_nb.ui.finetune_panel import result_text
-    from hfxla_nb.ui.runtime_panel import runtime_text
 
-    if detect_accelerator().kind != "tpu":
-        # What the panel below shows is what the run uses: this many virtual devices.
-        configure(device="cpu", cores=args.devices)
-    # XLA's C++ warnings (a GSPMD deprecation notice per compiled graph) would bury the demo's
-    # own output; errors still show. Only for the demo: the library leaves logging alone.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    start = time.perf_counter()
-    print(runtime_text(detect()), flush=True)
+    start = start_demo(args.devices)
     result = run_demo(
         rows=args.rows,
         epochs=args.epochs,

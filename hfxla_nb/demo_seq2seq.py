@@ -212,15 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", default="demo_output/tiny-bart")
     args = parser.parse_args(argv)
 
-    from hfxla_nb.runtime import configure, detect, detect_accelerator
+    from hfxla_nb.runtime import detect_accelerator
     from hfxla_nb.ui.finetune_panel import result_text
-    from hfxla_nb.ui.runtime_panel import runtime_text
 
-    if detect_accelerator().kind != "tpu":
-        configure(device="cpu", cores=args.devices)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    start = time.perf_counter()
-    print(runtime_text(detect()), flush=True)
+    from .demo import start_demo
+
+    start = start_demo(args.devices)
     result = run_demo_seq2seq(max_steps=args.steps, devices=args.devices,
                               architecture=args.architecture, output_dir=args.output_dir)
     print(result_text(result), flush=True)
