@@ -3,14 +3,13 @@
 torch_xla replaces `torch.nn.utils.clip_grad_norm_` with its own: the norm of the gradients'
 norms, then every gradient multiplied in place by `min(1, max_norm / (norm + 1e-6))`. On XLA
 each in-place `mul_` first runs torch's Python shape check (functionalization). Here the
-products are computed out of place and copied in (`_foreach_copy_`), and the two constants
-(`max_norm`, 1.0) are made once: the same ops on the same values, so the same gradients bit for
-bit.
+products are computed out of place and copied in (`_foreach_copy_`): the same ops on the same
+values, so the same gradients bit for bit. The two constants (`max_norm`, 1.0) are made anew
+each step, as torch_xla does: kept from step 1, they would be that graph's outputs at step 2,
+another graph to compile.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 
@@ -26,7 +25,6 @@ class GradientClipper:
     def __init__(self, parameters: list, max_norm: float) -> None:
         self.parameters = list(parameters)
         self.max_norm = float(max_norm)
-        self._constants: dict[tuple[Any, Any], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self) -> torch.Tensor:
         """Clip now; returns the total norm before clipping (a device tensor)."""
@@ -34,11 +32,8 @@ class GradientClipper:
         if not grads:
             return torch.tensor(0.0)
         dtype, device = grads[0].dtype, grads[0].device
-        key = (dtype, device)
-        if key not in self._constants:
-            self._constants[key] = (torch.tensor(self.max_norm, dtype=dtype, device=device),
-                                    torch.tensor(1.0, dtype=dtype, device=device))
-        limit, one = self._constants[key]
+        limit = torch.tensor(self.max_norm, dtype=dtype, device=device)
+        one = torch.tensor(1.0, dtype=dtype, device=device)
         with torch.no_grad():
             total = torch.norm(torch.stack([torch.norm(g.detach(), 2.0) for g in grads]), 2.0)
             coefficient = limit / (total + 1e-6)
