@@ -10,7 +10,7 @@ The data are sentences made from templates and short lists of people, places and
 organisations, in conll2003's layout (`tokens`, `ner_tags` as a `ClassLabel` sequence with
 conll's tag names) and SQuAD v2's (`id`, `title`, `context`, `question`, `answers` with `text`
 and `answer_start`; no answer for some questions). The models are the tiny BERT of
-`hfxla_nb.demo` with a token-classification or a question-answering head, built from a config;
+`hfxla_nb.demo` with one layer (`DEMO_LAYERS`) and a task head, built from a config;
 the demo tokenizer spells unknown names in characters, so words span several sub-tokens.
 """
 
@@ -25,6 +25,10 @@ from .demo import RECIPE_VERSION, _build_atomically, cache_dir, demo_config, dem
 
 if TYPE_CHECKING:
     import datasets
+
+#: Layers of the task demos' tiny BERT: one learns every demo task here, and compiles (and
+#: steps) in about half the time of `hfxla_nb.demo`'s two.
+DEMO_LAYERS = 1
 
 #: conll2003's `ner_tags` names, in its order.
 CONLL_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
@@ -73,7 +77,7 @@ def ner_rows(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
-def ner_dataset(n: int = 800, seed: int = 0) -> datasets.DatasetDict:
+def ner_dataset(n: int = 400, seed: int = 0) -> datasets.DatasetDict:
     """A conll2003-shaped `DatasetDict` (train 80%, validation 20%): `tokens` and `ner_tags`,
     a `Sequence(ClassLabel)` with conll's names."""
     import datasets
@@ -124,7 +128,7 @@ def qa_rows(n: int, seed: int = 0, unanswerable: float = 0.2,
     return rows
 
 
-def qa_dataset(n: int = 800, seed: int = 0, **options) -> datasets.DatasetDict:
+def qa_dataset(n: int = 400, seed: int = 0, **options) -> datasets.DatasetDict:
     """A SQuAD v2-shaped `DatasetDict` (train 80%, validation 20%)."""
     import datasets
 
@@ -132,6 +136,52 @@ def qa_dataset(n: int = 800, seed: int = 0, **options) -> datasets.DatasetDict:
     cut = int(n * 0.8)
     return datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:cut]),
                                  "validation": datasets.Dataset.from_list(rows[cut:])})
+
+
+_MC_KINDS = (  # (contexts, the ending that follows them); sent2 is "so {PER}"
+    (("it rained all day in {LOC} .", "a storm hit {LOC} ."), "stayed inside ."),
+    (("the sun was out in {LOC} .", "it was hot in {LOC} ."), "went to the beach ."),
+    (("{PER} saw a great movie .", "the movie was great ."), "told everyone about it ."),
+    (("{PER} saw a boring movie .", "the movie was boring ."), "left before the end ."),
+)
+
+
+def mc_rows(n: int, seed: int = 0) -> list[dict]:
+    """`n` SWAG rows (`sent1`, `sent2`, `startphrase`, `ending0..3`, `label`): a context of
+    one of four kinds; the four endings are the four kinds' endings, the right one is its
+    kind's."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        order = list(range(len(_MC_KINDS)))
+        rng.shuffle(order)
+        label = rng.randrange(len(order))
+        contexts, _ = _MC_KINDS[order[label]]
+        person = rng.choice(PEOPLE)
+        sent1 = rng.choice(contexts).format(PER=person, LOC=rng.choice(PLACES))
+        sent2 = f"so {rng.choice(PEOPLE)}"
+        rows.append({"video-id": f"demo{i}", "fold-ind": str(i), "startphrase":
+                     f"{sent1} {sent2}", "sent1": sent1, "sent2": sent2, "gold-source": "gen",
+                     **{f"ending{k}": _MC_KINDS[kind][1] for k, kind in enumerate(order)},
+                     "label": label})
+    return rows
+
+
+def mc_dataset(n: int = 400, seed: int = 0) -> datasets.DatasetDict:
+    """A SWAG-shaped `DatasetDict` (train 80%, validation 20%)."""
+    import datasets
+
+    rows = mc_rows(n, seed)
+    cut = int(n * 0.8)
+    return datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:cut]),
+                                 "validation": datasets.Dataset.from_list(rows[cut:])})
+
+
+def _mc_words() -> tuple[str, ...]:
+    """Every word of the multiple-choice recipe: one token each (4 endings x a short row)."""
+    text = " ".join([*PEOPLE, *PLACES, "so", *(" ".join([*c, e]) for c, e in _MC_KINDS)])
+    words = set(text.replace("{", " ").replace("}", " ").split())
+    return tuple(sorted(words - {"PER", "LOC"}))
 
 
 def _qa_words() -> tuple[str, ...]:
@@ -143,8 +193,9 @@ def _qa_words() -> tuple[str, ...]:
 
 def _head_model_dir(kind: str, label_names: tuple[str, ...] | None,
                     cache: str | os.PathLike | None, seed: int,
-                    extra_words: tuple[str, ...] = ()) -> str:
-    suffix = "-words" if extra_words else ""
+                    extra_words: tuple[str, ...] = (), layers: int | None = None) -> str:
+    layers = DEMO_LAYERS if layers is None else int(layers)
+    suffix = ("-words" if extra_words else "") + f"-{layers}layer"
     target = cache_dir(cache) / f"demo-bert-v{RECIPE_VERSION}-{kind}{suffix}-seed{seed}"
     if (target / "config.json").is_file():
         return str(target)
@@ -156,6 +207,7 @@ def _head_model_dir(kind: str, label_names: tuple[str, ...] | None,
         tokenizer = demo_tokenizer(cache, extra_words=extra_words)
         num_labels = len(label_names) if label_names else 2
         config = demo_config(num_labels, vocab_size=len(tokenizer), label_names=label_names)
+        config.num_hidden_layers = layers
         model_class = getattr(transformers, f"BertFor{kind}")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -182,14 +234,24 @@ def qa_model_dir(cache: str | os.PathLike | None = None, seed: int = 0) -> str:
     return _head_model_dir("QuestionAnswering", None, cache, seed, _qa_words())
 
 
+def mc_model_dir(cache: str | os.PathLike | None = None, seed: int = 0) -> str:
+    """A tiny BERT with a multiple-choice head (a score per ending), and its tokenizer (every
+    word of the recipe one token). Two layers: an ending's score depends on its context,
+    which one layer learns too slowly here."""
+    return _head_model_dir("MultipleChoice", None, cache, seed, _mc_words(), layers=2)
+
+
 #: `python -m hfxla_nb.demo_tasks --task ...`: what each demo runs and predicts on.
 DEMOS = {
+    "multiple-choice": (mc_model_dir, mc_dataset, {"epochs": 6, "learning_rate": 5e-3},
+                        [{"context": "it rained all day in oslo .",
+                          "endings": [kind[1] for kind in _MC_KINDS]}]),
     "token-classification": (ner_model_dir, ner_dataset,
-                             {"epochs": 3, "learning_rate": 5e-3},
+                             {"epochs": 3, "learning_rate": 1e-2},
                              ["alice smith lives in berlin .",
                               "yesterday unicef opened an office in tokyo ."]),
     "question-answering": (qa_model_dir, qa_dataset,
-                           {"epochs": 5, "learning_rate": 5e-3, "max_length": 48},
+                           {"epochs": 5, "learning_rate": 1e-2, "max_length": 48},
                            [{"question": "where does grace lee live ?",
                              "context": "grace lee lives in oslo . bob jones works for nasa ."},
                             {"question": "what is the capital of oslo ?",

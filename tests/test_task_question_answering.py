@@ -18,7 +18,7 @@ from hfxla_nb import _xla
 from hfxla_nb.demo_tasks import qa_dataset, qa_model_dir, qa_rows
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
 
-ROWS = 800  # 640 train, 160 validation
+ROWS = 400  # 320 train, 80 validation
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def cache(tmp_path_factory):
 def qa(cache, tmp_path_factory):
     data = qa_dataset(ROWS)
     result = hx.fine_tune(qa_model_dir(cache=cache), data, task="question-answering",
-                          batch_size=32, epochs=5, learning_rate=5e-3, max_length=48,
+                          batch_size=32, epochs=5, learning_rate=1e-2, max_length=48,
                           num_processes=4,
                           output_dir=tmp_path_factory.mktemp("qa") / "out", progress=False)
     return result, data
@@ -40,7 +40,8 @@ def qa(cache, tmp_path_factory):
 def predicted(qa):
     result, data = qa
     rows = [{"question": r["question"], "context": r["context"]} for r in data["validation"]]
-    return result.predict(rows, batch_size=32, max_length=result.bucket_lengths[-1])
+    return result.predict(rows, batch_size=32, max_length=result.bucket_lengths[-1],
+                          progress=False)
 
 
 def test_it_learns_squad_v2_shaped_qa(qa):

@@ -13,7 +13,8 @@ from hfxla_nb.demo_tasks import CONLL_TAGS, ner_dataset, ner_model_dir, ner_rows
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from hfxla_nb.train.token_classification import IGNORE
 
-ROWS = 800  # 640 train, 160 validation
+ROWS = 400  # 320 train, 80 validation
+TEXTS = ["alice smith lives in berlin .", "nothing happened today ."]
 
 
 @pytest.fixture(scope="module")
@@ -23,22 +24,21 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ner(cache, tmp_path_factory):
+    """One fine-tune and one predict launch for every test of this file: predict takes the
+    validation rows' words and two plain texts together (one bucket, one graph)."""
     data = ner_dataset(ROWS)
     result = hx.fine_tune(ner_model_dir(cache=cache), data, task="token-classification",
-                          batch_size=32, epochs=3, learning_rate=5e-3, num_processes=4,
+                          batch_size=32, epochs=3, learning_rate=1e-2, num_processes=4,
                           output_dir=tmp_path_factory.mktemp("ner") / "out", progress=False)
-    return result, data
-
-
-@pytest.fixture(scope="module")
-def predicted(ner):
-    result, data = ner
     words = [list(row) for row in data["validation"]["tokens"]]
-    return result.predict(words, batch_size=32, max_length=result.bucket_lengths[-1])
+    predicted = hx.predict(result.output_dir, words + TEXTS, task="token-classification",
+                           batch_size=32, max_length=result.bucket_lengths[-1],
+                           num_processes=4, progress=False)
+    return result, data, predicted
 
 
 def test_it_learns_conll_shaped_ner(ner):
-    result, _ = ner
+    result, _, _ = ner
     assert result.task == "token-classification"
     assert result.metrics["eval_f1"] >= 0.8
     assert result.loss_history[-1][1] < 0.5 * result.loss_history[0][1]
@@ -47,21 +47,23 @@ def test_it_learns_conll_shaped_ner(ner):
     assert result.label_names == list(CONLL_TAGS)
 
 
-def test_compile_contract(ner, predicted):
-    result, _ = ner
+def test_compile_contract(ner):
+    result, _, predicted = ner
     # One training graph and one evaluation graph per length bucket; predict: one per bucket.
     assert len(result.bucket_lengths) == 1
     assert result.compiles == 1
     assert result.eval_compiles == 1
+    assert predicted.bucket_lengths == result.bucket_lengths
     assert predicted.compiles == 1
 
 
-def test_predict_matches_a_cpu_forward_and_metrics_are_seqeval_on_it(ner, predicted):
+def test_predict_matches_a_cpu_forward_and_metrics_are_seqeval_on_it(ner):
     import torch
     from seqeval.metrics import classification_report, f1_score, precision_score, recall_score
 
-    result, data = ner
+    result, data, predicted = ner
     validation = data["validation"]
+    predicted = predicted[:len(validation)]
     truth = [[CONLL_TAGS[t] for t in row] for row in validation["ner_tags"]]
     # The reference: the saved model on the CPU, each word's tag from its first sub-token.
     model, tokenizer = result.load_model(), result.load_tokenizer()
@@ -91,20 +93,19 @@ def test_predict_matches_a_cpu_forward_and_metrics_are_seqeval_on_it(ner, predic
 
 
 def test_predict_on_texts_gives_entities_with_character_spans(ner):
-    result, _ = ner
-    texts = ["alice smith lives in berlin .", "nothing happened today ."]
-    out = hx.predict(result.output_dir, texts, task="token-classification", batch_size=4,
-                     num_processes=4, progress=False)
-    assert len(out) == 2 and out.compiles == len(out.bucket_lengths)
-    for text, item in zip(texts, out, strict=True):
+    _, data, predicted = ner
+    out = predicted[len(data["validation"]):]
+    assert len(out) == len(TEXTS)
+    for text, item in zip(TEXTS, out, strict=True):
         for entity in item["entities"]:
             assert text[entity["start"]:entity["end"]] == entity["text"]
             assert 0 < entity["score"] <= 1
     found = {(e["entity"], e["text"]) for e in out[0]["entities"]}
     assert ("PER", "alice smith") in found and ("LOC", "berlin") in found
-    frame = out.to_dataframe()
+    frame = predicted.to_dataframe()
     assert list(frame.columns) == ["input", "entity", "text", "start", "end", "score"]
-    assert len(frame) == sum(len(item["entities"]) for item in out)
+    assert len(frame) == sum(len(item["entities"]) for item in predicted)
+    assert set(frame["input"]) <= set(range(len(predicted)))
 
 
 def test_labels_on_the_first_sub_token_only(cache):

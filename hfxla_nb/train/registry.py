@@ -25,6 +25,7 @@ TASK_MODULES: dict[str, str] = {
     "token-classification": ".token_classification",
     "question-answering": ".question_answering",
     "masked-lm": ".masked_lm",
+    "multiple-choice": ".multiple_choice",
     "seq2seq": ".seq2seq_task",
 }
 
