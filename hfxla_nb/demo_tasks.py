@@ -223,6 +223,12 @@ def ner_model_dir(cache: str | os.PathLike | None = None, seed: int = 0) -> str:
     return _head_model_dir("TokenClassification", CONLL_TAGS, cache, seed)
 
 
+def classifier_model_dir(cache: str | os.PathLike | None = None, seed: int = 0) -> str:
+    """`hfxla_nb.demo`'s tiny BERT classifier (two labels, the demo reviews' names) with one
+    layer: for tests of what comes after training (predict), where learning is not the point."""
+    return _head_model_dir("SequenceClassification", None, cache, seed)
+
+
 def mlm_model_dir(cache: str | os.PathLike | None = None, seed: int = 0) -> str:
     """A tiny BERT with a masked-LM head, and the demo tokenizer (for the demo reviews)."""
     return _head_model_dir("MaskedLM", None, cache, seed)

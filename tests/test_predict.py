@@ -9,6 +9,7 @@ import pytest
 
 import hfxla_nb as hx
 from hfxla_nb import _xla, demo
+from hfxla_nb.demo_tasks import classifier_model_dir
 from hfxla_nb.train import FineTuneError
 
 ROWS = 400  # 320 train, 40 validation
@@ -22,11 +23,11 @@ def cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def classifier(cache, tmp_path_factory):
     data = demo.demo_dataset(n=ROWS)
-    result = hx.fine_tune(demo.demo_model_dir(cache=cache), data, batch_size=32, epochs=2,
+    result = hx.fine_tune(classifier_model_dir(cache=cache), data, batch_size=32, epochs=2,
                           learning_rate=4e-3, num_processes=4, progress=False,
                           output_dir=tmp_path_factory.mktemp("cls") / "out")
     texts = list(data["validation"]["text"])
-    return result, data, result.predict(texts, batch_size=16)
+    return result, data, result.predict(texts, batch_size=16, progress=False)
 
 
 def test_predict_gives_evaluations_answers_for_the_evaluation_rows(classifier):
@@ -76,8 +77,9 @@ def test_bad_predict_input_is_refused_before_forking(inputs, options, message, c
     monkeypatch.setattr(hfxla_nb.launch, "notebook_launcher", refuse)
     from transformers import AutoModelForSequenceClassification
 
-    model = AutoModelForSequenceClassification.from_pretrained(demo.demo_model_dir(cache=cache))
-    model.config._name_or_path = demo.demo_model_dir(cache=cache)  # where its tokenizer is
+    folder = classifier_model_dir(cache=cache)
+    model = AutoModelForSequenceClassification.from_pretrained(folder)
+    model.config._name_or_path = folder  # where its tokenizer is
     with pytest.raises(FineTuneError) as raised:
         hx.predict(model, inputs, num_processes=4, **options)
     assert message in str(raised.value)

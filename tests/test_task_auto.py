@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from hfxla_nb.demo import demo_tokenizer
-from hfxla_nb.demo_tasks import ner_model_dir, ner_rows, qa_model_dir, qa_rows
+from hfxla_nb.demo_tasks import (
+    mc_model_dir,
+    mc_rows,
+    ner_model_dir,
+    ner_rows,
+    qa_model_dir,
+    qa_rows,
+)
 from hfxla_nb.train import FineTuneConfig, FineTuneError, prepare_fine_tune
 from hfxla_nb.train.registry import TASK_MODULES, TASKS, task_choices
 
@@ -48,6 +55,9 @@ def test_auto_picks_the_task_of_the_models_head(cache):
     plan = prepare_fine_tune(qa_model_dir(cache=cache), qa_rows(16), batch_size=4,
                              output_dir=None)
     assert plan.task == "question-answering"
+    plan = prepare_fine_tune(mc_model_dir(cache=cache), mc_rows(16), batch_size=4,
+                             output_dir=None)
+    assert plan.task == "multiple-choice"
 
 
 def test_auto_picks_the_task_from_the_columns_and_says_so(headless_dir):
@@ -56,6 +66,8 @@ def test_auto_picks_the_task_from_the_columns_and_says_so(headless_dir):
     assert plan.data.notes[0] == "task='auto' picked 'token-classification' from the data's columns"
     plan = prepare_fine_tune(headless_dir, qa_rows(16), batch_size=4, output_dir=None)
     assert plan.task == "question-answering"
+    plan = prepare_fine_tune(headless_dir, mc_rows(16), batch_size=4, output_dir=None)
+    assert plan.task == "multiple-choice"
 
 
 def test_auto_refuses_columns_that_fit_several_tasks(headless_dir):
