@@ -35,6 +35,7 @@ class PredictContext:
     model_config: Any
     tokenizer: Any
     allow_no_answer: bool = True  # question answering: an empty answer may win (SQuAD v2)
+    max_new_tokens: int | None = None  # causal LM: tokens generated per prompt
 
 
 class Predictions(list):
@@ -69,7 +70,8 @@ class Predictions(list):
 def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | None = None,
             max_length: int | None = None, tokenizer: Any = None,
             num_processes: int | None = None, allow_no_answer: bool = True,
-            progress: bool | str = "auto", timeout: float | None = None) -> Predictions:
+            max_new_tokens: int | None = None, progress: bool | str = "auto",
+            timeout: float | None = None) -> Predictions:
     """Predict with a model on every XLA device, in a launched worker.
 
     Args:
@@ -85,13 +87,16 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
         tokenizer: default the model's own.
         num_processes: devices (on the CPU: virtual devices; default as `fine_tune`).
         allow_no_answer: question answering: answer "" when no span beats [CLS] (SQuAD v2).
+        max_new_tokens: causal LM: tokens generated per prompt (default 32; the graphs
+            always run that many steps, the texts stop at the end-of-text token).
         progress: the launch panel (True/"auto", False, ...).
         timeout: stop the worker after this many seconds.
 
     Returns:
         `Predictions`: a list with one plain-Python dict per input (classification: label,
         score, probabilities; token classification: words, tags, scores and entities with
-        character spans; question answering: answer, start, end, score), and
+        character spans; question answering: answer, start, end, score; multiple choice:
+        label, ending, score, probabilities; causal LM and seq2seq: generated_text), and
         `to_dataframe()`.
 
     Raises:
@@ -107,7 +112,7 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
         model = model.output_dir
     plan = prepare_predict(model, inputs, task, batch_size=batch_size, max_length=max_length,
                            tokenizer=tokenizer, num_processes=num_processes,
-                           allow_no_answer=allow_no_answer)
+                           allow_no_answer=allow_no_answer, max_new_tokens=max_new_tokens)
     from .predict_worker import predict_worker
 
     raw = notebook_launcher(predict_worker, args=(plan,), num_processes=plan.devices,
@@ -121,7 +126,8 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
 def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
                     batch_size: int | None = None, max_length: int | None = None,
                     tokenizer: Any = None, num_processes: int | None = None,
-                    allow_no_answer: bool = True) -> TrainPlan:
+                    allow_no_answer: bool = True,
+                    max_new_tokens: int | None = None) -> TrainPlan:
     """Everything `predict` does before forking; returns the worker's plan (a `TrainPlan`
     with the inputs as its evaluation split, no training)."""
     source, model_config, _, _ = sources.model_source(model)
@@ -136,7 +142,7 @@ def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
     if not inputs:
         raise FineTuneError("inputs is empty: pass at least one input.")
     context = PredictContext(model_config, sources.load_tokenizer(tokenizer, model, source),
-                             allow_no_answer)
+                             allow_no_answer, max_new_tokens)
     encoded = TASKS[task].prepare_predict(inputs, context, max_length)
     devices = sources.device_count(num_processes)
     batch_size = int(batch_size or ROWS_PER_DEVICE * devices)

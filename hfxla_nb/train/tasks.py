@@ -200,8 +200,26 @@ class CausalLM(Task):
         output, _ = self._output(run, x, length, with_labels=True)
         return output.loss.float()
 
+    def prepare_predict(self, inputs: Any, context: Any, max_length: int | None) -> Any:
+        """Prompts, padded on the left into buckets (`lm_predict.py`)."""
+        from .lm_predict import prepare
+
+        return prepare(inputs, context, max_length)
+
+    def decode(self, data: Any, batches: list, fetched: list) -> list[dict[str, str]]:
+        """Each prompt's generated text (`predict`)."""
+        from .lm_predict import decode
+
+        return decode(data, batches, fetched, self.per_batch)
+
     def eval_outputs(self, run: Any, x: Any, length: int) -> list[Any]:
         torch = run.torch
+        new = getattr(run.plan.data, "max_new_tokens", None)
+        if new is not None:  # predict: generated tokens (and the last positions)
+            from .lm_predict import generate_on_device
+
+            tokens, positions = generate_on_device(run, x, length, new)
+            return [tokens, positions]
         output, labels = self._output(run, x, length, with_labels=False)
         logits = output.logits.float()[:, :-1]
         targets = labels[:, 1:]
