@@ -79,7 +79,9 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
             `FineTuneResult`.
         inputs: one input or a list. Classification: texts (or (text, pair) tuples);
             token-classification: texts or lists of words; question-answering:
-            `{"question": ..., "context": ...}` dicts.
+            `{"question": ..., "context": ...}` dicts; multiple-choice: SWAG rows
+            (`sent1`, `sent2`, `ending0`, ...) or `{"context": ..., "endings": [...]}` dicts;
+            causal-lm: prompts; seq2seq: source texts.
         task: a task name, or "auto" (from the model's architecture).
         batch_size: rows per batch over all devices (a multiple of the devices); default 8
             per device.
