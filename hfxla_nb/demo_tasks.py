@@ -250,8 +250,8 @@ def mc_model_dir(cache: str | os.PathLike | None = None, seed: int = 0) -> str:
 #: `python -m hfxla_nb.demo_tasks --task ...`: what each demo runs and predicts on.
 DEMOS = {
     "multiple-choice": (mc_model_dir, mc_dataset, {"epochs": 6, "learning_rate": 5e-3},
-                        [{"context": "it rained all day in oslo .",
-                          "endings": [kind[1] for kind in _MC_KINDS]}]),
+                        [{"sent1": "it rained all day in oslo .", "sent2": "so emma stone",
+                          **{f"ending{k}": kind[1] for k, kind in enumerate(_MC_KINDS)}}]),
     "token-classification": (ner_model_dir, ner_dataset,
                              {"epochs": 3, "learning_rate": 1e-2},
                              ["alice smith lives in berlin .",
