@@ -1,6 +1,8 @@
 """Prediction throughput: `hx.predict` (a launched worker, the batch sharded over 4 virtual
 XLA:CPU devices, one graph per bucket) against `transformers.pipeline(...)` on the CPU in the
-kernel, same model, same inputs, per task; the ratio in one invocation.
+kernel, same model, same inputs, per task; the ratio in one invocation. Multiple choice has
+no pipeline in transformers: its CPU side is a forward loop of 32 rows a batch; causal-lm
+generates `NEW_TOKENS` tokens per prompt, greedily, on both sides.
 
 `python -m bench.predict [--rows N] [--tasks classification,token-classification,...]` prints
 one JSON object per task: rows/s of each side (predict's time in the worker, model loading and
@@ -16,7 +18,10 @@ import time
 
 from . import common
 
-TASKS = ("classification", "token-classification", "question-answering")
+TASKS = ("classification", "token-classification", "question-answering", "multiple-choice",
+         "causal-lm")
+#: Tokens generated per prompt (causal-lm).
+NEW_TOKENS = 16
 
 
 def _inputs(task: str, rows: int) -> tuple[str, list, str]:
@@ -28,9 +33,37 @@ def _inputs(task: str, rows: int) -> tuple[str, list, str]:
     if task == "token-classification":
         texts = [" ".join(r["tokens"]) for r in demo_tasks.ner_rows(rows)]
         return demo_tasks.ner_model_dir(), texts, "token-classification"
+    if task == "multiple-choice":  # transformers has no pipeline: a CPU forward loop instead
+        swag = [{k: v for k, v in r.items() if k != "label"} for r in demo_tasks.mc_rows(rows)]
+        return demo_tasks.mc_model_dir(), swag, "multiple-choice"
+    if task == "causal-lm":
+        from hfxla_nb.demo_lm import TEMPLATE, demo_lm_model_dir
+
+        prompts = [TEMPLATE.format(prompt=t, response="").rstrip()
+                   for t in demo.demo_texts(rows)[0]]
+        return demo_lm_model_dir(), prompts, "text-generation"
     qa = [{"question": r["question"], "context": r["context"]}
           for r in demo_tasks.qa_rows(rows, unanswerable=0.0)]
     return demo_tasks.qa_model_dir(), qa, "question-answering"
+
+
+def _multiple_choice_on_cpu(folder: str, rows: list[dict]) -> list[int]:
+    """The chosen ending of each row: the model on the CPU, 32 rows a batch."""
+    import torch
+    from transformers import AutoModelForMultipleChoice, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForMultipleChoice.from_pretrained(folder).eval()
+    chosen = []
+    for start in range(0, len(rows), 32):
+        batch = rows[start:start + 32]
+        firsts = [r["sent1"] for r in batch for _ in range(4)]
+        seconds = [f"{r['sent2']} {r[f'ending{k}']}" for r in batch for k in range(4)]
+        encoded = tokenizer(firsts, seconds, padding=True, return_tensors="pt")
+        with torch.no_grad():
+            logits = model(**{k: v.view(len(batch), 4, -1) for k, v in encoded.items()}).logits
+        chosen += logits.argmax(-1).tolist()
+    return chosen
 
 
 def measure(task: str, rows: int, devices: int = 4) -> dict:
@@ -39,19 +72,32 @@ def measure(task: str, rows: int, devices: int = 4) -> dict:
     import hfxla_nb as hx
 
     folder, inputs, pipeline_task = _inputs(task, rows)
-    pipe = transformers.pipeline(pipeline_task, model=folder, tokenizer=folder, device="cpu")
+    if pipeline_task != "multiple-choice":
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        if pipeline_task == "text-generation":
+            tokenizer.padding_side = "left"  # batched generation pads prompts on the left
+        pipe = transformers.pipeline(pipeline_task, model=folder, tokenizer=tokenizer,
+                                     device="cpu")
     start = time.perf_counter()
-    if pipeline_task == "question-answering":
+    if pipeline_task == "multiple-choice":
+        reference = _multiple_choice_on_cpu(folder, inputs)
+    elif pipeline_task == "text-generation":
+        reference = pipe(inputs, batch_size=32, max_new_tokens=NEW_TOKENS, do_sample=False,
+                         return_full_text=False)
+    elif pipeline_task == "question-answering":
         reference = pipe(question=[r["question"] for r in inputs],
                          context=[r["context"] for r in inputs], batch_size=32)
     else:
         reference = pipe(inputs, batch_size=32)
     pipeline_seconds = time.perf_counter() - start
+    options = {"max_new_tokens": NEW_TOKENS} if task == "causal-lm" else {}
     out = hx.predict(folder, inputs, task=task, num_processes=devices, progress=False,
-                     batch_size=8 * devices)
+                     batch_size=8 * devices, **options)
     agree = None
     if task == "classification":
         agree = sum(p["label"] == r["label"] for p, r in zip(out, reference, strict=True))
+    elif task == "multiple-choice":
+        agree = sum(p["label"] == r for p, r in zip(out, reference, strict=True))
     return {"task": task, "rows": rows, "devices": devices,
             "predict_rows_per_second": rows / out.seconds,
             "pipeline_rows_per_second": rows / pipeline_seconds,

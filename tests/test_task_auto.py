@@ -74,3 +74,11 @@ def test_auto_refuses_columns_that_fit_several_tasks(headless_dir):
     rows = [{**ner, **qa} for ner, qa in zip(ner_rows(16), qa_rows(16), strict=True)]
     with pytest.raises(FineTuneError, match="cannot tell the task from the columns"):
         prepare_fine_tune(headless_dir, rows, batch_size=4, output_dir=None)
+
+
+def test_causal_lm_with_an_encoder_decoder_folder_is_refused(tmp_path):
+    from hfxla_nb.demo_seq2seq import demo_seq2seq_model_dir
+
+    with pytest.raises(FineTuneError, match="is an encoder-decoder model"):
+        prepare_fine_tune(demo_seq2seq_model_dir(cache=tmp_path), [{"text": "a b"}] * 8,
+                          task="causal-lm", batch_size=4, output_dir=None)

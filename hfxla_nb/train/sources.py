@@ -96,6 +96,10 @@ def resolve_task(task: str, model: Any, model_config: Any) -> str:
         getattr(model_config, "architectures", None) or [])
     heads = _task_heads()
     found = head_task(model, model_config)
+    if task == "causal-lm" and getattr(model_config, "is_encoder_decoder", False):
+        from .seq2seq_task import refuse_encoder_decoder
+
+        refuse_encoder_decoder(task, model_config)  # a name or folder too, before any fork
     if task == "auto":
         return found or "classification"
     if instance and not any(names[0].endswith(suffix) for suffix in heads.get(task, ())):
