@@ -54,8 +54,9 @@ def prepare(inputs: list[Any], context: Any, max_length: int | None) -> Generati
     if max_length is not None and max_length < longest:
         raise FineTuneError(f"max_length={max_length} is shorter than the longest prompt "
                             f"({longest} tokens); pass max_length>={longest} or leave it out.")
+    room = (limit - new) if limit is not None else batching.round_up(longest)
     buckets = ([int(max_length)] if max_length else
-               batching.choose_buckets([len(row) for row in ids], longest))
+               batching.choose_buckets([len(row) for row in ids], max(room, longest)))
     buckets[-1] = max(buckets[-1], longest)
     if limit is not None and buckets[-1] + new > limit:
         raise FineTuneError(
