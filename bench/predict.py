@@ -1,7 +1,8 @@
 """Prediction throughput: `hx.predict` (a launched worker, the batch sharded over 4 virtual
 XLA:CPU devices, one graph per bucket) against `transformers.pipeline(...)` on the CPU in the
-kernel, same model, same inputs, per task; the ratio in one invocation. Multiple choice has
-no pipeline in transformers: its CPU side is a forward loop of 32 rows a batch; causal-lm
+kernel, same model, same inputs, per task; the ratio in one invocation. Question answering
+and multiple choice have no pipeline in transformers 5: their CPU side is a forward loop of
+32 rows a batch (question answering: the same windows, decoded by the same rules); causal-lm
 generates `NEW_TOKENS` tokens per prompt, greedily, on both sides.
 
 `python -m bench.predict [--rows N] [--tasks classification,token-classification,...]` prints
@@ -47,6 +48,36 @@ def _inputs(task: str, rows: int) -> tuple[str, list, str]:
     return demo_tasks.qa_model_dir(), qa, "question-answering"
 
 
+def _question_answering_on_cpu(folder: str, rows: list[dict], length: int = 384) -> list[dict]:
+    """Each question's answer: the model on the CPU over the same windows (stride a quarter of
+    the length), 32 windows a batch, decoded by the rules `predict` uses (transformers 5 has
+    no question-answering pipeline)."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+    from hfxla_nb.train.question_answering import best_answer, encode_examples
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForQuestionAnswering.from_pretrained(folder).eval()
+    contexts = [r["context"] for r in rows]
+    encoded, _, mapping, offsets = encode_examples(
+        tokenizer, [r["question"] for r in rows], contexts, None, length, length // 4)
+    starts, ends = [], []
+    for begin in range(0, len(mapping), 32):
+        batch = {name: encoded[name][begin:begin + 32]
+                 for name in ("input_ids", "attention_mask", "token_type_ids") if name in encoded}
+        width = max(len(row) for row in batch["input_ids"])
+        tensors = {name: torch.tensor([row + [0] * (width - len(row)) for row in values])
+                   for name, values in batch.items()}
+        with torch.no_grad():
+            output = model(**tensors)
+        starts += list(output.start_logits.numpy())
+        ends += list(output.end_logits.numpy())
+    return [best_answer([(starts[f], ends[f], offsets[f]) for f in np.flatnonzero(mapping == i)],
+                        context, True) for i, context in enumerate(contexts)]
+
+
 def _multiple_choice_on_cpu(folder: str, rows: list[dict]) -> list[int]:
     """The chosen ending of each row: the model on the CPU, 32 rows a batch."""
     import torch
@@ -72,7 +103,7 @@ def measure(task: str, rows: int, devices: int = 4) -> dict:
     import hfxla_nb as hx
 
     folder, inputs, pipeline_task = _inputs(task, rows)
-    if pipeline_task != "multiple-choice":
+    if pipeline_task not in ("multiple-choice", "question-answering"):
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
         if pipeline_task == "text-generation":
             tokenizer.padding_side = "left"  # batched generation pads prompts on the left
@@ -85,8 +116,7 @@ def measure(task: str, rows: int, devices: int = 4) -> dict:
         reference = pipe(inputs, batch_size=32, max_new_tokens=NEW_TOKENS, do_sample=False,
                          return_full_text=False)
     elif pipeline_task == "question-answering":
-        reference = pipe(question=[r["question"] for r in inputs],
-                         context=[r["context"] for r in inputs], batch_size=32)
+        reference = _question_answering_on_cpu(folder, inputs)
     else:
         reference = pipe(inputs, batch_size=32)
     pipeline_seconds = time.perf_counter() - start
@@ -98,6 +128,8 @@ def measure(task: str, rows: int, devices: int = 4) -> dict:
         agree = sum(p["label"] == r["label"] for p, r in zip(out, reference, strict=True))
     elif task == "multiple-choice":
         agree = sum(p["label"] == r for p, r in zip(out, reference, strict=True))
+    elif task == "question-answering":
+        agree = sum(p["answer"] == r["answer"] for p, r in zip(out, reference, strict=True))
     return {"task": task, "rows": rows, "devices": devices,
             "predict_rows_per_second": rows / out.seconds,
             "pipeline_rows_per_second": rows / pipeline_seconds,
