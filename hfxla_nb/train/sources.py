@@ -97,9 +97,13 @@ def resolve_task(task: str, model: Any, model_config: Any) -> str:
     heads = _task_heads()
     found = head_task(model, model_config)
     if task == "causal-lm" and getattr(model_config, "is_encoder_decoder", False):
-        from .seq2seq_task import refuse_encoder_decoder
-
-        refuse_encoder_decoder(task, model_config)  # a name or folder too, before any fork
+        # A name or folder too, before any fork (seq2seq_task.refuse_encoder_decoder's words;
+        # importing it here would make a cycle).
+        what = ", ".join(names) or getattr(model_config, "model_type", "the model")
+        raise _fail(f"task='causal-lm', but the model ({what}) is an encoder-decoder model: "
+                    "it learns a target from a source. Use task='seq2seq' with "
+                    "source_column= and target_column= (or source_lang= and target_lang=), "
+                    "or a decoder-only model.")
     if task == "auto":
         return found or "classification"
     if instance and not any(names[0].endswith(suffix) for suffix in heads.get(task, ())):
