@@ -75,7 +75,7 @@ test-browser: setup $(BROWSER_STAMP) $(CHROMIUM)
 # TASK=token-classification or question-answering: the tiny BERT's NER or QA head, then predict.
 # TASK=seq2seq: a tiny BART learns word-list translations (BLEU, fixed-shape generation).
 TASK ?= classification
-DEMO_TASKS := token-classification question-answering
+DEMO_TASKS := token-classification question-answering multiple-choice
 demo: setup
 	$(PY) -m hfxla_nb.$(if $(filter causal-lm,$(TASK)),demo_lm,$(if $(filter seq2seq,$(TASK)),demo_seq2seq,$(if $(filter $(DEMO_TASKS),$(TASK)),demo_tasks --task $(TASK),demo)))
 
