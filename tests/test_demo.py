@@ -147,6 +147,7 @@ def test_make_demo_shows_what_the_run_uses_and_no_setup_noise(tmp_path):
     ("causal-lm", "-m hfxla_nb.demo_lm"),
     ("token-classification", "-m hfxla_nb.demo_tasks --task token-classification"),
     ("question-answering", "-m hfxla_nb.demo_tasks --task question-answering"),
+    ("multiple-choice", "-m hfxla_nb.demo_tasks --task multiple-choice"),
     ("seq2seq", "-m hfxla_nb.demo_seq2seq"),
 ])
 def test_make_demo_runs_each_tasks_default(task, command):
