@@ -10,9 +10,12 @@ killed and the placement group removed before this returns.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...events import Event, Log
@@ -223,6 +226,25 @@ def _release(ray: Any, actors: list[Any], reservation: placement.Reservation) ->
     reservation.release()
 
 
+@contextlib.contextmanager
+def _interrupts_noted() -> Iterator[threading.Event]:
+    """While the notebook side watches the hosts, SIGINT (the kernel's stop button) only sets
+    the event it yields, and the watch loop raises KeyboardInterrupt itself: raised inside
+    Ray's `wait`, the interrupt could be lost (measured: a launch ran on to its end). Outside
+    the main thread signals cannot be handled, and the event is never set."""
+    noted = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.set())
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if noted.is_set():  # a stop pressed before the watch began, or during its last poll
+        raise KeyboardInterrupt
+
+
 class _Watch:
     """The local watch loop's counterpart over hosts (see `supervision.Supervision._watch`)."""
 
@@ -242,6 +264,7 @@ class _Watch:
         self.exited: dict[int, int] = {}
         self.left: dict[int, str] = {}
         self.polls: dict[Any, int] = {}  # poll -> host, in flight
+        self.interrupted = threading.Event()  # set by SIGINT while `run` watches
 
     @property
     def pending(self) -> list[Any]:
@@ -252,10 +275,11 @@ class _Watch:
         began = time.monotonic()
         outcome = Outcome.FAILED
         try:
-            for info, pid in zip(self.record.hosts, self.ray.get(start(), timeout=60),
-                                 strict=True):
-                info["supervisor"] = pid
-            outcome = self._watch(began)
+            with _interrupts_noted() as self.interrupted:
+                for info, pid in zip(self.record.hosts, self.ray.get(start(), timeout=60),
+                                     strict=True):
+                    info["supervisor"] = pid
+                outcome = self._watch(began)
         except KeyboardInterrupt:
             outcome = Outcome.INTERRUPTED
             raise
@@ -278,6 +302,8 @@ class _Watch:
         last_refresh = 0.0
         while True:
             ready, _ = self.ray.wait(list(polls), num_returns=len(polls), timeout=POLL_WAIT)
+            if self.interrupted.is_set():
+                raise KeyboardInterrupt
             for ref in ready:
                 host = polls.pop(ref)
                 try:
