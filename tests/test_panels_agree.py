@@ -102,12 +102,12 @@ def test_status_is_the_launch_and_a_finished_bar_gives_overall_rates():
     assert text.status_line(live) == "… running for 3.1 s"
     (live_bar,) = live.bars
     assert text.timing_parts(live_bar) == ["3.1 s elapsed", "ETA 3.0 s",
-                                          "10 it/s, 80 samples/s wall clock"]
+                                          "10 it/s, 80 samples/s"]
     _, final = run(range(1, 61), dt=0.1)
     assert text.status_line(final) == "✔ launch finished in 9.0 s"
     (final_bar,) = final.bars
     assert text.timing_parts(final_bar) == ["6.0 s elapsed",
-                                           "overall 10 it/s, 80 samples/s wall clock"]
+                                           "overall 10 it/s, 80 samples/s"]
 
 
 def test_the_status_line_says_which_attempt():
@@ -176,8 +176,8 @@ def test_a_report_bar_and_a_tqdm_bar_over_one_loop_count_the_same_time():
     # Both clocks start with the loop (not the rank's set-up): the same elapsed and rates.
     assert train.elapsed == bar.elapsed == pytest.approx(5.0)
     assert text.timing_parts(train) == text.timing_parts(bar) == [
-        "5.0 s elapsed", "overall 2 it/s wall clock"]
-    assert live["train"] == live["tqdm"] == ["3.0 s elapsed", "ETA 2.0 s", "2 it/s wall clock"]
+        "5.0 s elapsed", "overall 2 it/s"]
+    assert live["train"] == live["tqdm"] == ["3.0 s elapsed", "ETA 2.0 s", "2 it/s"]
     # Each figure says what it counts (tooltips in the HTML panel and the widget's parts).
     page = html.bars_html([train])
     assert f'title="{text.ELAPSED_MEANS}"' in page.replace("&#x27;", "'")

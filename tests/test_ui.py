@@ -232,7 +232,7 @@ def test_text_panel_lines():
     line = text.bar_line(state.view().bars[0], width=4)
     # One rank: no "[rank 0]"; the mark's place is kept blank while it runs.
     assert line.startswith("train   |██░░| 2/4 · ")
-    assert line.endswith(" · 2 it/s, 16 samples/s wall clock · loss=0.5 · lr=0.001")
+    assert line.endswith(" · 2 it/s, 16 samples/s · loss=0.5 · lr=0.001")
     whole = text.launch_text(state.view())
     assert ("XLA as of step 20: 2 compiles (3.0 s), 20 executions (1.0 s, 50 ms XLA per step), "
             "compile 75% / execute 25%\n") in whole

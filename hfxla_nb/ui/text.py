@@ -58,16 +58,16 @@ def timing_pieces(bar: BarView) -> list[tuple[str, str]]:
     if bar.samples_rate is not None:
         rates.append(rate(bar.samples_rate, "samples"))
     if rates:
-        pieces.append((("overall " if bar.overall else "") + ", ".join(rates) + " wall clock",
-                       RATE_MEANS))
+        # What the rate counts (wall clock) is its tooltip: the bar's values stay on one line.
+        pieces.append((("overall " if bar.overall else "") + ", ".join(rates), RATE_MEANS))
     return pieces
 
 
 def timing_parts(bar: BarView) -> list[str]:
     """What a bar's time and speed are, each a piece that reads on its own: while it runs
-    `12.0 s elapsed`, `ETA 18.0 s`, `3.3 it/s, 53.1 samples/s wall clock` (the current
-    rates); once it ended `7.3 s elapsed` and `overall 9.8 it/s, 53.1 samples/s wall clock`
-    (averages over the bar). Times are wall-clock times (the host's work included), not
+    `12.0 s elapsed`, `ETA 18.0 s`, `3.3 it/s, 53.1 samples/s` (the current rates); once it
+    ended `7.3 s elapsed` and `overall 9.8 it/s, 53.1 samples/s` (averages over the bar).
+    Times are wall-clock times (the host's work included), not
     XLA's: the metrics give XLA's execution time per step (`executions_text`)."""
     return [piece for piece, _ in timing_pieces(bar)]
 

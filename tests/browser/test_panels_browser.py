@@ -309,7 +309,9 @@ def test_failure_says_its_message_once_without_launcher_frames(browser_lab):
                               ready=lambda step: step is not None and step >= 10)
     text = seen["text"]
     assert "✖ launch failed after" in text and "the function raised ValueError" in text, text
-    assert text.count("ValueError: boom") == 1, text  # the LaunchError's line, nothing else
+    # The LaunchError's line and the remote traceback's own last line, nothing else.
+    assert text.count("ValueError: boom") == 2, text
+    assert text.rstrip().endswith("ValueError: boom"), text
     assert "LaunchError" in text and 'raise ValueError("boom")' in text, text
     assert "run_rank" not in text and "worker.py" not in text, text
     (stats,) = seen["final"]["stats"]
