@@ -130,6 +130,21 @@ class EncodedData:
     host: Any = None
 
 
+def split_buckets(encoded: dict[str, dict], cap: int, max_length: int | None,
+                  rows_per_step: int) -> list[int]:
+    """The length buckets of a fine-tune whose splits are tokenized (`{split: {"input_ids":
+    rows}}`): `[max_length]` when given; else `choose_buckets` of the training rows (each
+    bucket holding at least 4 steps' rows), the last widened to the longest row of any split
+    (evaluation rows longer than every training row), at most `cap`."""
+    if max_length is not None:
+        return [int(max_length)]
+    train = [len(row) for row in encoded["train"]["input_ids"]]
+    buckets = choose_buckets(train, cap, min_rows=4 * rows_per_step)
+    longest = max(len(row) for rows in encoded.values() for row in rows["input_ids"])
+    buckets[-1] = max(buckets[-1], min(cap, round_up(longest)))
+    return buckets
+
+
 def tokenize(tokenizer, texts: list[str], pairs: list[str] | None, cap: int) -> tuple[dict, int]:
     """Tokenize without padding, truncating to `cap` tokens.
 

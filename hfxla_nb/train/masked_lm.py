@@ -93,14 +93,7 @@ class MaskedLM(Task):
                                  if k != "special_tokens_mask"},
                               "input_ids": inputs, "labels": labels}
         steps.check_batch_fits(config, len(encoded["train"]["input_ids"]))
-        if config.max_length is not None:
-            buckets = [int(config.max_length)]
-        else:
-            lengths = [len(r) for r in encoded["train"]["input_ids"]]
-            buckets = batching.choose_buckets(lengths, cap, min_rows=4 * config.rows_per_step)
-            longest = batching.round_up(max(len(r) for e in encoded.values()
-                                            for r in e["input_ids"]))
-            buckets[-1] = max(buckets[-1], min(cap, longest))
+        buckets = batching.split_buckets(encoded, cap, config.max_length, config.rows_per_step)
         notes: list[str] = []
         pads = pad_values(tokenizer, notes)
         input_names = batching.input_names_of(tokenizer, encoded["train"])

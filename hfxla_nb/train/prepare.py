@@ -76,7 +76,7 @@ def prepare_fine_tune(
         encoded[split], truncated[split] = batching.tokenize(
             tokenizer, texts, columns.pairs.get(split), cap)
     steps.check_batch_fits(config, len(columns.texts["train"]))
-    buckets = _bucket_lengths(config, encoded, cap)
+    buckets = batching.split_buckets(encoded, cap, config.max_length, config.rows_per_step)
     pad_id = steps.pad_id(tokenizer, columns.notes)
     input_names = batching.input_names_of(tokenizer, encoded["train"])
     pad_values = {
@@ -118,25 +118,12 @@ def prepare_fine_tune(
         model_kwargs=_model_kwargs(model_config, fixed_labels, columns.label_names, pad_id),
         tokenizer=tokenizer,
         data=encoded_data,
-        batch_size=int(config.batch_size),
-        gradient_accumulation_steps=int(config.gradient_accumulation_steps),
-        learning_rate=float(config.learning_rate),
-        weight_decay=float(config.weight_decay),
-        warmup_steps=int(config.warmup_steps),
-        max_grad_norm=None if config.max_grad_norm is None else float(config.max_grad_norm),
         total_steps=total,
         steps_per_epoch=per_epoch,
-        precision=config.precision,
-        strategy=config.strategy,
-        output_dir=output_dir,
-        save_steps=config.save_steps,
-        resume_from=str(resume) if resume is not None else None,
-        seed=int(config.seed),
         metrics=tuple(config.metrics),
-        log_every=int(config.log_every),
         devices=devices,
         fingerprint=fingerprint,
-        save=output_dir is not None,
+        **steps.config_fields(config, output_dir, resume),
         sharding="data" if config.sharding == "auto" else config.sharding,
     )
 
@@ -171,18 +158,6 @@ def _read_columns(dataset: Any, config: FineTuneConfig, model_config: Any,
         raise FineTuneError(str(error)) from None
     return _Texts(texts, pairs, list(label_names), label_ids, eval_name if eval_ds is not None
                   else None)
-
-
-def _bucket_lengths(config: FineTuneConfig, encoded: dict[str, dict], cap: int) -> list[int]:
-    if config.max_length is not None:
-        return [config.max_length]
-    lengths = [len(row) for split in encoded for row in encoded[split]["input_ids"]]
-    train_lengths = [len(row) for row in encoded["train"]["input_ids"]]
-    buckets = batching.choose_buckets(train_lengths, cap, min_rows=4 * config.rows_per_step)
-    longest = min(cap, batching.round_up(max(lengths)))
-    if longest > buckets[-1]:
-        buckets[-1] = longest  # evaluation rows longer than every training row
-    return buckets
 
 
 def _steps_per_epoch(config: FineTuneConfig, splits: dict, columns: _Texts,
@@ -287,25 +262,12 @@ def build_plan(config: FineTuneConfig, context: TaskContext, task: str,
         model_kwargs=model_kwargs,
         tokenizer=context.tokenizer,
         data=encoded,
-        batch_size=int(config.batch_size),
-        gradient_accumulation_steps=int(config.gradient_accumulation_steps),
-        learning_rate=float(config.learning_rate),
-        weight_decay=float(config.weight_decay),
-        warmup_steps=int(config.warmup_steps),
-        max_grad_norm=None if config.max_grad_norm is None else float(config.max_grad_norm),
         total_steps=total,
         steps_per_epoch=per_epoch,
-        precision=config.precision,
-        strategy=config.strategy,
-        output_dir=output_dir,
-        save_steps=config.save_steps,
-        resume_from=str(resume) if resume is not None else None,
-        seed=int(config.seed),
         metrics=tuple(config.metrics),
-        log_every=int(config.log_every),
         devices=devices,
         fingerprint=fingerprint,
-        save=output_dir is not None,
+        **steps.config_fields(config, output_dir, resume),
         task=task,
         sharding="data" if config.sharding == "auto" else config.sharding,
         gradient_checkpointing=bool(config.gradient_checkpointing),

@@ -68,18 +68,10 @@ def prepare_causal_lm(dataset: Any, config: FineTuneConfig, source: Any, model_c
         data=EncodedData(train=train, eval=encoded.get(eval_name) if eval_name else None,
                          input_names=list(lm_data.INPUT_NAMES), bucket_lengths=[max_length],
                          label_names=[], notes=notes),
-        batch_size=int(config.batch_size),
-        gradient_accumulation_steps=int(config.gradient_accumulation_steps),
-        learning_rate=float(config.learning_rate),
-        weight_decay=float(config.weight_decay),
-        warmup_steps=int(config.warmup_steps),
-        max_grad_norm=None if config.max_grad_norm is None else float(config.max_grad_norm),
-        total_steps=total, steps_per_epoch=max(per_epoch, 1), precision=config.precision,
-        strategy=config.strategy, output_dir=output_dir, save_steps=config.save_steps,
-        resume_from=str(resume) if resume is not None else None, seed=int(config.seed),
-        metrics=(), log_every=int(config.log_every), devices=devices, fingerprint=fingerprint,
-        save=output_dir is not None, task="causal-lm", sharding=sharding,
+        total_steps=total, steps_per_epoch=max(per_epoch, 1), metrics=(), devices=devices,
+        fingerprint=fingerprint, task="causal-lm", sharding=sharding,
         gradient_checkpointing=bool(config.gradient_checkpointing),
+        **steps.config_fields(config, output_dir, resume),
     )
 
 

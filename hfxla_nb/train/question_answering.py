@@ -185,14 +185,7 @@ class QuestionAnswering(Task):
                 notes.append(f"{split}: {split_windows} more windows for long contexts "
                              f"({cap} tokens, stride {stride})")
         steps.check_batch_fits(config, len(labels["train"]))
-        if config.max_length is not None:
-            buckets = [int(config.max_length)]
-        else:
-            lengths = [len(ids) for ids in encoded["train"]["input_ids"]]
-            buckets = batching.choose_buckets(lengths, cap, min_rows=4 * config.rows_per_step)
-            longest = batching.round_up(max(len(ids) for rows in encoded.values()
-                                            for ids in rows["input_ids"]))
-            buckets[-1] = max(buckets[-1], min(cap, longest))
+        buckets = batching.split_buckets(encoded, cap, config.max_length, config.rows_per_step)
         pads = pad_values(tokenizer, notes)
         input_names = batching.input_names_of(tokenizer, encoded["train"])
         encoded_splits = {split: batching.encode_split(split, encoded[split], labels[split],

@@ -240,14 +240,7 @@ def encode(dataset: Any, config: Any, context: Any, columns: Seq2SeqColumns,
     sources, truncated = {}, {}
     for split, p in pairs.items():
         sources[split], truncated[split] = batching.tokenize(tokenizer, p.sources, None, cap)
-    if config.max_length is not None:
-        buckets = [int(config.max_length)]
-    else:
-        train_lengths = [len(ids) for ids in sources["train"]["input_ids"]]
-        buckets = batching.choose_buckets(train_lengths, cap, min_rows=4 * config.rows_per_step)
-        longest = min(cap, batching.round_up(max(len(ids) for s in sources.values()
-                                                 for ids in s["input_ids"])))
-        buckets[-1] = max(buckets[-1], longest)
+    buckets = batching.split_buckets(sources, cap, config.max_length, config.rows_per_step)
     pad = tokenizer.pad_token_id
     if pad is None:
         raise FineTuneError("the tokenizer has no padding token; set one (tokenizer.pad_token "

@@ -67,6 +67,28 @@ def devices(config: FineTuneConfig) -> int:
     return devices
 
 
+def config_fields(config: FineTuneConfig, output_dir: str | None,
+                  resume: Any) -> dict[str, Any]:
+    """The `TrainPlan` fields every task takes from its config as they are (optimizer, schedule,
+    precision, strategy, logging), with the output folder and the checkpoint to resume."""
+    return dict(
+        batch_size=int(config.batch_size),
+        gradient_accumulation_steps=int(config.gradient_accumulation_steps),
+        learning_rate=float(config.learning_rate),
+        weight_decay=float(config.weight_decay),
+        warmup_steps=int(config.warmup_steps),
+        max_grad_norm=None if config.max_grad_norm is None else float(config.max_grad_norm),
+        precision=config.precision,
+        strategy=config.strategy,
+        output_dir=output_dir,
+        save_steps=config.save_steps,
+        resume_from=str(resume) if resume is not None else None,
+        seed=int(config.seed),
+        log_every=int(config.log_every),
+        save=output_dir is not None,
+    )
+
+
 def checkpoint_to_resume(config: FineTuneConfig, output_dir: str | None,
                           fingerprint: dict[str, Any]):
     """The checkpoint to continue from (or None); refused when it was written by other

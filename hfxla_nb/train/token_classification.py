@@ -241,7 +241,7 @@ class TokenClassification(Task):
             host[split] = WordRows(words[split], firsts,
                                    [[names[i] for i in row] for row in tag_ids[split]])
         steps.check_batch_fits(config, len(words["train"]))
-        buckets = _buckets(config, encoded, cap)
+        buckets = batching.split_buckets(encoded, cap, config.max_length, config.rows_per_step)
         pads = pad_values(tokenizer, notes)
         input_names = batching.input_names_of(tokenizer, encoded["train"])
         side = getattr(tokenizer, "padding_side", "right") or "right"
@@ -359,18 +359,6 @@ class TokenClassification(Task):
 def _model_tags(context: Any) -> list[str]:
     id2label = context.model_config.id2label
     return [str(id2label[key]) for key in sorted(id2label, key=int)]
-
-
-def _buckets(config: Any, encoded: dict[str, dict], cap: int) -> list[int]:
-    if config.max_length is not None:
-        return [int(config.max_length)]
-    train = [len(row) for row in encoded["train"]["input_ids"]]
-    every = [len(row) for rows in encoded.values() for row in rows["input_ids"]]
-    buckets = batching.choose_buckets(train, cap, min_rows=4 * config.rows_per_step)
-    longest = min(cap, batching.round_up(max(every)))
-    if longest > buckets[-1]:
-        buckets[-1] = longest
-    return buckets
 
 
 def seqeval_metrics(truth: list[list[str]], predicted: list[list[str]]) -> dict[str, float]:
