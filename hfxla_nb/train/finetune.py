@@ -95,8 +95,7 @@ def fine_tune(
         hosts=hosts,
     )
     result = FineTuneResult.from_dict(raw)
-    memory = getattr(plan, "memory", None)  # a causal LM's MemoryPlan
-    result.memory_plan = dataclasses.asdict(memory) if memory is not None else None
+    result.memory_plan = dataclasses.asdict(plan.memory) if plan.memory is not None else None
     record = last_launch()
     if record is not None:  # what the launch panel showed, as data on the result
         result.launch_seconds = record.duration

@@ -103,7 +103,7 @@ class _Run:
         hf_logging.disable_progress_bar()
         self.torch.manual_seed(self.plan.seed)  # the new head's initialization
         # A LoRA run resumes from the plan's base; the checkpoint holds only the adapter.
-        resume = None if getattr(self.plan, "lora", None) else self.plan.resume_from
+        resume = None if self.plan.lora else self.plan.resume_from
         source = resume or self.plan.model
         if not isinstance(source, str):
             return source

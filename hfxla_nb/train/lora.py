@@ -192,7 +192,7 @@ def worker_model(model: Any, plan: Any, precision: str) -> Any:
     """In the worker, on the host before the move to the device: `model` with the plan's
     adapters (and, when resuming, the checkpoint's adapter weights), or `model` as it is for
     a full fine-tune."""
-    settings = getattr(plan, "lora", None)
+    settings = plan.lora
     if not settings:
         return model
     wrapped = apply_lora(model, settings, precision)
@@ -209,7 +209,7 @@ def worker_model(model: Any, plan: Any, precision: str) -> Any:
 def described(run: Any) -> dict[str, Any]:
     """What the result says about LoRA: the settings and the trainable share."""
     trainable, total = trainable_counts(run.base_model)
-    return {"lora": getattr(run.plan, "lora", None), "trainable_parameters": trainable,
+    return {"lora": run.plan.lora, "trainable_parameters": trainable,
             "parameters": total}
 
 

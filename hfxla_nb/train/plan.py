@@ -36,6 +36,11 @@ class TrainPlan:
     task: str = "classification"  # or "causal-lm" (tasks.py)
     sharding: str = "data"  # or "fsdp": FSDPv2, parameters sharded over the devices
     gradient_checkpointing: bool = False
+    # A causal LM's: its LoRA settings (`lora.lora_settings`' JSON, peft `LoraConfig` fields;
+    # None: a full fine-tune) and the `memory_plan.MemoryPlan` that `sharding="auto"` and
+    # `lora="auto"` were decided from (None for the other tasks).
+    lora: dict[str, Any] | None = None
+    memory: Any = None
 
     @property
     def rows_per_step(self) -> int:

@@ -8,7 +8,6 @@ Nothing is forked or written here; every refusal is a `FineTuneError` that says 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from .._words import plural
@@ -59,7 +58,7 @@ def prepare_causal_lm(dataset: Any, config: FineTuneConfig, source: Any, model_c
         fingerprint["lora"] = lora_json
     resume = steps.checkpoint_to_resume(config, output_dir, fingerprint)
     eval_name = next((name for name in encoded if name != "train"), None)
-    return LmTrainPlan(
+    return TrainPlan(
         lora=lora_json, memory=memory,
         model=source,
         model_kwargs={} if getattr(model_config, "pad_token_id", None) is not None
@@ -73,20 +72,6 @@ def prepare_causal_lm(dataset: Any, config: FineTuneConfig, source: Any, model_c
         gradient_checkpointing=bool(config.gradient_checkpointing),
         **steps.config_fields(config, output_dir, resume),
     )
-
-
-@dataclass
-class LmTrainPlan(TrainPlan):
-    """A causal LM's `TrainPlan`, with its LoRA settings and memory plan.
-
-    Attributes:
-        lora: `lora.lora_settings`' JSON (peft `LoraConfig` fields), or None: a full
-            fine-tune.
-        memory: the `MemoryPlan` that `sharding="auto"` and `lora="auto"` were decided from.
-    """
-
-    lora: dict[str, Any] | None = None
-    memory: MemoryPlan | None = None
 
 
 def _memory_plan(config: FineTuneConfig, model: Any, lora_json: dict[str, Any] | None,

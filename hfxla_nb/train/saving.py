@@ -83,7 +83,7 @@ def save_checkpoint(run: Any, step: int) -> None:
         }
 
         def write_model(folder: Path) -> None:
-            if getattr(run.plan, "lora", None):
+            if run.plan.lora:
                 save_adapter(run, folder, cpu_model)  # the base is the plan's model
             else:
                 run.base_model.save_pretrained(folder, state_dict=cpu_model)
@@ -101,7 +101,7 @@ def save_final(run: Any, result: dict[str, Any]) -> None:
     """The trained model, tokenizer and run summary, published atomically in `output_dir`."""
     cpu_model, _, _ = cpu_state(run)
     with ckpt.atomic_folder(run.plan.output_dir, keep=(ckpt.CHECKPOINTS,)) as tmp:
-        if getattr(run.plan, "lora", None):
+        if run.plan.lora:
             save_final_lora(run, tmp, cpu_model)  # the adapter, and the merged model
         else:
             run.base_model.save_pretrained(tmp, state_dict=cpu_model)
