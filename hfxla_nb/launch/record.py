@@ -13,6 +13,7 @@ import re
 import signal
 import time
 from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 from .._units import duration
@@ -234,11 +235,17 @@ class RecordKeeper:
         elif isinstance(event, ProcessExited):
             self._record_exit(event)
         elif isinstance(event, ProcessesStopped):
-            self.record.stopped_processes.extend(event.processes)
+            self.note_stopped(event.processes)
         elif isinstance(event, Heartbeat):
             pass
         if isinstance(event, (Progress, MetricsSnapshot)):
             self.metrics.handle(event)
+
+    def note_stopped(self, processes: Iterable[str]) -> None:
+        """Name processes the launch left running and had to stop; the supervisor and the
+        notebook may both name one (each stops what it finds), and it is named once."""
+        stopped = self.record.stopped_processes
+        stopped.extend(name for name in dict.fromkeys(processes) if name not in stopped)
 
     def finish(self) -> None:
         """The launch is over: give every rank its final figures."""

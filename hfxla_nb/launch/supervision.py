@@ -234,7 +234,7 @@ class Supervision:
         if self.group is None:
             return
         # Also what left the group (a new session, a daemon): named on the record.
-        self.record.stopped_processes.extend(stop_group(self.group, reap=self._supervisor_exited))
+        self.keeper.note_stopped(stop_group(self.group, reap=self._supervisor_exited))
         if self.pid is not None:
             try:
                 os.waitpid(self.pid, 0)

@@ -47,7 +47,7 @@ from ..runtime import compile_cache
 from . import log_sender, rank_env
 from .accelerate_state import gloo_world_for_accelerate
 from .native_output import route_this_process
-from .processes import become_subreaper, stop_descendants
+from .processes import TERMINATE_GRACE, become_subreaper, stop_descendants
 from .script_mode import cell_numbers, leave_the_notebook
 
 HEARTBEAT_INTERVAL = 1.0
@@ -344,6 +344,9 @@ def supervise(
         )
         code = 1
     finally:
+        # The notebook stops the launch's group (SIGTERM) as soon as it learns of a failure,
+        # which is while this process stops its leftovers: it must not die before naming them.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         _stop_leftovers(channel)
         drain_output()
         os._exit(code)
@@ -353,7 +356,8 @@ def _stop_leftovers(channel: Channel) -> None:
     """Stop what the launch started that still runs below the supervisor (a server, a
     process in a session of its own, a daemon) and name them to the notebook."""
     try:
-        stopped = stop_descendants()
+        # Less than the notebook's grace: its SIGKILL (which no mask blocks) comes after.
+        stopped = stop_descendants(grace=TERMINATE_GRACE / 3)
     except Exception as error:  # noqa: BLE001 - the notebook's stop is the fallback
         print(f"hfxla_nb: could not stop the launch's remaining processes: {error}",
               file=sys.stderr)
