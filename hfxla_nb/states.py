@@ -136,6 +136,9 @@ class BaseLaunchRecord:
             "timeout" or "interrupted". A word is turned into its `Outcome`.
         process_group: the process group of every process the launch started (all gone when
             the launcher returns).
+        attempt: which attempt this launch was (1, then 2... after `max_restarts=`
+            relaunched the function following a failure).
+        max_attempts: how many attempts the call allowed (`max_restarts + 1`).
 
     Raises:
         ValueError: `outcome` is not an `Outcome` word.
@@ -147,9 +150,16 @@ class BaseLaunchRecord:
     duration: float = 0.0
     outcome: Outcome = Outcome.RUNNING
     process_group: int | None = None
+    attempt: int = 1
+    max_attempts: int = 1
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.outcome)
+
+    @property
+    def attempt_text(self) -> str:
+        """The words "attempt 2 of 4" when the call allowed restarts, else "" (for panels)."""
+        return f"attempt {self.attempt} of {self.max_attempts}" if self.max_attempts > 1 else ""
 
     @property
     def ok(self) -> bool:

@@ -14,7 +14,8 @@ import pytest
 from hfxla_nb.events import Channel, Failed, ProcessExited, Started
 from hfxla_nb.launch import LaunchRecord, RankRecord, RecordKeeper
 from hfxla_nb.launch.processes import group_processes
-from hfxla_nb.launch.supervision import STOPPED_AS, Supervision
+from hfxla_nb.launch.supervision import Supervision
+from hfxla_nb.launch.watching import STOPPED_AS
 from hfxla_nb.states import Outcome, RankState
 from hfxla_nb.ui import NullDisplay
 from hfxla_nb.ui.console import ConsoleDisplay
@@ -145,8 +146,9 @@ def test_states_read_as_their_words_and_a_misspelt_one_is_refused():
 
 
 def test_each_way_a_launch_ends_sets_its_outcome_and_the_state_of_the_ranks_left():
-    """`Supervision._end` is where every exit of `run` goes: the outcome is set there, the ranks
-    still running end in the state of that outcome, and the final panel is drawn from it."""
+    """`Supervision._end` (`watching.end_launch`, as on a cluster) is where every exit of `run`
+    goes: the outcome is set there, the ranks still running end in the state of that outcome,
+    and the final panel is drawn from it."""
     assert set(STOPPED_AS) == set(Outcome) - {Outcome.RUNNING}
     panels = {}
     for outcome, left in STOPPED_AS.items():

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 import signal
 import time
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._units import duration
@@ -78,7 +78,7 @@ class LaunchRecord(BaseLaunchRecord):
         native_log: every XLA C++ log line the launch's processes wrote, verbatim (the cell
             shows each repeated one once, with its count).
         attempt: which attempt this launch was (1, then 2... after `max_restarts=`
-            relaunched the function following a failure).
+            relaunched the function following a failure; `BaseLaunchRecord`'s).
         max_attempts: how many attempts the call allowed (`max_restarts + 1`).
         previous_attempts: the records of the earlier attempts of the same call, in order
             (`attempts` gives them with this one).
@@ -91,8 +91,6 @@ class LaunchRecord(BaseLaunchRecord):
 
     ranks: list[RankRecord]  # the same field: ranks with their metrics
     native_log: list[str] = field(default_factory=list)
-    attempt: int = 1
-    max_attempts: int = 1
     previous_attempts: list[LaunchRecord] = field(default_factory=list, repr=False)
     stopped_processes: list[str] = field(default_factory=list)
     hosts: list[dict] = field(default_factory=list)
@@ -101,11 +99,6 @@ class LaunchRecord(BaseLaunchRecord):
     def attempts(self) -> list[LaunchRecord]:
         """Every attempt of this `notebook_launcher` call so far, this one last."""
         return [*self.previous_attempts, self]
-
-    @property
-    def attempt_text(self) -> str:
-        """The words "attempt 2 of 4" when the call allowed restarts, else "" (for panels)."""
-        return f"attempt {self.attempt} of {self.max_attempts}" if self.max_attempts > 1 else ""
 
     def to_dataframe(self) -> Any:
         """One row per rank: exit state, duration, last step and every figure of its
@@ -312,6 +305,14 @@ class RecordKeeper:
                 )
                 if self.failure is None:
                     self.failure = rank_record
+
+    def outcome_after_exit(self, status: int) -> Outcome:
+        """Every supervisor of the launch exited (one with `status`) and the events they sent
+        are applied: ranks without a result failed, unless a failure is known already;
+        "finished" when every rank finished, else "failed"."""
+        if self.failure is None and not self.all_finished():
+            self.mark_unfinished_as_failed(status)
+        return Outcome.FINISHED if self.all_finished() else Outcome.FAILED
 
     def check_heartbeats(self, now: float) -> list[str]:
         """Mark ranks silent past `heartbeat_timeout` as timed out (ranks not started yet: past

@@ -15,24 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 from ..events import Channel, Event, Log, OutputPipes
 from ..runtime import compile_cache
-from ..states import Outcome, RankState
+from ..states import Outcome
 from .native_output import NativeRelay
 from .processes import stop_group
 from .record import LaunchRecord, RecordKeeper
+from .watching import REFRESH_INTERVAL, end_launch, shows
 
 if TYPE_CHECKING:
     from ..ui import LaunchDisplay
 
 POLL_INTERVAL = 0.1
-REFRESH_INTERVAL = 0.25
-# How the ranks still running end, for each way a launch ends ("finished": none is left, but
-# processes that outlived the supervisor are stopped all the same).
-STOPPED_AS = {
-    Outcome.FINISHED: RankState.STOPPED,
-    Outcome.FAILED: RankState.STOPPED,
-    Outcome.TIMEOUT: RankState.TIMEOUT,
-    Outcome.INTERRUPTED: RankState.INTERRUPTED,
-}
 
 
 class Supervision:
@@ -69,7 +61,8 @@ class Supervision:
         """Fork the launch's supervisor, watch it until the launch ends, stop what is left.
 
         The launch ends in one of three ways; for each, the record's `outcome` is set in one
-        place, `_end`, and the ranks still running end in the state `STOPPED_AS` gives it:
+        place, `_end` (`watching.end_launch`), and the ranks still running end in the state
+        `watching.STOPPED_AS` gives it:
 
         - `_watch` returns it: "finished" (the supervisor exited and every rank finished),
           "failed" (a rank failed, was killed or went silent, or the supervisor exited
@@ -173,9 +166,7 @@ class Supervision:
                 # is queued at the receiver when it is sent).
                 for event in channel.receive():
                     self._handle(event)
-                if self.keeper.failure is None and not self.keeper.all_finished():
-                    self.keeper.mark_unfinished_as_failed(exited)
-                return Outcome.FINISHED if self.keeper.all_finished() else Outcome.FAILED
+                return self.keeper.outcome_after_exit(exited)
             if self.timeout is not None and now - start > self.timeout:
                 return Outcome.TIMEOUT
             for warning in self.keeper.check_heartbeats(now):
@@ -194,9 +185,7 @@ class Supervision:
 
     def _shown(self, ranks: list[int]) -> bool:
         """Whether output of these ranks reaches the cell ([]: the launcher's own)."""
-        if self.shown_ranks in ("none", "all"):
-            return self.shown_ranks == "all"
-        return not ranks or any(rank in self.shown_ranks for rank in ranks)
+        return shows(self.shown_ranks, ranks)
 
     def _print_log(self, event: Log) -> None:
         if not self._shown([] if event.rank is None else [event.rank]):
@@ -227,10 +216,9 @@ class Supervision:
         self.pid = None
         return os.waitstatus_to_exitcode(status)
 
-    def _stop(self, state: RankState) -> None:
+    def _stop(self) -> None:
         """Stop every process of the launch (SIGTERM to its group, then SIGKILL) and reap the
-        supervisor; ranks still running end in `state`."""
-        self.keeper.mark_stopped(state)
+        supervisor."""
         if self.group is None:
             return
         # Also what left the group (a new session, a daemon): named on the record.
@@ -243,21 +231,19 @@ class Supervision:
             self.pid = None
 
     def _end(self, outcome: Outcome, channel: Channel, start: float) -> None:
-        """The one place a launch ends: stop what is left, set the record's outcome, apply the
-        last events, draw the final panel (see `run`)."""
-        self._stop(STOPPED_AS[outcome])  # grandchildren that outlived the supervisor too
-        self.record.outcome = outcome
-        self._finish(channel, start)
-        if outcome == Outcome.INTERRUPTED:
-            print(
-                "hfxla_nb: interrupted; every worker process of this launch was stopped. "
-                "The kernel is ready for the next launch.",
-                file=sys.stderr,
-            )
+        """The one place a launch ends (`watching.end_launch`, as on a cluster): stop what is
+        left, set the record's outcome, apply the last events, draw the final panel."""
+        end_launch(
+            self.keeper, self.display, outcome, start,
+            stop=self._stop,  # grandchildren that outlived the supervisor too
+            drain=lambda: self._drain(channel),
+            interrupted_line=("hfxla_nb: interrupted; every worker process of this launch was "
+                              "stopped. The kernel is ready for the next launch."),
+        )
 
-    def _finish(self, channel: Channel, start: float) -> None:
+    def _drain(self, channel: Channel) -> None:
         """Apply the events sent while the launch was stopped, close the channel and the
-        output relay, give the record its duration and figures, draw the final panel."""
+        output relay."""
         if self.exit_fd is not None:
             os.close(self.exit_fd)
             self.exit_fd = None
@@ -267,12 +253,6 @@ class Supervision:
             self.native.close()
         finally:
             channel.close()
-        self.record.duration = time.monotonic() - start
-        self.keeper.finish()
-        try:
-            self.display.close(self.record)
-        except Exception as error:  # noqa: BLE001 - a drawing bug must not hide the result
-            print(f"hfxla_nb: could not draw the final panel: {error}", file=sys.stderr)
 
 
 def _exit_descriptor(pid: int) -> int | None:

@@ -32,9 +32,12 @@ import threading
 import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _xla
+
+if TYPE_CHECKING:
+    from .hardware import Accelerator
 
 #: What `configure(compile_cache=...)` sets: a folder, "on" (the default folder) or "off".
 SETTING = "HFXLA_NB_COMPILE_CACHE"
@@ -84,15 +87,15 @@ def default_root(environment: str, home: str | None = None) -> str:
     return os.path.join(home, ".cache", "hfxla_nb", "xla")
 
 
-def cache_key(versions: Mapping[str, str | None], accelerator: Any) -> str:
+def cache_key(versions: Mapping[str, str | None], accelerator: Accelerator) -> str:
     """`torch_xla-2.9.0_libtpu-0.0.21.1_tpu-v5e` (`torch_xla-2.9.0_cpu` without a TPU). Each
     worker adds a subfolder for its compiler flags (`flags_folder`)."""
     parts = [f"torch_xla-{versions.get('torch_xla') or 'unknown'}"]
-    if getattr(accelerator, "kind", None) == "tpu":
+    if accelerator.kind == "tpu":
         parts.append(f"libtpu-{versions.get('libtpu') or 'unknown'}")
-        parts.append(f"tpu-{getattr(accelerator, 'generation', None) or 'unknown'}")
+        parts.append(f"tpu-{accelerator.generation or 'unknown'}")
     else:
-        parts.append(str(getattr(accelerator, "kind", "cpu")))
+        parts.append(accelerator.kind)
     return "_".join(part.replace(os.sep, "-").replace(" ", "-") for part in parts)
 
 
@@ -116,7 +119,7 @@ def _limit(environ: Mapping[str, str], environment: str) -> int:
     return int(max(gib, 0.0) * _GIB)
 
 
-def resolve(setting: bool | str | os.PathLike | None, *, accelerator: Any, environment: str,
+def resolve(setting: bool | str | os.PathLike | None, *, accelerator: Accelerator, environment: str,
             versions: Mapping[str, str | None], environ: Mapping[str, str],
             home: str | None = None) -> CacheSettings | None:
     """The cache a launch uses, or None when it is off.
@@ -134,7 +137,7 @@ def resolve(setting: bool | str | os.PathLike | None, *, accelerator: Any, envir
     if setting is None:
         configured = environ.get(SETTING, "").strip()
         if configured.lower() in ("", "auto"):
-            setting = getattr(accelerator, "kind", None) == "tpu"
+            setting = accelerator.kind == "tpu"
         elif configured.lower() in ("off", "0", "false"):
             setting = False
         elif configured.lower() in ("on", "1", "true"):
@@ -152,7 +155,7 @@ def resolve(setting: bool | str | os.PathLike | None, *, accelerator: Any, envir
     return CacheSettings(root, folder, _limit(environ, environment))
 
 
-def describe(*, accelerator: Any, environment: str, versions: Mapping[str, str | None],
+def describe(*, accelerator: Accelerator, environment: str, versions: Mapping[str, str | None],
              environ: Mapping[str, str], home: str | None = None) -> str:
     """Where launches keep compiled programs, in one line for `%xla_info`."""
     try:
@@ -161,7 +164,7 @@ def describe(*, accelerator: Any, environment: str, versions: Mapping[str, str |
     except CompileCacheRefusedError as error:
         return f"refused: {error}"
     if settings is None:
-        if getattr(accelerator, "kind", None) == "tpu":
+        if accelerator.kind == "tpu":
             return "off (hx.configure(compile_cache=True) turns it on)"
         return ("off: XLA on the CPU cannot load compiled programs back "
                 "(hx.configure(compile_cache=True) writes them anyway); on by default on TPUs")

@@ -271,7 +271,7 @@ class LaunchState:
         else:
             if record.duration > 0:
                 self.end = self.start + record.duration
-            self.attempt = getattr(record, "attempt_text", "") or self.attempt
+            self.attempt = record.attempt_text or self.attempt
             for rank_record in record.ranks:
                 self._close_rank(rank_record)
             ok = record.ok

@@ -22,11 +22,12 @@ from ...events import Event, Log
 from ...observe import tracing
 from ...runtime import detect
 from ...states import Outcome, RankState
-from ...ui import launch_display
+from ...ui import LaunchDisplay, launch_display
+from ...ui.base import PanelDisplay
 from .. import preflight as local_preflight
 from ..preflight import LaunchRefusedError
 from ..record import LaunchError, LaunchRecord, RankRecord, RecordKeeper
-from ..supervision import STOPPED_AS
+from ..watching import REFRESH_INTERVAL, end_launch, shows
 from . import placement
 from . import preflight as checks
 from .host import HostLaunch, installed_versions
@@ -91,8 +92,8 @@ def launch_on_cluster(function: Callable, args: tuple, pass_index: bool, *, clus
                                   attempt=attempt, max_attempts=max_attempts,
                                   previous_attempts=list(earlier), hosts=hosts)
             keep_record(record)
-            display = launch_display(world, progress)
-            _name_ranks(display, world, local_world, record.attempt_text)
+            display = launch_display(world, progress, attempt=record.attempt_text)
+            _name_ranks(display, world, local_world)
             watch = _Watch(ray, actors, described, record, display, shown_ranks, timeout,
                            heartbeat_timeout, local_world)
             watch.run(lambda envs=envs: [
@@ -193,14 +194,12 @@ def _host_envs(ray: Any, actors: list[Any], described: list[dict], plan: Any, st
     return envs
 
 
-def _name_ranks(display: Any, world: int, local_world: int, attempt: str = "") -> None:
-    """Bars and failure lines of the panel say "host H rank R", and the panel which attempt
-    it shows ("attempt 2 of 3", as on one host); a panel without state: nothing to name."""
-    state = getattr(display, "state", None)
-    if state is not None:
-        state.rank_names = {rank: f"host {rank // local_world} rank {rank}"
-                            for rank in range(world)}
-        state.attempt = attempt
+def _name_ranks(display: LaunchDisplay, world: int, local_world: int) -> None:
+    """Bars and failure lines of the panel say "host H rank R"; a display that draws no
+    panel (`progress=False`): nothing to name."""
+    if isinstance(display, PanelDisplay):
+        display.state.rank_names = {rank: f"host {rank // local_world} rank {rank}"
+                                    for rank in range(world)}
 
 
 def _stop_hosts(ray: Any, actors: list[Any], pending: list[Any] = ()) -> None:
@@ -272,6 +271,11 @@ class _Watch:
         return list(self.polls)
 
     def run(self, start: Callable[[], list[Any]]) -> None:
+        """Start every host (`start()` returns the actors' start calls), watch them until the
+        launch ends, and end it in one place (`watching.end_launch`, as on one host): the
+        record's outcome, the ranks still running, the final panel. "interrupted" (the stop
+        button) raises KeyboardInterrupt again; any other exception ends the launch "failed"
+        and is raised again. The hosts' processes are still to stop when this returns."""
         began = time.monotonic()
         outcome = Outcome.FAILED
         try:
@@ -284,19 +288,25 @@ class _Watch:
             outcome = Outcome.INTERRUPTED
             raise
         finally:
-            self.keeper.mark_stopped(STOPPED_AS[outcome])
-            self.record.outcome = outcome
-            self.record.duration = time.monotonic() - began
-            self.keeper.finish()
-            try:
-                self.display.close(self.record)
-            except Exception as error:  # noqa: BLE001 - a drawing bug must not hide the result
-                print(f"hfxla_nb: could not draw the final panel: {error}", file=sys.stderr)
-            if outcome == Outcome.INTERRUPTED:
-                print("hfxla_nb: interrupted; every host's worker processes were stopped.",
-                      file=sys.stderr)
+            # The hosts' processes are stopped by the caller (`_stop_hosts`, `_release`).
+            end_launch(self.keeper, self.display, outcome, began,
+                       interrupted_line=("hfxla_nb: interrupted; every host's worker "
+                                         "processes were stopped."))
 
     def _watch(self, began: float) -> Outcome:
+        """Relay every host's events until the launch ends; return how it ended.
+
+        One poll per host is in flight at a time (`HostLaunch.poll`: its events, and its
+        supervisor's exit code once it exited). Each turn waits up to `POLL_WAIT` for polls,
+        applies their events (ranks numbered across hosts) and asks the host again unless its
+        supervisor exited, redraws the panel at most every `REFRESH_INTERVAL`, then looks for
+        an end as the local loop does (`Supervision._watch`): a known failure (a host whose
+        actor died is one: its ranks "killed"): "failed"; every host's supervisor exited:
+        `RecordKeeper.outcome_after_exit`; past `timeout`: "timeout". Otherwise ranks quiet
+        past the warning are named once on stderr. The stop button, noted by
+        `_interrupts_noted`, is raised here as KeyboardInterrupt. It stops nothing: `run` and
+        the caller do.
+        """
         polls = {self.actors[h].poll.remote(POLL_WAIT): h for h in range(len(self.actors))}
         self.polls = polls  # updated in place: what is in flight when this returns
         last_refresh = 0.0
@@ -318,15 +328,13 @@ class _Watch:
                 else:
                     self.exited[host] = code
             now = time.monotonic()
-            if now - last_refresh >= 0.25:
+            if now - last_refresh >= REFRESH_INTERVAL:
                 self.display.refresh()
                 last_refresh = now
             if self.keeper.failure is not None:
                 return Outcome.FAILED
             if not polls:  # every host's supervisor exited, its events all read
-                if self.keeper.failure is None and not self.keeper.all_finished():
-                    self.keeper.mark_unfinished_as_failed(max(self.exited.values(), default=1))
-                return Outcome.FINISHED if self.keeper.all_finished() else Outcome.FAILED
+                return self.keeper.outcome_after_exit(max(self.exited.values(), default=1))
             if self.timeout is not None and now - began > self.timeout:
                 return Outcome.TIMEOUT
             for warning in self.keeper.check_heartbeats(now):
@@ -341,8 +349,7 @@ class _Watch:
 
     def _print(self, host: int, event: Log) -> None:
         rank = event.rank
-        shown = self.shown_ranks
-        if shown == "none" or (shown != "all" and rank is not None and rank not in shown):
+        if not shows(self.shown_ranks, [] if rank is None else [rank]):
             return
         stream = sys.stderr if event.stream == "stderr" else sys.stdout
         tag = f"[host {host} rank {rank}] " if rank is not None else f"[host {host}] "
