@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from jupyter_client.manager import KernelManager
 
+from .cell_messages import cell_messages
+
 
 @dataclass
 class Cell:
@@ -42,24 +44,15 @@ class BenchKernel:
         stdout, stderr, error = [], [], None
         start = time.monotonic()
         msg_id = self.client.execute(code)
-        while True:
-            remaining = timeout - (time.monotonic() - start)
-            if remaining <= 0:
-                self.manager.interrupt_kernel()
-                raise TimeoutError(f"cell did not finish in {timeout} s:\n{code}")
-            try:
-                message = self.client.get_iopub_msg(timeout=min(remaining, 1.0))
-            except Exception:  # noqa: BLE001 - queue.Empty: nothing yet
-                continue
-            if message["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind, content = message["msg_type"], message["content"]
+        for message in cell_messages(self.client, msg_id, poll=1.0):
+            kind, content = message or ("", {})
             if kind == "stream":
                 (stdout if content["name"] == "stdout" else stderr).append(content["text"])
             elif kind == "error":
                 error = f"{content['ename']}: {content['evalue']}"
-            elif kind == "status" and content["execution_state"] == "idle":
-                break
+            if time.monotonic() - start > timeout:
+                self.manager.interrupt_kernel()
+                raise TimeoutError(f"cell did not finish in {timeout} s:\n{code}")
         return Cell("".join(stdout), "".join(stderr), error, time.monotonic() - start)
 
     def value(self, expression: str, timeout: float = 600) -> object:

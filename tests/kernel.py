@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from jupyter_client.manager import KernelManager
 
+from bench.cell_messages import cell_messages
+
 
 @dataclass
 class CellOutput:
@@ -54,15 +56,28 @@ class Kernel:
     ) -> CellOutput:
         """Execute `code` as one cell; optionally press the stop button after some seconds,
         or `interrupt_after` seconds after `interrupt_on` first appears in the cell's output
-        (a machine under load may take longer than usual to get there)."""
+        (a machine under load may take longer than usual to get there). Returns when the
+        kernel is idle again (every message of the cell received); past `timeout`, presses the
+        stop button, waits for the kernel (`_stop_stuck_cell`) and raises TimeoutError."""
         output = CellOutput()
         start = time.monotonic()
         msg_id = output.msg_id = self.client.execute(code)
         interrupted: float | bool = False
         seen_at: float | None = None
-        while True:
-            remaining = timeout - (time.monotonic() - start)
-            if remaining <= 0:
+        for message in cell_messages(self.client, msg_id, poll=0.5):
+            kind, content = message or ("", {})
+            if kind == "stream":
+                if content["name"] == "stdout":
+                    output.stdout += content["text"]
+                else:
+                    output.stderr += content["text"]
+            elif kind == "error":
+                output.error = content
+            elif kind in ("display_data", "execute_result"):
+                output.displays.append(content)
+            elif kind == "update_display_data":
+                output.updates.append(content)
+            if time.monotonic() - start > timeout:
                 stuck = self._stop_stuck_cell(msg_id)
                 raise TimeoutError(f"cell did not finish in {timeout}s:\n{code}\n{output.text}"
                                    f"\n{stuck}")
@@ -77,26 +92,6 @@ class Kernel:
             ):
                 self.manager.interrupt_kernel()
                 interrupted = time.monotonic()
-            try:
-                message = self.client.get_iopub_msg(timeout=min(remaining, 0.5))
-            except Exception:  # noqa: BLE001 - queue.Empty: nothing yet
-                continue
-            if message["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind, content = message["msg_type"], message["content"]
-            if kind == "stream":
-                if content["name"] == "stdout":
-                    output.stdout += content["text"]
-                else:
-                    output.stderr += content["text"]
-            elif kind == "error":
-                output.error = content
-            elif kind in ("display_data", "execute_result"):
-                output.displays.append(content)
-            elif kind == "update_display_data":
-                output.updates.append(content)
-            elif kind == "status" and content["execution_state"] == "idle":
-                break
         output.duration = time.monotonic() - start
         if interrupted:
             output.after_interrupt = time.monotonic() - interrupted
@@ -122,18 +117,11 @@ class Kernel:
         self.manager.interrupt_kernel()
         deadline = time.monotonic() + wait
         ended = "still busy 30 s after the interrupt"
-        while time.monotonic() < deadline:
-            try:
-                message = self.client.get_iopub_msg(timeout=0.5)
-            except Exception:  # noqa: BLE001 - queue.Empty
-                continue
-            if message["parent_header"].get("msg_id") != msg_id:
-                continue
-            if message["msg_type"] == "error":
-                ended = "interrupted:\n" + "\n".join(message["content"]["traceback"][-6:])
-            elif (message["msg_type"] == "status"
-                  and message["content"]["execution_state"] == "idle"):
+        for message in cell_messages(self.client, msg_id, poll=0.5):
+            if time.monotonic() > deadline:
                 break
+            if message is not None and message[0] == "error":
+                ended = "interrupted:\n" + "\n".join(message[1]["traceback"][-6:])
         return f"{ended}\nkernel log (end):\n{self.log()[-2000:]}"
 
     def value(self, expression: str, timeout: float = 60):
