@@ -1,6 +1,8 @@
 """fine_tune(task="masked-lm") on real XLA:CPU over 4 virtual devices: host-side masking by the
 15% / 80-10-10 rules at fixed shapes, it learns the demo reviews, its loss equals a CPU forward
-pass of the saved model on the same masked rows, one graph per bucket."""
+pass of the saved model on the same masked rows, one graph per bucket. Then `predict` on texts
+with mask tokens: the fill-mask pipeline's candidates (same tokens, scores, sequences) on the
+CPU, one graph per bucket; bad input refused before any fork."""
 
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ import pytest
 import torch
 
 import hfxla_nb as hx
+from hfxla_nb import _xla
 from hfxla_nb.demo import demo_dataset
 from hfxla_nb.demo_tasks import mlm_model_dir
-from hfxla_nb.train import prepare_fine_tune
+from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from hfxla_nb.train.masked_lm import mask_tokens
+from hfxla_nb.train.predict import prepare_predict
 
 OPTIONS = dict(task="masked-lm", batch_size=32, epochs=3, learning_rate=5e-3, num_processes=4,
                progress=False)
@@ -23,6 +27,29 @@ OPTIONS = dict(task="masked-lm", batch_size=32, epochs=3, learning_rate=5e-3, nu
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
+
+
+@pytest.fixture(scope="module")
+def trained(cache, tmp_path_factory):
+    data = demo_dataset(n=400)
+    folder = mlm_model_dir(cache=cache)
+    result = hx.fine_tune(folder, data, output_dir=tmp_path_factory.mktemp("mlm") / "out",
+                          **OPTIONS)
+    return folder, data, result
+
+
+def masked_texts(data, mask: str) -> list[str]:
+    """The validation reviews with their third word masked (and a second mask in every
+    fourth), and one text much longer than the rest."""
+    texts = []
+    for i, text in enumerate(data["validation"]["text"]):
+        words = text.split()
+        words[2] = mask
+        if i % 4 == 0 and len(words) > 5:
+            words[-2] = mask
+        texts.append(" ".join(words))
+    texts.append(" ".join([texts[0]] * 6))
+    return texts
 
 
 def test_masking_follows_the_15_80_10_10_rules():
@@ -44,10 +71,8 @@ def test_masking_follows_the_15_80_10_10_rules():
     assert kept / chosen == pytest.approx(0.1, abs=0.02)
 
 
-def test_it_learns_and_its_loss_is_a_cpu_forwards_on_the_same_masked_rows(cache, tmp_path):
-    data = demo_dataset(n=400)
-    folder = mlm_model_dir(cache=cache)
-    result = hx.fine_tune(folder, data, output_dir=tmp_path / "out", **OPTIONS)
+def test_it_learns_and_its_loss_is_a_cpu_forwards_on_the_same_masked_rows(trained):
+    folder, data, result = trained
     assert result.task == "masked-lm"
     assert result.compiles == len(result.bucket_lengths) == 1
     assert result.eval_compiles == 1
@@ -73,3 +98,60 @@ def test_it_learns_and_its_loss_is_a_cpu_forwards_on_the_same_masked_rows(cache,
         tokens += float((labels != -100).sum())
     assert result.metrics["eval_masked_tokens"] == tokens
     assert result.metrics["eval_loss"] == pytest.approx(total / tokens, rel=1e-4)
+
+
+def test_predict_gives_the_fill_mask_pipelines_candidates(trained):
+    from transformers import pipeline
+
+    _, data, result = trained
+    texts = masked_texts(data, "[MASK]")
+    predicted = result.predict(texts, top_k=3, progress=False)
+    assert predicted.task == "masked-lm"
+    assert predicted.compiles == len(predicted.bucket_lengths)  # one graph per bucket
+    fill = pipeline("fill-mask", model=result.output_dir, device="cpu", top_k=3)
+    reference = fill(texts)
+    several = 0
+    for item, expected in zip(predicted, reference, strict=True):
+        assert type(item) is dict and list(item) == ["masks"]
+        expected = expected if isinstance(expected[0], list) else [expected]
+        several += len(expected) > 1
+        assert len(item["masks"]) == len(expected)
+        for ours, theirs in zip(item["masks"], expected, strict=True):
+            assert [c["token"] for c in ours] == [c["token"] for c in theirs]
+            assert [c["token_str"] for c in ours] == [c["token_str"] for c in theirs]
+            assert [c["sequence"] for c in ours] == [c["sequence"] for c in theirs]
+            assert [c["score"] for c in ours] == pytest.approx(
+                [c["score"] for c in theirs], abs=1e-4)
+            assert all(type(c["score"]) is float and type(c["token"]) is int for c in ours)
+    assert several >= 5
+    frame = predicted.to_dataframe()
+    assert list(frame.columns) == ["input", "mask", "score", "token", "token_str", "sequence"]
+    assert len(frame) == 3 * sum(len(item["masks"]) for item in predicted)
+
+
+def test_predict_on_a_masked_lm_folder_picks_masked_lm(cache):
+    texts = masked_texts(demo_dataset(n=100), "[MASK]")[:4]
+    plan = prepare_predict(mlm_model_dir(cache=cache), texts, num_processes=4)
+    assert plan.task == "masked-lm" and plan.data.top_k == 5
+
+
+@pytest.mark.parametrize("inputs, options, message", [
+    (["no mask here", "the [MASK] one"], {}, "1 input(s) have no mask token (the first: input 0"),
+    ([3], {}, "input 0 is a int; masked-lm predicts on texts (str) with '[MASK]'"),
+    (["the [MASK] one"], {"top_k": 0}, "top_k must be an integer from 1 to the vocabulary"),
+    (["word " * 20 + "[MASK]"], {"max_length": 8},
+     "1 input(s) are longer than 8 tokens and would lose mask tokens"),
+])
+def test_bad_predict_input_is_refused_before_forking(cache, inputs, options, message,
+                                                      monkeypatch):
+    import hfxla_nb.launch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("notebook_launcher was called")
+
+    monkeypatch.setattr(hfxla_nb.launch, "notebook_launcher", refuse)
+    folder = mlm_model_dir(cache=cache)
+    with pytest.raises(FineTuneError) as raised:
+        hx.predict(folder, inputs, task="masked-lm", num_processes=4, **options)
+    assert message in str(raised.value)
+    assert not _xla.runtime_is_initialized()

@@ -6,6 +6,8 @@ tokens that are not special tokens are chosen (at least one per row); of those 8
 mask token, 10% a random token, 10% stay; the labels are the original ids there, -100
 elsewhere. The masks are drawn once from the seed (the batches keep one shape, and evaluation
 is the same every time). Evaluation: the loss over masked tokens and its perplexity.
+`predict`: the top tokens of each mask token in texts, as the fill-mask pipeline gives them
+(`mlm_predict.py`).
 
 Explicit only (`task="masked-lm"`): a `...ForMaskedLM` architecture is what most pretrained
 encoders (bert-base-cased) are saved as, and `task="auto"` keeps fine-tuning those as
@@ -118,7 +120,24 @@ class MaskedLM(Task):
         counted = (labels != IGNORE).float()
         return (losses * counted).sum() / counted.sum().clamp(min=1.0)
 
+    def prepare_predict(self, inputs: Any, context: Any, max_length: int | None) -> Any:
+        """Texts with mask tokens, bucketed like evaluation rows (`mlm_predict.py`)."""
+        from .mlm_predict import prepare
+
+        return prepare(inputs, context, max_length)
+
+    def decode(self, data: Any, batches: list, fetched: list) -> list[dict[str, Any]]:
+        """Each text's top tokens per mask, as the fill-mask pipeline gives them (`predict`)."""
+        from .mlm_predict import decode
+
+        return decode(data, batches, fetched, self.per_batch)
+
     def eval_outputs(self, run: Any, x: Any, length: int) -> list[Any]:
+        top_k = getattr(run.plan.data, "top_k", None)
+        if top_k is not None:  # predict: each position's top tokens and their probabilities
+            from .mlm_predict import top_tokens
+
+            return top_tokens(run, x, length, top_k)
         labels = x[:, -length - 1:-1].long()
         counted = (labels != IGNORE).float() * x[:, -1].float()[:, None]
         losses = self._losses(run, x, length, labels)

@@ -36,6 +36,7 @@ class PredictContext:
     tokenizer: Any
     allow_no_answer: bool = True  # question answering: an empty answer may win (SQuAD v2)
     max_new_tokens: int | None = None  # causal LM: tokens generated per prompt
+    top_k: int | None = None  # masked LM: candidates per mask token
 
 
 class Predictions(list):
@@ -57,6 +58,11 @@ class Predictions(list):
         """A pandas DataFrame: one row per input (per entity for token classification)."""
         import pandas as pd
 
+        if self.task == "masked-lm":
+            rows = [{"input": i, "mask": m, **candidate} for i, item in enumerate(self)
+                    for m, candidates in enumerate(item["masks"]) for candidate in candidates]
+            return pd.DataFrame(rows, columns=["input", "mask", "score", "token", "token_str",
+                                               "sequence"])
         if self.task == "token-classification":
             rows = [{"input": i, **entity} for i, item in enumerate(self)
                     for entity in item.get("entities", [])]
@@ -70,8 +76,8 @@ class Predictions(list):
 def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | None = None,
             max_length: int | None = None, tokenizer: Any = None,
             num_processes: int | None = None, allow_no_answer: bool = True,
-            max_new_tokens: int | None = None, progress: bool | str = "auto",
-            timeout: float | None = None) -> Predictions:
+            max_new_tokens: int | None = None, top_k: int | None = None,
+            progress: bool | str = "auto", timeout: float | None = None) -> Predictions:
     """Predict with a model on every XLA device, in a launched worker.
 
     Args:
@@ -81,8 +87,10 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
             token-classification: texts or lists of words; question-answering:
             `{"question": ..., "context": ...}` dicts; multiple-choice: SWAG rows
             (`sent1`, `sent2`, `ending0`, ...) or `{"context": ..., "endings": [...]}` dicts;
-            causal-lm: prompts; seq2seq: source texts.
-        task: a task name, or "auto" (from the model's architecture).
+            causal-lm: prompts; seq2seq: source texts; masked-lm: texts with the tokenizer's
+            mask token (`"[MASK]"`) where a token is to be filled in.
+        task: a task name, or "auto" (from the model's architecture; a `...ForMaskedLM`
+            model's folder or name predicts masked tokens).
         batch_size: rows per batch over all devices (a multiple of the devices); default 8
             per device.
         max_length: pad every input to this length (one graph); default: a few buckets.
@@ -91,6 +99,7 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
         allow_no_answer: question answering: answer "" when no span beats [CLS] (SQuAD v2).
         max_new_tokens: causal LM: tokens generated per prompt (default 32; the graphs
             always run that many steps, the texts stop at the end-of-text token).
+        top_k: masked LM: candidates per mask token (default 5, as the fill-mask pipeline).
         progress: the launch panel (True/"auto", False, ...).
         timeout: stop the worker after this many seconds.
 
@@ -98,7 +107,9 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
         `Predictions`: a list with one plain-Python dict per input (classification: label,
         score, probabilities; token classification: words, tags, scores and entities with
         character spans; question answering: answer, start, end, score; multiple choice:
-        label, ending, score, probabilities; causal LM and seq2seq: generated_text), and
+        label, ending, score, probabilities; causal LM and seq2seq: generated_text; masked
+        LM: masks, each mask's candidates as the fill-mask pipeline gives them: score,
+        token, token_str, sequence), and
         `to_dataframe()`.
 
     Raises:
@@ -114,7 +125,8 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
         model = model.output_dir
     plan = prepare_predict(model, inputs, task, batch_size=batch_size, max_length=max_length,
                            tokenizer=tokenizer, num_processes=num_processes,
-                           allow_no_answer=allow_no_answer, max_new_tokens=max_new_tokens)
+                           allow_no_answer=allow_no_answer, max_new_tokens=max_new_tokens,
+                           top_k=top_k)
     from .predict_worker import predict_worker
 
     raw = notebook_launcher(predict_worker, args=(plan,), num_processes=plan.devices,
@@ -129,13 +141,19 @@ def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
                     batch_size: int | None = None, max_length: int | None = None,
                     tokenizer: Any = None, num_processes: int | None = None,
                     allow_no_answer: bool = True,
-                    max_new_tokens: int | None = None) -> TrainPlan:
+                    max_new_tokens: int | None = None, top_k: int | None = None) -> TrainPlan:
     """Everything `predict` does before forking; returns the worker's plan (a `TrainPlan`
     with the inputs as its evaluation split, no training)."""
     source, model_config, _, _ = sources.model_source(model)
     if task != "auto" and task not in TASKS:
         raise FineTuneError(f"task={task!r} is not one of {', '.join(map(repr, TASKS))}.")
+    asked = task
     task = sources.resolve_task(task, model, model_config)
+    if (asked == "auto" and task == "classification"
+            and _masked_lm_architecture(model, model_config)):
+        # fine_tune keeps "auto" a classifier (pretrained encoders are saved as ...ForMaskedLM);
+        # predicting, a classification head the model does not have would be random.
+        task = "masked-lm"
     if isinstance(inputs, (str, dict)):
         inputs = [inputs]
     if hasattr(inputs, "to_dict") and hasattr(inputs, "columns"):  # a DataFrame
@@ -144,7 +162,7 @@ def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
     if not inputs:
         raise FineTuneError("inputs is empty: pass at least one input.")
     context = PredictContext(model_config, sources.load_tokenizer(tokenizer, model, source),
-                             allow_no_answer, max_new_tokens)
+                             allow_no_answer, max_new_tokens, top_k)
     encoded = TASKS[task].prepare_predict(inputs, context, max_length)
     devices = sources.device_count(num_processes)
     batch_size = int(batch_size or ROWS_PER_DEVICE * devices)
@@ -159,3 +177,10 @@ def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
         strategy="spmd", output_dir=os.devnull, save_steps=None, resume_from=None, seed=0,
         metrics=(), log_every=1, devices=devices, save=False, task=task,
     )
+
+
+def _masked_lm_architecture(model: Any, model_config: Any) -> bool:
+    if not isinstance(model, (str, os.PathLike)):
+        return type(model).__name__.endswith("ForMaskedLM")
+    return any(str(name).endswith("ForMaskedLM")
+               for name in getattr(model_config, "architectures", None) or [])
