@@ -182,12 +182,7 @@ class MultipleChoice(Task):
     def prepare(self, dataset: Any, config: Any, context: Any) -> Any:
         from .prepare import build_plan
 
-        try:
-            train_ds, eval_ds, eval_name = data.pick_splits(dataset, config.eval_dataset)
-        except data.DataError as error:
-            raise FineTuneError(str(error)) from None
-        splits = {"train": train_ds} if eval_ds is None else {"train": train_ds,
-                                                               eval_name: eval_ds}
+        splits, eval_name = self.splits(dataset, config)
         tokenizer = context.tokenizer
         cap = steps.length_cap(config, context.model_config, tokenizer)
         grouped, labels, cut, endings, choices = {}, {}, {}, {}, None
@@ -219,10 +214,10 @@ class MultipleChoice(Task):
         for split in splits:
             out[split].truncated = max(out[split].truncated, cut[split])
         encoded = batching.EncodedData(
-            train=out["train"], eval=out.get(eval_name) if eval_ds is not None else None,
+            train=out["train"], eval=out.get(eval_name) if eval_name is not None else None,
             input_names=input_names, bucket_lengths=list(map(int, buckets)),
             label_names=[str(i) for i in range(choices)], notes=notes,
-            host=ChoiceRows(choices, endings.get(eval_name, []) if eval_ds is not None
+            host=ChoiceRows(choices, endings.get(eval_name, []) if eval_name is not None
                             else []))
         kwargs = {}
         if getattr(context.model_config, "pad_token_id", None) is None:

@@ -143,12 +143,7 @@ class QuestionAnswering(Task):
         from .prepare import build_plan
 
         q_column, c_column, a_column = _columns(config)
-        try:
-            train_ds, eval_ds, eval_name = data.pick_splits(dataset, config.eval_dataset)
-        except data.DataError as error:
-            raise FineTuneError(str(error)) from None
-        splits = {"train": train_ds} if eval_ds is None else {"train": train_ds,
-                                                               eval_name: eval_ds}
+        splits, eval_name = self.splits(dataset, config)
         read = {}
         for split, ds in splits.items():
             if len(ds) == 0:
@@ -193,9 +188,9 @@ class QuestionAnswering(Task):
                           for split in read}
         encoded_data = batching.EncodedData(
             train=encoded_splits["train"],
-            eval=encoded_splits.get(eval_name) if eval_ds is not None else None,
+            eval=encoded_splits.get(eval_name) if eval_name is not None else None,
             input_names=input_names, bucket_lengths=list(map(int, buckets)), label_names=[],
-            notes=notes, host={"eval": hosts.get(eval_name) if eval_ds is not None else None},
+            notes=notes, host={"eval": hosts.get(eval_name) if eval_name is not None else None},
         )
         kwargs = ({} if context.fixed_labels is not None
                   or getattr(context.model_config, "pad_token_id", None) is not None

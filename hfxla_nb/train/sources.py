@@ -72,7 +72,7 @@ def _task_heads(picking: bool = False) -> dict[str, tuple[str, ...]]:
     from .registry import TASKS
 
     return {name: tuple(TASKS[name].head_suffixes) for name in TASKS
-            if not picking or getattr(TASKS[name], "pick_by_head", True)}
+            if not picking or TASKS[name].pick_by_head}
 
 
 def head_task(model: Any, model_config: Any) -> str | None:

@@ -72,6 +72,24 @@ class Task:
     def decode(self, data: Any, batches: list, fetched: list) -> list[Any]:
         raise NotImplementedError(f"predict is not available for task {self.name!r} yet.")
 
+    def splits(self, dataset: Any, config: Any) -> tuple[dict[str, Any], str | None]:
+        """For `prepare`: the splits to read, training first (`{"train": ..., name: ...}`,
+        from `data.pick_splits`), and the evaluation split's name (None: no evaluation).
+
+        Raises:
+            FineTuneError: the data has no training split, or an unusable evaluation one.
+        """
+        from . import data
+        from .config import FineTuneError
+
+        try:
+            train, evaluation, eval_name = data.pick_splits(dataset, config.eval_dataset)
+        except data.DataError as error:
+            raise FineTuneError(str(error)) from None
+        if evaluation is None:
+            return {"train": train}, None
+        return {"train": train, eval_name: evaluation}, eval_name
+
     def per_batch(self, batches: list, fetched: list) -> list[tuple[Any, list]]:
         """`(batch, its fetched outputs)` pairs."""
         k = self.outputs_per_batch

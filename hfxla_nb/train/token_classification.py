@@ -207,12 +207,7 @@ class TokenClassification(Task):
         from .prepare import build_plan, head_kwargs
 
         words_column, tags_column = _columns(config)
-        try:
-            train_ds, eval_ds, eval_name = data.pick_splits(dataset, config.eval_dataset)
-        except data.DataError as error:
-            raise FineTuneError(str(error)) from None
-        splits = {"train": train_ds} if eval_ds is None else {"train": train_ds,
-                                                               eval_name: eval_ds}
+        splits, eval_name = self.splits(dataset, config)
         words, raw_tags, names_from_data = {}, {}, None
         for split, ds in splits.items():
             if len(ds) == 0:
@@ -250,10 +245,10 @@ class TokenClassification(Task):
                           for split in splits}
         encoded_data = batching.EncodedData(
             train=encoded_splits["train"],
-            eval=encoded_splits.get(eval_name) if eval_ds is not None else None,
+            eval=encoded_splits.get(eval_name) if eval_name is not None else None,
             input_names=input_names, bucket_lengths=list(map(int, buckets)),
             label_names=list(names), notes=notes,
-            host={"eval": host.get(eval_name) if eval_ds is not None else None},
+            host={"eval": host.get(eval_name) if eval_name is not None else None},
         )
         kwargs = head_kwargs(context.model_config, context.fixed_labels, names,
                              pads["input_ids"])
