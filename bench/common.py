@@ -227,6 +227,9 @@ def markdown(run: dict[str, Any]) -> str:
         "than the distance between the median and the target, this run alone cannot tell "
         "whether the target holds (a loaded machine widens it).",
         f"- Targets: {met} of {len(targeted)} met.",
+        *(["- Time per module: " + ", ".join(f"{name} {value:.0f} s" for name, value
+                                               in run["group_seconds"].items()) + "."]
+          if run.get("group_seconds") else []),
         "",
         SIDES,
         "",
@@ -246,9 +249,11 @@ def markdown(run: dict[str, Any]) -> str:
 
 
 def write_results(figures: list[Figure], started: float, load_start: float,
-                  notes: list[str] | None = None, out_dir: Path | None = None) -> tuple[Path, Path]:
+                  notes: list[str] | None = None, out_dir: Path | None = None,
+                  group_seconds: dict[str, float] | None = None) -> tuple[Path, Path]:
     """Write `<out_dir>/results/<date>.json` and `<out_dir>/RESULTS.md` (out_dir: bench/, or a
-    folder under /tmp in quick mode); returns both paths."""
+    folder under /tmp in quick mode; `group_seconds`: each module's wall time, in the order
+    run); returns both paths."""
     if out_dir is None:
         out_dir = Path("/tmp/hfxla_nb_bench_quick") if QUICK else BENCH_DIR
     date = datetime.date.today().isoformat()
@@ -265,6 +270,7 @@ def write_results(figures: list[Figure], started: float, load_start: float,
         "figures": [asdict(f) for f in figures],
         "notes": notes or [],
         "argv": sys.argv[1:],
+        "group_seconds": {name: round(value, 1) for name, value in (group_seconds or {}).items()},
     }
     json_path.write_text(json.dumps(run, indent=2) + "\n")
     return json_path, render(json_path, out_dir / "RESULTS.md")

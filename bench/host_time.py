@@ -17,7 +17,10 @@ other processes of a shared machine disturb far less than wall time) per step, a
 - ours: everything else on the training thread: `report`, the loss closures, step
   accounting (fine_tune's loop; in the hand-written loop, its own few lines).
 
-The target: fine_tune's "ours" <= 2% of its steady wall time per step. Run alone:
+The target: fine_tune's "ours" <= 2% of its steady wall time per step, for the tiny BERT (the
+hard case: its step is the shortest), the median of 5 runs; the hand-written loop is measured
+beside it twice (its split is reported, not compared), BERT 4x256 once per side (reported: a
+6x longer step). Run alone:
 `python -m bench.host_time` prints the figures.
 """
 
@@ -29,9 +32,9 @@ from typing import Any
 from . import common, workloads
 
 GROUP = "12 host time"
-# model, steps, batch, length, repetitions (CPU time per phase varies little between runs; the
-# whole of make bench must fit in 15 minutes)
-CASES = (("tiny BERT", 30, 16, 64, 3), ("BERT 4x256", 18, 16, 64, 2))
+# model, steps, batch, length, fine_tune's runs, the hand-written loop's runs, targeted (CPU
+# time per phase varies little between runs; the whole of make bench must fit in 15 minutes)
+CASES = (("tiny BERT", 30, 16, 64, 5, 2, True), ("BERT 4x256", 18, 16, 64, 1, 1, False))
 SKIP = 6  # steps left out (compiling, the first executions)
 PHASES = ("forward", "loss", "backward", "clip", "optimizer", "scheduler", "graph cut",
           "closures", "data", "report")
@@ -198,7 +201,10 @@ def hand_written_worker(config: dict) -> dict[str, Any]:
     return clock.figures()
 
 
-def measure(model: str, steps: int, batch: int, length: int, repeats: int) -> dict[str, dict]:
+def measure(model: str, steps: int, batch: int, length: int, repeats: int,
+            hand_repeats: int | None = None) -> dict[str, dict]:
+    """`repeats` runs of fine_tune, the first `hand_repeats` (default: as many) alternating
+    with the hand-written loop's."""
     import hfxla_nb as hx
     from hfxla_nb.train.config import FineTuneConfig
 
@@ -218,8 +224,12 @@ def measure(model: str, steps: int, batch: int, length: int, repeats: int) -> di
     def hand_written():
         return workloads.launched(hand_written_worker, hand)
 
-    return common.alternate({"fine_tune": fine_tune, "hand-written": hand_written}, repeats,
-                            common.say)
+    hand_repeats = repeats if hand_repeats is None else min(hand_repeats, repeats)
+    results = common.alternate({"fine_tune": fine_tune, "hand-written": hand_written},
+                               hand_repeats, common.say)
+    more = common.alternate({"fine_tune": fine_tune}, repeats - hand_repeats, common.say)
+    results["fine_tune"] += more["fine_tune"]
+    return results
 
 
 def _ms(value: float) -> str:
@@ -228,13 +238,14 @@ def _ms(value: float) -> str:
 
 def run(models: tuple[str, ...] | None = None) -> list[common.Figure]:
     figures: list[common.Figure] = []
-    for name, steps, batch, length, repeats in CASES:
+    for name, steps, batch, length, repeats, hand_repeats, targeted in CASES:
         if models and name not in models:
             continue
         model = workloads.MODELS[name]()
         if common.QUICK:
             steps = max(SKIP + 8, steps // 2)
-        results = measure(model, steps, batch, length, min(repeats, common.REPEATS))
+        results = measure(model, steps, batch, length, min(repeats, common.REPEATS),
+                          min(hand_repeats, common.REPEATS))
         med = {side: {key: common.median([r[key] for r in runs])
                       for key in ("wall", "cpu", "tracing", "graph_cut", "data", "ours",
                                   "lazy_tracing", "graph_cut_wall")}
@@ -253,13 +264,19 @@ def run(models: tuple[str, ...] | None = None) -> list[common.Figure]:
             figures.append(common.Figure(GROUP, f"{name}, {side}: host CPU per step",
                                          m["cpu"] * 1000 if m["cpu"] else None, "ms",
                                          repeats=len(results[side]), note=note))
-        shares = [r["ours"] / r["wall"] for r in results["fine_tune"]]
-        figures.append(common.target_figure(
-            GROUP, f"{name}: fine_tune's own host work (report, closures, step accounting) / "
-            "steady step", common.median(shares) * 100, "<=", 2, "%", len(shares),
-            f"{_ms(med['fine_tune']['ours'])} of {_ms(med['fine_tune']['wall'])} per step; the "
-            f"hand-written loop's own lines {_ms(med['hand-written']['ours'])}",
-            [s * 100 for s in shares]))
+        shares = [r["ours"] / r["wall"] * 100 for r in results["fine_tune"]]
+        label = (f"{name}: fine_tune's own host work (report, closures, step accounting) / "
+                 "steady step")
+        note = (f"{_ms(med['fine_tune']['ours'])} of {_ms(med['fine_tune']['wall'])} per step; "
+                f"the hand-written loop's own lines {_ms(med['hand-written']['ours'])}")
+        if targeted:
+            figures.append(common.target_figure(GROUP, label, common.median(shares), "<=", 2,
+                                                "%", len(shares), note, shares))
+        else:
+            figures.append(common.Figure(
+                GROUP, label, common.median(shares), "%", repeats=len(shares), samples=shares,
+                note=note + "; reported: the 2% target is the tiny BERT's, whose step is the "
+                "shortest (the hard case)"))
     return figures
 
 

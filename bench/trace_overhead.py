@@ -151,7 +151,7 @@ def measure(micro: bool, repeats: int, steps: int, warmup: int,
 GROUP = "10 tracing cost"
 
 
-def run(micro_steps: int = 200, bert_steps: int = 50, warmup: int = 10) -> list:
+def run(micro_steps: int = 120, bert_steps: int = 30, warmup: int = 6) -> list:
     """`make bench`'s figure 10: what compilation tracing costs per graph execution (the
     almost empty graph: one execution per step), that cost's share of a tiny BERT step (two
     executions per step, transformers unpatched), and the BERT loop's steps/s traced over

@@ -21,7 +21,8 @@ def test_figures_measured_in_the_same_runs_are_chosen_together():
     assert len(every) == len(set(every)) == len({module for _, module in FIGURES.values()})
 
 
-@pytest.mark.parametrize("asked", ["16", "0", "x", "4,17"])
+# Past the last figure (read from FIGURES: a new figure must not break this test).
+@pytest.mark.parametrize("asked", [str(max(FIGURES) + 1), "0", "x", f"4,{max(FIGURES) + 2}"])
 def test_an_unknown_figure_is_refused_with_the_list(asked):
     with pytest.raises(ValueError, match="the figures are 1 reporting overhead, 2 syncs"):
         chosen_modules(asked)
@@ -29,7 +30,8 @@ def test_an_unknown_figure_is_refused_with_the_list(asked):
     done = subprocess.run([sys.executable, "-m", "bench.run", "--groups", asked], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "there is no figure" in done.stderr and "15 pods" in done.stderr
+    last = f"{max(FIGURES)} {FIGURES[max(FIGURES)][0]}"
+    assert "there is no figure" in done.stderr and last in done.stderr
 
 
 def test_every_figure_has_a_module_that_measures_it():
@@ -46,3 +48,25 @@ def test_a_group_named_without_its_number_gets_it():
     figures = numbered([common.Figure("relay throughput", "lines", 1.0),
                         common.Figure("13 relay throughput", "lines", 2.0)], "relay")
     assert [f.group for f in figures] == ["13 relay throughput"] * 2
+
+
+def test_a_group_over_its_share_of_the_15_minutes_is_named():
+    from bench.run import SHARES, over_share
+
+    assert set(SHARES) <= {module for _, module in FIGURES.values()}
+    assert sum(SHARES.values()) <= 15 * 60 - 15 - 90  # the start and one more group
+    assert over_share({"versus": SHARES["versus"] + 5.0, "limit": 1.0, "new": 1e6}) == [
+        f"versus: {SHARES['versus'] + 5:.0f} s (share {SHARES['versus']} s)"]
+
+
+def test_each_groups_time_is_written_with_the_results(tmp_path):
+    import json
+
+    from bench import common
+
+    json_path, md_path = common.write_results(
+        [common.Figure("1 reporting overhead", "x", 1.0)], 0.0, 0.5, out_dir=tmp_path,
+        group_seconds={"overhead": 91.26, "versus": 180.0})
+    assert json.loads(json_path.read_text())["group_seconds"] == {"overhead": 91.3,
+                                                                  "versus": 180.0}
+    assert "- Time per module: overhead 91 s, versus 180 s." in md_path.read_text()
