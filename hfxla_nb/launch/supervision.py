@@ -18,8 +18,8 @@ from ..runtime import compile_cache
 from ..states import Outcome
 from .native_output import NativeRelay
 from .processes import stop_group
-from .record import LaunchRecord, RecordKeeper
-from .watching import REFRESH_INTERVAL, end_launch, shows
+from .record import LaunchRecord
+from .watching import LaunchWatch, end_launch, shows
 
 if TYPE_CHECKING:
     from ..ui import LaunchDisplay
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 POLL_INTERVAL = 0.1
 
 
-class Supervision:
+class Supervision(LaunchWatch):
     """One launch, from the kernel: `run()` returns when every process of it is gone."""
 
     def __init__(self, record: LaunchRecord, display: LaunchDisplay, shown_ranks: set[int] | str,
@@ -37,13 +37,9 @@ class Supervision:
         """`poll_interval`: the longest wait between two looks at the workers (accelerate's
         `monitor_interval`); `line_prefix`: rank -> the prefix of its printed lines
         (`log_line_prefix_template`), instead of `[rank N] ` when there are several ranks."""
-        self.record = record
+        super().__init__(record, display, shown_ranks, timeout, heartbeat_timeout)
         self.poll_interval = poll_interval
         self.line_prefix = line_prefix
-        self.keeper = RecordKeeper(record, timeout, heartbeat_timeout)
-        self.display = display
-        self.shown_ranks = shown_ranks
-        self.timeout = timeout
         self.pid: int | None = None  # the supervisor, until reaped
         self.group: int | None = None  # its process group: every process of the launch
         self.exit_fd: int | None = None  # readable once the supervisor has exited
@@ -124,9 +120,9 @@ class Supervision:
         """Relay events and output until the launch ends; return how it ended.
 
         Each turn waits up to `poll_interval` for an event, native output or the supervisor's
-        exit, applies the events to the record and prints the logs, relays the output,
-        redraws the panel at most every `REFRESH_INTERVAL`, then looks for an end, in this
-        order:
+        exit, applies the events to the record and prints the logs, relays the output, then
+        ends the turn (`LaunchWatch._turn_end`, as on a cluster): it redraws the panel at most
+        every `REFRESH_INTERVAL` and looks for an end, in this order:
 
         - a failure is known (a `Failed` event, a `ProcessExited` by a signal or an exit code,
           a rank silent past `heartbeat_timeout`): "failed";
@@ -144,7 +140,6 @@ class Supervision:
         It neither sets the launch's outcome nor stops a process: `run` does, from the value
         returned. A `KeyboardInterrupt` in the wait goes up to `run` as it is.
         """
-        last_refresh = 0.0
         while True:
             exit_fds = [] if self.exit_fd is None else [self.exit_fd]
             ready, _, _ = select.select([channel, *self.native.fds(), *exit_fds], [], [],
@@ -154,23 +149,19 @@ class Supervision:
             for fd in ready:
                 if fd is not channel and fd != self.exit_fd:
                     self.native.read(fd)
-            now = time.monotonic()
-            if now - last_refresh >= REFRESH_INTERVAL:
-                self.display.refresh()
-                last_refresh = now
-            if self.keeper.failure is not None:
-                return Outcome.FAILED
-            exited = self._supervisor_exited()
-            if exited is not None:
-                # Whatever the workers sent before exiting is in the channel now (a datagram
-                # is queued at the receiver when it is sent).
-                for event in channel.receive():
-                    self._handle(event)
-                return self.keeper.outcome_after_exit(exited)
-            if self.timeout is not None and now - start > self.timeout:
-                return Outcome.TIMEOUT
-            for warning in self.keeper.check_heartbeats(now):
-                print(warning, file=sys.stderr)
+            outcome = self._turn_end(start, lambda: self._exited_and_drained(channel))
+            if outcome is not None:
+                return outcome
+
+    def _exited_and_drained(self, channel: Channel) -> int | None:
+        """The supervisor's exit status once it exited, with the events its workers sent
+        before applied (they are in the channel now: a datagram is queued at the receiver
+        when it is sent); None while it runs."""
+        exited = self._supervisor_exited()
+        if exited is not None:
+            for event in channel.receive():
+                self._handle(event)
+        return exited
 
     def _handle(self, event: Event) -> None:
         self.keeper.handle(event)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..states import Outcome, RankState
-from .record import RecordKeeper
+from .record import LaunchRecord, RecordKeeper
 
 if TYPE_CHECKING:
     from ..ui import LaunchDisplay
@@ -25,6 +25,57 @@ STOPPED_AS = {
     Outcome.TIMEOUT: RankState.TIMEOUT,
     Outcome.INTERRUPTED: RankState.INTERRUPTED,
 }
+
+
+class LaunchWatch:
+    """What a watcher of a launch holds (its record, the keeper of it, the panel, which ranks'
+    lines show, the `timeout`) and how each turn of its watch loop ends (`_turn_end`).
+
+    Args:
+        record: the launch's record (its keeper is made here).
+        display: the launch's panel.
+        shown_ranks: which ranks' lines reach the cell ("all", "none" or a set of ranks).
+        timeout: seconds after which the launch is stopped as "timeout"; None: none.
+        heartbeat_timeout: seconds of silence after which a rank is stopped (`RecordKeeper`).
+    """
+
+    def __init__(self, record: LaunchRecord, display: LaunchDisplay,
+                 shown_ranks: set[int] | str, timeout: float | None,
+                 heartbeat_timeout: float | None) -> None:
+        self.record = record
+        self.keeper = RecordKeeper(record, timeout, heartbeat_timeout)
+        self.display = display
+        self.shown_ranks = shown_ranks
+        self.timeout = timeout
+        self._last_refresh = 0.0
+
+    def _turn_end(self, began: float, exited: Callable[[], int | None]) -> Outcome | None:
+        """After a turn of the watch loop applied what arrived: redraw the panel (at most every
+        `REFRESH_INTERVAL`), then say how the launch ended, in this order, or None while it
+        runs on:
+
+        - a failure is known (a `Failed` event, a process killed or exited early, a rank
+          silent past `heartbeat_timeout`): "failed";
+        - `exited()` (asked only then) gives a status: every supervisor of the launch exited
+          and the events they sent are applied: `RecordKeeper.outcome_after_exit`;
+        - `timeout` passed since `began`: "timeout".
+
+        While it runs on, ranks quiet past `HEARTBEAT_WARNING` are named once on stderr.
+        """
+        now = time.monotonic()
+        if now - self._last_refresh >= REFRESH_INTERVAL:
+            self.display.refresh()
+            self._last_refresh = now
+        if self.keeper.failure is not None:
+            return Outcome.FAILED
+        status = exited()
+        if status is not None:
+            return self.keeper.outcome_after_exit(status)
+        if self.timeout is not None and now - began > self.timeout:
+            return Outcome.TIMEOUT
+        for warning in self.keeper.check_heartbeats(now):
+            print(warning, file=sys.stderr)
+        return None
 
 
 def shows(shown_ranks: set[int] | str, ranks: list[int]) -> bool:

@@ -26,8 +26,8 @@ from ...ui import LaunchDisplay, launch_display
 from ...ui.base import PanelDisplay
 from .. import preflight as local_preflight
 from ..preflight import LaunchRefusedError
-from ..record import LaunchError, LaunchRecord, RankRecord, RecordKeeper
-from ..watching import REFRESH_INTERVAL, end_launch, shows
+from ..record import LaunchError, LaunchRecord, RankRecord
+from ..watching import LaunchWatch, end_launch, shows
 from . import placement
 from . import preflight as checks
 from .host import HostLaunch, installed_versions
@@ -244,21 +244,17 @@ def _interrupts_noted() -> Iterator[threading.Event]:
         raise KeyboardInterrupt
 
 
-class _Watch:
+class _Watch(LaunchWatch):
     """The local watch loop's counterpart over hosts (see `supervision.Supervision._watch`)."""
 
     def __init__(self, ray: Any, actors: list[Any], described: list[dict],
-                 record: LaunchRecord, display: Any, shown_ranks: set[int] | str,
+                 record: LaunchRecord, display: LaunchDisplay, shown_ranks: set[int] | str,
                  timeout: float | None, heartbeat_timeout: float | None,
                  local_world: int) -> None:
+        super().__init__(record, display, shown_ranks, timeout, heartbeat_timeout)
         self.ray = ray
         self.actors = actors
         self.described = described
-        self.record = record
-        self.keeper = RecordKeeper(record, timeout, heartbeat_timeout)
-        self.display = display
-        self.shown_ranks = shown_ranks
-        self.timeout = timeout
         self.local_world = local_world
         self.exited: dict[int, int] = {}
         self.left: dict[int, str] = {}
@@ -299,17 +295,14 @@ class _Watch:
         One poll per host is in flight at a time (`HostLaunch.poll`: its events, and its
         supervisor's exit code once it exited). Each turn waits up to `POLL_WAIT` for polls,
         applies their events (ranks numbered across hosts) and asks the host again unless its
-        supervisor exited, redraws the panel at most every `REFRESH_INTERVAL`, then looks for
-        an end as the local loop does (`Supervision._watch`): a known failure (a host whose
-        actor died is one: its ranks "killed"): "failed"; every host's supervisor exited:
-        `RecordKeeper.outcome_after_exit`; past `timeout`: "timeout". Otherwise ranks quiet
-        past the warning are named once on stderr. The stop button, noted by
-        `_interrupts_noted`, is raised here as KeyboardInterrupt. It stops nothing: `run` and
-        the caller do.
+        supervisor exited, then ends the turn as the local loop does
+        (`LaunchWatch._turn_end`: a known failure, a host whose actor died being one (its
+        ranks "killed"), then every host's supervisor exited, then `timeout`). The stop
+        button, noted by `_interrupts_noted`, is raised here as KeyboardInterrupt. It stops
+        nothing: `run` and the caller do.
         """
         polls = {self.actors[h].poll.remote(POLL_WAIT): h for h in range(len(self.actors))}
         self.polls = polls  # updated in place: what is in flight when this returns
-        last_refresh = 0.0
         while True:
             ready, _ = self.ray.wait(list(polls), num_returns=len(polls), timeout=POLL_WAIT)
             if self.interrupted.is_set():
@@ -327,18 +320,11 @@ class _Watch:
                     polls[self.actors[host].poll.remote(POLL_WAIT)] = host
                 else:
                     self.exited[host] = code
-            now = time.monotonic()
-            if now - last_refresh >= REFRESH_INTERVAL:
-                self.display.refresh()
-                last_refresh = now
-            if self.keeper.failure is not None:
-                return Outcome.FAILED
-            if not polls:  # every host's supervisor exited, its events all read
-                return self.keeper.outcome_after_exit(max(self.exited.values(), default=1))
-            if self.timeout is not None and now - began > self.timeout:
-                return Outcome.TIMEOUT
-            for warning in self.keeper.check_heartbeats(now):
-                print(warning, file=sys.stderr)
+            # No poll left: every host's supervisor exited, its events all read.
+            outcome = self._turn_end(began, lambda: None if polls else
+                                     max(self.exited.values(), default=1))
+            if outcome is not None:
+                return outcome
 
     def _handle(self, host: int, event: Event) -> None:
         self.keeper.handle(event)
