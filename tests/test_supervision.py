@@ -13,7 +13,7 @@ import pytest
 
 from hfxla_nb.events import Channel, Failed, ProcessExited, Started
 from hfxla_nb.launch import LaunchRecord, RankRecord, RecordKeeper
-from hfxla_nb.launch.processes import group_processes
+from hfxla_nb.launch.processes import LEFTOVER_GRACE, TERMINATE_GRACE, group_processes
 from hfxla_nb.launch.supervision import Supervision
 from hfxla_nb.launch.watching import STOPPED_AS
 from hfxla_nb.states import Outcome, RankState
@@ -145,7 +145,7 @@ def test_states_read_as_their_words_and_a_misspelt_one_is_refused():
 # -- the supervision loop: every way a launch ends -----------------------------------------------
 
 
-def test_each_way_a_launch_ends_sets_its_outcome_and_the_state_of_the_ranks_left():
+def test_each_way_a_launch_ends_sets_its_outcome_and_the_state_of_the_ranks_left(capsys):
     """`Supervision._end` (`watching.end_launch`, as on a cluster) is where every exit of `run`
     goes: the outcome is set there, the ranks still running end in the state of that outcome,
     and the final panel is drawn from it."""
@@ -158,6 +158,10 @@ def test_each_way_a_launch_ends_sets_its_outcome_and_the_state_of_the_ranks_left
         supervision = Supervision(record, ConsoleDisplay(3, file=output), "all", None, None)
         supervision._end(outcome, Channel(), time.monotonic())
         assert record.outcome is outcome
+        said = capsys.readouterr().err
+        # Only the stop button gets the line that the kernel is ready.
+        assert ("every worker process of this launch was stopped. The kernel is ready for the "
+                "next launch." in said) == (outcome == Outcome.INTERRUPTED), said
         assert [r.exit_state for r in record.ranks] == [RankState.FINISHED, left, left]
         panels[outcome] = output.getvalue()
     assert [r.exit_state for r in record.ranks] == ["finished", "interrupted", "interrupted"]
@@ -176,6 +180,13 @@ def _forked_launch(display, timeout=None):
     supervision = Supervision(record, display, "all", timeout, None)
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
     return record, lambda: supervision.run(time.sleep, (60,), False, env)
+
+
+def test_the_grace_between_sigterm_and_sigkill_is_the_readmes():
+    """README: a failure stops every rank "SIGTERM, then SIGKILL after 3 s"; the supervisor
+    stops its leftovers within less, so the notebook's SIGKILL never cuts it short."""
+    assert TERMINATE_GRACE == 3.0
+    assert LEFTOVER_GRACE < TERMINATE_GRACE
 
 
 def test_a_launch_past_its_timeout_is_stopped_and_ends_as_timeout():

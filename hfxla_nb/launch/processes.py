@@ -39,6 +39,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 
 TERMINATE_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
+# The supervisor's grace for what outlived the ranks: less than the notebook's, whose SIGKILL
+# (which no mask blocks) follows its SIGTERM to the supervisor after TERMINATE_GRACE.
+LEFTOVER_GRACE = TERMINATE_GRACE / 3
 KILL_WAIT = 10.0  # how long a SIGKILLed process may take to be gone (a loaded machine)
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 

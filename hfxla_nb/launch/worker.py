@@ -47,7 +47,7 @@ from ..runtime import compile_cache
 from . import log_sender, rank_env
 from .accelerate_state import gloo_world_for_accelerate
 from .native_output import route_this_process
-from .processes import TERMINATE_GRACE, become_subreaper, stop_descendants
+from .processes import LEFTOVER_GRACE, become_subreaper, stop_descendants
 from .script_mode import cell_numbers, leave_the_notebook
 
 HEARTBEAT_INTERVAL = 1.0
@@ -356,8 +356,7 @@ def _stop_leftovers(channel: Channel) -> None:
     """Stop what the launch started that still runs below the supervisor (a server, a
     process in a session of its own, a daemon) and name them to the notebook."""
     try:
-        # Less than the notebook's grace: its SIGKILL (which no mask blocks) comes after.
-        stopped = stop_descendants(grace=TERMINATE_GRACE / 3)
+        stopped = stop_descendants(grace=LEFTOVER_GRACE)
     except Exception as error:  # noqa: BLE001 - the notebook's stop is the fallback
         print(f"hfxla_nb: could not stop the launch's remaining processes: {error}",
               file=sys.stderr)

@@ -155,11 +155,13 @@ def _wait_forever(scratch):
     time.sleep(300)
 
 
-def test_interrupt_stops_every_host(cluster, tmp_path):
+def test_interrupt_stops_every_host(cluster, tmp_path, capsys):
     _when_all_started(str(tmp_path), _thread.interrupt_main)
     with pytest.raises(KeyboardInterrupt):
         hx.notebook_launcher(_wait_forever, (str(tmp_path),), cluster=cluster.address,
                              max_restarts=1, **LAUNCH)
+    assert "hfxla_nb: interrupted; every host's worker processes were stopped." in (
+        capsys.readouterr().err)
     record = hx.last_launch()
     assert record.outcome == "interrupted" and record.attempt == 1  # the stop is not retried
     assert [r.exit_state for r in record.ranks] == ["interrupted"] * 4
