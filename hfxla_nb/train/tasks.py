@@ -231,12 +231,12 @@ class CausalLM(Task):
         return decode(data, batches, fetched, self.per_batch)
 
     def eval_outputs(self, run: Any, x: Any, length: int) -> list[Any]:
-        torch = run.torch
-        new = getattr(run.plan.data, "max_new_tokens", None)
-        if new is not None:  # predict: generated tokens (and the last positions)
-            from .lm_predict import generate_on_device
+        from .lm_predict import GenerationData, generate_on_device
 
-            tokens, positions = generate_on_device(run, x, length, new)
+        torch = run.torch
+        data = run.plan.data
+        if isinstance(data, GenerationData):  # predict: generated tokens (and last positions)
+            tokens, positions = generate_on_device(run, x, length, data.max_new_tokens)
             return [tokens, positions]
         output, labels = self._output(run, x, length, with_labels=False)
         logits = output.logits.float()[:, :-1]
