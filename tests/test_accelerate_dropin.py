@@ -323,7 +323,7 @@ def test_launch_error_is_a_child_failed_error_with_each_failed_rank():
 
     record = LaunchRecord("debug", 3, [
         RankRecord(0, exit_state="stopped"),
-        RankRecord(1, pid=41, exit_state="killed", reason="killed by SIGKILL",
+        RankRecord(1, pid=41, exit_state="killed", reason="killed by SIGKILL", signal=9,
                    error="process 41 killed by SIGKILL"),
         RankRecord(2, pid=42, exit_state="failed", reason="raised ValueError",
                    error="ValueError: boom"),

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hfxla_nb.events import Channel, Failed, ProcessExited, Started
-from hfxla_nb.launch import LaunchRecord, RankRecord, RecordKeeper
+from hfxla_nb.launch import LaunchError, LaunchRecord, RankRecord, RecordKeeper
 from hfxla_nb.launch.processes import LEFTOVER_GRACE, TERMINATE_GRACE, group_processes
 from hfxla_nb.launch.supervision import Supervision
 from hfxla_nb.launch.watching import STOPPED_AS
@@ -32,8 +32,12 @@ def test_a_signal_names_every_rank_of_the_dead_process():
         watch.handle(Started(rank=rank, world=2, pid=1234))
     watch.handle(ProcessExited(rank=None, pid=1234, signal=signal.SIGKILL))
     assert [r.exit_state for r in watch.record.ranks] == ["killed", "killed"]
+    assert [r.signal for r in watch.record.ranks] == [signal.SIGKILL] * 2
     assert "killed by SIGKILL" in watch.failure_message()
     assert "out-of-memory" in watch.failure_message()
+    # torchelastic reads a signal's death as exit code -signal (ChildFailedError.failures).
+    error = LaunchError(watch.failure_message(), watch.record)
+    assert {rank: f.exitcode for rank, f in error.failures.items()} == {0: -9, 1: -9}
 
 
 def test_a_bare_broken_pool_still_names_the_rank_and_the_likely_cause():

@@ -54,12 +54,14 @@ class RankRecord(BaseRankRecord):
         metrics: what XLA did for the rank (compiles, executions, transfers, their times,
             step times, alerts) as of the launch's last snapshot; None when it sent none (a
             function that never used XLA).
+        signal: the number of the signal that killed its process; None when none did.
 
     The other attributes (`rank`, `pid`, `result`, `error`, `reason`, `traceback`,
     `duration`, `last_step`, `bars`) are `BaseRankRecord`'s.
     """
 
     metrics: RankMetrics | None = None
+    signal: int | None = None
 
 
 @dataclass
@@ -166,10 +168,8 @@ def _process_failures(record: LaunchRecord | None, message: str) -> dict[int, An
     ranks = [] if record is None else [r for r in record.ranks if r.exit_state in failed]
     failures = {}
     for rank in ranks or [None]:
-        exitcode = 1
-        if rank is not None and rank.reason and rank.reason.startswith("killed by SIG"):
-            number = getattr(signal.Signals, rank.reason.removeprefix("killed by "), None)
-            exitcode = -number.value if number is not None else 1
+        # torchelastic's convention: a process killed by a signal exited with -signal.
+        exitcode = -rank.signal if rank is not None and rank.signal is not None else 1
         failure = ProcessFailure(local_rank=0 if rank is None else rank.rank,
                                  pid=-1 if rank is None or rank.pid is None else rank.pid,
                                  exitcode=exitcode, error_file="<N/A>")
@@ -287,6 +287,7 @@ class RecordKeeper:
                                                                  RankState.FAILED):
                 continue
             rank_record.exit_state = RankState.KILLED
+            rank_record.signal = event.signal
             rank_record.error = f"process {event.pid} {reason} {hint}".strip()
             rank_record.reason = reason
             rank_record.duration = time.monotonic() - (rank_record.started_at or time.monotonic())
