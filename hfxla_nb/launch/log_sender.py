@@ -75,6 +75,10 @@ class LogSender:
                                           timeout)
 
     def _run(self) -> None:
+        """The sender thread, forever (a daemon): wait for queued lines, take the whole queue
+        (writers waiting for room go on) and send one `Log` per entry of it (a run of one
+        rank's lines on one stream, up to `BATCH_CHARS`), in order; `drain` learns when
+        nothing is queued or being sent."""
         while True:
             with self._lock:
                 self._changed.wait_for(lambda: bool(self._queue))

@@ -111,6 +111,7 @@ def stop_descendants(grace: float = TERMINATE_GRACE) -> list[str]:
         return [pid for pid, at in started.items() if _same(table, pid, at)]
 
     def reap() -> None:
+        """Reap every child that has exited, without waiting for one that runs."""
         while True:
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)

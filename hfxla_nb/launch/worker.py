@@ -142,6 +142,8 @@ _heartbeat_lock = threading.Lock()
 
 
 def _heartbeat(channel: Channel) -> None:
+    """The heartbeat thread: forever (a daemon), every `HEARTBEAT_INTERVAL` s, one `Heartbeat`
+    per rank running in this process, so that a frozen process is told from a busy one."""
     while True:
         time.sleep(HEARTBEAT_INTERVAL)
         for rank in _active.snapshot():
@@ -394,6 +396,8 @@ def _watch_children(channel: Channel) -> threading.Event:
         return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
     def watch() -> None:
+        """Forever (a daemon), every 0.02 s: note each new multiprocessing child, and send
+        one `ProcessExited` (by `_exit_event`) for each that ended, once."""
         watched: dict[int, Any] = {}
         while True:
             for process in list(multiprocessing.process._children):

@@ -173,6 +173,10 @@ def _replace(record: CompileRecord, **changes) -> CompileRecord:
 
 
 def _read_block(lines: list[str], cells: Mapping[str, int]):
+    """One block of PT_XLA_DEBUG's analysis, line by line: the first line under its cause
+    heading, the graph's hash and input and output counts under "Graph Info", and each
+    Python frame that parses (`_frame`); returns `(cause, graph_hash, inputs, outputs,
+    frames)`, with "" or None for what the block does not say."""
     cause, graph_hash, inputs, outputs = "", "", None, None
     frames: list[Frame] = []
     section = None

@@ -140,6 +140,11 @@ class QuestionAnswering(Task):
     # -- kernel side -----------------------------------------------------------------------
 
     def prepare(self, dataset: Any, config: Any, context: Any) -> Any:
+        """Read each split (refused with `FineTuneError` when empty, when a column is missing,
+        or when a text or an answer is wrong: `check_answers`), then cut each question's
+        context into windows of the length cap with a stride of a quarter of it (one row
+        per window; `QaHost` keeps which example and which characters each row holds, for
+        decoding on the host), bucket the rows and build the plan."""
         from .prepare import build_plan
 
         q_column, c_column, a_column = _columns(config)

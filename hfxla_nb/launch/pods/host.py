@@ -177,6 +177,10 @@ class HostLaunch:
         return os.waitstatus_to_exitcode(status)
 
     def _relay(self, channel: Channel, relay: _Relay, pid: int, attempt: int) -> None:
+        """The relay thread of one attempt: until the supervisor `pid` exits (or `stop` reaped
+        it: status -9), queue the events it sends for `poll` and relay its processes' native
+        output, looking every 0.05 s; then the events sent last and the rest of the output,
+        and the channel is closed whatever happened."""
         code = None
         try:
             while code is None:
