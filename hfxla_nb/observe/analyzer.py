@@ -73,11 +73,14 @@ class Alert:
     fix: str
 
 
-def _shapes_listed(changed: dict[str, InputShapes], limit: int = 6) -> str:
-    """`input 'x' had 23 different shapes: (9, 8), ..., (14, 8) and 17 more; input 'y' ...`."""
+def _shapes_listed(changed: dict[str, InputShapes], limit: int = 6,
+                   opening: str = "input") -> str:
+    """`input 'x' had 23 different shapes: (9, 8), ..., (14, 8) and 17 more; input 'y' ...`
+    (`opening="Input"`: the same list opening a sentence)."""
     return "; ".join(
-        f"input '{name}' had {info.count_text()}: {info.listed_text(limit)}"
-        for name, info in changed.items()
+        f"{opening if index == 0 else 'input'} '{name}' had {info.count_text()}: "
+        f"{info.listed_text(limit)}"
+        for index, (name, info) in enumerate(changed.items())
     )
 
 
@@ -89,12 +92,13 @@ def _shapes_cause(changed: dict[str, InputShapes]) -> str:
     )
 
 
+# What follows "Give" (or "give", after a colon) in the fix for changing shapes.
 _TOKENIZER_FIX = (
-    "Give every batch the same shape: pad to a fixed length (tokenizer(..., "
+    "every batch the same shape: pad to a fixed length (tokenizer(..., "
     "padding='max_length', max_length=N, truncation=True)) or to a few bucket lengths"
 )
 _TENSOR_FIX = (
-    "Give the tensors the same shape in every step: pad or crop them to a fixed size "
+    "the tensors the same shape in every step: pad or crop them to a fixed size "
     "(torch.nn.functional.pad), or to a few bucket sizes, where the batch is built"
 )
 # How to name the input whose shape changes, when nothing named it. torch_xla's own analysis
@@ -121,11 +125,13 @@ def _last_batch_fix(summary: XlaSummary) -> str:
     return "; if the batches come from a DataLoader, drop_last=True keeps the last one whole"
 
 
-def _shapes_fix(changed: dict[str, InputShapes], summary: XlaSummary) -> str:
+def _shapes_fix(changed: dict[str, InputShapes], summary: XlaSummary,
+                opening: str = "Give") -> str:
     """The fix for the inputs whose shape changed: the tokenizer's padding for tokenizer
-    outputs, padding the tensors themselves for anything else."""
+    outputs, padding the tensors themselves for anything else (`opening="give"`: after a
+    colon)."""
     fix = _TOKENIZER_FIX if any(name in TOKENIZER_INPUTS for name in changed) else _TENSOR_FIX
-    return fix + _last_batch_fix(summary) + "."
+    return f"{opening} {fix}{_last_batch_fix(summary)}."
 
 
 def _cost_severity(summary: XlaSummary) -> str:
@@ -178,7 +184,7 @@ def _shape_changes_alert(summary: XlaSummary, many: dict[str, InputShapes],
         title = f"Input {names} took {next(iter(many.values())).count_text()}"
     else:
         title = f"Inputs {names} took many different shapes"
-    listed = _shapes_listed(many)
+    listed = _shapes_listed(many, opening="Input")
     compiled = ""
     if summary.compiles:
         during = (f", all in the first {warmup_steps} steps"
@@ -187,7 +193,7 @@ def _shape_changes_alert(summary: XlaSummary, many: dict[str, InputShapes],
                     f"{_share_text(summary)}")
     return Alert(
         "shape-changes", _cost_severity(summary), title,
-        f"{listed[0].upper()}{listed[1:]}. XLA compiles a new graph for every new input "
+        f"{listed}. XLA compiles a new graph for every new input "
         f"shape.{compiled} Later steps reuse those graphs, but each compilation can take "
         "minutes on a TPU, and every shape not seen yet (a longer text, a smaller last "
         "batch, an evaluation batch) compiles again.",
@@ -364,7 +370,7 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
     place = row.place()
     changed = shape_changes(summary.input_shapes)
     if changed:
-        cause, fix = _shapes_cause(changed), _shapes_fix(changed, summary)
+        cause, fix = _shapes_cause(changed), _shapes_fix(changed, summary, opening="give")
     elif row.fetched:
         cause = ("Each of them was cut there by reading a tensor's value (torch_xla: "
                  f"\"{row.cause}\"), and the part of the step before the read differs from "
@@ -378,8 +384,6 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
                  + ("" if summary.input_shapes else f" {INPUTS_HINT}"))
         fix = ("keep shapes and Python control flow the same in every step: pad to fixed "
                f"shapes (or a few buckets){_last_batch_fix(summary)}.")
-    if changed:
-        fix = f"{fix[0].lower()}{fix[1:]}"
     return Alert(
         "frequent-compiles", "warning",
         f"Recompiling: {place} compiled {row.graphs} different graphs in "

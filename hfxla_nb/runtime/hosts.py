@@ -9,13 +9,16 @@ from .hardware import Accelerator
 # TensorCores per chip in Google's slice names ("v4-8" is 4 chips; "v5litepod-8" is 8 chips).
 _CORES_IN_SLICE_NAME = {"v2": 2, "v3": 2, "v4": 2, "v5p": 2, "v5e": 1, "v6e": 1, "7x": 2}
 _HOSTED = {"colab": "Colab", "kaggle": "Kaggle"}
+# Each `detect_environment()` word as a person writes it (a host without a TPU is named so).
+_ENVIRONMENT_NAMES = {**_HOSTED, "tpu-vm": "TPU VM", "vscode": "VS Code", "jupyter": "Jupyter",
+                      "terminal": "Terminal"}
 
 
 def host_name(accelerator: Accelerator, environment: str) -> str:
     """"Colab TPU v5e-1", "Kaggle TPU v5e-8", "TPU VM v4-8", "Jupyter, no TPU"."""
     where = _HOSTED.get(environment)
     if accelerator.kind != "tpu":
-        return f"{where or environment.capitalize()}, no TPU"
+        return f"{_ENVIRONMENT_NAMES.get(environment, environment)}, no TPU"
     generation = accelerator.generation or "(generation unknown)"
     per_chip = _CORES_IN_SLICE_NAME.get(accelerator.generation or "", accelerator.cores_per_chip)
     slice_name = f"{generation}-{accelerator.chips * per_chip}"
