@@ -15,7 +15,7 @@ from hfxla_nb.events import Channel, Failed, ProcessExited, Started
 from hfxla_nb.launch import LaunchError, LaunchRecord, RankRecord, RecordKeeper
 from hfxla_nb.launch.processes import LEFTOVER_GRACE, TERMINATE_GRACE, group_processes
 from hfxla_nb.launch.supervision import Supervision
-from hfxla_nb.launch.watching import STOPPED_AS
+from hfxla_nb.launch.watching import STOPPED_AS, shows
 from hfxla_nb.states import Outcome, RankState
 from hfxla_nb.ui import NullDisplay
 from hfxla_nb.ui.console import ConsoleDisplay
@@ -184,6 +184,21 @@ def _forked_launch(display, timeout=None):
     supervision = Supervision(record, display, "all", timeout, None)
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
     return record, lambda: supervision.run(time.sleep, (60,), False, env)
+
+
+def test_output_main_all_none_and_a_list_say_whose_lines_reach_the_cell():
+    """README: `output="main"` shows rank 0, `"all"` every rank, or a list of ranks; the
+    launcher's own lines (no rank) show unless it is "none" (one decision for one host and
+    a cluster: `watching.shows`)."""
+    from hfxla_nb.launch.launcher import _parse_output
+
+    main, listed = _parse_output("main"), _parse_output([1, 3])
+    assert [shows(main, [rank]) for rank in range(4)] == [True, False, False, False]
+    assert [shows(listed, [rank]) for rank in range(4)] == [False, True, False, True]
+    assert all(shows("all", [rank]) for rank in range(4))
+    assert not any(shows("none", ranks) for ranks in ([], [0], [1]))
+    assert shows(main, []) and shows(listed, []) and shows("all", [])
+    assert shows(listed, [0, 1])  # a process of several ranks shows if one of them does
 
 
 def test_the_grace_between_sigterm_and_sigkill_is_the_readmes():
