@@ -72,6 +72,9 @@ def test_replicated_one_device_returns_value_and_output(kernel):
     assert "VALUE {'rank': 0, 'sum': 12.0}" in output.stdout
     record = kernel.value("(last_launch().outcome, last_launch().world, last_launch().results)")
     assert record == ("finished", 1, [{"rank": 0, "sum": 12.0}])
+    # Where xmp.spawn would fork one process (XLA:CPU), the supervisor is that process: no
+    # second fork of a process as big as the kernel (bench figure 7).
+    assert kernel.value("last_launch().ranks[0].pid == last_launch().process_group") is True
     assert_clean(kernel)
 
 
