@@ -12,11 +12,15 @@ line names its interpreter) this script:
      with that venv's python.
 
 Usage: python3 stacks/run_stack.py [NAME ...]     (default: every stacks/*.txt); `make test-stacks`
+       python3 stacks/run_stack.py kaggle --venvs /tmp/stacks --tests tests/test_process_hygiene.py
+       (--venvs: where the venvs are built instead of .stacks/; --tests: only these tests, and
+       no notebooks)
 Exit status: 0 when every stack that ran passed (a skipped stack is not a failure), else 1.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -128,7 +132,7 @@ def build_venv(stack: str, stack_file: Path, interpreter: Path, venv: Path) -> b
     shutil.rmtree(venv, ignore_errors=True)
     venv.mkdir(parents=True)
     log = venv / "install.log"
-    say(stack, f"creating {venv.relative_to(ROOT)} with {interpreter} (log: {log})")
+    say(stack, f"creating {venv} with {interpreter} (log: {log})")
     run_logged([str(interpreter), "-m", "venv", str(venv)], log)
     python = venv / "bin" / "python"
     pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
@@ -176,13 +180,17 @@ def install_package(stack: str, venv: Path) -> None:
     say(stack, f"installing hfxla_nb changed nothing in the stack ({len(before)} packages)")
 
 
-def run_tests(stack: str, venv: Path) -> tuple[dict[str, int], int]:
-    """Run the kernel-level tests in the stack's venv; returns (counts, pytest's exit code)."""
+def run_tests(stack: str, venv: Path, tests: list[str] | None = None
+              ) -> tuple[dict[str, int], int]:
+    """Run the kernel-level tests (or only `tests`, without the notebooks) in the stack's
+    venv; returns (counts, pytest's exit code)."""
     junit = venv / "junit.xml"
     junit.unlink(missing_ok=True)
-    args = list(KERNEL_TESTS)
-    notebooks = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
-    if notebooks:
+    args = list(tests or KERNEL_TESTS)
+    notebooks = [] if tests else sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
+    if tests:
+        say(stack, "only " + " ".join(tests))
+    elif notebooks:
         # --nbval-lax: a notebook cell fails on an error; outputs may differ (timings, devices).
         args += ["--nbval-lax"] + [str(n.relative_to(ROOT)) for n in notebooks]
     else:
@@ -219,7 +227,8 @@ def run_tests(stack: str, venv: Path) -> tuple[dict[str, int], int]:
     return counts, returncode
 
 
-def run_stack(stack_file: Path) -> tuple[str, str]:
+def run_stack(stack_file: Path, venvs: Path = VENVS_DIR, tests: list[str] | None = None
+              ) -> tuple[str, str]:
     """Returns (status, summary line); status is 'passed', 'failed' or 'skipped'."""
     stack = stack_file.stem
     version = python_version_of(stack_file)
@@ -227,7 +236,7 @@ def run_stack(stack_file: Path) -> tuple[str, str]:
     if interpreter is None:
         return "skipped", (f"skipped: no Python {version} found (install it with "
                            f"`pyenv install {version}`, or put python{version} on PATH)")
-    venv = VENVS_DIR / stack
+    venv = venvs / stack
     start = time.monotonic()
     try:
         built = build_venv(stack, stack_file, interpreter, venv)
@@ -238,7 +247,7 @@ def run_stack(stack_file: Path) -> tuple[str, str]:
         return "failed", f"FAIL install {time.monotonic() - start:.0f} s: {first_line}"
     install_time = time.monotonic() - start
     start = time.monotonic()
-    counts, returncode = run_tests(stack, venv)
+    counts, returncode = run_tests(stack, venv, tests)
     test_time = time.monotonic() - start
     ok = returncode == 0 and counts["failed"] == counts["errors"] == 0 and counts["passed"] > 0
     summary = (
@@ -251,7 +260,14 @@ def run_stack(stack_file: Path) -> tuple[str, str]:
     return ("passed" if ok else "failed"), summary
 
 
-def main(names: list[str]) -> int:
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="stacks (default: every stacks/*.txt)")
+    parser.add_argument("--venvs", type=Path, default=VENVS_DIR,
+                        help="folder of the stacks' venvs (default: .stacks/)")
+    parser.add_argument("--tests", nargs="+", help="only these tests (pytest node ids)")
+    options = parser.parse_args(argv)
+    names = options.names
     missing = [t for t in KERNEL_TESTS if not (ROOT / t).exists()]
     if missing:
         print(f"stacks/run_stack.py: KERNEL_TESTS names {', '.join(missing)}, which do not exist;"
@@ -263,7 +279,8 @@ def main(names: list[str]) -> int:
             print(f"no stack file {path.relative_to(ROOT)}; stacks: "
                   + ", ".join(p.stem for p in sorted(STACKS_DIR.glob("*.txt"))), file=sys.stderr)
             return 2
-    results = [(path.stem, *run_stack(path)) for path in files]
+    venvs = options.venvs.resolve()
+    results = [(path.stem, *run_stack(path, venvs, options.tests)) for path in files]
     print("\nStacks:")
     for stack, _, summary in results:
         print(f"  {stack:<8} {summary}")
