@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .demo_data import demo_dataset, demo_label_names, demo_texts
 
@@ -228,17 +228,11 @@ def demo_model_dir(
         return str(target)
 
     def build(tmp: Path) -> None:
-        import torch
         from transformers import BertForSequenceClassification
 
         tokenizer = demo_tokenizer(cache)
         config = demo_config(num_labels, vocab_size=len(tokenizer))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = BertForSequenceClassification(config)
-        with _no_progress_bars():  # the demo's own setup: no "Writing model shards" bar
-            model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        _save_seeded_model(BertForSequenceClassification, config, seed, tokenizer, tmp)
 
     if target.exists() and any(target.iterdir()):
         raise FileExistsError(
@@ -248,6 +242,21 @@ def demo_model_dir(
         target.rmdir()
     _build_atomically(target, build)
     return str(target)
+
+
+def _save_seeded_model(model_class: Any, config: Any, seed: int, tokenizer: Any,
+                       folder: Path) -> None:
+    """`model_class(config)` with initial weights drawn from `seed` alone (the caller's random
+    state untouched), saved with `tokenizer` in `folder`; the demo's own setup, so without
+    transformers' "Writing model shards" bar."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config)
+    with _no_progress_bars():
+        model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 @contextmanager

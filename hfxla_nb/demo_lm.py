@@ -24,7 +24,7 @@ from .demo import (
     MAX_POSITIONS,
     RECIPE_VERSION,
     _build_atomically,
-    _no_progress_bars,
+    _save_seeded_model,
     cache_dir,
     demo_label_names,
     demo_texts,
@@ -89,7 +89,6 @@ def demo_lm_model_dir(seed: int = 0, cache: str | os.PathLike | None = None) -> 
         return str(target)
 
     def build(tmp: Path) -> None:
-        import torch
         from transformers import LlamaForCausalLM
 
         tokenizer = demo_tokenizer(cache, extra_words=VOCABULARY_WORDS)
@@ -97,12 +96,7 @@ def demo_lm_model_dir(seed: int = 0, cache: str | os.PathLike | None = None) -> 
         tokenizer.model_input_names = ["input_ids", "attention_mask"]
         config = demo_lm_config(len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id,
                                 tokenizer.eos_token_id)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = LlamaForCausalLM(config)
-        with _no_progress_bars():  # the demo's own setup: no "Writing model shards" bar
-            model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        _save_seeded_model(LlamaForCausalLM, config, seed, tokenizer, tmp)
 
     _build_atomically(target, build)
     return str(target)

@@ -24,7 +24,7 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .demo import _build_atomically, _no_progress_bars, cache_dir
+from .demo import _build_atomically, _save_seeded_model, cache_dir
 
 if TYPE_CHECKING:
     import datasets
@@ -150,7 +150,6 @@ def demo_seq2seq_model_dir(architecture: str = "bart", seed: int = 0,
         return str(target)
 
     def build(tmp: Path) -> None:
-        import torch
         from transformers import BartForConditionalGeneration, T5ForConditionalGeneration
 
         tokenizer = demo_seq2seq_tokenizer()
@@ -158,12 +157,7 @@ def demo_seq2seq_model_dir(architecture: str = "bart", seed: int = 0,
             model_class, config = T5ForConditionalGeneration, demo_t5_config(len(tokenizer))
         else:
             model_class, config = BartForConditionalGeneration, demo_bart_config(len(tokenizer))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = model_class(config)
-        with _no_progress_bars():
-            model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        _save_seeded_model(model_class, config, seed, tokenizer, tmp)
 
     _build_atomically(target, build)
     return str(target)

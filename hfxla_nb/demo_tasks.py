@@ -21,7 +21,14 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .demo import RECIPE_VERSION, _build_atomically, cache_dir, demo_config, demo_tokenizer
+from .demo import (
+    RECIPE_VERSION,
+    _build_atomically,
+    _save_seeded_model,
+    cache_dir,
+    demo_config,
+    demo_tokenizer,
+)
 
 if TYPE_CHECKING:
     import datasets
@@ -201,7 +208,6 @@ def _head_model_dir(kind: str, label_names: tuple[str, ...] | None,
         return str(target)
 
     def build(tmp: Path) -> None:
-        import torch
         import transformers
 
         tokenizer = demo_tokenizer(cache, extra_words=extra_words)
@@ -209,11 +215,7 @@ def _head_model_dir(kind: str, label_names: tuple[str, ...] | None,
         config = demo_config(num_labels, vocab_size=len(tokenizer), label_names=label_names)
         config.num_hidden_layers = layers
         model_class = getattr(transformers, f"BertFor{kind}")
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = model_class(config)
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        _save_seeded_model(model_class, config, seed, tokenizer, tmp)
 
     return str(_build_atomically(target, build))
 
