@@ -31,6 +31,13 @@ class CellOutput:
     def text(self) -> str:
         return self.stdout + self.stderr
 
+    def add_stream(self, content: dict) -> None:
+        """A `stream` message's text, on the stream it names."""
+        if content["name"] == "stdout":
+            self.stdout += content["text"]
+        else:
+            self.stderr += content["text"]
+
 
 class Kernel:
     """A python3 kernel running this interpreter (the test virtualenv), with PJRT_DEVICE=CPU."""
@@ -67,10 +74,7 @@ class Kernel:
         for message in cell_messages(self.client, msg_id, poll=0.5):
             kind, content = message or ("", {})
             if kind == "stream":
-                if content["name"] == "stdout":
-                    output.stdout += content["text"]
-                else:
-                    output.stderr += content["text"]
+                output.add_stream(content)
             elif kind == "error":
                 output.error = content
             elif kind in ("display_data", "execute_result"):
@@ -99,7 +103,8 @@ class Kernel:
 
     def _late_streams(self, output: CellOutput, quiet: float = 0.2) -> None:
         """Output of the cell that arrives after its idle status: older ipykernels (Colab's
-        6.17) flush stdout from a thread and can send it late on a busy machine."""
+        6.17) flush stdout from a thread and can send it late on a busy machine. Reads until
+        no message came for `quiet` seconds."""
         while True:
             try:
                 message = self.client.get_iopub_msg(timeout=quiet)
@@ -107,8 +112,7 @@ class Kernel:
                 return
             if (message["parent_header"].get("msg_id") == output.msg_id
                     and message["msg_type"] == "stream"):
-                name = "stdout" if message["content"]["name"] == "stdout" else "stderr"
-                setattr(output, name, getattr(output, name) + message["content"]["text"])
+                output.add_stream(message["content"])
 
     def _stop_stuck_cell(self, msg_id: str, wait: float = 30) -> str:
         """Press the stop button on a cell that ran too long and wait for the kernel to be idle,
