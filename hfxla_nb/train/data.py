@@ -188,7 +188,12 @@ def check_columns(dataset, split: str, columns: Sequence[str | None]) -> None:
 
 def column_values(dataset, column: str) -> list:
     """All values of a column as a Python list (respects `select`/`shuffle` index maps)."""
-    return list(dataset[column])
+    values = dataset[column]
+    if not isinstance(values, list) and hasattr(values, "__getitem__"):
+        # A `datasets` Column iterated formats one row at a time; sliced, the whole column
+        # is formatted at once (about 6x faster: a whole run's preparation waits for it).
+        values = values[:]
+    return list(values)
 
 
 def check_texts(values: list, column: str, split: str) -> list[str]:

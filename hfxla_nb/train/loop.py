@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import _xla
 from ..events import Progress, emit, worker_rank
-from ..observe.reporting import report
+from ..observe.reporting import MIN_INTERVAL, report
 from . import batching, lora, patches
 from . import checkpoint as ckpt
 from .counts import COUNTED, EXECUTE
@@ -160,9 +160,11 @@ class _Run:
     # -- the batches ---------------------------------------------------------------------------
 
     def upload(self, array: np.ndarray):
+        """A `[..., rows, columns]` batch on the device; under SPMD, the rows split over the
+        mesh's batch axis."""
         tensor = self.torch.from_numpy(np.ascontiguousarray(array))
         if self.spmd:
-            spec = (None, self.axis, None)
+            spec = (None,) * (tensor.dim() - 2) + (self.axis, None)
             return self.xla.send_to_device(tensor, self.device, self.mesh, spec)
         return self.xla.send_to_device(tensor, self.device)
 
@@ -357,7 +359,8 @@ class _Run:
                       start_step * plan.rows_per_step, "train"))
 
         def log(step: int, loss_total, lr: float) -> None:
-            # Step closure: the graph that computed `loss_total` has run; one transfer.
+            # Step closure of the step after `step`: the graph that computed `loss_total` ran
+            # while that step was traced, so the fetch (one transfer) does not stall the loop.
             value = float(self.xla.to_cpu([loss_total])[0])
             last_step, last_value = self._logged
             mean = (value - last_value) / max(1, step - last_step)
@@ -366,6 +369,12 @@ class _Run:
             emit(Progress(report_rank, step, plan.total_steps, {"loss": mean, "lr": lr},
                           step * plan.rows_per_step, "train"))
 
+        # What of ours runs per step is kept to a few lines (bench figure 12): `report` is
+        # called when its bar would move (it sends at most every MIN_INTERVAL seconds), at a
+        # new bucket (its input shapes) and at logging points; the loss of a logging point is
+        # fetched one step later (`log`).
+        pending_log = None
+        last_report, last_length = float("-inf"), None
         for step in range(start_step, plan.total_steps):
             epoch, k = divmod(step, plan.steps_per_epoch)
             if epoch not in schedules:
@@ -374,10 +383,12 @@ class _Run:
             bucket_index, positions = schedules[epoch][k]
             bucket = data.train.buckets[bucket_index]
             positions = positions[self.rank * per_rank:(self.rank + 1) * per_rank]
-            x = self.upload(batching.train_batch(bucket, positions, micro))
+            packed = batching.train_batch(bucket, positions, micro)
+            # One micro-batch: uploaded as [rows, columns], no slicing op traced per step.
+            x = self.upload(packed[0] if micro == 1 else packed)
             step_loss = None
             for m in range(micro):
-                loss = self.task.train_loss(self, x[m], bucket.length)
+                loss = self.task.train_loss(self, x if micro == 1 else x[m], bucket.length)
                 scaled = loss / micro if micro > 1 else loss  # fewer ops to trace per step
                 scaled.backward()
                 detached = scaled.detach()
@@ -392,18 +403,28 @@ class _Run:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.loss_total = self.loss_total + step_loss
+            if pending_log is not None:  # the previous logging point's: after this launch
+                self.xla.add_step_closure(log, pending_log)
+                pending_log = None
             self.xla.sync()
             done = step + 1
-            report(step=done, total=plan.total_steps, samples=done * plan.rows_per_step,
-                   inputs={"batch": x}, log_every=plan.log_every)
-            if done % plan.log_every == 0 or done == plan.total_steps:
-                self.xla.add_step_closure(log, (done, self.loss_total, lr))
+            logging_point = done % plan.log_every == 0 or done == plan.total_steps
+            now = time.monotonic()
+            if (logging_point or now - last_report >= MIN_INTERVAL
+                    or bucket.length != last_length):
+                last_report, last_length = now, bucket.length
+                report(step=done, total=plan.total_steps, samples=done * plan.rows_per_step,
+                       inputs={"batch": x}, log_every=plan.log_every)
+            if logging_point:
+                pending_log = (done, self.loss_total, lr)
             if plan.save_steps and done % plan.save_steps == 0:
                 save_checkpoint(self, done)
             if done == start_step + STEADY_AFTER_STEPS and done < plan.total_steps:
                 self.xla.wait_device_ops()  # so the warm-up's executions are counted before
                 self._steady_since = time.perf_counter()
                 steady = (self.counts(), self._steady_since, plan.total_steps - done)
+        if pending_log is not None:  # the last step's loss: at the sync after the loop
+            self.xla.add_step_closure(log, pending_log)
         return steady
 
     def _parameter_sharding(self) -> dict[str, str]:
