@@ -263,7 +263,9 @@ def run(models: tuple[str, ...] | None = None) -> list[common.Figure]:
                     f"the first {SKIP} left out")
             figures.append(common.Figure(GROUP, f"{name}, {side}: host CPU per step",
                                          m["cpu"] * 1000 if m["cpu"] else None, "ms",
-                                         repeats=len(results[side]), note=note))
+                                         repeats=len(results[side]),
+                                         note=note + "; reported: the split the target row "
+                                         "below is taken from"))
         shares = [r["ours"] / r["wall"] * 100 for r in results["fine_tune"]]
         label = (f"{name}: fine_tune's own host work (report, closures, step accounting) / "
                  "steady step")

@@ -23,6 +23,8 @@ SPMD, LM = "8 SPMD", "9 causal LM"
 DEVICES = (1, 2, 4, 8)
 LM_DEVICES = (4, 8)
 SKIP_STEPS = 10
+VIRTUAL = ("reported: virtual XLA:CPU devices share this machine's 2 cores, so a rate "
+           "says how the layout runs, not how it scales")
 
 
 class TraceRecorder:
@@ -84,7 +86,8 @@ def spmd(steps: int) -> list[common.Figure]:
         figures.append(common.Figure(
             SPMD, f"tiny BERT over {devices} device{'s' if devices > 1 else ''}: steps/s", rate,
             "steps/s", repeats=updates,
-            note=f"batch 16 split over the devices, {steps} steps; median of {updates} updates"))
+            note=f"batch 16 split over the devices, {steps} steps; median of {updates} updates; "
+                 f"{VIRTUAL}"))
         figures.append(common.Figure(
             SPMD, f"tiny BERT over {devices} device{'s' if devices > 1 else ''}: training graphs",
             raw["compiles"], "graphs", "== 1", raw["compiles"] == 1, 1,
@@ -124,7 +127,8 @@ def causal_lm(steps: int) -> list[common.Figure]:
             figures.append(common.Figure(
                 LM, f"tiny Llama, {where}: tokens/s", tokens, "tokens/s",
                 repeats=len(workloads.steady_step_seconds(raw["bench_step_times"], SKIP_STEPS)),
-                note=f"batch {batch} x {length} tokens, {steps} steps; median of the updates"))
+                note=f"batch {batch} x {length} tokens, {steps} steps; median of the updates; "
+                     f"{VIRTUAL}"))
             figures.append(common.Figure(
                 LM, f"tiny Llama, {where}: training graphs", raw["compiles"], "graphs", "== 1",
                 raw["compiles"] == 1, 1, "expected 1; 1 run"))
@@ -134,14 +138,16 @@ def causal_lm(steps: int) -> list[common.Figure]:
                 note=(f"XLA: {measured / 2**20:.2f} MiB per device (inputs, outputs, "
                       f"temporaries, program); estimate {estimate / 2**20:.2f} MiB "
                       f"({parameters:,} parameters x {BYTES_PER_PARAMETER} B"
-                      f"{' / devices' if sharding == 'fsdp' else ''}); 1 run")
+                      f"{' / devices' if sharding == 'fsdp' else ''}); 1 run; reported: XLA's "
+                      "temporaries of a model this small dwarf its state")
                 if measured else "no graph memory in the trace"))
     for devices in LM_DEVICES:
         fsdp, data_rate = rates[(devices, "fsdp")], rates[(devices, "data")]
         figures.append(common.Figure(
             LM, f"tiny Llama on {devices} devices: tokens/s fsdp / data",
             fsdp / data_rate if fsdp and data_rate else None, "x", repeats=1,
-            note="ratio of the two medians above (separate runs, not alternated)"))
+            note="ratio of the two medians above (separate runs, not alternated); reported: "
+                 "what FSDP costs on shared CPU cores, where its memory saving is the point"))
     return figures
 
 

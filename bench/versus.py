@@ -77,9 +77,10 @@ def sides(model: str) -> dict:
 
 def _counts_note(runs: list[dict], key: str) -> str:
     values = {round(r[key], 4) for r in runs if r.get(key) is not None}
+    why = "reported: the other side's count, beside fine_tune's targeted one"
     if len(runs) == 1:
-        return "1 run (a count: deterministic)"
-    return "equal in every run" if len(values) <= 1 else f"varied: {sorted(values)}"
+        return f"1 run (a count: deterministic); {why}"
+    return ("equal in every run" if len(values) <= 1 else f"varied: {sorted(values)}") + f"; {why}"
 
 
 def run() -> list[common.Figure]:
