@@ -13,6 +13,7 @@ already gathered from the devices (FSDPv2's shards included).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 from collections.abc import Mapping
@@ -134,7 +135,9 @@ def lora_config(settings: Any) -> Any:
 
     if isinstance(settings, peft.PeftConfig):
         return settings
-    return peft.LoraConfig(**dict(settings))
+    # A copy: peft extends modules_to_save in place (SEQ_CLS adds the head's names), which
+    # would change the plan's settings, and so the result's and the fingerprint's.
+    return peft.LoraConfig(**copy.deepcopy(dict(settings)))
 
 
 def apply_lora(model: Any, settings: Mapping[str, Any], precision: str) -> Any:

@@ -173,6 +173,8 @@ class _ModelFacts:
     parameters: int
     linear_layers: tuple[tuple[str, int, int], ...]  # (name, in, out) LoRA may target
     head_parameters: int  # a classifier head peft trains whole (modules_to_save)
+    own_parameters: tuple[tuple[str, int], ...]  # (module name, its own parameters), for
+    # the modules a LoRA config's modules_to_save trains whole
     hidden: int
     layers: int
     intermediate: int
@@ -217,6 +219,20 @@ def meta_model(config: Any) -> Any:
             return AutoModel.from_config(config)
 
 
+def meta_classifier(config: Any, num_labels: int) -> Any:
+    """The sequence classifier a config describes with a head for `num_labels` labels, built
+    on the `meta` device (what `fine_tune` loads for task="classification")."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    config = copy.deepcopy(config)
+    config.num_labels = int(num_labels)
+    with torch.device("meta"):
+        return AutoModelForSequenceClassification.from_config(config)
+
+
 def _model_facts(model: Any, config: Any) -> _ModelFacts:
     import torch
 
@@ -233,6 +249,9 @@ def _model_facts(model: Any, config: Any) -> _ModelFacts:
         parameters=sum(parameter.numel() for parameter in module.parameters()),
         linear_layers=tuple(layer for layer in _linear_layers(module) if layer[0] not in excluded),
         head_parameters=head_parameters,
+        own_parameters=tuple(
+            (name, count) for name, child in module.named_modules()
+            if (count := sum(p.numel() for p in child.parameters(recurse=False)))),
         hidden=hidden,
         layers=int(text_config.num_hidden_layers),
         intermediate=int(getattr(text_config, "intermediate_size", None) or 4 * hidden),
@@ -286,18 +305,32 @@ def default_lora_rank(config: Any) -> int:
     return 16 if int(text_config.hidden_size) >= 2048 else 8
 
 
-def lora_parameter_count(facts: _ModelFacts, rank: int, target_modules: Any = "all-linear"
-                         ) -> int:
+def lora_parameter_count(facts: _ModelFacts, rank: int, target_modules: Any = "all-linear",
+                         modules_to_save: Any = ()) -> int:
     """Adapter parameters: rank x (in + out) per targeted linear layer (peft's lora_A and
-    lora_B, no bias), plus a classifier head peft trains whole."""
+    lora_B, no bias), plus what peft trains whole: a classifier head and the modules named
+    in `modules_to_save` (matched as peft does: the name or its last parts)."""
     targeted = [layer for layer in facts.linear_layers if _targets(layer[0], target_modules)]
     if not targeted:
         raise FineTuneError(
             f"LoRA target_modules={target_modules!r} match no linear layer of {facts.name}. "
             "Pass target_modules='all-linear', or names of its linear layers such as "
             f"{sorted({name.rsplit('.', 1)[-1] for name, _, _ in facts.linear_layers})[:6]}.")
-    return rank * sum(fan_in + fan_out for _, fan_in, fan_out in targeted) + (
-        facts.head_parameters)
+    saved = {modules_to_save} if isinstance(modules_to_save, str) else set(modules_to_save or ())
+    if not saved:
+        whole = facts.head_parameters
+    else:  # the head and the named modules, each counted once
+        saved |= set(SEQUENCE_CLASSIFIER_HEADS) if facts.head_parameters else set()
+        whole = sum(count for name, count in facts.own_parameters if _under(name, saved))
+    return rank * sum(fan_in + fan_out for _, fan_in, fan_out in targeted) + whole
+
+
+def _under(name: str, modules: set[str]) -> bool:
+    """Whether module `name` is, or is inside, a module named by one of `modules`."""
+    parts = name.split(".")
+    prefixes = [".".join(parts[:end]) for end in range(1, len(parts) + 1)]
+    return any(prefix == key or prefix.endswith("." + key)
+               for prefix in prefixes for key in modules)
 
 
 def _targets(name: str, target_modules: Any) -> bool:
@@ -371,12 +404,14 @@ class _Settings:
     sharding: str
     gradient_checkpointing: bool
     devices: int
+    modules_to_save: tuple[str, ...] = ()
 
 
 def _sizes(facts: _ModelFacts, settings: _Settings) -> dict[str, int]:
     """Bytes per device of each part (docs/memory.md: the formulas)."""
     if settings.lora_rank:
-        trainable = lora_parameter_count(facts, settings.lora_rank, settings.target_modules)
+        trainable = lora_parameter_count(facts, settings.lora_rank, settings.target_modules,
+                                         settings.modules_to_save)
         weights = (facts.parameters * FROZEN_BYTES[settings.precision]
                    + trainable * TRAINED_BYTES["weights"])
     else:
@@ -576,7 +611,7 @@ def plan_memory(
         batch_size, max_length,
         resolve_precision(precision, device.kind.upper()),
         rank, target_modules, "data" if sharding == "auto" else sharding,
-        bool(gradient_checkpointing), count)
+        bool(gradient_checkpointing), count, _modules_to_save(lora))
     settings, notes = _decide_auto(facts, settings, device, lora, sharding, default_rank)
     plan = _plan(facts, settings, device, notes)
     if plan.fits:
@@ -608,6 +643,15 @@ def _lora_choice(lora: Any, default_rank: int) -> tuple[int | None, Any]:
     if isinstance(targets, str):
         return rank, targets
     return rank, tuple(targets)
+
+
+def _modules_to_save(lora: Any) -> tuple[str, ...]:
+    """The modules a LoRA config trains whole besides its adapters (peft's modules_to_save)."""
+    names = (lora.get("modules_to_save") if isinstance(lora, Mapping)
+             else getattr(lora, "modules_to_save", None))
+    if not names or lora is True:
+        return ()
+    return (names,) if isinstance(names, str) else tuple(names)
 
 
 def _decide_auto(facts: _ModelFacts, settings: _Settings, device: _Device, lora: Any,

@@ -12,10 +12,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import batching, data, sources, steps
+from . import batching, data, lora, sources, steps
 from .config import FineTuneConfig, FineTuneError
+from .memory_plan import MemoryPlan, meta_classifier
 from .plan import TrainPlan
-from .prepare_lm import prepare_causal_lm
+from .prepare_lm import memory_plan_of, prepare_causal_lm
 from .registry import TASKS
 
 
@@ -63,6 +64,7 @@ def prepare_fine_tune(
     if config.task == "auto" and sources.head_task(model, model_config) is None:
         picked = task_from_columns(dataset, config)
         task = picked or task
+    check_lora_task(config, task)
     context = TaskContext(model, source, model_config, fixed_labels, tokenizer, model_name)
     plan = TASKS[task].prepare(dataset, config, context)
     if plan is not None:
@@ -93,6 +95,9 @@ def prepare_fine_tune(
     total = (int(config.max_steps) if config.max_steps is not None
              else max(1, math.ceil(config.epochs * per_epoch)))
     devices = steps.devices(config)
+    lora_json, memory = _classifier_lora(config, source, model_config,
+                                         fixed_labels or len(columns.label_names),
+                                         int(buckets[-1]), devices, columns.notes)
     output_dir = sources.check_output_dir(config.output_dir, model_name)
     fingerprint = {
         "train_rows": len(columns.texts["train"]),
@@ -104,6 +109,8 @@ def prepare_fine_tune(
         "labels": list(columns.label_names),
         "train_digest": steps.digest(splits["train"]),
     }
+    if lora_json:  # a resume with other LoRA settings is refused
+        fingerprint["lora"] = lora_json
     resume = steps.checkpoint_to_resume(config, output_dir, fingerprint)
     encoded_data = batching.EncodedData(
         train=splits["train"],
@@ -125,7 +132,35 @@ def prepare_fine_tune(
         fingerprint=fingerprint,
         **steps.config_fields(config, output_dir, resume),
         sharding="data" if config.sharding == "auto" else config.sharding,
+        lora=lora_json, memory=memory,
     )
+
+
+def check_lora_task(config: FineTuneConfig, task: str) -> None:
+    """`lora=` refused, before any work, for a task it does not support yet."""
+    if config.lora in (False, None, "auto") or task in lora.TASK_TYPES:
+        return
+    supported = " and ".join(f"task={name!r}" for name in lora.TASK_TYPES)
+    raise FineTuneError(f"lora= works for {supported} so far; this is a {task!r} fine-tune: "
+                        "drop lora= to fine-tune every weight.")
+
+
+def _classifier_lora(config: FineTuneConfig, source: Any, model_config: Any, labels: int,
+                     max_length: int, devices: int, notes: list[str]
+                     ) -> tuple[dict[str, Any] | None, MemoryPlan | None]:
+    """A sequence classifier's LoRA settings (peft's SEQ_CLS: the head trained whole) and the
+    memory plan they were checked with; (None, None) without lora=. The model is the
+    instance given, else the config's classifier built on the meta device (no memory), so
+    that the head peft trains whole is counted."""
+    if config.lora in (False, None):
+        return None, None
+    model = source if not isinstance(source, str) else meta_classifier(model_config, labels)
+    requested = config.lora if config.lora != "auto" else False
+    lora_json = lora.lora_settings(requested, model, model_config, "classification")
+    memory = memory_plan_of(config, model, lora_json, max_length, devices, notes)
+    if memory.lora_rank and lora_json is None:  # lora="auto" chose LoRA
+        lora_json = lora.lora_settings(True, model, model_config, "classification")
+    return lora_json, memory
 
 
 def _read_columns(dataset: Any, config: FineTuneConfig, model_config: Any,

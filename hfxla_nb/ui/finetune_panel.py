@@ -8,13 +8,14 @@ from typing import Any
 
 from .._words import plural
 from .html import COLORS, SERIES, sparkline_svg, text_color
-from .units import duration
+from .units import duration, size
 
 # Metrics that count things (rows, tokens, samples): shown as whole numbers, never `719.0000`.
 COUNT_SUFFIXES = ("_rows", "_tokens", "_samples", "_steps", "_count", "_examples")
 # Loss entries shown in the text chart; longer histories are sampled down to this many.
 TEXT_CHART_WIDTH = 32
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
+GIB = 2**30
 
 
 def metric_value(name: str, value: float) -> str:
@@ -67,15 +68,14 @@ def loss_text_chart(losses: list[float], width: int = TEXT_CHART_WIDTH) -> str:
 def lora_row(result: Any) -> str | None:
     """`r=8, alpha=16, on all-linear; 73,728 of 1,234,567 parameters trained (5.97%); the
     adapter alone in <output_dir>/adapter`; None for a full fine-tune."""
-    lora = getattr(result, "lora", None)
+    lora = result.lora
     if not lora:
         return None
     targets = lora.get("target_modules") or "all-linear"
     if not isinstance(targets, str):
         targets = ", ".join(sorted(targets))
     text = f"r={lora.get('r')}, alpha={lora.get('lora_alpha')}, on {targets}"
-    trainable, total = (getattr(result, "trainable_parameters", None),
-                        getattr(result, "parameters", None))
+    trainable, total = result.trainable_parameters, result.parameters
     if trainable and total:
         text += f"; {trainable:,} of {total:,} parameters trained ({trainable / total:.2%})"
     if result.output_dir:
@@ -84,16 +84,41 @@ def lora_row(result: Any) -> str | None:
     return text
 
 
+def memory_row(result: Any) -> str | None:
+    """`plan 1.2 GiB per device (...), XLA measured 1.0 GiB (the largest graph): 0.83x the
+    plan`: the memory plan the run was checked with beside what XLA's analysis of the
+    compiled graphs says the largest one needs; None when the run had no plan."""
+    plan = result.memory_plan
+    if not plan:
+        return None
+    parts = [f"parameters {size(round(plan['parameters_gib'] * GIB))}",
+             f"gradients {size(round(plan['gradients_gib'] * GIB))}",
+             f"optimizer {size(round(plan['optimizer_gib'] * GIB))}",
+             f"activations {size(round(plan['activations_gib'] * GIB))}"]
+    overhead = plan.get("overhead_gib")
+    if overhead:
+        parts.append(f"XLA's program and buffers {size(round(overhead * GIB))}")
+    planned = round(plan["total_gib"] * GIB)
+    text = f"plan {size(planned)} per device ({', '.join(parts)})"
+    measured = result.xla.get("largest_graph_bytes")
+    if measured:
+        text += (f", XLA measured {size(measured)} (the largest graph): "
+                 f"{measured / planned:.2f}x the plan")
+    else:
+        text += ", XLA measured nothing (trace_compiles=False)"
+    return text
+
+
 def next_step(result: Any) -> str | None:
     """What to do with the result now, as code to type."""
     if not result.output_dir:
         return None
-    if getattr(result, "task", "classification") == "causal-lm":
+    if result.task == "causal-lm":
         return ('result.generate(["a prompt"], max_new_tokens=32) continues prompts on the '
                 "CPU here; result.load_model() and result.load_tokenizer() give the model "
                 "and its tokenizer (the XLA runtime stays off, so you can launch again)")
     example = ('[{"question": "...", "context": "..."}]'
-               if getattr(result, "task", "") == "question-answering" else '["a text"]')
+               if result.task == "question-answering" else '["a text"]')
     return (f"result.predict({example}) predicts on every XLA device (in a launched worker); "
             "result.load_model() and result.load_tokenizer() give the trained model and its "
             "tokenizer on the CPU here (the XLA runtime stays off, so you can launch again)")
@@ -105,7 +130,7 @@ def _time_row(result: Any) -> str:
     parts = [f"training loop {duration(result.train_seconds)}"]
     if result.metrics:
         parts.append(f"evaluation {duration(result.eval_seconds)}")
-    launch = getattr(result, "launch_seconds", None)
+    launch = result.launch_seconds
     if launch is None:
         return ", ".join(parts)
     rest = launch - result.train_seconds - result.eval_seconds
@@ -120,7 +145,7 @@ def _speed_row(result: Any) -> str | None:
     if result.samples_per_second:
         parts.append(f"{result.samples_per_second:,.1f} samples/s after warm-up (the compiling "
                      "first steps left out)")
-    overall = getattr(result, "samples_per_second_overall", None)
+    overall = result.samples_per_second_overall
     if overall:
         parts.append(f"{overall:,.1f} samples/s over the whole training loop")
     return "; ".join(parts) or None
@@ -137,15 +162,15 @@ def _task_text(task: str, result: Any) -> str:
     `causal LM, fsdp sharding, torch_xla gradient checkpointing`."""
     if task == "classification":
         return f"labels {result.label_names}"
-    text = f"{TASK_NAMES.get(task, task)}, {getattr(result, 'sharding', 'data')} sharding"
-    if getattr(result, "gradient_checkpointing", False):
+    text = f"{TASK_NAMES.get(task, task)}, {result.sharding} sharding"
+    if result.gradient_checkpointing:
         text += ", torch_xla gradient checkpointing"
     return text
 
 
 def result_rows(result: Any) -> list[tuple[str, str]]:
     """(label, text) rows of a `FineTuneResult`; warnings first."""
-    rows = [("warning", warning) for warning in getattr(result, "warnings", [])]
+    rows = [("warning", warning) for warning in result.warnings]
     rows.append(("training", f"{plural(result.steps, 'step')} "
                              f"({plural(round(result.epochs, 2), 'epoch')})"))
     rows.append(("time", _time_row(result)))
@@ -167,7 +192,7 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
                     f"{result.transfers_per_step:.2f} device-to-host transfers")
     rows.append(("XLA", f"{result.compiles} training + {result.eval_compiles} evaluation graphs "
                  f"compiled{per_step}"))
-    task = getattr(result, "task", "classification")
+    task = result.task
     what = _task_text(task, result)
     rows.append(("setup", f"{result.strategy} over {plural(result.devices, 'device')}, "
                  f"{result.precision}, batch {result.batch_size}, lengths "
@@ -175,7 +200,10 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
     adapter = lora_row(result)
     if adapter:
         rows.append(("LoRA", adapter))
-    for name, spec in list((getattr(result, "parameter_sharding", None) or {}).items())[:2]:
+    memory = memory_row(result)
+    if memory:
+        rows.append(("memory", memory))
+    for name, spec in list(result.parameter_sharding.items())[:2]:
         if task != "classification" or "devices=" in spec:
             rows.append(("layout", f"{name}: {spec}"))
     if result.resumed_from:
