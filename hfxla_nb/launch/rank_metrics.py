@@ -36,6 +36,9 @@ class RankMetrics:
             bar: the mean over the steps since the previous update.
         alerts: the alerts of the final panel, as dicts (code, severity, title, explanation,
             fix).
+        largest_graph_bytes: what the compiled graph that needs the most device memory
+            needs (XLA's post-compilation analysis: inputs, outputs not aliased,
+            temporaries, the program); None when the launch was not traced.
     """
 
     shared_with: list[int] = field(default_factory=list)
@@ -55,6 +58,7 @@ class RankMetrics:
     fallbacks: dict[str, int] = field(default_factory=dict)
     step_times: list[tuple[int, float]] = field(default_factory=list)
     alerts: list[dict[str, str]] = field(default_factory=list)
+    largest_graph_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Every figure as a plain dict (lists and dicts copied)."""
@@ -99,6 +103,7 @@ class MetricsCollector:
         if summary is None:
             return None
         alerts = analyze(summary, warmup_steps=self.live.warmup_steps)
+        largest = summary.trace.largest() if summary.trace is not None else None
         return RankMetrics(
             shared_with=list(ranks),
             steps=summary.steps,
@@ -117,6 +122,7 @@ class MetricsCollector:
             fallbacks=dict(summary.fallbacks),
             step_times=list(self._step_times.get(rank, [])),
             alerts=[asdict(alert) for alert in alerts],
+            largest_graph_bytes=largest.memory if largest is not None else None,
         )
 
 

@@ -20,7 +20,7 @@ import inspect
 from typing import Any
 
 from ..launch import last_launch, notebook_launcher
-from .config import FineTuneConfig, FineTuneError
+from .config import FineTuneConfig
 from .loop import train_worker
 from .prepare import prepare_fine_tune
 from .result import FineTuneResult
@@ -78,10 +78,7 @@ def fine_tune(
     ```
     """
     config = FineTuneConfig.build(config, options)
-    plan = prepare_fine_tune(model, dataset, config)
-    if config.lora not in (False, None, "auto") and plan.task != "causal-lm":
-        raise FineTuneError(f"lora= is supported for causal LMs; this is a {plan.task} "
-                            "fine-tune: drop lora= (or use a ...ForCausalLM model).")
+    plan = prepare_fine_tune(model, dataset, config)  # refuses lora= for tasks without it
     raw = notebook_launcher(
         train_worker,
         args=(plan,),

@@ -41,7 +41,7 @@ def prepare_causal_lm(dataset: Any, config: FineTuneConfig, source: Any, model_c
     instance = source if not isinstance(source, str) else None
     lora_json = lora.lora_settings(config.lora if config.lora != "auto" else False,
                                    instance, model_config, "causal-lm")
-    memory = _memory_plan(config, instance or model_config, lora_json, max_length, devices,
+    memory = memory_plan_of(config, instance or model_config, lora_json, max_length, devices,
                           notes)
     sharding = memory.sharding if devices > 1 and config.strategy == "spmd" else (
         "data" if config.sharding == "auto" else config.sharding)
@@ -74,7 +74,7 @@ def prepare_causal_lm(dataset: Any, config: FineTuneConfig, source: Any, model_c
     )
 
 
-def _memory_plan(config: FineTuneConfig, model: Any, lora_json: dict[str, Any] | None,
+def memory_plan_of(config: FineTuneConfig, model: Any, lora_json: dict[str, Any] | None,
                  max_length: int, devices: int, notes: list[str]) -> MemoryPlan:
     """The memory plan of this run on this machine's devices; "auto" sharding and LoRA are
     decided by it (and noted); refused, with its numbers and the changes that would make it
