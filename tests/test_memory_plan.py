@@ -4,6 +4,9 @@ refusals. Real transformers models and configs, built locally (never the Hub).""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import pytest
 
 import hfxla_nb as hx
@@ -275,3 +278,49 @@ def test_public_names_and_the_table():
     assert text.splitlines()[0].startswith("Gemma on v5e-1 (1 device, 15.48 GiB each): ")
     assert "2.51B" in text and "AdamW" in text and "does not fit" in text
     assert "1. LoRA r=16 on all linear layers (lora=True)" in text
+
+
+def tiny_bert():
+    return transformers.BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2,
+                                   num_attention_heads=2, intermediate_size=64, num_labels=3)
+
+
+@pytest.mark.parametrize("lora", [{"r": 4}, {"r": 8, "modules_to_save": ["word_embeddings"]}])
+def test_a_classifiers_lora_counts_equal_peft_seq_cls(lora):
+    # SEQ_CLS trains the head whole, and modules_to_save too: counted exactly, each once.
+    from hfxla_nb.train.memory_plan import meta_classifier
+
+    config = tiny_bert()
+    model = transformers.BertForSequenceClassification(config)
+    planned = plan_memory(meta_classifier(config, 3), hardware="cpu", lora=lora)
+    assert planned.parameters == sum(p.numel() for p in model.parameters())
+    assert planned.trainable_parameters == peft_trainable(
+        model, task_type="SEQ_CLS", target_modules="all-linear", **copy.deepcopy(lora))
+
+
+def finished(**changes):
+    from hfxla_nb.train.result import FineTuneResult
+
+    plan = plan_memory(tiny_llama(), hardware="cpu", devices=4, batch_size=16, max_length=64)
+    values = dict(output_dir=None, loss_history=[(5, 2.0), (10, 1.0)], metrics={}, steps=10,
+                  epochs=1.0, samples_per_second=10.0, train_seconds=1.0, compiles=1,
+                  eval_compiles=0, executions_per_step=1.0, transfers_per_step=0.1,
+                  label_names=[], strategy="spmd", devices=4, precision="fp32",
+                  bucket_lengths=[64], task="causal-lm",
+                  memory_plan=dataclasses.asdict(plan), xla={"largest_graph_bytes": 3 * 2**20})
+    values.update(changes)
+    return FineTuneResult(**values), plan
+
+
+def test_the_result_shows_the_plan_beside_xlas_measured_graph_memory_as_text_and_html():
+    from hfxla_nb.ui.finetune_panel import result_html, result_text
+
+    result, plan = finished()
+    row = next(line for line in result_text(result).splitlines() if "memory" in line)
+    ratio = 3 * 2**20 / (plan.total_gib * GIB)
+    assert f"plan {plan.total_gib * 1024:.1f} MiB per device" in row
+    assert f"XLA measured 3.0 MiB (the largest graph): {ratio:.2f}x the plan" in row
+    assert "XLA measured 3.0 MiB" in result_html(result)
+    untraced, _ = finished(xla={})
+    assert "XLA measured nothing (trace_compiles=False)" in result_text(untraced)
+    assert "memory" not in result_text(finished(memory_plan=None)[0])
