@@ -11,6 +11,7 @@ import hfxla_nb as hx
 from hfxla_nb import _xla, demo
 from hfxla_nb.demo_tasks import classifier_model_dir
 from hfxla_nb.train import FineTuneError
+from hfxla_nb.train.predict import default_batch_size
 
 ROWS = 400  # 320 train, 40 validation
 
@@ -84,3 +85,13 @@ def test_bad_predict_input_is_refused_before_forking(inputs, options, message, c
         hx.predict(model, inputs, num_processes=4, **options)
     assert message in str(raised.value)
     assert not _xla.runtime_is_initialized()
+
+
+@pytest.mark.parametrize("task, rows, expected", [
+    ("classification", 1, 32), ("classification", 40, 64), ("classification", 100, 128),
+    ("classification", 2000, 128), ("question-answering", 2000, 128),
+    ("causal-lm", 2000, 32), ("seq2seq", 2000, 32),
+])
+def test_the_default_batch_is_up_to_32_rows_a_device_and_8_when_generating(task, rows,
+                                                                           expected):
+    assert default_batch_size(task, rows, 4) == expected

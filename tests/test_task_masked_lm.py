@@ -108,6 +108,7 @@ def test_predict_gives_the_fill_mask_pipelines_candidates(trained):
     predicted = result.predict(texts, top_k=3, progress=False)
     assert predicted.task == "masked-lm"
     assert predicted.compiles == len(predicted.bucket_lengths)  # one graph per bucket
+    assert 0 < predicted.compile_seconds < predicted.seconds
     fill = pipeline("fill-mask", model=result.output_dir, device="cpu", top_k=3)
     reference = fill(texts)
     several = 0
