@@ -158,7 +158,11 @@ def test_fsdp_splits_the_state_and_the_batch_is_split_over_devices():
 def test_activations_with_and_without_gradient_checkpointing():
     plan = plan_memory(llama_1b(), hardware="v5e-1", batch_size=4, max_length=1024)
     assert plan.activations_gib == plan.activations_full_gib
-    assert plan.activations_checkpointed_gib < plan.activations_full_gib / 3
+    # Checkpointing keeps each layer's input (h) instead of what the layer keeps (E), and one
+    # layer recomputed: 4096 tokens x (16 E - 16 h - E) x 2 bytes (bf16 on a TPU) fewer.
+    per_layer = 4 * 2048 + 2 * 32 * 64 + 2 * 8 * 64 + 32 * 1024 + 3 * 8192
+    saved = 4096 * (16 * per_layer - 16 * 2048 - per_layer) * 2
+    assert (plan.activations_full_gib - plan.activations_checkpointed_gib) * GIB == saved
     checkpointed = plan_memory(llama_1b(), hardware="v5e-1", batch_size=4, max_length=1024,
                                gradient_checkpointing=True)
     assert checkpointed.activations_gib == plan.activations_checkpointed_gib
@@ -203,7 +207,7 @@ def test_the_changes_are_cumulative_in_order_of_cost_and_end_fitting():
 def test_fsdp_over_more_chips_then_a_smaller_batch():
     """Already LoRA, bf16 and checkpointed: FSDP over the host's chips comes next, then the
     largest batch that fits, with the accumulation that keeps the effective batch."""
-    plan = plan_memory(llama_7b(), hardware="v5e-8", batch_size=64, max_length=2048,
+    plan = plan_memory(llama_7b(), hardware="v5e-8", batch_size=32, max_length=2048,
                        lora=True, gradient_checkpointing=True)
     assert [change.argument for change in plan.changes] == ["sharding='fsdp'"]
     assert plan.changes[0].change == "FSDP over 8 devices (this host's)"
@@ -324,3 +328,22 @@ def test_the_result_shows_the_plan_beside_xlas_measured_graph_memory_as_text_and
     untraced, _ = finished(xla={})
     assert "XLA measured nothing (trace_compiles=False)" in result_text(untraced)
     assert "memory" not in result_text(finished(memory_plan=None)[0])
+
+
+def test_lora_adapters_and_the_backward_working_set_are_counted_by_hand():
+    # tiny_llama: h 64, 4 heads of 16, 2 kv heads, I 128 (gated), V 256, 2 layers; 4 rows of
+    # 64 tokens on one device in fp32. Per token and layer E = 4h + 2*64 + 2*32 + 4*64 + 3I.
+    tokens, e, per_layer = 4 * 64, 4, 4 * 64 + 2 * 64 + 2 * 32 + 4 * 64 + 3 * 128
+    kept = tokens * 2 * per_layer * e + tokens * 256 * (e + 4)
+    working = tokens * (per_layer * e + 256 * 4)  # one layer's gradients, the logits' gradient
+    full = plan_memory(tiny_llama(), hardware="cpu", devices=1, batch_size=4, max_length=64)
+    assert full.activations_gib * GIB == kept + working
+    # LoRA r=8 on the 7 linear layers of each layer: x @ A (8 values each) and, with dropout,
+    # a dropped copy of each layer's input and its mask (q, k, v, o, gate, up: 64; down: 128).
+    adapters = tokens * 2 * (8 * 7 * e + (6 * 64 + 128) * 2 * e)
+    lora = plan_memory(tiny_llama(), hardware="cpu", devices=1, batch_size=4, max_length=64,
+                       lora={"r": 8, "lora_dropout": 0.1})
+    assert lora.activations_gib * GIB == kept + working + adapters
+    no_dropout = plan_memory(tiny_llama(), hardware="cpu", devices=1, batch_size=4,
+                             max_length=64, lora={"r": 8, "lora_dropout": 0.0})
+    assert no_dropout.activations_gib * GIB == kept + working + tokens * 2 * 8 * 7 * e

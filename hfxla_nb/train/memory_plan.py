@@ -405,6 +405,7 @@ class _Settings:
     gradient_checkpointing: bool
     devices: int
     modules_to_save: tuple[str, ...] = ()
+    lora_dropout: float = 0.0
 
 
 def _sizes(facts: _ModelFacts, settings: _Settings) -> dict[str, int]:
@@ -438,16 +439,38 @@ def _activations(facts: _ModelFacts, settings: _Settings) -> tuple[int, int]:
     intermediate for a gated MLP: gate, up and their product, the down projection's input;
     2 x otherwise: the first projection's output and its activation). Checkpointing
     keeps only each layer's input (h) and recomputes one layer at a time. The language-model
-    head adds its logits and their float32 copy for the loss."""
+    head adds its logits and their float32 copy for the loss. LoRA's adapters add what they
+    keep (`_adapter_activations`). Either way the backward pass holds, beside what was kept,
+    the gradients of one layer's activations (as large as what the layer kept) and the
+    float32 gradient of the logits while it works through them (docs/memory.md)."""
     tokens = math.ceil(settings.batch_size / settings.devices) * settings.max_length
     element = ACTIVATION_BYTES[settings.precision]
     per_layer = (4 * facts.hidden + 2 * facts.heads * facts.head_dim
                  + 2 * facts.kv_heads * facts.head_dim + facts.heads * settings.max_length
                  + (3 if facts.gated_mlp else 2) * facts.intermediate)
     logits = tokens * facts.vocab * (element + 4)
-    full = tokens * facts.layers * per_layer * element + logits
-    checkpointed = tokens * (facts.layers * facts.hidden + per_layer) * element + logits
+    adapters = tokens * _adapter_activations(facts, settings)
+    working = tokens * (per_layer * element + facts.vocab * 4)
+    full = tokens * facts.layers * per_layer * element + adapters + logits + working
+    checkpointed = (tokens * (facts.layers * facts.hidden + per_layer) * element
+                    + adapters // max(facts.layers, 1) + logits + working)
     return full, checkpointed
+
+
+def _adapter_activations(facts: _ModelFacts, settings: _Settings) -> int:
+    """Bytes per token LoRA's adapters keep for the backward pass, over the whole model: each
+    targeted layer's `x @ A` (rank values, for lora_B's gradient) and, with lora_dropout > 0,
+    its own dropped-out copy of the layer's input and the dropout mask (torch_xla multiplies
+    by a mask in the input's type), for lora_A's gradient; 0 for a full fine-tune."""
+    if not settings.lora_rank:
+        return 0
+    element = ACTIVATION_BYTES[settings.precision]
+    targeted = [layer for layer in facts.linear_layers
+                if _targets(layer[0], settings.target_modules)]
+    kept = settings.lora_rank * len(targeted) * element
+    if settings.lora_dropout:
+        kept += sum(fan_in for _, fan_in, _ in targeted) * 2 * element
+    return kept
 
 
 def _plan(facts: _ModelFacts, settings: _Settings, device: _Device,
@@ -611,7 +634,7 @@ def plan_memory(
         batch_size, max_length,
         resolve_precision(precision, device.kind.upper()),
         rank, target_modules, "data" if sharding == "auto" else sharding,
-        bool(gradient_checkpointing), count, _modules_to_save(lora))
+        bool(gradient_checkpointing), count, _modules_to_save(lora), _lora_dropout(lora))
     settings, notes = _decide_auto(facts, settings, device, lora, sharding, default_rank)
     plan = _plan(facts, settings, device, notes)
     if plan.fits:
@@ -652,6 +675,16 @@ def _modules_to_save(lora: Any) -> tuple[str, ...]:
     if not names or lora is True:
         return ()
     return (names,) if isinstance(names, str) else tuple(names)
+
+
+def _lora_dropout(lora: Any) -> float:
+    """The adapters' dropout: fine_tune's default (`lora.DEFAULTS`) unless set."""
+    from .lora import DEFAULTS
+
+    if isinstance(lora, Mapping):
+        return float(lora.get("lora_dropout", DEFAULTS["lora_dropout"]))
+    value = getattr(lora, "lora_dropout", None)  # a peft LoraConfig; True/"auto": defaults
+    return float(DEFAULTS["lora_dropout"] if value is None else value)
 
 
 def _decide_auto(facts: _ModelFacts, settings: _Settings, device: _Device, lora: Any,
