@@ -1,7 +1,8 @@
 """LoRA vs full fine-tuning of the demo's tiny Llama under FSDPv2 on 4 devices (CPU virtual
 devices without a TPU): tokens/s of each and their ratio, training graphs (1 expected), the
 trainable share, and the memory plan's total per device against what XLA's post-compilation
-analysis says the largest traced graph needs (target: within 0.5x-2x).
+analysis says the largest traced graph needs (target: within 0.5x-2x), for the tiny Llama and
+for a larger Llama built from a config (3.0M parameters; a few steps, for its graph only).
 
 Each run is a fresh forked worker; rates are medians over the progress updates after the
 warm-up of one run (the two runs are not alternated). `run() -> list[Figure]`; wire it into
@@ -87,4 +88,43 @@ def run() -> list[common.Figure]:
         GROUP, f"tiny Llama on {DEVICES} devices: tokens/s LoRA / full",
         lora_rate / full if lora_rate and full else None, "x", repeats=1,
         note="ratio of the two medians above (separate runs)"))
+    figures += [larger_memory_figure(lora, model, data, batch, length) for lora in (False, True)]
     return figures
+
+
+def larger_llama() -> object:
+    """A Llama built from a config, 28x the tiny one's parameters (on the CPU, no download)."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=266, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=256,
+        pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    return transformers.LlamaForCausalLM(config)
+
+
+def larger_memory_figure(lora: bool, tokenizer: str, data: object, batch: int,
+                         length: int) -> common.Figure:
+    """XLA's measured graph memory / the plan for the larger Llama (4 steps: its graph)."""
+    import hfxla_nb as hx
+    from hfxla_nb.demo_lm import TEMPLATE
+
+    model = larger_llama()
+    with recorded() as displays:
+        workloads.fine_tune_measured(
+            model, data, task="causal-lm", prompt_column="prompt", response_column="response",
+            template=TEMPLATE, max_length=length, max_steps=4, batch_size=batch,
+            learning_rate=3e-3, sharding="fsdp", num_processes=DEVICES, output_dir=None,
+            progress=False, lora=lora, tokenizer=tokenizer)
+    largest = displays[0].trace.largest() if displays else None
+    measured = largest.memory if largest is not None else None
+    plan = hx.plan_memory(model, batch_size=batch, max_length=length, lora=lora,
+                          sharding="fsdp", devices=DEVICES, hardware="cpu")
+    planned = plan.total_gib * 2**30
+    ratio = measured / planned if measured and planned else None
+    kind = "LoRA" if lora else "full"
+    return common.Figure(
+        GROUP, f"Llama from a config ({plan.parameters:,} parameters), {kind} fine-tune, fsdp "
+        f"on {DEVICES} devices: largest graph's memory / memory plan", ratio, "x", "0.5-2",
+        None if ratio is None else 0.5 <= ratio <= 2, 1,
+        f"XLA {measured} B per device, plan {planned:.0f} B; 1 run")
