@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..events import MetricsSnapshot, Progress
+from ..events import Compiled, MetricsSnapshot, Progress
 from ..observe.analyzer import analyze
 from ..observe.live import LiveMetrics
 
@@ -75,8 +75,9 @@ class MetricsCollector:
         self._step_times: dict[int, list[tuple[int, float]]] = {}
 
     def handle(self, event: Any) -> None:
-        """Take a `MetricsSnapshot` or `Progress` event; others are ignored."""
-        if isinstance(event, MetricsSnapshot):
+        """Take a `MetricsSnapshot`, `Compiled` (the largest graph's memory) or `Progress`
+        event; others are ignored."""
+        if isinstance(event, (MetricsSnapshot, Compiled)):
             self.live.add(event)
         elif isinstance(event, Progress) and event.rank is not None:
             self._progress(event)
