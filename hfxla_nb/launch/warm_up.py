@@ -21,6 +21,7 @@ import sys
 MODULES = (
     "hfxla_nb.launch.launcher",
     "hfxla_nb.launch.worker",
+    "hfxla_nb.ui.modes",
     "hfxla_nb.ui.widgets",
     "hfxla_nb.ui.formatters",
     "ipywidgets",
