@@ -172,9 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--side", choices=SIDES)
     parser.add_argument("--kernel", action="store_true",
                         help="only the real-kernel figures, printed")
+    parser.add_argument("--repeats", type=int, default=min(common.REPEATS, 3),
+                        help="fresh kernels per side for --kernel (make bench: %(default)s)")
     args = parser.parse_args(argv)
     if args.kernel:
-        for figure in kernel_figures(min(common.REPEATS, 3)):
+        for figure in kernel_figures(args.repeats):
             print(f"{figure.name}: {figure.value:+.3f} {figure.unit} (target {figure.target}, "
                   f"met: {figure.met}); {figure.note}", flush=True)
         return 0
