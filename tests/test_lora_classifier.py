@@ -120,8 +120,6 @@ def test_adapter_and_merged_folders_give_the_same_logits_and_predict_runs(lora_c
                                                      expected[:2].argmax(-1)]
 
 
-@pytest.mark.xfail(strict=True, reason="launch/record.py (Q's) passes only Progress and "
-                   "MetricsSnapshot events to MetricsCollector; Compiled events are needed too")
 def test_the_result_shows_the_plan_beside_xlas_measured_graph_memory(lora_classifier):
     measured = lora_classifier.xla["largest_graph_bytes"]
     assert measured and measured > 0

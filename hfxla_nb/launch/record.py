@@ -19,6 +19,7 @@ from typing import Any
 from .._units import duration
 from .._words import plural
 from ..events import (
+    Compiled,
     Event,
     Failed,
     Finished,
@@ -231,7 +232,7 @@ class RecordKeeper:
             self.note_stopped(event.processes)
         elif isinstance(event, Heartbeat):
             pass
-        if isinstance(event, (Progress, MetricsSnapshot)):
+        if isinstance(event, (Progress, MetricsSnapshot, Compiled)):
             self.metrics.handle(event)
 
     def note_stopped(self, processes: Iterable[str]) -> None:
