@@ -119,9 +119,9 @@ class ProcessExited(Event):
 @dataclass(frozen=True)
 class ProcessesStopped(Event):
     """Processes the launch left running (a server, a process in a session of its own, a
-    daemon) that the supervisor stopped before it exited, each as "sleep 600 (pid 1234)"."""
+    daemon) that the supervisor stopped before it exited: pid -> "sleep 600 (pid 1234)"."""
 
-    processes: tuple[str, ...] = ()
+    processes: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,7 @@ from .kernel_traceback import hide_launcher_frames
 from .preflight import LaunchRefusedError
 from .processes import kernel_gains_no_process
 from .record import LaunchRecord, RankRecord
-from .supervision import POLL_INTERVAL
-from .supervisor_ranks import OneHostSupervision
+from .supervision import POLL_INTERVAL, Supervision
 
 __all__ = ["notebook_launcher", "last_launch", "LaunchRecord", "RankRecord"]  # + LaunchError
 
@@ -199,7 +198,7 @@ def notebook_launcher(
         display = launch_display(plan.world, progress, **shown)
         _last_record = record
         prefix = options.prefix if options.line_prefix is not None else None
-        supervision = OneHostSupervision(record, display, shown_ranks, timeout,
+        supervision = Supervision(record, display, shown_ranks, timeout,
                                          heartbeat_timeout, poll_interval=options.monitor_interval,
                                          line_prefix=prefix)
         with kernel_gains_no_process():  # inductor's compile workers (launch/processes.py)

@@ -56,7 +56,7 @@ def become_subreaper() -> bool:
         return False
 
 
-def stop_group(group: int, reap: Callable[[], object] = lambda: None) -> list[str]:
+def stop_group(group: int, reap: Callable[[], object] = lambda: None) -> dict[int, str]:
     """SIGTERM to every process of `group` and to every descendant of them (whatever group or
     session it is in), then SIGKILL to what is left after the grace time.
 
@@ -85,7 +85,7 @@ def stop_group(group: int, reap: Callable[[], object] = lambda: None) -> list[st
                 _signal(pid, number)
 
     if not alive():
-        return []  # the usual end of a finished launch: one look, nothing to stop
+        return {}  # the usual end of a finished launch: one look, nothing to stop
     send(signal.SIGTERM)
     if not _wait(alive, TERMINATE_GRACE, reap):
         alive()
@@ -93,10 +93,10 @@ def stop_group(group: int, reap: Callable[[], object] = lambda: None) -> list[st
         # A killed process is not gone at once: return only when none is left running, so
         # that nothing of the launch outlives the call (on a busy machine this takes a while).
         _wait(alive, KILL_WAIT, reap)
-    return [names[pid] for pid in sorted(names)]
+    return names
 
 
-def stop_descendants(grace: float = TERMINATE_GRACE) -> list[str]:
+def stop_descendants(grace: float = TERMINATE_GRACE) -> dict[int, str]:
     """In a subreaper (the supervisor, before it exits): stop every process below this one
     (SIGTERM, SIGKILL after `grace`), reap them, and return `describe`'s words for each."""
     me = os.getpid()
@@ -122,14 +122,14 @@ def stop_descendants(grace: float = TERMINATE_GRACE) -> list[str]:
 
     if not _has_children(me) or not look():
         reap()
-        return []  # the usual end: nothing below the supervisor, no look at all of /proc
+        return {}  # the usual end: nothing below the supervisor, no look at all of /proc
     for number, seconds in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_WAIT)):
         for pid in look():
             _signal(pid, number)
         if _wait(lambda: bool(look()), seconds, reap):
             break
     reap()
-    return [names[pid] for pid in sorted(names)]
+    return names
 
 
 def _has_children(pid: int) -> bool:

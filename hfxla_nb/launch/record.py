@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import signal
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,6 +195,7 @@ class RecordKeeper:
         self.heartbeat_timeout = heartbeat_timeout
         self.failure: RankRecord | None = None
         self.pid_ranks: dict[int, set[int]] = {}
+        self._stopped: dict[int, str] = {}  # stopped_processes by pid (see note_stopped)
         self.warned_silent: set[int] = set()
         self.metrics = MetricsCollector()
         self.stopped_as: RankState | None = None  # how ranks still running ended, once stopped
@@ -235,11 +235,15 @@ class RecordKeeper:
         if isinstance(event, (Progress, MetricsSnapshot, Compiled)):
             self.metrics.handle(event)
 
-    def note_stopped(self, processes: Iterable[str]) -> None:
-        """Name processes the launch left running and had to stop; the supervisor and the
-        notebook may both name one (each stops what it finds), and it is named once."""
-        stopped = self.record.stopped_processes
-        stopped.extend(name for name in dict.fromkeys(processes) if name not in stopped)
+    def note_stopped(self, processes: dict[int, str]) -> None:
+        """Name processes the launch left running and had to stop (pid -> `describe`'s words:
+        "sleep 600 (pid 1234)"). The supervisor and the notebook may both name one (each
+        stops what it finds): it is named once, by its command line where one side read it
+        before the process ended (an ended process shows only its name: "[sleep] (pid 1234)")."""
+        for pid, words in processes.items():
+            if pid not in self._stopped or self._stopped[pid].startswith("["):
+                self._stopped[pid] = words
+        self.record.stopped_processes[:] = [self._stopped[pid] for pid in sorted(self._stopped)]
 
     def finish(self) -> None:
         """The launch is over: give every rank its final figures."""
@@ -311,7 +315,20 @@ class RecordKeeper:
     def outcome_after_exit(self, status: int) -> Outcome:
         """Every supervisor of the launch exited (one with `status`) and the events they sent
         are applied: ranks without a result failed, unless a failure is known already;
-        "finished" when every rank finished, else "failed"."""
+        "finished" when every rank finished, else "failed".
+
+        A supervisor that ran ranks itself (`strategy="spmd"`, and "replicated" where
+        xmp.spawn would fork one process: XLA:CPU, a one-chip TPU host) has no process left
+        to watch it: killed by a signal (the out-of-memory killer's SIGKILL) or gone by
+        `os._exit(3)` before its ranks said anything, its exit status is those ranks'
+        `ProcessExited` ("process 1234 killed by SIGKILL", the ranks "killed").
+        """
+        supervisor = self.record.process_group  # the supervisor's pid (it leads the group)
+        ranks = self.pid_ranks.get(supervisor, set()) if supervisor is not None else set()
+        running = any(r.exit_state.active for r in self.record.ranks if r.rank in ranks)
+        if status and self.failure is None and running:
+            self.handle(ProcessExited(rank=None, pid=supervisor, signal=-status) if status < 0
+                        else ProcessExited(rank=None, pid=supervisor, exitcode=status))
         if self.failure is None and not self.all_finished():
             self.mark_unfinished_as_failed(status)
         return Outcome.FINISHED if self.all_finished() else Outcome.FAILED

@@ -364,7 +364,7 @@ def _stop_leftovers(channel: Channel) -> None:
               file=sys.stderr)
         return
     if stopped:
-        channel.send(ProcessesStopped(rank=None, processes=tuple(stopped)))
+        channel.send(ProcessesStopped(rank=None, processes=stopped))
 
 
 def _watch_children(channel: Channel) -> threading.Event:
