@@ -3,13 +3,16 @@ virtual devices: peft's SEQ_CLS (the classifier head trained whole, as modules_t
 base frozen bit for bit, the full classifier fine-tune's compile contract (1 training + 1
 evaluation graph for the one bucket, from torch_xla's metrics in the worker), the adapter
 folder and the merged folder give the same logits on the CPU, `result.predict` on the devices;
-the memory plan beside XLA's measured graph memory in the result; tasks without LoRA refused.
+the memory plan in the cell before the fork and beside XLA's measured graph memory in the
+result; tasks without LoRA refused.
 
 One fine-tune and one predict launch in all; the pytest process never starts XLA.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from hfxla_nb import _xla
 from hfxla_nb.demo import demo_dataset, demo_model_dir, demo_texts
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from hfxla_nb.ui.finetune_panel import result_html, result_text
+from hfxla_nb.ui.plan_panel import plan_line, plan_text
 
 peft = pytest.importorskip("peft")
 
@@ -36,12 +40,22 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def lora_classifier(model_dir, tmp_path_factory):
+def launched(model_dir, tmp_path_factory):
+    """The fine-tune and what it printed (the console panels: as in a terminal)."""
     import hfxla_nb as hx
 
-    return hx.fine_tune(model_dir, demo_dataset(n=ROWS), lora=LORA, batch_size=32, epochs=2,
-                        learning_rate=4e-3, num_processes=4, log_every=5, progress=False,
-                        output_dir=tmp_path_factory.mktemp("lora-cls") / "tiny-bert")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        result = hx.fine_tune(model_dir, demo_dataset(n=ROWS), lora=LORA, batch_size=32,
+                              epochs=2, learning_rate=4e-3, num_processes=4, log_every=5,
+                              progress="console",
+                              output_dir=tmp_path_factory.mktemp("lora-cls") / "tiny-bert")
+    return result, printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def lora_classifier(launched):
+    return launched[0]
 
 
 def test_it_learns_with_the_classifier_fine_tunes_compile_contract(lora_classifier, model_dir):
@@ -129,6 +143,16 @@ def test_the_result_shows_the_plan_beside_xlas_measured_graph_memory(lora_classi
     ratio = measured / (lora_classifier.memory_plan["total_gib"] * 2**30)
     assert f"{ratio:.2f}x the plan" in row
     assert "XLA measured" in result_html(lora_classifier)
+
+
+def test_the_plan_was_shown_before_the_launch_in_the_same_words(launched):
+    result, printed = launched
+    first, *rest = printed.splitlines()
+    assert first == f"memory  {plan_line(result.memory_plan)}"
+    assert "launch" in "\n".join(rest)  # the launch's own panel came after it
+    row = next(line for line in result_text(result).splitlines()
+               if line.strip().startswith("memory"))
+    assert row.split(None, 1)[1].startswith(f"{plan_text(result.memory_plan)}, XLA measured")
 
 
 def test_lora_on_a_task_without_it_is_refused_before_anything_happens(model_dir, tmp_path):

@@ -20,6 +20,7 @@ import inspect
 from typing import Any
 
 from ..launch import last_launch, notebook_launcher
+from ..launch.notices import show_memory_plan
 from .config import FineTuneConfig
 from .loop import train_worker
 from .prepare import prepare_fine_tune
@@ -79,20 +80,27 @@ def fine_tune(
     """
     config = FineTuneConfig.build(config, options)
     plan = prepare_fine_tune(model, dataset, config)  # refuses lora= for tasks without it
-    raw = notebook_launcher(
-        train_worker,
-        args=(plan,),
-        num_processes=config.num_processes,
-        strategy=config.strategy,
-        progress="auto" if config.progress is True else config.progress,
-        timeout=config.timeout,
-        trace_compiles=config.trace_compiles,
-        compile_cache=config.compile_cache,
-        cluster=cluster,
-        hosts=hosts,
-    )
+    progress = "auto" if config.progress is True else config.progress
+    memory = dataclasses.asdict(plan.memory) if plan.memory is not None else None
+    notice = show_memory_plan(memory, progress)  # the plan in the cell before the fork
+    try:
+        raw = notebook_launcher(
+            train_worker,
+            args=(plan,),
+            num_processes=config.num_processes,
+            strategy=config.strategy,
+            progress=progress,
+            timeout=config.timeout,
+            trace_compiles=config.trace_compiles,
+            compile_cache=config.compile_cache,
+            cluster=cluster,
+            hosts=hosts,
+        )
+    finally:
+        if notice is not None:
+            notice.close()
     result = FineTuneResult.from_dict(raw)
-    result.memory_plan = dataclasses.asdict(plan.memory) if plan.memory is not None else None
+    result.memory_plan = memory
     record = last_launch()
     if record is not None:  # what the launch panel showed, as data on the result
         result.launch_seconds = record.duration

@@ -8,6 +8,7 @@ from typing import Any
 
 from .._words import plural
 from .html import COLORS, SERIES, sparkline_svg, text_color
+from .plan_panel import plan_text
 from .units import duration, size
 
 # Metrics that count things (rows, tokens, samples): shown as whole numbers, never `719.0000`.
@@ -91,15 +92,8 @@ def memory_row(result: Any) -> str | None:
     plan = result.memory_plan
     if not plan:
         return None
-    parts = [f"parameters {size(round(plan['parameters_gib'] * GIB))}",
-             f"gradients {size(round(plan['gradients_gib'] * GIB))}",
-             f"optimizer {size(round(plan['optimizer_gib'] * GIB))}",
-             f"activations {size(round(plan['activations_gib'] * GIB))}"]
-    overhead = plan.get("overhead_gib")
-    if overhead:
-        parts.append(f"XLA's program and buffers {size(round(overhead * GIB))}")
     planned = round(plan["total_gib"] * GIB)
-    text = f"plan {size(planned)} per device ({', '.join(parts)})"
+    text = plan_text(plan)  # the words the cell showed before the launch
     measured = result.xla.get("largest_graph_bytes")
     if measured:
         text += (f", XLA measured {size(measured)} (the largest graph): "

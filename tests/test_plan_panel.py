@@ -1,0 +1,101 @@
+"""The memory plan in the cell before the fork (`ui.plan_panel`, shown by `fine_tune` through
+`launch.notices`): one line, the words of the result's memory row, in each display mode. Real
+plans (`plan_memory` on published configs), real ipywidgets; `IPython.display.display` is
+recorded, as in tests/test_ui.py, so no kernel is needed."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from hfxla_nb.train.memory_plan import plan_memory
+from hfxla_nb.ui.finetune_panel import memory_row
+from hfxla_nb.ui.plan_panel import plan_line, plan_text, show_memory_plan
+from hfxla_nb.ui.widgets import widget_state
+
+transformers = pytest.importorskip("transformers")
+
+
+def llama_7b_auto() -> dict:
+    config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008,
+                                      num_hidden_layers=32, num_attention_heads=32,
+                                      vocab_size=32000)
+    return dataclasses.asdict(plan_memory(config, hardware="v5e-8", batch_size=8,
+                                          max_length=512, lora="auto", sharding="auto"))
+
+
+class Shown:
+    """`IPython.display.display(obj, display_id=True)` and its handle's `update`, recorded as
+    the mime bundles a notebook would get."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[tuple[str, dict]] = []
+        monkeypatch.setattr("IPython.display.display", self.display)
+
+    def display(self, obj, display_id=None):
+        assert display_id is True
+        self.calls.append(("display", obj._repr_mimebundle_()))
+        calls = self.calls
+
+        class Handle:
+            def update(self, new):
+                calls.append(("update", new._repr_mimebundle_()))
+
+        return Handle()
+
+
+def test_the_line_has_the_result_rows_words_the_device_and_why_auto_chose():
+    plan = llama_7b_auto()
+    line = plan_line(plan)
+    assert line.startswith(plan_text(plan) + " of ")
+    assert plan_text(plan).startswith("plan ") and " per device (parameters " in line
+    assert f" of {plan['device_memory_gib']:.1f} GiB per device on v5e-8: fits; " in line
+    assert "lora='auto' chose LoRA" in line and "sharding='auto' chose 'fsdp'" in line
+    # The result's memory row starts with the same words.
+    result = SimpleNamespace(memory_plan=plan, xla={"largest_graph_bytes": 2**30})
+    assert memory_row(result).startswith(plan_text(plan) + ", XLA measured 1.0 GiB")
+
+
+def test_console_prints_the_line_and_none_shows_nothing(capsys):
+    plan = llama_7b_auto()
+    notice = show_memory_plan(plan, "console")
+    printed = capsys.readouterr().out
+    assert printed == f"memory  {plan_line(plan)}\n"
+    assert repr(notice) == printed.strip()
+    notice.close()  # nothing to close in a terminal
+    assert show_memory_plan(plan, False) is None and show_memory_plan(None, "console") is None
+    assert capsys.readouterr().out == ""
+
+
+def test_html_mode_shows_html_and_text(monkeypatch):
+    shown = Shown(monkeypatch)
+    plan = llama_7b_auto()
+    notice = show_memory_plan(plan, "html")
+    notice.close()
+    assert [kind for kind, _ in shown.calls] == ["display"]
+    bundle = shown.calls[0][1]
+    assert set(bundle) == {"text/html", "text/plain"}
+    assert bundle["text/plain"] == f"memory  {plan_line(plan)}"
+    assert "<b>memory</b>" in bundle["text/html"]
+    assert "lora=&#x27;auto&#x27; chose LoRA" in bundle["text/html"]
+
+
+def test_widget_mode_is_a_live_widget_that_ends_as_static_html(monkeypatch):
+    shown = Shown(monkeypatch)
+    plan = llama_7b_auto()
+    notice = show_memory_plan(plan, "widgets")
+    widget = notice.widget
+    state = widget_state(widget)
+    assert state["class"] == "HTML" and plan_text(plan).replace("'", "&#x27;") in state["value"]
+    kind, first = shown.calls[0]
+    assert kind == "display"
+    assert first["application/vnd.jupyter.widget-view+json"]["model_id"] == widget.model_id
+    assert first["text/plain"] == f"memory  {plan_line(plan)}"
+    assert widget.comm is not None
+    notice.close()  # the launch ended: static HTML and text, the widget's comm closed
+    kind, final = shown.calls[-1]
+    assert kind == "update" and set(final) == {"text/html", "text/plain"}
+    assert final["text/html"] == state["value"]
+    assert widget.comm is None and notice.widget is None
