@@ -14,6 +14,7 @@ import pytest
 from hfxla_nb.events import Channel, Failed, Finished, MetricsSnapshot, Progress, Started
 from hfxla_nb.launch import worker
 from hfxla_nb.launch.record import LaunchRecord, RankRecord, RecordKeeper
+from hfxla_nb.train.result import FineTuneResult
 from hfxla_nb.ui import html, text
 from hfxla_nb.ui.finetune_panel import result_html
 from hfxla_nb.ui.state import LaunchState
@@ -309,16 +310,13 @@ def test_the_loss_has_one_colour_everywhere():
     assert f'stroke="{html.SERIES["loss"]}"' in chart
     assert f'stroke="{html.COLORS["failed"]}"' not in chart  # a falling loss is no failure
 
-    class Result:  # what result_html reads of a FineTuneResult
-        loss_history = [(5, 0.7), (10, 0.5), (15, 0.2)]
-        warnings, notes, metrics = [], [], {}
-        steps, epochs, train_seconds, eval_seconds = 15, 1.0, 3.0, 0.0
-        samples_per_second, samples_per_second_overall, launch_seconds = 90.0, 60.0, 5.0
-        compiles, eval_compiles, executions_per_step, transfers_per_step = 2, 0, None, None
-        strategy, devices, precision, batch_size = "spmd", 1, "fp32", 8
-        bucket_lengths, label_names, resumed_from, output_dir = [16], ["a", "b"], None, None
-
-    assert f'stroke="{html.SERIES["loss"]}"' in result_html(Result())
+    result = FineTuneResult(
+        output_dir=None, loss_history=[(5, 0.7), (10, 0.5), (15, 0.2)], metrics={}, steps=15,
+        epochs=1.0, samples_per_second=90.0, train_seconds=3.0, compiles=2, eval_compiles=0,
+        executions_per_step=None, transfers_per_step=None, label_names=["a", "b"],
+        strategy="spmd", devices=1, precision="fp32", bucket_lengths=[16], batch_size=8,
+        samples_per_second_overall=60.0, launch_seconds=5.0)
+    assert f'stroke="{html.SERIES["loss"]}"' in result_html(result)
 
 
 # -- a failure: its message once, without the launcher's frames ---------------------------------

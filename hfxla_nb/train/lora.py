@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from .config import FineTuneError
+from .memory_plan import LORA_DEFAULTS
 
 #: Where the adapter goes inside `output_dir` (and inside each checkpoint).
 ADAPTER_DIR = "adapter"
-#: `lora=True`: peft's own defaults except these (optimum-tpu's notebooks target all linear
-#: layers too); the rank comes from `memory_plan.default_lora_rank`.
-DEFAULTS = {"target_modules": "all-linear", "lora_dropout": 0.05, "bias": "none"}
+#: `lora=True`: peft's own defaults except these (`memory_plan.LORA_DEFAULTS`, where the plan
+#: reads them too).
+DEFAULTS = LORA_DEFAULTS
 #: peft's task type per fine_tune task: SEQ_CLS also trains the classifier head whole.
 TASK_TYPES = {"causal-lm": "CAUSAL_LM", "classification": "SEQ_CLS"}
 INSTALL = 'pip install "hfxla_nb[lora]"'

@@ -27,6 +27,10 @@ from ..runtime.hardware import TPU_GENERATIONS, cpu_device_count, detect_acceler
 from .config import FineTuneError
 from .plan import resolve_precision
 
+#: `lora=True`: peft's own defaults except these (optimum-tpu's notebooks target all linear
+#: layers too); the rank comes from `default_lora_rank`.
+LORA_DEFAULTS = {"target_modules": "all-linear", "lora_dropout": 0.05, "bias": "none"}
+
 GIB = 2**30
 # What a TPU device's runtime keeps for itself: "reserved 530.00M" in XLA's own HBM reports
 # (pytorch/xla #1735, LargeWorldModel/LWM #60; tests/data/hbm).
@@ -678,13 +682,11 @@ def _modules_to_save(lora: Any) -> tuple[str, ...]:
 
 
 def _lora_dropout(lora: Any) -> float:
-    """The adapters' dropout: fine_tune's default (`lora.DEFAULTS`) unless set."""
-    from .lora import DEFAULTS
-
+    """The adapters' dropout: fine_tune's default (`LORA_DEFAULTS`) unless set."""
     if isinstance(lora, Mapping):
-        return float(lora.get("lora_dropout", DEFAULTS["lora_dropout"]))
+        return float(lora.get("lora_dropout", LORA_DEFAULTS["lora_dropout"]))
     value = getattr(lora, "lora_dropout", None)  # a peft LoraConfig; True/"auto": defaults
-    return float(DEFAULTS["lora_dropout"] if value is None else value)
+    return float(LORA_DEFAULTS["lora_dropout"] if value is None else value)
 
 
 def _decide_auto(facts: _ModelFacts, settings: _Settings, device: _Device, lora: Any,
