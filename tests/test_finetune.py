@@ -26,6 +26,7 @@ from hfxla_nb.train import (
     prepare_fine_tune,
 )
 from hfxla_nb.train.evaluate import compute_metrics
+from tests.launch_guard import refuse_launches
 
 ROWS = 1200  # 960 train, 120 validation (the last evaluation batch of 32 is partly filler)
 BATCH = 32
@@ -70,14 +71,7 @@ def trained_on_4(demo_cache):
 @pytest.fixture
 def no_launch(monkeypatch):
     """Any attempt to fork a worker fails the test: bad input must be caught before."""
-    import hfxla_nb.launch
-    import hfxla_nb.train.finetune
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("notebook_launcher was called")
-
-    monkeypatch.setattr(hfxla_nb.launch, "notebook_launcher", refuse)
-    monkeypatch.setattr(hfxla_nb.train.finetune, "notebook_launcher", refuse)  # where it is used
+    refuse_launches(monkeypatch)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from hfxla_nb import _xla, demo
 from hfxla_nb.demo_tasks import classifier_model_dir
 from hfxla_nb.train import FineTuneError
 from hfxla_nb.train.predict import default_batch_size
+from tests.launch_guard import refuse_launches
 
 ROWS = 400  # 320 train, 40 validation
 
@@ -70,12 +71,7 @@ def test_predict_returns_plain_python_with_a_cpu_forwards_probabilities(classifi
 ])
 def test_bad_predict_input_is_refused_before_forking(inputs, options, message, cache,
                                                       monkeypatch):
-    import hfxla_nb.launch
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("notebook_launcher was called")
-
-    monkeypatch.setattr(hfxla_nb.launch, "notebook_launcher", refuse)
+    refuse_launches(monkeypatch)
     from transformers import AutoModelForSequenceClassification
 
     folder = classifier_model_dir(cache=cache)

@@ -10,6 +10,7 @@ import hfxla_nb as hx
 from hfxla_nb import _xla
 from hfxla_nb.demo_lm import TEMPLATE, demo_lm_model_dir
 from hfxla_nb.train import FineTuneError
+from tests.launch_guard import refuse_launches
 
 PROMPTS = [TEMPLATE.format(prompt=text, response="").rstrip() for text in (
     "the coffee was great.", "a boring film, slow and long, with a weak ending.",
@@ -64,12 +65,7 @@ def test_a_fixed_number_of_graphs(generated):
     (["a prompt"], {"max_new_tokens": 500}, "the model has 128. Pass a smaller max_new_tokens"),
 ])
 def test_bad_input_is_refused_before_forking(inputs, options, message, cache, monkeypatch):
-    import hfxla_nb.launch
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("notebook_launcher was called")
-
-    monkeypatch.setattr(hfxla_nb.launch, "notebook_launcher", refuse)
+    refuse_launches(monkeypatch)
     with pytest.raises(FineTuneError) as raised:
         hx.predict(demo_lm_model_dir(cache=cache), inputs, num_processes=4, **options)
     assert message in str(raised.value)

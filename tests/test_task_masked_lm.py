@@ -19,6 +19,7 @@ from hfxla_nb.demo_tasks import mlm_model_dir
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from hfxla_nb.train.masked_lm import mask_tokens
 from hfxla_nb.train.predict import prepare_predict
+from tests.launch_guard import refuse_launches
 
 OPTIONS = dict(task="masked-lm", batch_size=32, epochs=3, learning_rate=5e-3, num_processes=4,
                progress=False)
@@ -145,12 +146,7 @@ def test_predict_on_a_masked_lm_folder_picks_masked_lm(cache):
 ])
 def test_bad_predict_input_is_refused_before_forking(cache, inputs, options, message,
                                                       monkeypatch):
-    import hfxla_nb.launch
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("notebook_launcher was called")
-
-    monkeypatch.setattr(hfxla_nb.launch, "notebook_launcher", refuse)
+    refuse_launches(monkeypatch)
     folder = mlm_model_dir(cache=cache)
     with pytest.raises(FineTuneError) as raised:
         hx.predict(folder, inputs, task="masked-lm", num_processes=4, **options)

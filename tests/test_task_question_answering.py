@@ -17,6 +17,7 @@ import hfxla_nb as hx
 from hfxla_nb import _xla
 from hfxla_nb.demo_tasks import qa_dataset, qa_model_dir, qa_rows
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
+from tests.launch_guard import refuse_launches
 
 ROWS = 400  # 320 train, 80 validation
 
@@ -143,12 +144,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_is_refused_before_anything_happens(case, cache, tmp_path, monkeypatch):
-    import hfxla_nb.train.finetune
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("notebook_launcher was called")
-
-    monkeypatch.setattr(hfxla_nb.train.finetune, "notebook_launcher", refuse)
+    refuse_launches(monkeypatch)
     rows, message = BAD[case]
     if rows == "shifted":
         rows = [r for r in qa_rows(40) if r["answers"]["text"]][:16]

@@ -12,6 +12,7 @@ from hfxla_nb import _xla
 from hfxla_nb.demo_tasks import CONLL_TAGS, ner_dataset, ner_model_dir, ner_rows
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from hfxla_nb.train.token_classification import IGNORE
+from tests.launch_guard import refuse_launches
 
 ROWS = 400  # 320 train, 80 validation
 TEXTS = ["alice smith lives in berlin .", "nothing happened today ."]
@@ -149,12 +150,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_is_refused_before_anything_happens(case, cache, tmp_path, monkeypatch):
-    import hfxla_nb.train.finetune
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("notebook_launcher was called")
-
-    monkeypatch.setattr(hfxla_nb.train.finetune, "notebook_launcher", refuse)
+    refuse_launches(monkeypatch)
     rows, options, message = BAD[case]
     model = ner_model_dir(cache=cache)
     if options.pop("model", None) == "classifier":
