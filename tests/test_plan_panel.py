@@ -99,3 +99,29 @@ def test_widget_mode_is_a_live_widget_that_ends_as_static_html(monkeypatch):
     assert kind == "update" and set(final) == {"text/html", "text/plain"}
     assert final["text/html"] == state["value"]
     assert widget.comm is None and notice.widget is None
+
+
+def test_in_a_real_kernel_auto_draws_a_widget_and_the_saved_output_is_static():
+    """progress="auto" in a Jupyter kernel: the widget, while the launch would run; what the
+    notebook keeps is static HTML and text (no widget view needing the kernel's models)."""
+    from tests.kernel_helpers import bundles_of, run_notebook, stdout_of
+
+    code = """
+        import dataclasses
+        from transformers import LlamaConfig
+        from hfxla_nb.train.memory_plan import plan_memory
+        from hfxla_nb.launch.notices import show_memory_plan
+        plan = dataclasses.asdict(plan_memory(LlamaConfig(hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=2, num_attention_heads=4, vocab_size=256),
+                                  hardware="v5e-1", lora=True))
+        notice = show_memory_plan(plan, "auto")
+        print(notice.mode, notice.widget is not None)
+        notice.close()
+        print(notice.widget is None)
+        """
+    (outputs,) = run_notebook([code])
+    assert stdout_of(outputs) == "widgets True\nTrue\n"
+    (bundle,) = bundles_of(outputs)
+    assert set(bundle) == {"text/html", "text/plain"}  # the update replaced the widget view
+    assert bundle["text/plain"].startswith("memory  plan ") and "per device on v5e-1" in (
+        bundle["text/plain"])
