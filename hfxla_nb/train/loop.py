@@ -37,6 +37,11 @@ from .plan import TrainPlan, resolve_precision
 from .saving import save_checkpoint, save_final
 from .tasks import TASKS
 
+#: Seconds between the loop's progress reports (besides logging points and new buckets): the
+#: bar moves twice a second; each report costs the step about 1 ms of host time (bench
+#: figure 12), more often it would be most of the loop's own work.
+BAR_INTERVAL = max(0.5, MIN_INTERVAL)
+
 #: Steps left out of the steady-state figures (samples/s, executions and transfers per step):
 #: the first two compile, the third still waits for them.
 STEADY_AFTER_STEPS = 3
@@ -370,11 +375,13 @@ class _Run:
                           step * plan.rows_per_step, "train"))
 
         # What of ours runs per step is kept to a few lines (bench figure 12): `report` is
-        # called when its bar would move (it sends at most every MIN_INTERVAL seconds), at a
+        # called every BAR_INTERVAL seconds (its bar moves twice a second), at a
         # new bucket (its input shapes) and at logging points; the loss of a logging point is
         # fetched one step later (`log`).
         pending_log = None
         last_report, last_length = float("-inf"), None
+        # Replicas all-reduce their gradients (xm.optimizer_step); one device has none to.
+        replicas = not self.spmd and self.world > 1
         for step in range(start_step, plan.total_steps):
             epoch, k = divmod(step, plan.steps_per_epoch)
             if epoch not in schedules:
@@ -395,13 +402,14 @@ class _Run:
                 step_loss = detached if step_loss is None else step_loss + detached
             if clip is not None:
                 clip()
-            if self.spmd:
-                self.optimizer.step()
+            if replicas:
+                self.xla.optimizer_step(self.optimizer)  # all-reduces the gradients first
             else:
-                self.xla.optimizer_step(self.optimizer)
+                self.optimizer.step()
             lr = float(self.scheduler.get_last_lr()[0])  # the rate this step used (never 0)
             self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            for parameter in parameters:  # zero_grad(set_to_none=True), minus its wrapper
+                parameter.grad = None
             self.loss_total = self.loss_total + step_loss
             if pending_log is not None:  # the previous logging point's: after this launch
                 self.xla.add_step_closure(log, pending_log)
@@ -410,7 +418,7 @@ class _Run:
             done = step + 1
             logging_point = done % plan.log_every == 0 or done == plan.total_steps
             now = time.monotonic()
-            if (logging_point or now - last_report >= MIN_INTERVAL
+            if (logging_point or now - last_report >= BAR_INTERVAL
                     or bucket.length != last_length):
                 last_report, last_length = now, bucket.length
                 report(step=done, total=plan.total_steps, samples=done * plan.rows_per_step,
