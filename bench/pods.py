@@ -3,11 +3,11 @@
 the notebook through Ray vs locally. Both with `strategy="debug"`, 2 processes per host.
 
 Ray binds 127.0.0.1 only inside a network namespace of its own, so no bench traffic leaves
-the loopback. `run()` (what bench/run.py calls) measures in a child process that it starts in
-such a namespace (`unshare -n` as root, `unshare -rn` otherwise, loopback up) and returns the
-figures; `python -m bench.pods` does the same and prints them, and `python -m bench.pods
---inside` (already in a namespace) prints the raw JSON. The cluster is started once (its start
-is reported, not counted in a launch).
+the loopback. `measure_isolated()` (what bench/pods_group.py, figure 15, calls) measures in a
+child process that it starts in such a namespace (`unshare -n` as root, `unshare -rn`
+otherwise, loopback up) and returns the raw figures; `python -m bench.pods` does the same and
+prints them, and `python -m bench.pods --inside` (already in a namespace) measures there. The
+cluster is started once (its start is reported, not counted in a launch).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from pathlib import Path
 
 from . import common
 
-GROUP = "11 pods"
 REPEATS = 2 if common.QUICK else 3
 LINES = 3000
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,37 +120,12 @@ def measure_isolated(timeout: float = 1200) -> dict:
     return json.loads(lines[-1])
 
 
-def run() -> list[common.Figure]:
-    """bench/run.py's entry: launch latency and events/s, 2 local Ray hosts vs one host."""
-    raw = measure_isolated()
-    local, ray_side = raw["local"], raw["ray_2_hosts"]
-    how = (f"strategy='debug', 2 processes per host, best of {REPEATS} launches of a trivial "
-           f"function; the 2-node cluster on this machine started in {raw['cluster_start_s']} s "
-           f"(not counted)")
-    flood = f"{LINES} printed lines from rank 0, first to last line in the cell"
-    return [
-        common.Figure(GROUP, "launch latency, one host", local["launch_best_s"], "s",
-                      repeats=REPEATS, note=how, samples=local["launch_s"]),
-        common.Figure(GROUP, "launch latency, 2 Ray hosts", ray_side["launch_best_s"], "s",
-                      repeats=REPEATS, note=how, samples=ray_side["launch_s"]),
-        common.Figure(GROUP, "launch latency, 2 Ray hosts / one host",
-                      raw["launch_ratio_ray_vs_local"], "x", repeats=REPEATS, note=how),
-        common.Figure(GROUP, "events to the cell, one host", local["events_per_s"],
-                      "lines/s", note=flood),
-        common.Figure(GROUP, "events to the cell, 2 Ray hosts", ray_side["events_per_s"],
-                      "lines/s", note=flood),
-        common.Figure(GROUP, "events to the cell, 2 Ray hosts / one host",
-                      raw["events_ratio_ray_vs_local"], "x", note=flood),
-    ]
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if "--inside" in argv:
         print(json.dumps(measure()))
         return
-    for figure in run():
-        print(f"{figure.name}: {figure.value} {figure.unit}")
+    print(json.dumps(measure_isolated(), indent=1))  # bench/pods_group.py makes the figures
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Group 15: past one host (`bench/pods.py` measures: 2 local Ray nodes vs a local launch,
 `strategy="debug"`, 2 processes per host). Ray binds 127.0.0.1 only in a network namespace of
-its own, so `bench/pods.py` runs in a child process under `unshare -n` (root, or a user
-namespace where allowed); where that cannot start, the figures say why.
+its own, so `bench/pods.py` measures in a child process under `unshare -n` (root, or a user
+namespace where allowed: `pods.measure_isolated`); where that cannot start, the figure says why.
 
 No targets: the pods issue asks for the figures only (the first measurement of a new path;
 Ray's cluster start, outside any launch, is reported beside them).
@@ -9,26 +9,11 @@ Ray's cluster start, outside any launch, is reported beside them).
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 
-from . import common
+from . import common, pods
 
 GROUP = "15 pods"
-COMMAND = "ip link set lo up && exec {python} -m bench.pods"
-
-
-def measure() -> dict:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run(["unshare", "-n", "sh", "-c", COMMAND.format(python=sys.executable)],
-                          cwd=root, capture_output=True, text=True, timeout=600)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"bench.pods under unshare -n exited {done.returncode}: {tail}")
-    return json.loads(lines[-1])
 
 
 WHY = ("reported: both Ray nodes run on this one 2-core machine, so the ratio is Ray's own "
@@ -37,7 +22,7 @@ WHY = ("reported: both Ray nodes run on this one 2-core machine, so the ratio is
 
 def run() -> list[common.Figure]:
     try:
-        m = measure()
+        m = pods.measure_isolated(timeout=600)
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as error:
         return [common.Figure(GROUP, "Ray launch, 2 hosts / local launch", None, "x",
                               note=f"not measured: {error}")]
