@@ -28,6 +28,13 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory):
+    """One folder for the demo models the task and predict tests build (`..._model_dir(cache=)`),
+    so each is built once per session."""
+    return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
+
+
 @pytest.fixture(autouse=True)
 def _environment_restored():
     """What a test body sets in os.environ ends with the test (`demo.main()` quiets XLA's C++

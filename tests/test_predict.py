@@ -18,11 +18,6 @@ ROWS = 400  # 320 train, 40 validation
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
-
-
-@pytest.fixture(scope="module")
 def classifier(cache, tmp_path_factory):
     data = demo.demo_dataset(n=ROWS)
     result = hx.fine_tune(classifier_model_dir(cache=cache), data, batch_size=32, epochs=2,

@@ -19,11 +19,6 @@ NEW = 6
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
-
-
-@pytest.fixture(scope="module")
 def generated(cache):
     folder = demo_lm_model_dir(cache=cache)
     return folder, hx.predict(folder, PROMPTS, batch_size=4, max_new_tokens=NEW,

@@ -25,11 +25,6 @@ EVAL_ROWS = 64
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
-
-
-@pytest.fixture(scope="module")
 def bart_dir(cache):
     return demo_seq2seq_model_dir("bart", cache=cache)
 

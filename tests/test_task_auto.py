@@ -19,11 +19,6 @@ from hfxla_nb.train.registry import TASK_MODULES, TASKS, task_choices
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
-
-
-@pytest.fixture(scope="module")
 def headless_dir(cache, tmp_path_factory):
     """A tiny BERT saved as a masked LM: no head that names a fine-tuning task."""
     from transformers import BertConfig, BertForMaskedLM

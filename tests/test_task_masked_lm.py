@@ -26,11 +26,6 @@ OPTIONS = dict(task="masked-lm", batch_size=32, epochs=3, learning_rate=5e-3, nu
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
-
-
-@pytest.fixture(scope="module")
 def trained(cache, tmp_path_factory):
     data = demo_dataset(n=400)
     folder = mlm_model_dir(cache=cache)

@@ -19,11 +19,6 @@ ROWS = 400  # 320 train, 80 validation
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
-
-
-@pytest.fixture(scope="module")
 def swag(cache, tmp_path_factory):
     """One fine-tune and one predict launch for every test of this file."""
     data = mc_dataset(ROWS)

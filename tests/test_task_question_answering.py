@@ -23,11 +23,6 @@ ROWS = 400  # 320 train, 80 validation
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
-
-
-@pytest.fixture(scope="module")
 def qa(cache, tmp_path_factory):
     data = qa_dataset(ROWS)
     result = hx.fine_tune(qa_model_dir(cache=cache), data, task="question-answering",

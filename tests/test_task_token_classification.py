@@ -19,11 +19,6 @@ TEXTS = ["alice smith lives in berlin .", "nothing happened today ."]
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
-
-
-@pytest.fixture(scope="module")
 def ner(cache, tmp_path_factory):
     """One fine-tune and one predict launch for every test of this file: predict takes the
     validation rows' words and two plain texts together (one bucket, one graph)."""

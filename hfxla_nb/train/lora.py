@@ -25,9 +25,6 @@ from .memory_plan import LORA_DEFAULTS
 
 #: Where the adapter goes inside `output_dir` (and inside each checkpoint).
 ADAPTER_DIR = "adapter"
-#: `lora=True`: peft's own defaults except these (`memory_plan.LORA_DEFAULTS`, where the plan
-#: reads them too).
-DEFAULTS = LORA_DEFAULTS
 #: peft's task type per fine_tune task: SEQ_CLS also trains the classifier head whole.
 TASK_TYPES = {"causal-lm": "CAUSAL_LM", "classification": "SEQ_CLS"}
 INSTALL = 'pip install "hfxla_nb[lora]"'
@@ -88,7 +85,7 @@ def _requested(lora: Any, peft: Any, default_rank: int) -> dict[str, Any]:
     """The fields of `LoraConfig` the user asked for (defaults for `lora=True`)."""
     fields = {f.name for f in dataclasses.fields(peft.LoraConfig) if f.init}
     if lora is True:
-        return {"r": default_rank, "lora_alpha": 2 * default_rank, **DEFAULTS}
+        return {"r": default_rank, "lora_alpha": 2 * default_rank, **LORA_DEFAULTS}
     if isinstance(lora, peft.LoraConfig):
         values = {name: getattr(lora, name) for name in fields if hasattr(lora, name)}
         defaults = peft.LoraConfig()
@@ -104,7 +101,7 @@ def _requested(lora: Any, peft: Any, default_rank: int) -> dict[str, Any]:
         values = dict(lora)
         values.setdefault("r", default_rank)
         values.setdefault("lora_alpha", 2 * values["r"] if isinstance(values["r"], int) else 16)
-        for name, value in DEFAULTS.items():
+        for name, value in LORA_DEFAULTS.items():
             values.setdefault(name, value)
         return values
     raise FineTuneError(f"lora must be True, False, 'auto', a peft.LoraConfig or a dict of its "
