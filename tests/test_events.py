@@ -80,6 +80,32 @@ def test_sending_a_large_event_after_close_is_a_quiet_no_op():
     assert not os.path.exists(channel._spill_dir)
 
 
+def _read_lines(channel: Channel, sender, expected: int) -> tuple[dict, list[int]]:
+    """Read `channel` until `expected` lines came (while `sender` drains): the lines per rank
+    and how many lines each `Log` event held, in the order they came. A lost line shows as
+    `QUIET` s of silence (a loaded machine only slows the sender: `drain` may give up waiting
+    after its 30 s while lines still go out)."""
+    import threading
+
+    received: dict[int, list[str]] = {}
+    held: list[int] = []
+    drained = threading.Thread(target=sender.drain)
+    drained.start()
+    heard = time.monotonic()
+    while sum(map(len, received.values())) < expected:
+        batch = channel.receive(timeout=1)
+        if batch:
+            heard = time.monotonic()
+        assert time.monotonic() - heard < QUIET, f"lines were lost: nothing came for {QUIET} s"
+        for event in batch:
+            assert isinstance(event, Log) and event.text.endswith("\n")
+            held.append(event.text.count("\n"))
+            received.setdefault(event.rank, []).extend(event.text.splitlines())
+    drained.join()
+    channel.close()
+    return received, held
+
+
 def test_log_sender_never_blocks_a_writer_on_a_full_channel_and_keeps_every_line_in_order():
     import threading
 
@@ -101,24 +127,28 @@ def test_log_sender_never_blocks_a_writer_on_a_full_channel_and_keeps_every_line
         # Nobody reads the channel yet: the writers finished all the same (the lines wait in
         # the process's queue, not in the writer).
         assert not writer.is_alive(), "a writer blocked on the full channel"
-    received: dict[int, list[str]] = {0: [], 1: []}
-    events = 0
-    drained = threading.Thread(target=sender.drain)
-    drained.start()
-    heard = time.monotonic()
-    # Read until every line came; a lost line shows as silence (a loaded machine only slows
-    # the sender: `drain` may give up waiting after its 30 s while lines still go out).
-    while sum(map(len, received.values())) < 2 * lines:
-        batch = channel.receive(timeout=1)
-        if batch:
-            heard = time.monotonic()
-        assert time.monotonic() - heard < QUIET, f"lines were lost: nothing came for {QUIET} s"
-        for event in batch:
-            assert isinstance(event, Log) and event.text.endswith("\n")
-            events += 1
-            received[event.rank].extend(event.text.splitlines())
-    drained.join()
-    channel.close()
+    received, _ = _read_lines(channel, sender, 2 * lines)
     for rank in (0, 1):
         assert received[rank] == [f"rank {rank} line {i}" for i in range(lines)]
-    assert events < lines / 10  # batched: far fewer events than lines
+
+
+def test_log_sender_sends_a_flood_of_one_rank_as_few_large_events():
+    # One rank per process, as in a worker. (Two writer threads of different ranks, as above,
+    # make one event per switch between them: as many as the thread scheduler makes.)
+    from hfxla_nb.launch.log_sender import BATCH_CHARS, LogSender
+
+    channel = Channel()
+    sender = LogSender(channel)
+    lines = [f"rank 0 line {i}\n" for i in range(40_000)]
+    for line in lines:
+        sender.send(0, "stdout", line)
+    received, held = _read_lines(channel, sender, len(lines))
+    assert received[0] == [line[:-1] for line in lines]
+    # Line by line while the channel had room (its socket buffer: a few hundred short
+    # datagrams), then only batches of up to BATCH_CHARS: full ones but for the first (taken
+    # while the channel filled) and the last.
+    one_by_one = held.index(next(n for n in held if n > 1))
+    batches = held[one_by_one:]
+    assert one_by_one < 1000 and min(batches) > 1
+    batched_chars = sum(map(len, lines[sum(held[:one_by_one]):]))
+    assert len(batches) <= batched_chars // BATCH_CHARS + 2
