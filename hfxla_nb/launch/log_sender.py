@@ -5,8 +5,9 @@ Each line printed in a worker becomes text of a `Log` event. Sent one datagram p
 flood of short lines makes the worker wait on the notebook, which writes (and ipykernel
 flushes) one message per event. `LogSender` sends a line at once while the channel has room
 (no added latency for a quiet function); when the channel is full (its socket buffer: a few
-hundred short datagrams), lines are queued in the process and a sender thread sends them as few large
-`Log` events: consecutive lines of one rank and stream joined, up to `BATCH_CHARS` each.
+hundred short datagrams), lines are queued in the process and a sender thread sends them as
+few large `Log` events: consecutive lines of one rank and stream joined, up to `BATCH_CHARS`
+each.
 
 Guarantees: no line is dropped, lines stay whole (a `Log`'s text only holds what its writer
 handed over, whole lines unless the writer flushed a partial one) and in the order each
