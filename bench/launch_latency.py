@@ -6,8 +6,11 @@ launch (call to return).
 
 Each side runs in a fresh Python process (a fresh kernel: torch and torch_xla imported, the
 launcher imported, nothing launched yet): its first launch, then `LATER` more in the same
-process. The sides alternate, one fresh process each per repetition. Run alone:
-`python -m bench.launch_latency --side hx` prints that side's JSON.
+process. The sides alternate, one fresh process each per repetition. The fresh processes are
+forked from one "zygote" process that imported torch and torch_xla and nothing else (no
+launcher, no runtime started): each child is what a fresh interpreter is after those imports,
+without paying them again (about 4 s each, 15 times, which no figure measured). Run alone:
+`python -m bench.launch_latency --side hx` prints that side's JSON from a truly fresh process.
 
 Then the same in a real Jupyter kernel, as a notebook runs it (`in_kernel`): a fresh kernel
 per side and repetition; a cell imports torch and torch_xla, and `import hfxla_nb as hx` or
@@ -88,15 +91,65 @@ def measure_side(side: str, later: int = LATER) -> dict:
     return out
 
 
-def fresh(side: str) -> dict:
-    """`measure_side(side)` in a fresh Python process."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-m", "bench.launch_latency", "--side", side],
-                          cwd=root, capture_output=True, text=True, timeout=300)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        raise RuntimeError(f"{side} failed: {done.stderr.strip().splitlines()[-1:]}")
-    return json.loads(lines[-1])
+END = "-- end of side --"
+
+
+def zygote() -> None:
+    """`--zygote`: import torch and torch_xla, then for each side named on stdin fork a child
+    that runs `measure_side(side)` (its JSON on stdout), wait for it, and print `END`."""
+    import torch  # noqa: F401 - what a fresh kernel that is about to train has imported
+    import torch_xla  # noqa: F401
+
+    print(END, flush=True)  # ready
+    for line in sys.stdin:
+        side = line.strip()
+        if not side:
+            continue
+        pid = os.fork()
+        if pid == 0:  # the fresh process
+            code = 1
+            try:
+                print(json.dumps(measure_side(side)), flush=True)
+                code = 0
+            finally:
+                sys.stdout.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print(f"exit {os.waitstatus_to_exitcode(status)}", flush=True)
+        print(END, flush=True)
+
+
+class Zygote:
+    """A `--zygote` process: `fresh(side)` forks a fresh process from it."""
+
+    def __init__(self) -> None:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bench.launch_latency", "--zygote"], cwd=root,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._read()
+
+    def _read(self) -> list[str]:
+        lines = []
+        for line in self.process.stdout:
+            if line.strip() == END:
+                return lines
+            lines.append(line.strip())
+        raise RuntimeError(f"the zygote ended: {lines[-3:]}")
+
+    def fresh(self, side: str) -> dict:
+        """`measure_side(side)` in a fresh process (forked from the zygote)."""
+        self.process.stdin.write(side + "\n")
+        self.process.stdin.flush()
+        lines = self._read()
+        found = [line for line in lines if line.startswith("{")]
+        if "exit 0" not in lines or not found:
+            raise RuntimeError(f"{side} failed: {lines[-3:]}")
+        return json.loads(found[-1])
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
 
 
 def in_kernel(side: str, later: int = LATER) -> dict[str, list[float]]:
@@ -142,8 +195,12 @@ def kernel_figures(repeats: int) -> list[common.Figure]:
 
 def run() -> list[common.Figure]:
     kernel = kernel_figures(min(common.REPEATS, 3))
-    results = common.alternate({side: (lambda s=side: fresh(s)) for side in SIDES},
-                               common.REPEATS, common.say)
+    forks = Zygote()
+    try:
+        results = common.alternate({side: (lambda s=side: forks.fresh(s)) for side in SIDES},
+                                   common.REPEATS, common.say)
+    finally:
+        forks.close()
     n = common.REPEATS
     figures = []
 
@@ -157,7 +214,9 @@ def run() -> list[common.Figure]:
             xmp = values("xmp.spawn", key, first)
             acc = values("accelerate.notebook_launcher", key, first)
             differences = [a - b for a, b in zip(hx, xmp, strict=True)]
-            note = (f"hx {common.median(hx):.2f} s, xmp.spawn {common.median(xmp):.2f} s, "
+            note = (f"a fresh process per side and repetition (forked from one that imported "
+                    f"torch and torch_xla only); hx {common.median(hx):.2f} s, xmp.spawn "
+                    f"{common.median(xmp):.2f} s, "
                     f"accelerate {common.median(acc):.3f} s (accelerate runs the function in the "
                     "calling process with num_processes=1 off Colab and Kaggle)")
             figures.append(common.target_figure(
@@ -170,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     common.bench_environment()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--side", choices=SIDES)
+    parser.add_argument("--zygote", action="store_true",
+                        help="fork a fresh process per side named on stdin (make bench's)")
     parser.add_argument("--kernel", action="store_true",
                         help="only the real-kernel figures, printed")
     parser.add_argument("--repeats", type=int, default=min(common.REPEATS, 3),
@@ -180,8 +241,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{figure.name}: {figure.value:+.3f} {figure.unit} (target {figure.target}, "
                   f"met: {figure.met}); {figure.note}", flush=True)
         return 0
+    if args.zygote:
+        zygote()
+        return 0
     if args.side is None:
-        parser.error("--side or --kernel")
+        parser.error("--side, --zygote or --kernel")
     result = measure_side(args.side)
     sys.stdout.flush()
     print(json.dumps(result), flush=True)
