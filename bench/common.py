@@ -7,6 +7,7 @@ and how it was measured (repetitions, a note). `write_results` turns a run's fig
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -15,7 +16,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,29 @@ def target_figure(group: str, name: str, value: float | None, op: str, bound: fl
     """A figure with a target `op bound` ("<=" or ">="), met or not as measured."""
     return Figure(group, name, value, unit, f"{op} {bound:g}", check(value, op, bound),
                   repeats, note, list(samples))
+
+
+# Groups that only count graphs compile with XLA's backend optimizations off: which graphs
+# torch_xla compiles (its trace and cache) does not depend on them, and XLA:CPU compiles the
+# same graphs about 4x faster (the Trainer recipes compile dozens of graphs).
+UNOPTIMIZED_FLAG = "--xla_backend_optimization_level=0"
+UNOPTIMIZED_NOTE = ("counted with XLA's backend optimizations off (" + UNOPTIMIZED_FLAG
+                    + ": the graphs compiled do not depend on them, the compile time does)")
+
+
+@contextlib.contextmanager
+def unoptimized_compiles() -> Iterator[None]:
+    """Workers launched in this block (forked: they inherit the environment) compile with
+    `UNOPTIMIZED_FLAG` added to XLA_FLAGS; for figures that count graphs, never time them."""
+    before = os.environ.get("XLA_FLAGS")
+    os.environ["XLA_FLAGS"] = f"{before or ''} {UNOPTIMIZED_FLAG}".strip()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = before
 
 
 def median(values: Sequence[float]) -> float | None:

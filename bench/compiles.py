@@ -2,7 +2,8 @@
 `workloads.varied_rows`), `STEPS` training steps and one evaluation: `fine_tune` with its
 length buckets vs `transformers.Trainer` with its default collator (padding per batch) vs
 Trainer with every row padded to the longest (truncated at the model's 128 positions).
-Counts are deterministic: one run each.
+Counts are deterministic: one run each, compiled with XLA's backend optimizations off
+(`common.unoptimized_compiles`: the same graphs, compiled faster).
 """
 
 from __future__ import annotations
@@ -53,13 +54,15 @@ def count_trainer(model: str, dynamic: bool, steps: int = STEPS, train_rows: int
 
 def run() -> list[common.Figure]:
     model = workloads.tiny_bert()
-    ft = count_fine_tune(model)
-    common.say(f"  fine_tune: {ft}")
-    dynamic = count_trainer(model, dynamic=True)
-    common.say(f"  Trainer, default collator: {dynamic}")
-    padded = count_trainer(model, dynamic=False)
-    common.say(f"  Trainer, padded to the longest: {padded}")
-    setting = f"tiny BERT, {STEPS} training steps of {BATCH} + one evaluation of {EVAL_ROWS} rows"
+    with common.unoptimized_compiles():
+        ft = count_fine_tune(model)
+        common.say(f"  fine_tune: {ft}")
+        dynamic = count_trainer(model, dynamic=True)
+        common.say(f"  Trainer, default collator: {dynamic}")
+        padded = count_trainer(model, dynamic=False)
+        common.say(f"  Trainer, padded to the longest: {padded}")
+    setting = (f"tiny BERT, {STEPS} training steps of {BATCH} + one evaluation of {EVAL_ROWS} "
+               f"rows; {common.UNOPTIMIZED_NOTE}")
     buckets = f"{ft['buckets']} buckets ({', '.join(map(str, ft['lengths']))} tokens)"
     return [
         common.target_figure(GROUP, "fine_tune training graphs per bucket", ft["train_per_bucket"],
