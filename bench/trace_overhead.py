@@ -3,7 +3,7 @@
 Run with `PJRT_DEVICE=CPU python bench/trace_overhead.py` (`--micro` times an almost empty
 graph instead, to see the cost per step itself). `make bench` records both as its figure 10
 (`run()`: `make bench BENCH_GROUPS=10`), and the whole cost of watching a loop (report, panels
-and tracing together) as figure 1, `bench/overhead.py`. The same training function (a
+and panels, in a traced worker) as figure 1, `bench/overhead.py`. The same training function (a
 hand-written loop over the demo's tiny BERT, batch 16, fixed padding, AdamW, `hx.report(...)`
 every step) runs in a fresh forked worker
 (`hfxla_nb.notebook_launcher`) with `trace_compiles=True` and `False`, alternating,
@@ -103,6 +103,56 @@ def demo_batches(rows: int = 400, length: int = 64) -> dict:
     return batches
 
 
+def both(batches: dict, micro_steps: int, bert_steps: int, warmup: int) -> dict:
+    """The launched function of `make bench`: `tiny`, then `train`, in the same worker (one
+    launch per side and repetition instead of two: a launch's start and the runtime's are no
+    part of either figure)."""
+    return {"micro": tiny(micro_steps, warmup), "bert": train(batches, bert_steps, warmup)}
+
+
+def summary(rates: dict[bool, list[float]], cpu: dict[bool, list[float]], repeats: int) -> dict:
+    """The medians and per-pair ratios of `measure`'s runs (see there)."""
+    ratios = [on / off for on, off in zip(rates[True], rates[False], strict=True)]
+    cpu_ratios = [on / off for on, off in zip(cpu[True], cpu[False], strict=True)]
+    return {
+        "steps_per_second_on": statistics.median(rates[True]),
+        "steps_per_second_off": statistics.median(rates[False]),
+        "ratio_on_off": statistics.median(ratios),
+        "ratios": ratios,
+        "overhead_percent": (1 - statistics.median(ratios)) * 100,
+        # CPU time of the worker process per step (all its threads): less sensitive to other
+        # work on a shared machine than wall-clock time.
+        "cpu_ms_per_step_on": statistics.median(cpu[True]) * 1000,
+        "cpu_ms_per_step_off": statistics.median(cpu[False]) * 1000,
+        "cpu_overhead_percent": (statistics.median(cpu_ratios) - 1) * 100,
+        "cpu_us_added_per_step": (statistics.median(cpu[True]) - statistics.median(cpu[False]))
+        * 1e6,
+        "repeats": repeats,
+    }
+
+
+def measure_both(repeats: int, micro_steps: int, bert_steps: int, warmup: int,
+                 say: Callable[[str], None] = print) -> tuple[dict, dict]:
+    """`measure(True, ...)` and `measure(False, ...)` from the same launches (`both`): tracing
+    on and off alternating (on-off, off-on, ...), `repeats` launches each; their summaries."""
+    import hfxla_nb as hx
+
+    batches = demo_batches()
+    runs = {kind: ({True: [], False: []}, {True: [], False: []}) for kind in ("micro", "bert")}
+    for repeat in range(repeats):
+        for traced in ((True, False) if repeat % 2 == 0 else (False, True)):
+            result = hx.notebook_launcher(both, args=(batches, micro_steps, bert_steps, warmup),
+                                          progress=False, trace_compiles=traced)
+            for kind, (rates, cpu) in runs.items():
+                assert result[kind]["traced"] is traced
+                rates[traced].append(result[kind]["steps_per_second"])
+                cpu[traced].append(result[kind]["cpu_per_step"])
+            say(f"repeat {repeat + 1}: tracing {'on ' if traced else 'off'} "
+                f"micro {result['micro']['cpu_per_step'] * 1e6:.0f} µs CPU per step, "
+                f"BERT {result['bert']['steps_per_second']:.2f} steps/s")
+    return (summary(*runs["micro"], repeats), summary(*runs["bert"], repeats))
+
+
 def measure(micro: bool, repeats: int, steps: int, warmup: int,
             say: Callable[[str], None] = print) -> dict:
     """Steps/s and worker CPU per step with tracing on and off, alternating, `repeats` times
@@ -129,23 +179,7 @@ def measure(micro: bool, repeats: int, steps: int, warmup: int,
             say(f"repeat {repeat + 1}: tracing {'on ' if traced else 'off'} "
                 f"{result['steps_per_second']:.2f} steps/s, "
                 f"{result['cpu_per_step'] * 1000:.1f} ms CPU per step")
-    ratios = [on / off for on, off in zip(rates[True], rates[False], strict=True)]
-    cpu_ratios = [on / off for on, off in zip(cpu[True], cpu[False], strict=True)]
-    return {
-        "steps_per_second_on": statistics.median(rates[True]),
-        "steps_per_second_off": statistics.median(rates[False]),
-        "ratio_on_off": statistics.median(ratios),
-        "ratios": ratios,
-        "overhead_percent": (1 - statistics.median(ratios)) * 100,
-        # CPU time of the worker process per step (all its threads): less sensitive to other
-        # work on a shared machine than wall-clock time.
-        "cpu_ms_per_step_on": statistics.median(cpu[True]) * 1000,
-        "cpu_ms_per_step_off": statistics.median(cpu[False]) * 1000,
-        "cpu_overhead_percent": (statistics.median(cpu_ratios) - 1) * 100,
-        "cpu_us_added_per_step": (statistics.median(cpu[True]) - statistics.median(cpu[False]))
-        * 1e6,
-        "repeats": repeats,
-    }
+    return summary(rates, cpu, repeats)
 
 
 GROUP = "10 tracing cost"
@@ -162,8 +196,7 @@ def run(micro_steps: int = 120, bert_steps: int = 30, warmup: int = 6) -> list:
     """
     from bench import common
 
-    micro = measure(True, common.REPEATS, micro_steps, warmup, say=common.say)
-    bert = measure(False, common.REPEATS, bert_steps, warmup, say=common.say)
+    micro, bert = measure_both(common.REPEATS, micro_steps, bert_steps, warmup, say=common.say)
     per_execution_us = micro["cpu_us_added_per_step"]
     bert_step_us = 1e6 / bert["steps_per_second_off"]
     share = 2 * per_execution_us / bert_step_us * 100
@@ -173,7 +206,8 @@ def run(micro_steps: int = 120, bert_steps: int = 30, warmup: int = 6) -> list:
             per_execution_us, "<=", 100, unit="µs", repeats=micro["repeats"],
             note=f"worker CPU per step {micro['cpu_ms_per_step_on']:.3f} ms traced vs "
                  f"{micro['cpu_ms_per_step_off']:.3f} ms untraced, {micro_steps} steps after "
-                 f"{warmup} warm-up, one execution per step; medians, alternating"),
+                 f"{warmup} warm-up, one execution per step; medians, alternating launches "
+                 "(each runs this loop, then the tiny BERT's below)"),
         common.Figure(
             GROUP, "that cost's share of a tiny BERT step (2 executions per step)", share,
             "%", repeats=bert["repeats"],
@@ -187,7 +221,8 @@ def run(micro_steps: int = 120, bert_steps: int = 30, warmup: int = 6) -> list:
             repeats=bert["repeats"], samples=bert["ratios"],
             note=f"steps/s {bert['steps_per_second_on']:.2f} traced vs "
                  f"{bert['steps_per_second_off']:.2f} untraced; transformers unpatched; "
-                 "reported: figure 1 holds the target (>= 0.98 with reporting and panels too)"),
+                 "reported: tracing's target is the row above (its CPU per execution); "
+                 "figure 1 holds report + panels to >= 0.98"),
     ]
 
 
