@@ -2,8 +2,8 @@
 
 Run with `PJRT_DEVICE=CPU python bench/trace_overhead.py` (`--micro` times an almost empty
 graph instead, to see the cost per step itself). `make bench` records both as its figure 10
-(`run()`: `make bench BENCH_GROUPS=10`), and the whole cost of watching a loop (report, panels
-and panels, in a traced worker) as figure 1, `bench/overhead.py`. The same training function (a
+(`run()`: `make bench BENCH_GROUPS=10`), and the whole cost of watching a loop (report and
+panels, in a traced worker) as figure 1, `bench/overhead.py`. The same training function (a
 hand-written loop over the demo's tiny BERT, batch 16, fixed padding, AdamW, `hx.report(...)`
 every step) runs in a fresh forked worker
 (`hfxla_nb.notebook_launcher`) with `trace_compiles=True` and `False`, alternating,
