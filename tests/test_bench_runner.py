@@ -54,7 +54,8 @@ def test_a_group_over_its_share_of_the_15_minutes_is_named():
     from bench.run import SHARES, over_share
 
     assert set(SHARES) == {module for _, module in FIGURES.values()}  # every group has one
-    assert sum(SHARES.values()) <= 15 * 60 - 15  # and the start
+    # The start (models built, ~15 s) and 50 s of margin: a whole run at most ~850 s.
+    assert sum(SHARES.values()) <= 15 * 60 - 15 - 50
     assert over_share({"versus": SHARES["versus"] + 5.0, "limit": 1.0, "new": 1e6}) == [
         f"versus: {SHARES['versus'] + 5:.0f} s (share {SHARES['versus']} s)"]
 
