@@ -25,7 +25,7 @@ from . import common, workloads
 
 GROUP = "1 reporting overhead"
 SEGMENT = 10  # steps per segment: one loss fetch (every 10th step) in each, on either side
-PAIRS = 6 if common.QUICK else 16
+PAIRS = 6 if common.QUICK else 20
 WARMUP = 10  # steps before the first segment (the compiling ones and a few more)
 
 
