@@ -3,6 +3,7 @@ the metrics computed from its predictions on the host."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,17 +34,24 @@ def run_batches(run: Any) -> tuple[list, list]:
     outputs = []
     # The bar's clock starts with the evaluation (step 0: no batch done yet).
     emit(Progress(worker_rank(), 0, len(batches), {}, None, "eval"))
+    ahead = getattr(run, "eval_ahead", None)
     with torch.no_grad():
         for i, (bucket_index, positions, real) in enumerate(batches):
             bucket = split.buckets[bucket_index]
-            x = run.upload(batching.eval_batch(bucket, positions, real))[0]
-            tensors = run.task.eval_outputs(run, x, bucket.length)
-            if run.mesh is not None:
-                # Gathered in the graph: fetching sharded results would compile per tensor.
-                for tensor in tensors:
-                    run.xla.replicate(tensor, run.mesh)
-            outputs += tensors
-            run.xla.sync()
+            # Uploaded as [rows, columns]: a `[0]` on the device would be a view the sync
+            # returns too, one more output (a copy of the batch) in the evaluation graph.
+            x = run.upload(batching.eval_batch(bucket, positions, real)[0])
+            if ahead is not None and bucket_index in ahead.graphs:
+                outputs += ahead.run_batch(bucket_index, x)  # compiled while training ran
+            else:
+                tensors = run.task.eval_outputs(run, x, bucket.length)
+                if run.mesh is not None:
+                    # Gathered in the graph: fetching sharded results would compile per
+                    # tensor.
+                    for tensor in tensors:
+                        run.xla.replicate(tensor, run.mesh)
+                outputs += tensors
+                run.xla.sync()
             now = time.monotonic()
             if i + 1 == len(batches) or now - last_sent >= 0.2:
                 # Sent directly, not through report(): its metrics snapshots would make
@@ -53,6 +61,100 @@ def run_batches(run: Any) -> tuple[list, list]:
     fetched = run.xla.to_cpu(outputs)  # one transfer for every batch
     run.model.train()
     return batches, fetched
+
+
+class EvalAhead:
+    """The evaluation's graphs (one per bucket), compiled while the training compiles its
+    first step: on XLA:CPU on the second core, on a TPU host beside the training's compile.
+
+    Before the first training step, each bucket's first evaluation batch is traced (the model
+    in eval mode), the graph's key and inputs are read, and one thread per graph compiles it
+    under that key (torch_xla's Dynamo API, `_xla.compile_graph`). Once the threads have
+    taken the traced graphs, the traced tensors are cleared (`_xla.clear_pending`), so the
+    training's syncs never see them. Evaluation then runs each graph by its key on the
+    trained weights (`run_batch`): same graph, no compilation. A `sync()` cannot do this: a sync in
+    progress leaves its tensors with neither graph nor value, which fails the training's next
+    sync, and pending outputs would be swept into the training's graph (docs/architecture.md).
+    Any failure here leaves evaluation to compile when it starts, as before.
+    """
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+        self.graphs: dict[int, tuple[bytes, list]] = {}  # bucket -> (key, inputs)
+        self.error: BaseException | None = None
+        self._compiled: list[int] = []
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> EvalAhead:
+        """Trace and hand over the graphs; call it when nothing else is pending, just before
+        the training's first step."""
+        run = self.run
+        split = run.plan.data.eval
+        if split is None or not split.num_rows:
+            return self
+        first: dict[int, tuple] = {}
+        for batch in batching.eval_batches(split, run.plan.batch_size):
+            first.setdefault(batch[0], batch)
+        weights = {run.xla.tensor_id(t): t
+                   for t in (*run.model.parameters(), *run.model.buffers())}
+        traced = []
+        run.model.eval()
+        try:
+            with run.torch.no_grad():
+                for bucket_index, positions, real in first.values():
+                    bucket = split.buckets[bucket_index]
+                    x = run.upload(batching.eval_batch(bucket, positions, real)[0])
+                    outputs = run.task.eval_outputs(run, x, bucket.length)
+                    if run.mesh is not None:
+                        for tensor in outputs:
+                            run.xla.replicate(tensor, run.mesh)
+                    traced.append((bucket_index, x, outputs))
+        finally:
+            run.model.train()
+        lookups = run.xla.graph_lookups()
+        try:
+            for bucket_index, x, outputs in traced:
+                key, ids, inputs = run.xla.graph_inputs(outputs, [*weights.values(), x])
+                x_id = run.xla.tensor_id(x)
+                # The batch's slot is None; weights are read when run (they change); any
+                # other input is a constant of the traced graph, which holds its value.
+                slots = [None if i == x_id else weights.get(i, tensor)
+                         for i, tensor in zip(ids, inputs, strict=True)]
+                thread = threading.Thread(target=self._compile, args=(outputs,),
+                                          name="hfxla_nb-eval-compile", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+                self.graphs[bucket_index] = (key, slots)
+            # Each compilation looks its graph up once it has taken it.
+            while (run.xla.graph_lookups() < lookups + len(self._threads)
+                   and any(t.is_alive() for t in self._threads)):
+                time.sleep(0.001)
+        finally:
+            del traced
+            run.xla.clear_pending()  # the traced outputs: never run, never synced
+        return self
+
+    def _compile(self, outputs: list) -> None:
+        try:
+            self.run.xla.compile_graph(outputs)
+            self._compiled.append(1)
+        except Exception as error:  # noqa: BLE001 - evaluation then compiles as before
+            self.error = error
+
+    def finish(self) -> int:
+        """Wait for the compilations; returns how many graphs were compiled ahead (after a
+        failure evaluation compiles its graphs itself, as before)."""
+        for thread in self._threads:
+            thread.join()
+        if self.error is not None:
+            self.graphs.clear()
+        return len(self._compiled)
+
+    def run_batch(self, bucket_index: int, x: Any) -> list:
+        """The evaluation outputs of batch `x` of bucket `bucket_index`, on the current
+        weights, by the graph compiled ahead."""
+        key, slots = self.graphs[bucket_index]
+        return self.run.xla.run_compiled(key, [x if slot is None else slot for slot in slots])
 
 
 def chance_accuracy(split: Any) -> float | None:
