@@ -39,6 +39,8 @@ class FineTuneResult:
             evaluation and saving (what the launch panel's status line says).
         compiles: graphs compiled for training (fixed whatever the number of steps).
         eval_compiles: graphs compiled for evaluation.
+        eval_compiled_ahead: of those, how many compiled while training ran (beside the first
+            step's compile), so that evaluation started with its graphs ready.
         executions_per_step: graph executions per training step after the warm-up.
         transfers_per_step: device-to-host transfers per training step after the warm-up
             (the loss fetch once per logging interval).
@@ -85,6 +87,7 @@ class FineTuneResult:
     checkpoints: list[str] = field(default_factory=list)
     resumed_from: str | None = None
     eval_seconds: float = 0.0
+    eval_compiled_ahead: int = 0
     notes: list[str] = field(default_factory=list)
     task: str = "classification"
     sharding: str = "data"
