@@ -8,8 +8,9 @@ the notebook kernel. What happens per training step, and why:
 - forward, backward (over `gradient_accumulation_steps` micro-batches), gradient clipping,
   AdamW (`foreach`), scheduler, and the running loss sum are traced into one graph; one
   `torch_xla.sync()` runs it, asynchronously, so the next step is traced while it executes;
-- nothing is read from the device except the running loss, once per logging interval, in a
-  step closure (after the graph ran), and the panel's progress is sent with no device value.
+- nothing is read from the device except the running loss, once per logging interval, queued
+  by a step closure (after the graph ran) and fetched on a thread of its own, so the loop
+  goes on tracing; the panel's progress is sent with no device value.
 
 The compile count stays fixed: one training graph per length bucket (the optimizer state is
 made before step 1, so step 1 is already the steady graph) and one evaluation graph per bucket
@@ -364,8 +365,9 @@ class _Run:
                       start_step * plan.rows_per_step, "train"))
 
         def log(step: int, loss_total, lr: float) -> None:
-            # Step closure of the step after `step`: the graph that computed `loss_total` ran
-            # while that step was traced, so the fetch (one transfer) does not stall the loop.
+            # The graph that computed `loss_total` ran while the next step was traced; the
+            # fetch (one transfer) still waits for the execution just launched (torch_xla's
+            # device lock), so it runs on the fetcher's thread, not the training loop's.
             value = float(self.xla.to_cpu([loss_total])[0])
             last_step, last_value = self._logged
             mean = (value - last_value) / max(1, step - last_step)
@@ -374,10 +376,12 @@ class _Run:
             emit(Progress(report_rank, step, plan.total_steps, {"loss": mean, "lr": lr},
                           step * plan.rows_per_step, "train"))
 
+        fetcher = _Fetcher(log)
+
         # What of ours runs per step is kept to a few lines (bench figure 12): `report` is
-        # called every BAR_INTERVAL seconds (its bar moves twice a second), at a
-        # new bucket (its input shapes) and at logging points; the loss of a logging point is
-        # fetched one step later (`log`).
+        # called every BAR_INTERVAL seconds (its bar moves twice a second), at a new bucket
+        # (its input shapes) and at the last step; a logging point's loss is fetched one step
+        # later on the fetcher's thread (`log`), whose event moves the bar to that step.
         pending_log = None
         last_report, last_length = float("-inf"), None
         # Replicas all-reduce their gradients (xm.optimizer_step); one device has none to.
@@ -412,13 +416,13 @@ class _Run:
                 parameter.grad = None
             self.loss_total = self.loss_total + step_loss
             if pending_log is not None:  # the previous logging point's: after this launch
-                self.xla.add_step_closure(log, pending_log)
+                self.xla.add_step_closure(fetcher.submit, pending_log)
                 pending_log = None
             self.xla.sync()
             done = step + 1
             logging_point = done % plan.log_every == 0 or done == plan.total_steps
             now = time.monotonic()
-            if (logging_point or now - last_report >= BAR_INTERVAL
+            if (done == plan.total_steps or now - last_report >= BAR_INTERVAL
                     or bucket.length != last_length):
                 last_report, last_length = now, bucket.length
                 report(step=done, total=plan.total_steps, samples=done * plan.rows_per_step,
@@ -426,13 +430,14 @@ class _Run:
             if logging_point:
                 pending_log = (done, self.loss_total, lr)
             if plan.save_steps and done % plan.save_steps == 0:
+                fetcher.drain()  # the history as of the earlier logging points
                 save_checkpoint(self, done)
             if done == start_step + STEADY_AFTER_STEPS and done < plan.total_steps:
                 self.xla.wait_device_ops()  # so the warm-up's executions are counted before
                 self._steady_since = time.perf_counter()
                 steady = (self.counts(), self._steady_since, plan.total_steps - done)
-        if pending_log is not None:  # the last step's loss: at the sync after the loop
-            self.xla.add_step_closure(log, pending_log)
+        # The last step's loss: at the sync after the loop, after every earlier fetch.
+        self.xla.add_step_closure(fetcher.close, (pending_log,))
         return steady
 
     def _parameter_sharding(self) -> dict[str, str]:
@@ -452,3 +457,35 @@ class _Run:
                    if since is None or begin >= since)
 
     # -- checkpoints ---------------------------------------------------------------------------
+
+
+class _Fetcher:
+    """Runs the loop's loss fetches (`log`) one at a time on a thread of their own, in order.
+
+    A fetch in a step closure would wait there for the execution the closure's sync just
+    launched, and the next step could not be traced meanwhile. `drain` waits for the fetches
+    queued so far (and raises what one raised); `close` drains, then runs the last fetch, if
+    any, on the calling thread (after the final sync: nothing is left to overlap)."""
+
+    def __init__(self, log) -> None:  # noqa: ANN001 - the loop's closure
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.log = log
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hfxla_nb-fetch")
+        self.pending: list = []
+
+    def submit(self, step: int, loss_total, lr: float) -> None:  # noqa: ANN001 - a tensor
+        self.pending.append(self.pool.submit(self.log, step, loss_total, lr))
+
+    def drain(self) -> None:
+        pending, self.pending = self.pending, []
+        for future in pending:
+            future.result()
+
+    def close(self, last: tuple | None) -> None:
+        try:
+            self.drain()
+        finally:
+            self.pool.shutdown(wait=True)
+        if last is not None:
+            self.log(*last)
