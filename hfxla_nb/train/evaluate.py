@@ -63,6 +63,13 @@ def run_batches(run: Any) -> tuple[list, list]:
     return batches, fetched
 
 
+#: The tasks whose evaluation is one graph per bucket that syncs nothing itself (seq2seq's
+#: decoding syncs once per token: it compiles its graphs when evaluation starts). A task not
+#: named here keeps doing so.
+AHEAD_TASKS = frozenset({"classification", "causal-lm", "token-classification",
+                         "question-answering", "masked-lm", "multiple-choice"})
+
+
 class EvalAhead:
     """The evaluation's graphs (one per bucket), compiled while the training compiles its
     first step: on XLA:CPU on the second core, on a TPU host beside the training's compile.
@@ -90,7 +97,7 @@ class EvalAhead:
         the training's first step."""
         run = self.run
         split = run.plan.data.eval
-        if split is None or not split.num_rows:
+        if split is None or not split.num_rows or run.task.name not in AHEAD_TASKS:
             return self
         first: dict[int, tuple] = {}
         for batch in batching.eval_batches(split, run.plan.batch_size):
