@@ -99,6 +99,16 @@ class EvalAhead:
         split = run.plan.data.eval
         if split is None or not split.num_rows or run.task.name not in AHEAD_TASKS:
             return self
+        try:
+            self._start(split)
+        except Exception as error:  # noqa: BLE001 - evaluation then compiles as before
+            self.error = error
+            self.graphs.clear()
+            run.xla.clear_pending()
+        return self
+
+    def _start(self, split: Any) -> None:
+        run = self.run
         first: dict[int, tuple] = {}
         for batch in batching.eval_batches(split, run.plan.batch_size):
             first.setdefault(batch[0], batch)
@@ -139,7 +149,6 @@ class EvalAhead:
         finally:
             del traced
             run.xla.clear_pending()  # the traced outputs: never run, never synced
-        return self
 
     def _compile(self, outputs: list) -> None:
         try:
