@@ -32,7 +32,7 @@ from ..observe.reporting import MIN_INTERVAL, report
 from . import batching, lora, patches
 from . import checkpoint as ckpt
 from .counts import COUNTED, EXECUTE
-from .evaluate import chance_accuracy, evaluate
+from .evaluate import EvalAhead, chance_accuracy, evaluate
 from .learning import learning_warnings
 from .plan import TrainPlan, resolve_precision
 from .saving import save_checkpoint, save_final
@@ -197,11 +197,14 @@ class _Run:
         self._set_up()
         start_step = self._restore()
         counts_start = self.counts()
+        # The evaluation's graphs compile beside the first step's (evaluate.py).
+        self.eval_ahead = EvalAhead(self).start()
         train_start = time.perf_counter()
         steady = self._train(start_step)
         self.xla.sync()  # runs the last step closures
         self.xla.wait_device_ops()
         train_end = time.perf_counter()
+        ahead_compiles = self.eval_ahead.finish()
         counts_end = self.counts()
         train_seconds = train_end - train_start - self._checkpoint_time_after(train_start)
 
@@ -211,7 +214,8 @@ class _Run:
             eval_start = time.perf_counter()
             metrics = evaluate(self)
             eval_seconds = time.perf_counter() - eval_start
-            eval_compiles = self.counts()[_xla.COMPILE_TIME] - before[_xla.COMPILE_TIME]
+            eval_compiles = (ahead_compiles + self.counts()[_xla.COMPILE_TIME]
+                             - before[_xla.COMPILE_TIME])
 
         trained = (plan.total_steps - start_step) * plan.rows_per_step
         result = {
@@ -223,8 +227,10 @@ class _Run:
             "eval_seconds": eval_seconds,
             # Training graphs only: gathering an FSDP checkpoint's shards compiles its own.
             "compiles": counts_end[_xla.COMPILE_TIME] - counts_start[_xla.COMPILE_TIME]
-            - sum(delta.get(_xla.COMPILE_TIME, 0) for _, _, delta in self.checkpoint_marks),
+            - sum(delta.get(_xla.COMPILE_TIME, 0) for _, _, delta in self.checkpoint_marks)
+            - ahead_compiles,
             "eval_compiles": eval_compiles,
+            "eval_compiled_ahead": ahead_compiles,
             "checkpoints": list(self.checkpoints),
             "notes": list(self.notes),
             "samples_per_second_overall": trained / max(train_seconds, 1e-9),
