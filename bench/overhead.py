@@ -88,50 +88,24 @@ def schedule(pairs: int, segment: int = SEGMENT, warmup: int = WARMUP) -> list[s
 
 
 def run_interleaved(config: dict) -> dict[str, Any]:
-    """In a launched worker: the hand-written loop (`workloads.run_hand_written`'s steps),
+    """In a launched worker: the hand-written loop (`workloads.best_practice_loop`),
     `config["warmup"]` steps, then segments of `config["segment"]` steps alternating as
     `schedule` says, `hx.report` on every step of a watched segment only; each segment's
     seconds and worker CPU seconds, between two `wait_device_ops()`."""
-    import torch
     import torch_xla
-    import torch_xla.core.xla_model as xm
-    import torch_xla.distributed.parallel_loader as pl
-    from transformers import AutoModelForSequenceClassification
 
     import hfxla_nb as hx
 
     sides = schedule(config["pairs"])
-    warmup, segment, batch = config["warmup"], config["segment"], config["batch_size"]
+    warmup, segment = config["warmup"], config["segment"]
     steps = warmup + segment * len(sides)
-    encoded = {k: torch.tensor(v) for k, v in config["data"].items()}
-    device = torch_xla.device()
-    torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_pretrained(config["model"]).to(device)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: max(0.0, (steps - step) / steps))
-    names = [name for name in ("input_ids", "token_type_ids", "attention_mask") if name in encoded]
-    dataset = torch.utils.data.TensorDataset(*(encoded[n] for n in names), encoded["labels"])
-    sampler = torch.utils.data.RandomSampler(dataset, replacement=True, num_samples=steps * batch)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler,
-                                         drop_last=True)
-    losses: list[float] = []
+    batches, train_step = workloads.best_practice_loop(config, steps)
     seconds: dict[str, list[float]] = {"bare": [], "watched": []}
     cpu: dict[str, list[float]] = {"bare": [], "watched": []}
     started = cpu_started = 0.0
-    for step, tensors in enumerate(pl.MpDeviceLoader(loader, device), 1):
+    for step, tensors in enumerate(batches, 1):
         index = (step - warmup - 1) // segment  # the segment of this step (< 0: warm-up)
-        *inputs, labels = tensors
-        logits = model(**dict(zip(names, inputs, strict=True))).logits
-        loss = torch.nn.functional.cross_entropy(logits, labels)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step % 10 == 0:
-            xm.add_step_closure(lambda value: losses.append(value.item()), (loss,))
+        loss = train_step(step, tensors)
         if index >= 0 and sides[index] == "watched":
             hx.report(step=step, total=steps, loss=loss, log_every=10)
         if step >= warmup and (step - warmup) % segment == 0:  # a segment's edge

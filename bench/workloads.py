@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,22 +172,23 @@ def wait() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def run_hand_written(config: dict) -> dict[str, float]:
-    """Best-practice torch_xla loop; `config["report"]`: `hx.report(...)` every step."""
+def best_practice_loop(config: dict, steps: int) -> tuple[Any, Callable[[int, Any], Any]]:
+    """The best-practice torch_xla loop of `config` (model folder, tokenized data, batch size,
+    learning rate), in a launched worker: `(batches, train_step)`, an `MpDeviceLoader` over
+    `steps` random batches (it uploads in background threads once iterated) and
+    `train_step(step, tensors) -> loss`, one update, the loss fetched in a step closure every
+    10th step (from 1). The graph cut is the caller's (`MpDeviceLoader`'s, or its own)."""
     import torch
     import torch_xla
     import torch_xla.core.xla_model as xm
     import torch_xla.distributed.parallel_loader as pl
     from transformers import AutoModelForSequenceClassification
 
-    import hfxla_nb as hx
-
-    model_dir, steps, warmup, batch = (config["model"], config["steps"], config["warmup"],
-                                       config["batch_size"])
+    batch = config["batch_size"]
     encoded = {k: torch.tensor(v) for k, v in config["data"].items()}
     device = torch_xla.device()
     torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir).to(device)
+    model = AutoModelForSequenceClassification.from_pretrained(config["model"]).to(device)
     model.train()
     # weight_decay=0.0 like fine_tune's and Trainer's default (torch's AdamW defaults to 0.01).
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.get("learning_rate", 1e-4),
@@ -200,9 +202,8 @@ def run_hand_written(config: dict) -> dict[str, float]:
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler,
                                          drop_last=True)
     losses: list[float] = []
-    start = counters()
-    steady = steady_time = None
-    for step, tensors in enumerate(pl.MpDeviceLoader(loader, device), 1):
+
+    def train_step(step: int, tensors: Any) -> Any:
         *inputs, labels = tensors
         logits = model(**dict(zip(names, inputs, strict=True))).logits
         loss = torch.nn.functional.cross_entropy(logits, labels)
@@ -213,6 +214,23 @@ def run_hand_written(config: dict) -> dict[str, float]:
         optimizer.zero_grad(set_to_none=True)
         if step % 10 == 0:
             xm.add_step_closure(lambda value: losses.append(value.item()), (loss,))
+        return loss
+
+    return pl.MpDeviceLoader(loader, device), train_step
+
+
+def run_hand_written(config: dict) -> dict[str, float]:
+    """Best-practice torch_xla loop; `config["report"]`: `hx.report(...)` every step."""
+    import torch_xla
+
+    import hfxla_nb as hx
+
+    steps, warmup, batch = config["steps"], config["warmup"], config["batch_size"]
+    batches, train_step = best_practice_loop(config, steps)
+    start = counters()
+    steady = steady_time = None
+    for step, tensors in enumerate(batches, 1):
+        loss = train_step(step, tensors)
         if config.get("report"):
             hx.report(step=step, total=steps, loss=loss, log_every=10)
         if step == warmup:
