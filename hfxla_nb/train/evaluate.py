@@ -34,7 +34,7 @@ def run_batches(run: Any) -> tuple[list, list]:
     outputs = []
     # The bar's clock starts with the evaluation (step 0: no batch done yet).
     emit(Progress(worker_rank(), 0, len(batches), {}, None, "eval"))
-    ahead = getattr(run, "eval_ahead", None)
+    ahead = run.eval_ahead
     with torch.no_grad():
         for i, (bucket_index, positions, real) in enumerate(batches):
             bucket = split.buckets[bucket_index]
@@ -44,13 +44,7 @@ def run_batches(run: Any) -> tuple[list, list]:
             if ahead is not None and bucket_index in ahead.graphs:
                 outputs += ahead.run_batch(bucket_index, x)  # compiled while training ran
             else:
-                tensors = run.task.eval_outputs(run, x, bucket.length)
-                if run.mesh is not None:
-                    # Gathered in the graph: fetching sharded results would compile per
-                    # tensor.
-                    for tensor in tensors:
-                        run.xla.replicate(tensor, run.mesh)
-                outputs += tensors
+                outputs += traced_outputs(run, x, bucket.length)
                 run.xla.sync()
             now = time.monotonic()
             if i + 1 == len(batches) or now - last_sent >= 0.2:
@@ -61,6 +55,16 @@ def run_batches(run: Any) -> tuple[list, list]:
     fetched = run.xla.to_cpu(outputs)  # one transfer for every batch
     run.model.train()
     return batches, fetched
+
+
+def traced_outputs(run: Any, x: Any, length: int) -> list:
+    """The task's evaluation outputs of batch `x` (traced, not run), replicated over the mesh
+    under SPMD: gathered in the graph, as fetching sharded results would compile per tensor."""
+    tensors = run.task.eval_outputs(run, x, length)
+    if run.mesh is not None:
+        for tensor in tensors:
+            run.xla.replicate(tensor, run.mesh)
+    return tensors
 
 
 #: The tasks whose evaluation is one graph per bucket that syncs nothing itself (seq2seq's
@@ -121,11 +125,7 @@ class EvalAhead:
                 for bucket_index, positions, real in first.values():
                     bucket = split.buckets[bucket_index]
                     x = run.upload(batching.eval_batch(bucket, positions, real)[0])
-                    outputs = run.task.eval_outputs(run, x, bucket.length)
-                    if run.mesh is not None:
-                        for tensor in outputs:
-                            run.xla.replicate(tensor, run.mesh)
-                    traced.append((bucket_index, x, outputs))
+                    traced.append((bucket_index, x, traced_outputs(run, x, bucket.length)))
         finally:
             run.model.train()
         lookups = run.xla.graph_lookups()

@@ -99,6 +99,8 @@ class _Run:
         self._logged = (0, 0.0)  # (step, cumulative loss) at the previous log
         self._steady_since: float | None = None
         self.checkpoint_marks: list[tuple[float, float, dict[str, int]]] = []
+        # Set by `train_evaluate_save` (evaluate.py); `predict` evaluates without one.
+        self.eval_ahead: EvalAhead | None = None
 
     # -- setup ---------------------------------------------------------------------------------
 
