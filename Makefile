@@ -77,7 +77,7 @@ test-browser: setup $(BROWSER_STAMP) $(CHROMIUM)
 TASK ?= classification
 DEMO_TASKS := token-classification question-answering multiple-choice
 demo: setup
-	$(PY) -m hfxla_nb.$(if $(filter causal-lm,$(TASK)),demo_lm,$(if $(filter seq2seq,$(TASK)),demo_seq2seq,$(if $(filter $(DEMO_TASKS),$(TASK)),demo_tasks --task $(TASK),demo)))
+	$(PY) -m hfxla_nb.demo$(if $(filter causal-lm,$(TASK)),.lm,$(if $(filter seq2seq,$(TASK)),.seq2seq,$(if $(filter $(DEMO_TASKS),$(TASK)),.tasks --task $(TASK),)))
 
 # Every group of bench/ (aimed at 15 minutes on 2 cores; bench/RESULTS.md says how long its last
 # run took); writes bench/results/<date>.json and bench/RESULTS.md. `make bench BENCH_GROUPS=1,7` runs some; BENCH_QUICK=1 fewer repetitions.

@@ -188,7 +188,8 @@ def install(clock: PhaseClock, total: int) -> None:
 
 
 def fine_tune_worker(index: int, plan: Any) -> dict[str, Any]:
-    from hfxla_nb.train import batching, clipping, loop
+    from hfxla_nb.train import batching
+    from hfxla_nb.train.worker import clipping, loop
 
     clock = PhaseClock(SKIP)
     install(clock, plan.total_steps)

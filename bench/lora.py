@@ -41,7 +41,7 @@ def recorded():
 
 def run() -> list[common.Figure]:
     import hfxla_nb as hx
-    from hfxla_nb.demo_lm import TEMPLATE, demo_lm_dataset, demo_lm_model_dir
+    from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset, demo_lm_model_dir
 
     steps = 30 if common.QUICK else 40
     model = demo_lm_model_dir()
@@ -107,7 +107,7 @@ def larger_memory_figure(lora: bool, tokenizer: str, data: object, batch: int,
                          length: int) -> common.Figure:
     """XLA's measured graph memory / the plan for the larger Llama (4 steps: its graph)."""
     import hfxla_nb as hx
-    from hfxla_nb.demo_lm import TEMPLATE
+    from hfxla_nb.demo.lm import TEMPLATE
 
     model = larger_llama()
     with recorded() as displays:

@@ -37,7 +37,8 @@ NEW_TOKENS = 16
 def _inputs(task: str, rows: int, model: str | None = None) -> tuple[str, list, str]:
     """(model folder, inputs, pipeline task name); `model` a classifier's folder instead of
     the demo's tiny BERT (classification)."""
-    from hfxla_nb import demo, demo_tasks
+    from hfxla_nb import demo
+    from hfxla_nb.demo import tasks as demo_tasks
 
     if task == "classification":
         return model or demo.demo_model_dir(), demo.demo_texts(rows)[0], "text-classification"
@@ -55,7 +56,7 @@ def _inputs(task: str, rows: int, model: str | None = None) -> tuple[str, list, 
         swag = [{k: v for k, v in r.items() if k != "label"} for r in demo_tasks.mc_rows(rows)]
         return demo_tasks.mc_model_dir(), swag, "multiple-choice"
     if task == "causal-lm":
-        from hfxla_nb.demo_lm import TEMPLATE, demo_lm_model_dir
+        from hfxla_nb.demo.lm import TEMPLATE, demo_lm_model_dir
 
         prompts = [TEMPLATE.format(prompt=t, response="").rstrip()
                    for t in demo.demo_texts(rows)[0]]
@@ -73,7 +74,7 @@ def _question_answering_on_cpu(folder: str, rows: list[dict], length: int = 384)
     import torch
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
-    from hfxla_nb.train.question_answering import best_answer, encode_examples
+    from hfxla_nb.train.tasks.question_answering import best_answer, encode_examples
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForQuestionAnswering.from_pretrained(folder).eval()

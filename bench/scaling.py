@@ -98,8 +98,8 @@ def spmd(steps: int) -> list[common.Figure]:
 def causal_lm(steps: int) -> list[common.Figure]:
     from transformers import AutoConfig
 
-    from hfxla_nb.demo_lm import TEMPLATE, demo_lm_dataset, demo_lm_model_dir
-    from hfxla_nb.train.prepare_lm import BYTES_PER_PARAMETER, parameter_count
+    from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset, demo_lm_model_dir
+    from hfxla_nb.train.kernel.prepare_lm import BYTES_PER_PARAMETER, parameter_count
 
     model = demo_lm_model_dir()
     length, batch = 64, 16

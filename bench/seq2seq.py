@@ -21,7 +21,7 @@ def _model_and_sources(rows: int):
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
-    from hfxla_nb.demo_seq2seq import (
+    from hfxla_nb.demo.seq2seq import (
         demo_seq2seq_dataset,
         demo_seq2seq_model_dir,
         demo_seq2seq_tokenizer,
@@ -43,7 +43,7 @@ def generation_worker(rows: int, tokens: int, batch_size: int) -> dict:
     import torch
 
     from hfxla_nb import _xla
-    from hfxla_nb.train.seq2seq_generation import greedy_generate
+    from hfxla_nb.train.tasks.seq2seq_generation import greedy_generate
 
     model, ids, mask = _model_and_sources(rows)
     device = _xla.device()

@@ -34,7 +34,9 @@ TASKS = ("token-classification", "question-answering", "seq2seq", "masked-lm",
 
 def _data(task: str) -> tuple[str, Any, dict[str, Any]]:
     """(model folder, a DatasetDict, fine_tune's task options) of the task's demo."""
-    from hfxla_nb import demo, demo_seq2seq, demo_tasks
+    from hfxla_nb import demo
+    from hfxla_nb.demo import seq2seq as demo_seq2seq
+    from hfxla_nb.demo import tasks as demo_tasks
 
     rows = TRAIN_ROWS + EVAL_ROWS
     if task == "token-classification":

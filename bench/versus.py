@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 
-from hfxla_nb.train.loop import STEADY_AFTER_STEPS
+from hfxla_nb.train.worker.loop import STEADY_AFTER_STEPS
 
 from . import common, workloads
 

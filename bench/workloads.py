@@ -335,7 +335,7 @@ def _measured_worker(index: int, plan: Any) -> dict[str, Any]:
     """fine_tune's own worker, then XLA's per-execution times of the process."""
     import torch_xla.debug.metrics as met
 
-    from hfxla_nb.train.loop import train_worker
+    from hfxla_nb.train.worker.loop import train_worker
 
     result = train_worker(index, plan)
     samples: list[float] = []

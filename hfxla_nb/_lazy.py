@@ -1,7 +1,7 @@
 """Public names of a subpackage resolved on first use (PEP 562).
 
-Importing a worker module (`hfxla_nb.launch.worker`, `hfxla_nb.train.loop`) runs its package's
-`__init__` first: it must not import the launcher or anything that draws, so a package's
+Importing a worker module (`hfxla_nb.launch.worker`, `hfxla_nb.train.worker.loop`) runs its
+package's `__init__` first: it must not import the launcher or anything that draws, so a package's
 `__init__` names its public objects here instead of importing them.
 """
 

@@ -68,7 +68,7 @@ def test_the_causal_lm_demo_has_its_labels_as_whole_words(demo_cache):
     """The tiny Llama's tokenizer (what `demo_lm_model_dir` saves) holds every label and
     template word as one token, so its response is one word it can learn (and `generate`
     shows); the classifier's tokenizer, in its own folder, stays as it was."""
-    from hfxla_nb.demo_lm import TEMPLATE, VOCABULARY_WORDS
+    from hfxla_nb.demo.lm import TEMPLATE, VOCABULARY_WORDS
 
     tokenizer = demo.demo_tokenizer(demo_cache, extra_words=VOCABULARY_WORDS)
     text = TEMPLATE.format(prompt="the coffee was great.", response="positive")
@@ -144,11 +144,11 @@ def test_make_demo_shows_what_the_run_uses_and_no_setup_noise(tmp_path):
 
 @pytest.mark.parametrize("task, command", [
     ("classification", "-m hfxla_nb.demo"),
-    ("causal-lm", "-m hfxla_nb.demo_lm"),
-    ("token-classification", "-m hfxla_nb.demo_tasks --task token-classification"),
-    ("question-answering", "-m hfxla_nb.demo_tasks --task question-answering"),
-    ("multiple-choice", "-m hfxla_nb.demo_tasks --task multiple-choice"),
-    ("seq2seq", "-m hfxla_nb.demo_seq2seq"),
+    ("causal-lm", "-m hfxla_nb.demo.lm"),
+    ("token-classification", "-m hfxla_nb.demo.tasks --task token-classification"),
+    ("question-answering", "-m hfxla_nb.demo.tasks --task question-answering"),
+    ("multiple-choice", "-m hfxla_nb.demo.tasks --task multiple-choice"),
+    ("seq2seq", "-m hfxla_nb.demo.seq2seq"),
 ])
 def test_make_demo_runs_each_tasks_default(task, command):
     """`make demo TASK=<task>` runs that task's demo module (the same embedded data and tiny

@@ -16,16 +16,10 @@ import pytest
 
 import hfxla_nb as hx
 from hfxla_nb import _xla, demo
-from hfxla_nb.train import (
-    FineTuneError,
-    FineTuneResult,
-    batching,
-    checkpoint,
-    data,
-    patches,
-    prepare_fine_tune,
-)
-from hfxla_nb.train.evaluate import compute_metrics
+from hfxla_nb.train import FineTuneError, FineTuneResult, batching, patches, prepare_fine_tune
+from hfxla_nb.train.kernel import data
+from hfxla_nb.train.worker import checkpoint
+from hfxla_nb.train.worker.evaluate import compute_metrics
 from tests.launch_guard import refuse_launches
 
 ROWS = 1200  # 960 train, 120 validation (the last evaluation batch of 32 is partly filler)

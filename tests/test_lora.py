@@ -18,8 +18,9 @@ import pytest
 
 import hfxla_nb as hx
 from hfxla_nb import _xla
-from hfxla_nb.demo_lm import TEMPLATE, demo_lm_dataset, demo_lm_model_dir, run_demo_lm
-from hfxla_nb.train import FineTuneError, checkpoint, prepare_fine_tune
+from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset, demo_lm_model_dir, run_demo_lm
+from hfxla_nb.train import FineTuneError, prepare_fine_tune
+from hfxla_nb.train.worker import checkpoint
 
 peft = pytest.importorskip("peft")
 

@@ -156,7 +156,7 @@ def test_the_plan_was_shown_before_the_launch_in_the_same_words(launched):
 
 
 def test_lora_on_a_task_without_it_is_refused_before_anything_happens(model_dir, tmp_path):
-    from hfxla_nb.demo_tasks import ner_dataset
+    from hfxla_nb.demo.tasks import ner_dataset
 
     before = set(os.listdir(tmp_path))
     with pytest.raises(FineTuneError) as error:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hfxla_nb.train.loop import _Fetcher
+from hfxla_nb.train.worker.loop import _Fetcher
 
 
 def _recorder(delay: float = 0.0):

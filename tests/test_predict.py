@@ -9,7 +9,7 @@ import pytest
 
 import hfxla_nb as hx
 from hfxla_nb import _xla, demo
-from hfxla_nb.demo_tasks import classifier_model_dir
+from hfxla_nb.demo.tasks import classifier_model_dir
 from hfxla_nb.train import FineTuneError
 from hfxla_nb.train.predict import default_batch_size
 from tests.launch_guard import refuse_launches

@@ -8,7 +8,7 @@ import pytest
 
 import hfxla_nb as hx
 from hfxla_nb import _xla
-from hfxla_nb.demo_lm import TEMPLATE, demo_lm_model_dir
+from hfxla_nb.demo.lm import TEMPLATE, demo_lm_model_dir
 from hfxla_nb.train import FineTuneError
 from tests.launch_guard import refuse_launches
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 import hfxla_nb as hx
-from hfxla_nb.demo_seq2seq import (
+from hfxla_nb.demo.seq2seq import (
     demo_seq2seq_dataset,
     demo_seq2seq_model_dir,
     demo_seq2seq_tokenizer,
@@ -113,7 +113,7 @@ def test_fixed_shape_generation_equals_generate(architecture, bart_dir, t5_dir):
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
-    from hfxla_nb.train.seq2seq_generation import generated_texts, greedy_generate
+    from hfxla_nb.train.tasks.seq2seq_generation import generated_texts, greedy_generate
 
     folder = t5_dir if architecture == "t5" else bart_dir
     tokenizer = demo_seq2seq_tokenizer()
@@ -194,7 +194,7 @@ def test_bad_inputs_refused_before_fork(tmp_path, bart_dir, cache):
     assert "longer than max_target_length=4" in message and "of 180 train targets" in message
     assert "max_target_length=8" in message
 
-    from hfxla_nb.demo_lm import demo_lm_model_dir
+    from hfxla_nb.demo.lm import demo_lm_model_dir
 
     message = _refused(tmp_path, demo_lm_model_dir(cache=cache), translation, task="seq2seq",
                        source_lang="en", target_lang="rev")

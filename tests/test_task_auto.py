@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hfxla_nb.demo import demo_tokenizer
-from hfxla_nb.demo_tasks import (
+from hfxla_nb.demo.tasks import (
     mc_model_dir,
     mc_rows,
     ner_model_dir,
@@ -15,7 +15,7 @@ from hfxla_nb.demo_tasks import (
     qa_rows,
 )
 from hfxla_nb.train import FineTuneConfig, FineTuneError, prepare_fine_tune
-from hfxla_nb.train.registry import TASK_MODULES, TASKS, task_choices
+from hfxla_nb.train.tasks.registry import TASK_MODULES, TASKS, task_choices
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_auto_refuses_columns_that_fit_several_tasks(headless_dir):
 
 
 def test_causal_lm_with_an_encoder_decoder_folder_is_refused(tmp_path):
-    from hfxla_nb.demo_seq2seq import demo_seq2seq_model_dir
+    from hfxla_nb.demo.seq2seq import demo_seq2seq_model_dir
 
     with pytest.raises(FineTuneError, match="is an encoder-decoder model"):
         prepare_fine_tune(demo_seq2seq_model_dir(cache=tmp_path), [{"text": "a b"}] * 8,

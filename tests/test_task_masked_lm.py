@@ -15,10 +15,10 @@ import torch
 import hfxla_nb as hx
 from hfxla_nb import _xla
 from hfxla_nb.demo import demo_dataset
-from hfxla_nb.demo_tasks import mlm_model_dir
+from hfxla_nb.demo.tasks import mlm_model_dir
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
-from hfxla_nb.train.masked_lm import mask_tokens
 from hfxla_nb.train.predict import prepare_predict
+from hfxla_nb.train.tasks.masked_lm import mask_tokens
 from tests.launch_guard import refuse_launches
 
 OPTIONS = dict(task="masked-lm", batch_size=32, epochs=3, learning_rate=5e-3, num_processes=4,

@@ -11,7 +11,7 @@ import pytest
 
 import hfxla_nb as hx
 from hfxla_nb import _xla
-from hfxla_nb.demo_tasks import mc_dataset, mc_model_dir, mc_rows
+from hfxla_nb.demo.tasks import mc_dataset, mc_model_dir, mc_rows
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from tests.launch_guard import refuse_launches
 

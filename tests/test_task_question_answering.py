@@ -15,7 +15,7 @@ import pytest
 
 import hfxla_nb as hx
 from hfxla_nb import _xla
-from hfxla_nb.demo_tasks import qa_dataset, qa_model_dir, qa_rows
+from hfxla_nb.demo.tasks import qa_dataset, qa_model_dir, qa_rows
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from tests.launch_guard import refuse_launches
 
@@ -87,7 +87,7 @@ def test_metrics_are_squads_rules_on_predicts_answers(qa, predicted):
 def test_predict_matches_a_cpu_forward_decoded_the_same_way(qa, predicted):
     import torch
 
-    from hfxla_nb.train.question_answering import best_answer, encode_examples
+    from hfxla_nb.train.tasks.question_answering import best_answer, encode_examples
 
     result, data = qa
     validation = data["validation"]

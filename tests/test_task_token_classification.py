@@ -9,9 +9,9 @@ import pytest
 
 import hfxla_nb as hx
 from hfxla_nb import _xla
-from hfxla_nb.demo_tasks import CONLL_TAGS, ner_dataset, ner_model_dir, ner_rows
+from hfxla_nb.demo.tasks import CONLL_TAGS, ner_dataset, ner_model_dir, ner_rows
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
-from hfxla_nb.train.token_classification import IGNORE
+from hfxla_nb.train.tasks.token_classification import IGNORE
 from tests.launch_guard import refuse_launches
 
 ROWS = 400  # 320 train, 80 validation

@@ -98,7 +98,7 @@ def _sft_lora_fsdp(folder, output_dir):
     from trl import SFTConfig, SFTTrainer
 
     import hfxla_nb as hx
-    from hfxla_nb.demo_lm import TEMPLATE, demo_lm_dataset
+    from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset
 
     rows = demo_lm_dataset(n=160)["train"]
     model = AutoModelForCausalLM.from_pretrained(folder)
@@ -146,7 +146,7 @@ def _sft_lora_fsdp(folder, output_dir):
 
 
 def test_sft_trainer_with_lora_and_fsdp_v2_in_a_launched_worker(tmp_path):
-    from hfxla_nb.demo_lm import demo_lm_model_dir
+    from hfxla_nb.demo.lm import demo_lm_model_dir
 
     peft = pytest.importorskip("peft")
     pytest.importorskip("trl")

@@ -15,7 +15,8 @@ import sys
 import pytest
 
 # What a forked worker runs: `notebook_launcher`'s worker, fine_tune's loop, `hx.report`.
-WORKER_MODULES = ("hfxla_nb.launch.worker", "hfxla_nb.train.loop", "hfxla_nb.observe.reporting")
+WORKER_MODULES = ("hfxla_nb.launch.worker", "hfxla_nb.train.worker.loop",
+                  "hfxla_nb.observe.reporting")
 # A module is a renderer when it is, or is inside, one of these.
 RENDERERS = ("hfxla_nb.ui", "ipywidgets", "IPython.display")
 

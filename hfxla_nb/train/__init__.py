@@ -2,7 +2,8 @@
 for `transformers.Trainer` in `train.trainer`, which imports transformers (docs/architecture.md).
 
 Public names are resolved lazily (PEP 562), like the package's own: the worker's loop
-(`hfxla_nb.train.loop`) runs this file, and must not import `fine_tune`, whose launcher draws.
+(`hfxla_nb.train.worker.loop`) runs this file, and must not import `fine_tune`, whose
+launcher draws.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ _EXPORTS = {
     "FineTuneError": "config",
     "FineTuneResult": "result",
     "TrainPlan": "plan",
-    "compute_metrics": "evaluate",
+    "compute_metrics": "worker.evaluate",
     "fine_tune": "finetune",
-    "prepare_fine_tune": "prepare",
+    "prepare_fine_tune": "kernel.prepare",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .data import DataError
+from .kernel.data import DataError
 
 #: Bucket lengths are multiples of this (TPU tiles like multiples of 8).
 LENGTH_MULTIPLE = 8

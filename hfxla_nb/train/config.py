@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .._choices import PROGRESS_MODES
-from .registry import task_choices
+from .tasks.registry import task_choices
 
 STRATEGIES = ("spmd", "replicated")
 TASKS = ("auto", "classification", "causal-lm")  # the first ones; every one: task_choices()

@@ -22,9 +22,9 @@ from typing import Any
 from ..launch import last_launch, notebook_launcher
 from ..launch.notices import show_memory_plan
 from .config import FineTuneConfig
-from .loop import train_worker
-from .prepare import prepare_fine_tune
+from .kernel.prepare import prepare_fine_tune
 from .result import FineTuneResult
+from .worker.loop import train_worker
 
 
 def fine_tune(

@@ -19,10 +19,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from . import sources
 from .config import FineTuneError
+from .kernel import sources
 from .plan import TrainPlan
-from .registry import TASKS
+from .tasks.registry import TASKS
 
 #: Rows per device in a batch when `batch_size` is not given: at most this many (fewer for
 #: fewer inputs, at least `MIN_ROWS_PER_DEVICE`). A batch is traced once whatever its size, so
@@ -135,7 +135,7 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
                            tokenizer=tokenizer, num_processes=num_processes,
                            allow_no_answer=allow_no_answer, max_new_tokens=max_new_tokens,
                            top_k=top_k)
-    from .predict_worker import predict_worker
+    from .worker.predict_worker import predict_worker
 
     raw = notebook_launcher(predict_worker, args=(plan,), num_processes=plan.devices,
                             strategy="spmd", progress=progress, timeout=timeout)

@@ -10,13 +10,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import checkpoint as ckpt
 from .learning import (  # re-exported: read with the result
     CHANCE_MARGIN,  # noqa: F401
     MIN_LOSS_DROP,  # noqa: F401
     learning_warnings,  # noqa: F401
 )
 from .quiet_loading import quiet_loading
+from .worker import checkpoint as ckpt
 
 
 @dataclass
@@ -161,7 +161,7 @@ class FineTuneResult:
             raise FileNotFoundError("this run saved no model (output_dir was None).")
         import transformers
 
-        from .registry import TASKS  # the task's own model class (token-classification, ...)
+        from .tasks.registry import TASKS  # the task's own model class (token-classification, ...)
 
         auto_class = (TASKS[self.task].auto_class if self.task in TASKS
                       else "AutoModelForSequenceClassification")

@@ -22,13 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from . import batching, data, seq2seq_data, steps
-from .config import FineTuneConfig, FineTuneError
+from .. import batching
+from ..config import FineTuneConfig, FineTuneError
+from ..kernel import data, steps
+from . import seq2seq_data
+from .base import Task
 from .registry import register_task
 from .seq2seq_data import Seq2SeqColumns, Seq2SeqData
 from .seq2seq_generation import generated_texts, greedy_generate
 from .seq2seq_metrics import TEXT_METRICS, metrics_missing, text_metrics
-from .tasks import Task
 
 #: The config attribute (saved with the model) that keeps the prefix and target length.
 SETTINGS_KEY = "hfxla_nb_seq2seq"
@@ -100,7 +102,7 @@ class Seq2Seq(Task):
     # -- kernel side ---------------------------------------------------------------------------
 
     def prepare(self, dataset: Any, config: Any, context: Any) -> Any:
-        from .prepare import build_plan
+        from ..kernel.prepare import build_plan
 
         names = ([type(context.source).__name__] if not isinstance(context.source, str)
                  else list(getattr(context.model_config, "architectures", None) or []))
@@ -125,7 +127,7 @@ class Seq2Seq(Task):
         tokenizer = context.tokenizer
         prefix = settings.get("prefix") or ""
         length = int(settings.get("max_target_length") or DEFAULT_PREDICT_LENGTH)
-        cap = steps.length_cap(_MaxLength(max_length), context.model_config, tokenizer)
+        cap = steps.length_cap(MaxLength(max_length), context.model_config, tokenizer)
         sources, cut = batching.tokenize(tokenizer, [prefix + text for text in inputs], None,
                                          cap)
         lengths = [len(ids) for ids in sources["input_ids"]]
@@ -273,7 +275,7 @@ def _saved_settings(context: Any, columns: Seq2SeqColumns,
     return {"config": config}
 
 
-class _MaxLength:
+class MaxLength:
     """The one field `steps.length_cap` reads."""
 
     def __init__(self, max_length: int | None) -> None:

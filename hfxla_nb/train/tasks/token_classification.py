@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from . import batching, data, steps
-from .config import FineTuneError
+from .. import batching
+from ..config import FineTuneError
+from ..kernel import data, steps
+from .base import MaxLength, Task
 from .registry import register_task
-from .tasks import Task, _MaxLength
 
 IGNORE = -100
 WORDS_COLUMN = "tokens"
@@ -204,7 +205,7 @@ class TokenClassification(Task):
     # -- kernel side -----------------------------------------------------------------------
 
     def prepare(self, dataset: Any, config: Any, context: Any) -> Any:
-        from .prepare import build_plan, head_kwargs
+        from ..kernel.prepare import build_plan, head_kwargs
 
         words_column, tags_column = _columns(config)
         splits, eval_name = self.splits(dataset, config)
@@ -277,7 +278,7 @@ class TokenClassification(Task):
                     f"input {row} is a {type(value).__name__}; token-classification predicts "
                     "on texts (str) or lists of words.")
         tokenizer = context.tokenizer
-        cap = steps.length_cap(_MaxLength(max_length), context.model_config, tokenizer)
+        cap = steps.length_cap(MaxLength(max_length), context.model_config, tokenizer)
         encoded, firsts, cut = encode_words(tokenizer, words, None, cap)
         lengths = [len(ids) for ids in encoded["input_ids"]]
         buckets = ([max_length] if max_length else

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from ..counts import COUNTED
+from ..lora import save_adapter, save_final_lora
 from . import checkpoint as ckpt
-from .counts import COUNTED
-from .lora import save_adapter, save_final_lora
 
 #: The attribute under which PyTorch/XLA's FSDPv2 keeps a wrapped module.
 FSDP_WRAPPED = "_orig_module"

@@ -26,17 +26,17 @@ from typing import Any
 
 import numpy as np
 
-from .. import _xla
-from ..events import Progress, emit, worker_rank
-from ..observe.reporting import MIN_INTERVAL, report
-from . import batching, lora, patches
+from ... import _xla
+from ...events import Progress, emit, worker_rank
+from ...observe.reporting import MIN_INTERVAL, report
+from .. import batching, lora, patches
+from ..counts import COUNTED, EXECUTE
+from ..learning import learning_warnings
+from ..plan import TrainPlan, resolve_precision
+from ..tasks.registry import TASKS
 from . import checkpoint as ckpt
-from .counts import COUNTED, EXECUTE
 from .evaluate import EvalAhead, chance_accuracy, evaluate
-from .learning import learning_warnings
-from .plan import TrainPlan, resolve_precision
 from .saving import save_checkpoint, save_final
-from .tasks import TASKS
 
 #: Seconds between the loop's progress reports (besides logging points and new buckets): the
 #: bar moves twice a second; each report costs the step about 1 ms of host time (bench

@@ -15,9 +15,9 @@ import inspect
 import os
 from typing import Any
 
-from .. import _xla
-from ..events import worker_channel
-from .quiet_loading import quiet_loading
+from ... import _xla
+from ...events import worker_channel
+from ..quiet_loading import quiet_loading
 
 
 def generate(model: str | os.PathLike, prompts: str | list[str], max_new_tokens: int = 32,

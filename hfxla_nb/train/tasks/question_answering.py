@@ -25,10 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from . import batching, data, steps
-from .config import FineTuneError
+from .. import batching
+from ..config import FineTuneError
+from ..kernel import data, steps
+from .base import MaxLength, Task
 from .registry import register_task
-from .tasks import Task, _MaxLength
 from .token_classification import pad_values
 
 N_BEST = 20
@@ -145,7 +146,7 @@ class QuestionAnswering(Task):
         context into windows of the length cap with a stride of a quarter of it (one row
         per window; `QaHost` keeps which example and which characters each row holds, for
         decoding on the host), bucket the rows and build the plan."""
-        from .prepare import build_plan
+        from ..kernel.prepare import build_plan
 
         q_column, c_column, a_column = _columns(config)
         splits, eval_name = self.splits(dataset, config)
@@ -219,7 +220,7 @@ class QuestionAnswering(Task):
             questions.append(question)
             contexts.append(text)
         tokenizer = context.tokenizer
-        cap = steps.length_cap(_MaxLength(max_length), context.model_config, tokenizer,
+        cap = steps.length_cap(MaxLength(max_length), context.model_config, tokenizer,
                                DEFAULT_MAX_LENGTH)
         encoded, labels, mapping, offsets = encode_examples(tokenizer, questions, contexts,
                                                             None, cap, cap // 4)

@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from . import batching, sources
-from .config import FineTuneError
-from .generation import _texts
+from .. import batching
+from ..config import FineTuneError
+from ..kernel import sources
+from ..worker.generation import _texts
 
 #: New tokens per prompt when `predict` is not told.
 DEFAULT_NEW_TOKENS = 32

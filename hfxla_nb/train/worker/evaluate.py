@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from ..events import Progress, emit, worker_rank
-from . import batching
+from ...events import Progress, emit, worker_rank
+from .. import batching
 
 
 def evaluate(run: Any) -> dict[str, float]:

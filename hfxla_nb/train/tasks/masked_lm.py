@@ -21,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from . import batching, data, steps
-from .config import FineTuneError
+from .. import batching
+from ..config import FineTuneError
+from ..kernel import data, steps
+from .base import Task
 from .registry import register_task
-from .tasks import Task
 from .token_classification import IGNORE, encode_blocks, pad_values
 
 MASK_SHARE = 0.15
@@ -60,7 +61,7 @@ class MaskedLM(Task):
     outputs_per_batch = 2
 
     def prepare(self, dataset: Any, config: Any, context: Any) -> Any:
-        from .prepare import build_plan
+        from ..kernel.prepare import build_plan
 
         tokenizer = context.tokenizer
         if getattr(tokenizer, "mask_token_id", None) is None:
@@ -122,20 +123,20 @@ class MaskedLM(Task):
 
     def prepare_predict(self, inputs: Any, context: Any, max_length: int | None) -> Any:
         """Texts with mask tokens, bucketed like evaluation rows (`mlm_predict.py`)."""
-        from .mlm_predict import prepare
+        from .masked_lm_predict import prepare
 
         return prepare(inputs, context, max_length)
 
     def decode(self, data: Any, batches: list, fetched: list) -> list[dict[str, Any]]:
         """Each text's top tokens per mask, as the fill-mask pipeline gives them (`predict`)."""
-        from .mlm_predict import decode
+        from .masked_lm_predict import decode
 
         return decode(data, batches, fetched, self.per_batch)
 
     def eval_outputs(self, run: Any, x: Any, length: int) -> list[Any]:
         top_k = getattr(run.plan.data, "top_k", None)
         if top_k is not None:  # predict: each position's top tokens and their probabilities
-            from .mlm_predict import top_tokens
+            from .masked_lm_predict import top_tokens
 
             return top_tokens(run, x, length, top_k)
         labels = x[:, -length - 1:-1].long()

@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from . import batching, steps
-from .config import FineTuneError
+from .. import batching
+from ..config import FineTuneError
+from ..kernel import steps
 
 #: Candidates per mask when `predict` is not told (the fill-mask pipeline's default).
 DEFAULT_TOP_K = 5
@@ -51,7 +52,7 @@ class FillMaskData(batching.EncodedData):
 
 def prepare(inputs: list[Any], context: Any, max_length: int | None) -> FillMaskData:
     """Texts with mask tokens, tokenized and bucketed like evaluation rows (no labels)."""
-    from .tasks import _MaxLength
+    from .base import MaxLength
     from .token_classification import encode_blocks, pad_values
 
     tokenizer = context.tokenizer
@@ -76,7 +77,7 @@ def prepare(inputs: list[Any], context: Any, max_length: int | None) -> FillMask
             f"{len(unmasked)} input(s) have no mask token (the first: input {unmasked[0]}, "
             f"{inputs[unmasked[0]][:60]!r}); write {tokenizer.mask_token!r} where a token is "
             "to be filled in.")
-    cap = steps.length_cap(_MaxLength(max_length), context.model_config, tokenizer)
+    cap = steps.length_cap(MaxLength(max_length), context.model_config, tokenizer)
     encoded, _ = batching.tokenize(tokenizer, list(inputs), None, cap)
     masks = [np.flatnonzero(np.asarray(ids) == mask_id) for ids in encoded["input_ids"]]
     cut = [i for i, (text, found) in enumerate(zip(inputs, masks, strict=True))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from . import checkpoint as ckpt
+from ..config import FineTuneConfig, FineTuneError
+from ..worker import checkpoint as ckpt
 from . import sources
-from .config import FineTuneConfig, FineTuneError
 
 
 def length_cap(config: FineTuneConfig, model_config: Any, tokenizer: Any,

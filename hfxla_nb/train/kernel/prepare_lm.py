@@ -10,13 +10,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .._words import plural
-from . import data, lm_data, lora, sources, steps
-from .batching import EncodedData, round_up
-from .config import FineTuneConfig, FineTuneError
-from .memory_plan import MemoryPlan, MemoryPlanError, meta_model, plan_memory
-from .plan import TrainPlan
-from .user_warnings import warn_user
+from ..._words import plural
+from .. import lora
+from ..batching import EncodedData, round_up
+from ..config import FineTuneConfig, FineTuneError
+from ..memory_plan import MemoryPlan, MemoryPlanError, meta_model, plan_memory
+from ..plan import TrainPlan
+from ..tasks import causal_lm_data as lm_data
+from ..user_warnings import warn_user
+from . import data, sources, steps
 
 #: What training keeps per parameter with AdamW in float32: weights, gradients, 2 moments.
 BYTES_PER_PARAMETER = 16

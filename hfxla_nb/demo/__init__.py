@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .demo_data import demo_dataset, demo_label_names, demo_texts
+from .data import demo_dataset, demo_label_names, demo_texts
 
 if TYPE_CHECKING:  # imported lazily: `import hfxla_nb.demo` stays cheap
     import transformers
@@ -376,6 +376,3 @@ def main(argv: list[str] | None = None) -> int:
     )
     return 0 if accuracy >= 0.9 else 1
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

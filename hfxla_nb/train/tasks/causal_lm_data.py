@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .batching import Bucket, EncodedSplit
-from .data import DataError
+from ..batching import Bucket, EncodedSplit
+from ..kernel.data import DataError
 
 IGNORE = -100  # the label transformers' causal-LM loss skips
 DEFAULT_TEMPLATE = "{prompt}\n{response}"

@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..runtime import cpu_device_count, detect_accelerator
-from . import checkpoint as ckpt
-from .config import FineTuneError
+from ...runtime import cpu_device_count, detect_accelerator
+from ..config import FineTuneError
+from ..worker import checkpoint as ckpt
 
 
 def _fail(message: str) -> FineTuneError:
@@ -69,7 +69,7 @@ def model_source(model: Any) -> tuple[Any, Any, int | None, str]:
 def _task_heads(picking: bool = False) -> dict[str, tuple[str, ...]]:
     """Task name -> the model class name endings that mean it (every registered task; with
     `picking`, only those that task="auto" may pick by the head)."""
-    from .registry import TASKS
+    from ..tasks.registry import TASKS
 
     return {name: tuple(TASKS[name].head_suffixes) for name in TASKS
             if not picking or TASKS[name].pick_by_head}

@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .. import _xla
-from . import patches
+from ... import _xla
+from .. import patches
+from ..plan import TrainPlan
 from .evaluate import run_batches
 from .loop import _Run
-from .plan import TrainPlan
 
 
 def predict_worker(index: int, plan: TrainPlan) -> dict[str, Any]:

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from .._words import plural
-from . import batching, data
-from .batching import Bucket, EncodedData, EncodedSplit
-from .data import DataError
+from ..._words import plural
+from .. import batching
+from ..batching import Bucket, EncodedData, EncodedSplit
+from ..kernel import data
+from ..kernel.data import DataError
 
 IGNORE = -100
 #: Source/target column pairs of well-known datasets, tried in order when none is named.

@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from . import batching, data, steps
-from .config import FineTuneError
+from .. import batching
+from ..config import FineTuneError
+from ..kernel import data, steps
+from .base import MaxLength, Task
 from .registry import register_task
-from .tasks import Task, _MaxLength
 from .token_classification import pad_values
 
 ENDING = re.compile(r"^ending(\d+)$")
@@ -180,7 +181,7 @@ class MultipleChoice(Task):
     # -- kernel side -----------------------------------------------------------------------
 
     def prepare(self, dataset: Any, config: Any, context: Any) -> Any:
-        from .prepare import build_plan
+        from ..kernel.prepare import build_plan
 
         splits, eval_name = self.splits(dataset, config)
         tokenizer = context.tokenizer
@@ -241,7 +242,7 @@ class MultipleChoice(Task):
                                 "; predict takes one number at a time.")
         contexts, endings, _ = read_rows(rows, "predict", None)
         tokenizer = context.tokenizer
-        cap = steps.length_cap(_MaxLength(max_length), context.model_config, tokenizer)
+        cap = steps.length_cap(MaxLength(max_length), context.model_config, tokenizer)
         grouped, cut = encode_choices(tokenizer, contexts, endings, cap)
         longest = [max(map(len, row)) for row in grouped["input_ids"]]
         buckets = [int(max_length)] if max_length else batching.choose_buckets(longest, cap)

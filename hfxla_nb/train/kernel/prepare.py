@@ -12,12 +12,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import batching, data, lora, sources, steps
-from .config import FineTuneConfig, FineTuneError
-from .memory_plan import MemoryPlan, meta_classifier
-from .plan import TrainPlan
+from .. import batching, lora
+from ..config import FineTuneConfig, FineTuneError
+from ..memory_plan import MemoryPlan, meta_classifier
+from ..plan import TrainPlan
+from ..tasks.registry import TASKS
+from . import data, sources, steps
 from .prepare_lm import memory_plan_of, prepare_causal_lm
-from .registry import TASKS
 
 
 @dataclass

@@ -20,13 +20,13 @@ from typing import Any
 
 #: Built-in task name -> module of `hfxla_nb.train` that registers it (imported on first use).
 TASK_MODULES: dict[str, str] = {
-    "classification": ".tasks",
-    "causal-lm": ".tasks",
+    "classification": ".classification",
+    "causal-lm": ".causal_lm",
     "token-classification": ".token_classification",
     "question-answering": ".question_answering",
     "masked-lm": ".masked_lm",
     "multiple-choice": ".multiple_choice",
-    "seq2seq": ".seq2seq_task",
+    "seq2seq": ".seq2seq",
 }
 
 
