@@ -7,8 +7,8 @@ STAMP := $(VENV)/.hfxla_nb-installed
 export PJRT_DEVICE ?= CPU
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test lint demo bench lab clean test-browser test-stacks test-notebooks test-pods \
-	strip-notebooks test-binder
+.PHONY: setup test test-fast lint demo bench lab clean test-browser test-stacks test-notebooks \
+	test-pods strip-notebooks test-binder
 
 $(STAMP): pyproject.toml requirements-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ test: setup lint
 	$(PY) -m pytest -q
 	$(MAKE) --no-print-directory test-pods
 	$(MAKE) --no-print-directory test-notebooks
+
+# ruff, then the tests that start no kernel and no process and run no XLA (tests/conftest.py
+# marks the others `kernel`, `launch` or `slow`, by what they do): FAST_FIGURE on 2 cores.
+test-fast: setup
+	$(PY) -m ruff check hfxla_nb tests bench
+	$(PY) -m pytest -q -p no:cacheprovider -m "not kernel and not launch and not slow"
 
 # notebook_launcher(cluster=...) on a real 2-node Ray cluster, in a network namespace of its own
 # (loopback only: Ray binds 127.0.0.1 and no test traffic leaves the machine). Needs root or

@@ -1,5 +1,5 @@
 """The messages of one executed cell, read from a real Jupyter kernel: how the bench's kernel
-(`bench/in_kernel.py`) and the tests' (`tests/kernel.py`) both drive one, written once. Here
+(`bench/in_kernel.py`) and the tests' (`tests/helpers.py`) both drive one, written once. Here
 in bench/ because tests may import the bench (tests/test_bench_contracts.py does) and the bench
 never imports the tests."""
 

@@ -189,17 +189,18 @@ def install(clock: PhaseClock, total: int) -> None:
 
 def fine_tune_worker(index: int, plan: Any) -> dict[str, Any]:
     from hfxla_nb.train import batching
-    from hfxla_nb.train.worker import clipping, loop
+    from hfxla_nb.train.tasks.registry import TASKS
+    from hfxla_nb.train.worker import clipping, context, fetcher, loop
 
     clock = PhaseClock(SKIP)
     install(clock, plan.total_steps)
     batching.train_batch = clock.timed("data", batching.train_batch)
-    loop._Run.upload = clock.timed("data", loop._Run.upload)
+    context.WorkerContext.upload = clock.timed("data", context.WorkerContext.upload)
     loop.report = clock.timed("report", loop.report)
     clipping.GradientClipper.__call__ = clock.timed("clip", clipping.GradientClipper.__call__)
-    fetcher_init = loop._Fetcher.__init__
+    fetcher_init = fetcher.Fetcher.__init__
 
-    def counted_fetcher(fetcher, log):
+    def counted_fetcher(instance, log):
         def counted_log(*args):
             start, counting = time.thread_time(), clock.counting()
             try:
@@ -207,10 +208,10 @@ def fine_tune_worker(index: int, plan: Any) -> dict[str, Any]:
             finally:
                 if counting:
                     clock.off_thread += time.thread_time() - start
-        fetcher_init(fetcher, counted_log)
+        fetcher_init(instance, counted_log)
 
-    loop._Fetcher.__init__ = counted_fetcher
-    task = loop.TASKS[plan.task]
+    fetcher.Fetcher.__init__ = counted_fetcher
+    task = TASKS[plan.task]
     task.train_loss = clock.timed("loss", task.train_loss)  # the forward inside is its own
     loop.train_worker(index, plan)
     return clock.figures()

@@ -56,7 +56,7 @@ def recorded():
     made: list[TraceRecorder] = []
     original = launcher.launch_display
 
-    def display(world, mode="auto"):
+    def display(world, mode="auto", **drawn):  # attempt=, reader=: not needed here
         made.append(TraceRecorder(world))
         return made[-1]
 
@@ -99,7 +99,7 @@ def causal_lm(steps: int) -> list[common.Figure]:
     from transformers import AutoConfig
 
     from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset, demo_lm_model_dir
-    from hfxla_nb.train.kernel.prepare_lm import BYTES_PER_PARAMETER, parameter_count
+    from hfxla_nb.train.tasks.causal_lm_data import BYTES_PER_PARAMETER, parameter_count
 
     model = demo_lm_model_dir()
     length, batch = 64, 16

@@ -17,9 +17,7 @@ kernel is idle (`launch/warm_up.py`), so the first launch is as quick as the nex
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from ._lazy import lazy_exports
 from ._version import __version__
 
 # public name -> module that defines it (imported on first use)
@@ -34,7 +32,7 @@ _EXPORTS = {
     "last_launch": "launch.launcher",
     "LaunchRecord": "launch.record",
     "RankRecord": "launch.record",
-    "LaunchError": "launch.record",
+    "LaunchError": "launch.errors",
     "LaunchRefusedError": "launch.preflight",
     "report": "observe.reporting",
     "fine_tune": "train.finetune",
@@ -47,7 +45,7 @@ _EXPORTS = {
     "plan_memory": "train.memory_plan",
     "MemoryPlan": "train.memory_plan",
     "MemoryPlanError": "train.memory_plan",
-    "XlaProgressCallback": "train.trainer",
+    "XlaProgressCallback": "train.trainer_callback",
     "xla_training_arguments": "train.trainer",
     "xla_trainer": "train.trainer",
     "TrainingArgumentsInKernelError": "train.trainer",
@@ -62,18 +60,6 @@ __all__ = sorted([*_EXPORTS, *_MODULES]) + ["__version__", "load_ipython_extensi
 _display_registered = False
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MODULES:
-        value = importlib.import_module(f"{__name__}.{_MODULES[name]}")
-    elif name in _EXPORTS:
-        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    else:
-        raise AttributeError(f"module 'hfxla_nb' has no attribute {name!r}")
-    globals()[name] = value
-    _register_display()
-    return value
-
-
 def _register_display() -> None:
     """Once per process, in a running IPython shell: draw `RuntimeInfo` and `FineTuneResult`
     as panels (`ui.formatters`). The data classes themselves never import `ui`."""
@@ -84,8 +70,7 @@ def _register_display() -> None:
         _display_registered = formatters.register()
 
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _MODULES, on_first_use=_register_display)
 
 
 def load_ipython_extension(ipython) -> None:

@@ -1,7 +1,7 @@
 """The states of a launch, of its ranks and of its progress bars, and the plain records that
 carry them.
 
-Defined once, below every layer that speaks them: the launcher sets them (`launch.record`,
+Defined once, below every layer that speaks them: the launch sets them (`observe.launch_reader`,
 `launch.supervision`) and the panels draw them (`ui.state`, `ui.text`, `ui.html`), so a panel
 imports the very type the launcher fills in, instead of reading it by attribute names. Each
 state is a `str` whose value is the word the panels, `repr()` and `LaunchRecord.to_dataframe()`
@@ -100,6 +100,7 @@ class BaseRankRecord:
             last (step, total).
         reason: the same as `error` in a few words ("raised ValueError", "killed by
             SIGKILL"), for the panel (the `LaunchError` carries the whole of it).
+        signal: the number of the signal that killed its process; None when none did.
 
     Raises:
         ValueError: `exit_state` is not a `RankState` word.
@@ -115,6 +116,7 @@ class BaseRankRecord:
     last_step: int | None = None
     bars: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     reason: str | None = None
+    signal: int | None = None
     last_seen: float = field(default=0.0, repr=False)  # monotonic time of its last event
     started_at: float = field(default=0.0, repr=False)  # monotonic time of its Started
 
@@ -139,6 +141,8 @@ class BaseLaunchRecord:
         attempt: which attempt this launch was (1, then 2... after `max_restarts=`
             relaunched the function following a failure).
         max_attempts: how many attempts the call allowed (`max_restarts + 1`).
+        stopped_processes: what the launch left running outside its process group and had
+            to stop, each as "sleep 600 (pid 1234)".
 
     Raises:
         ValueError: `outcome` is not an `Outcome` word.
@@ -152,6 +156,7 @@ class BaseLaunchRecord:
     process_group: int | None = None
     attempt: int = 1
     max_attempts: int = 1
+    stopped_processes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.outcome)

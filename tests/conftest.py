@@ -1,19 +1,55 @@
-"""Test collection: the browser suite (tests/browser) and the Binder build (tests/binder) run
-only when asked for by path (`make test-browser`, `make test-binder`, `pytest tests/browser`),
-never in a plain `pytest` / `make test`."""
+"""Test collection and marks.
+
+The browser suite (tests/browser) and the Binder build (tests/binder) run only when asked for by
+path (`make test-browser`, `make test-binder`, `pytest tests/browser`), never in a plain
+`pytest` / `make test`.
+
+Each test is marked by what it does, read from its source and that of the fixtures and module
+functions it uses (`marks_of`): `kernel` (starts a Jupyter kernel), `launch` (forks workers,
+runs a subprocess or XLA), `slow` (long without either: `SLOW`). `make test-fast` runs the
+tests with none of them; a test without them that still forks or starts a process fails, named
+(`pytest_runtest_call`), so the fast set stays what it says.
+"""
 
 from __future__ import annotations
 
+import ast
 import os
+import sys
+from functools import cache as cached
 from pathlib import Path
 
 import pytest
 
+TESTS = Path(__file__).parent
 # tests/pods start a Ray cluster: only inside their network namespace (`make test-pods`).
 # tests/xla_in_process use XLA in the test process itself, which would make every later launch
 # from it refuse (its runtime started): tests/test_xla_in_process.py runs them in their own.
-OPT_IN = (Path(__file__).parent / "browser", Path(__file__).parent / "binder",
-          Path(__file__).parent / "pods", Path(__file__).parent / "xla_in_process")
+OPT_IN = (TESTS / "browser", TESTS / "binder", TESTS / "pods", TESTS / "xla_in_process")
+
+# Names whose use starts a Jupyter kernel, and those whose use forks or starts a process.
+KERNEL_NAMES = frozenset({"Kernel", "started_kernel", "kernel_fixture", "run_notebook",
+                          "NotebookClient", "KernelManager"})
+LAUNCH_CALLS = frozenset({"notebook_launcher", "fine_tune", "predict", "generate", "run_demo",
+                          "run_demo_lm", "run_demo_seq2seq", "run_demo_task", "main"})
+PROCESS_NAMES = frozenset({"subprocess", "Popen", "run_python", "fork", "multiprocessing",
+                           "ProcessPoolExecutor", "spawn", "system"})
+# A function that refuses launches first (bad input): its launch calls fork nothing.
+REFUSES = frozenset({"refuse_launches", "no_launch"})
+# Tests that start no process but take seconds each here (2 shared cores): not in the fast set.
+SLOW: frozenset[str] = frozenset()
+# What the audit hook counts as starting a process (a fork, an exec, a spawn).
+PROCESS_EVENTS = frozenset({"os.fork", "os.forkpty", "subprocess.Popen", "os.posix_spawn",
+                            "os.spawn", "os.exec", "os.system", "pty.spawn"})
+_started_processes: list[str] = []
+
+
+def _count_processes(event: str, args: tuple) -> None:
+    if event in PROCESS_EVENTS:
+        _started_processes.append(f"{event} {str(args)[:120]}")
+
+
+sys.addaudithook(_count_processes)
 
 
 def _asks_for(folder: Path, arg: str) -> bool:
@@ -28,9 +64,110 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+# -- marks -----------------------------------------------------------------------------------
+
+
+@cached
+def _definitions(path: Path) -> dict[str, ast.AST]:
+    """A test module's top-level functions and assignments by name, with those it imports from
+    other modules of tests/ (their definitions there)."""
+    found: dict[str, ast.AST] = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            found[node.name] = node
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    found[target.id] = node
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests."):
+            source = TESTS.joinpath(*node.module.split(".")[1:]).with_suffix(".py")
+            if source.is_file() and source != path:
+                theirs = _definitions(source)
+                found.update({a.asname or a.name: theirs[a.name] for a in node.names
+                              if a.name in theirs})
+    return found
+
+
+def _names_in(node: ast.AST) -> set[str]:
+    names = set()
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Name):
+            names.add(inner.id)
+        elif isinstance(inner, ast.Attribute):
+            names.add(inner.attr)
+        elif isinstance(inner, ast.arg):
+            names.add(inner.arg)  # fixtures a function asks for
+        elif isinstance(inner, ast.alias):
+            names.add((inner.asname or inner.name).split(".")[0])
+    return names
+
+
+def _marks_of_code(root: ast.AST, definitions: dict[str, ast.AST]) -> set[str]:
+    """The marks a function earns by what it and the functions and fixtures it names use."""
+    marks: set[str] = set()
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        names = _names_in(node)
+        if names & KERNEL_NAMES:
+            marks.add("kernel")
+        if names & PROCESS_NAMES or (names & LAUNCH_CALLS and not names & REFUSES):
+            marks.add("launch")
+        todo.extend(definitions[name] for name in names if name in definitions)
+    return marks
+
+
+def marks_of(item: pytest.Item) -> set[str]:
+    """`kernel`, `launch` and `slow`: what this test does, read from the code it runs."""
+    path = Path(str(item.path))
+    if path.suffix != ".py" or TESTS not in path.parents:
+        return set()
+    if any(_asks_for(folder, str(path)) for folder in OPT_IN):
+        return {"slow", "launch"}
+    marks = {"slow"} if item.nodeid.split("[")[0] in SLOW else set()
+    definitions = _definitions(path)
+    cls = getattr(item, "cls", None)
+    function = definitions.get(cls.__name__ if cls else getattr(item, "originalname", item.name))
+    fixtures = ast.parse("\n".join(f"{name}()" for name in item.fixturenames))
+    if function is not None:
+        marks |= _marks_of_code(function, definitions)
+    return marks | _marks_of_code(fixtures, definitions)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for mark in sorted(marks_of(item)):
+            item.add_marker(mark)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    _started_processes.clear()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    marked = {mark.name for mark in item.iter_markers()} & {"kernel", "launch", "slow"}
+    if _started_processes and not marked:
+        pytest.fail(f"this test started a process but has no `launch` or `kernel` mark, so "
+                    f"`make test-fast` would run it: {_started_processes[:3]}. Name what it "
+                    f"calls in tests/conftest.py (PROCESS_NAMES, LAUNCH_CALLS) or mark it.",
+                    pytrace=False)
+    return result
+
+
+# -- fixtures --------------------------------------------------------------------------------
+
+
 @pytest.fixture(scope="session")
 def cache(tmp_path_factory):
-    """One folder for the demo models the task and predict tests build (`..._model_dir(cache=)`),
+    """One folder for the demo models and tokenizers the tests build (`..._model_dir(cache=)`),
     so each is built once per session."""
     return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
 
@@ -53,12 +190,12 @@ def _runtime_not_started_by_a_test(request):
     at the test that did it, not at the hundred launches after it."""
     from hfxla_nb import _xla
 
-    if _asks_for(Path(__file__).parent / "xla_in_process", str(request.node.path)):
+    if _asks_for(TESTS / "xla_in_process", str(request.node.path)):
         yield  # their own process: XLA in it is what they test
         return
     started = _xla.runtime_is_initialized()
     yield
     if not started and _xla.runtime_is_initialized():
         pytest.fail("this test started the XLA runtime in the test process; use XLA inside a "
-                    "launched function, a subprocess (tests.kernel_helpers.run_python) or "
+                    "launched function, a subprocess (tests.helpers.run_python) or "
                     "tests/xla_in_process/")

@@ -15,4 +15,5 @@ def refuse_launches(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("notebook_launcher was called")
 
     monkeypatch.setattr(hfxla_nb.launch, "notebook_launcher", refuse)
-    monkeypatch.setattr(hfxla_nb.train.finetune, "notebook_launcher", refuse)
+    monkeypatch.setattr(hfxla_nb.launch, "launch", refuse)  # what fine_tune calls
+    monkeypatch.setattr(hfxla_nb.train.finetune, "launch", refuse)

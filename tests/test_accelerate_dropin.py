@@ -14,8 +14,7 @@ import pytest
 
 from hfxla_nb.launch.preflight import LaunchRefusedError
 from hfxla_nb.launch.rank_env import tpu_rank_variables
-from tests.kernel import Kernel, started_kernel
-from tests.kernel_helpers import run_python
+from tests.helpers import kernel_fixture, run_ok, run_python
 
 # A notebook written for accelerate: accelerate (so torch and torch_xla) imported in the kernel.
 SETUP = textwrap.dedent(
@@ -29,13 +28,7 @@ SETUP = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    yield from started_kernel(SETUP)
-
-
-def run_ok(kernel: Kernel, code: str, timeout: float = 180):
-    return kernel.run_ok(code, timeout)
+kernel = kernel_fixture(SETUP)
 
 
 # -- the signature --------------------------------------------------------------------------
@@ -319,7 +312,8 @@ def test_launch_error_is_a_child_failed_error_with_each_failed_rank():
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from hfxla_nb.launch.record import LaunchError, LaunchRecord, RankRecord
+    from hfxla_nb.launch.errors import LaunchError
+    from hfxla_nb.launch.record import LaunchRecord, RankRecord
 
     record = LaunchRecord("debug", 3, [
         RankRecord(0, exit_state="stopped"),

@@ -42,8 +42,8 @@ def test_a_fetch_elsewhere_keeps_the_fetch_less_often_fix():
 
 
 def recompiling(steps: int, dataloader: bool | None = None, **shapes) -> XlaSummary:
-    return XlaSummary(steps=steps, compiles=steps, compile_time=72.3, executions=steps,
-                      execute_time=0.5, input_shapes=shapes, dataloader=dataloader)
+    return XlaSummary(steps=steps, compiles=steps, compile_seconds=72.3, executions=steps,
+                      execute_seconds=0.5, input_shapes=shapes, dataloader=dataloader)
 
 
 def test_a_recompile_without_inputs_shows_how_to_name_the_input():
@@ -86,10 +86,10 @@ def test_one_duration_format_in_the_table_and_the_alert():
 
 def test_compiles_after_the_last_step_are_not_rated_per_step():
     # The causal-LM fine-tune's figures: 2 graphs for 45 steps, then 64 while saving.
-    summary = XlaSummary(steps=45, compiles=66, compile_time=40.0, executions=100,
-                         execute_time=3.0)
+    summary = XlaSummary(steps=45, compiles=66, compile_seconds=40.0, executions=100,
+                         execute_seconds=3.0)
     assert alert(summary, "frequent-compiles").title == "Recompiling: 66 compiles in 45 steps"
-    summary.compiles_after_steps, summary.compile_time_after_steps = 64, 8.6
+    summary.compiles_after_steps, summary.compile_seconds_after_steps = 64, 8.6
     assert [a.code for a in analyze(summary)] == []
     lines = text.summary_lines(summary)
     assert lines[0].startswith("XLA in 45 steps: 66 compiles (40.0 s)")

@@ -19,38 +19,30 @@ from hfxla_nb import _xla
 from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset, demo_lm_model_dir, run_demo_lm
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from hfxla_nb.train.worker import checkpoint
+from tests.helpers import losses
 
 ROWS = 400  # 360 training pairs: 22 steps of 16
 STEPS = 16
 
 
 @pytest.fixture(scope="module")
-def lm_cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
+def lm_dir(cache):
+    return demo_lm_model_dir(cache=cache)
 
 
-@pytest.fixture(scope="module")
-def lm_dir(lm_cache):
-    return demo_lm_model_dir(cache=lm_cache)
-
-
-def run(lm_cache, out, devices, sharding, **options):
+def run(cache, out, devices, sharding, **options):
     return run_demo_lm(rows=ROWS, devices=devices, sharding=sharding, output_dir=out,
-                       progress=False, cache=lm_cache, max_steps=STEPS, log_every=4, **options)
+                       progress=False, cache=cache, max_steps=STEPS, log_every=4, **options)
 
 
 @pytest.fixture(scope="module")
-def one_device(lm_cache, tmp_path_factory):
-    return run(lm_cache, tmp_path_factory.mktemp("one") / "llama", 1, "data", save_steps=8)
+def one_device(cache, tmp_path_factory):
+    return run(cache, tmp_path_factory.mktemp("one") / "llama", 1, "data", save_steps=8)
 
 
 @pytest.fixture(scope="module")
-def fsdp_4(lm_cache, tmp_path_factory):
-    return run(lm_cache, tmp_path_factory.mktemp("fsdp4") / "llama", 4, "fsdp")
-
-
-def losses(result) -> np.ndarray:
-    return np.array([loss for _, loss in result.loss_history])
+def fsdp_4(cache, tmp_path_factory):
+    return run(cache, tmp_path_factory.mktemp("fsdp4") / "llama", 4, "fsdp")
 
 
 def test_it_learns_and_reports_perplexity(one_device):
@@ -80,9 +72,9 @@ def test_fsdp_shards_the_parameters_and_matches_one_device(one_device, fsdp_4):
                                                          rel=1e-4)
 
 
-def test_data_and_fsdp_on_8_devices_match_one_device(lm_cache, one_device):
+def test_data_and_fsdp_on_8_devices_match_one_device(cache, one_device):
     for sharding in ("data", "fsdp"):
-        result = run(lm_cache, None, 8, sharding)
+        result = run(cache, None, 8, sharding)
         assert result.devices == 8
         np.testing.assert_allclose(losses(result), losses(one_device), rtol=1e-4, atol=1e-5)
 
@@ -132,10 +124,10 @@ def test_the_fsdp_checkpoint_is_gathered_into_the_same_model(fsdp_4):
     assert tuple(embed.shape) == (model.config.vocab_size, 64)  # whole, not a quarter
 
 
-def test_resume_continues_to_the_same_result(lm_cache, one_device, tmp_path):
+def test_resume_continues_to_the_same_result(cache, one_device, tmp_path):
     checkpoints = checkpoint.list_checkpoints(one_device.output_dir)
     assert [step for step, _ in checkpoints] == [8, 16]
-    resumed = run(lm_cache, tmp_path / "resumed", 1, "data",
+    resumed = run(cache, tmp_path / "resumed", 1, "data",
                   resume_from_checkpoint=checkpoints[0][1])
     np.testing.assert_allclose(losses(resumed), losses(one_device), rtol=1e-5, atol=1e-6)
     assert resumed.metrics["eval_loss"] == pytest.approx(one_device.metrics["eval_loss"],
@@ -239,9 +231,9 @@ def test_pairs_learn_only_the_response(lm_dir):
     assert ids[0] == tokenizer.bos_token_id
 
 
-def test_gradient_checkpointing_with_torch_xlas_checkpoint_keeps_the_losses(lm_cache, fsdp_4):
+def test_gradient_checkpointing_with_torch_xlas_checkpoint_keeps_the_losses(cache, fsdp_4):
     for sharding, devices in (("fsdp", 4), ("data", 1)):
-        result = run(lm_cache, None, devices, sharding, gradient_checkpointing=True)
+        result = run(cache, None, devices, sharding, gradient_checkpointing=True)
         assert result.gradient_checkpointing is True
         assert any("torch_xla's checkpoint on each layer (LlamaDecoderLayer)" in note
                    for note in result.notes)
@@ -282,7 +274,7 @@ def test_in_the_kernel_loading_shows_no_bar_and_warnings_name_the_users_line(lm_
     from `fine_tune`'s checks points at the user's line, not at hfxla_nb's internals."""
     import textwrap
 
-    from tests.kernel import Kernel
+    from tests.helpers import Kernel
 
     def shown(output) -> str:
         return output.text + repr(output.displays) + repr(output.updates)

@@ -10,10 +10,8 @@ from __future__ import annotations
 import os
 import textwrap
 
-import pytest
-
 from hfxla_nb.launch.native_output import NativeRelay
-from tests.kernel import Kernel, started_kernel
+from tests.helpers import kernel_fixture, run_ok
 
 GSPMD = "Please consider migrating to Shardy"
 
@@ -39,13 +37,7 @@ hx.configure(cores=4)
 """
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    yield from started_kernel(SPMD_LOOP)
-
-
-def run_ok(kernel: Kernel, code: str, timeout: float = 180):
-    return kernel.run_ok(code, timeout)
+kernel = kernel_fixture(SPMD_LOOP)
 
 
 def test_a_repeated_xla_warning_is_shown_once_whole_with_its_count(kernel):

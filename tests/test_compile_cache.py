@@ -17,7 +17,7 @@ from hfxla_nb.launch.preflight import LaunchRefusedError
 from hfxla_nb.runtime import compile_cache as cache
 from hfxla_nb.runtime.configure import configure
 from hfxla_nb.ui.runtime_panel import runtime_text
-from tests.kernel_helpers import _env
+from tests.helpers import subprocess_env
 from tests.test_runtime import make_tpu_host, tpu
 
 VERSIONS = {"torch_xla": "2.9.0", "libtpu": "0.0.21.1"}
@@ -170,7 +170,7 @@ def test_two_launches_write_then_find_their_entries(tmp_path):
     root = tmp_path / "cache"
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(TWO_LAUNCHES)],
                           capture_output=True, text=True, timeout=300,
-                          env=_env(CACHE=str(root)), cwd=str(tmp_path))
+                          env=subprocess_env(CACHE=str(root)), cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     (key,) = os.listdir(root)

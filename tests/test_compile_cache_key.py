@@ -16,7 +16,7 @@ import textwrap
 
 import hfxla_nb as hx
 from hfxla_nb.runtime import compile_cache as cache
-from tests.kernel_helpers import _env
+from tests.helpers import subprocess_env
 from tests.test_runtime import tpu
 
 
@@ -68,7 +68,8 @@ print(json.dumps(hx.notebook_launcher(forward, args=(cases,), progress=False)))
 def test_an_entry_per_config_and_shape_and_the_same_one_for_the_same_graph(tmp_path):
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(ENTRIES)],
                           capture_output=True, text=True, timeout=400,
-                          env=_env(CACHE=str(tmp_path / "cache"), TF_CPP_MIN_LOG_LEVEL="2"),
+                          env=subprocess_env(CACHE=str(tmp_path / "cache"),
+                                             TF_CPP_MIN_LOG_LEVEL="2"),
                           cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     base, again, other_config, other_shape = map(

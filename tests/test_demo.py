@@ -10,12 +10,6 @@ import pytest
 from hfxla_nb import _xla, demo
 
 
-@pytest.fixture(scope="session")
-def demo_cache(tmp_path_factory):
-    """One cache folder for the session, shared by every test module that builds demo files."""
-    return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
-
-
 def test_dataset_is_deterministic_labeled_and_split():
     first = demo.demo_dataset(n=500, seed=0)
     again = demo.demo_dataset(n=500, seed=0)
@@ -39,9 +33,9 @@ def test_three_classes():
         demo.demo_dataset(num_classes=4)
 
 
-def test_tokenizer_covers_the_demo_words_and_is_cached(demo_cache):
-    tokenizer = demo.demo_tokenizer(demo_cache)
-    folder = demo_cache / f"demo-tokenizer-v{demo.RECIPE_VERSION}-1000"
+def test_tokenizer_covers_the_demo_words_and_is_cached(cache):
+    tokenizer = demo.demo_tokenizer(cache)
+    folder = cache / f"demo-tokenizer-v{demo.RECIPE_VERSION}-1000"
     stamp = os.stat(folder / "tokenizer.json").st_mtime_ns
     texts = list(demo.demo_dataset(n=300, seed=7)["train"]["text"])
     encoded = tokenizer(texts)
@@ -51,7 +45,7 @@ def test_tokenizer_covers_the_demo_words_and_is_cached(demo_cache):
     assert tokenizer.pad_token == "[PAD]" and tokenizer.model_max_length == 128
     pair = tokenizer("the movie", "was great")
     assert pair["token_type_ids"][-1] == 1
-    demo.demo_tokenizer(demo_cache)  # reused, not retrained
+    demo.demo_tokenizer(cache)  # reused, not retrained
     assert os.stat(folder / "tokenizer.json").st_mtime_ns == stamp
 
 
@@ -64,18 +58,18 @@ def test_two_fresh_caches_get_the_same_tokenizer(tmp_path):
     assert len(first("the movie was great")["input_ids"]) == 6
 
 
-def test_the_causal_lm_demo_has_its_labels_as_whole_words(demo_cache):
+def test_the_causal_lm_demo_has_its_labels_as_whole_words(cache):
     """The tiny Llama's tokenizer (what `demo_lm_model_dir` saves) holds every label and
     template word as one token, so its response is one word it can learn (and `generate`
     shows); the classifier's tokenizer, in its own folder, stays as it was."""
     from hfxla_nb.demo.lm import TEMPLATE, VOCABULARY_WORDS
 
-    tokenizer = demo.demo_tokenizer(demo_cache, extra_words=VOCABULARY_WORDS)
+    tokenizer = demo.demo_tokenizer(cache, extra_words=VOCABULARY_WORDS)
     text = TEMPLATE.format(prompt="the coffee was great.", response="positive")
     assert tokenizer.tokenize(text) == ["review", ":", "the", "coffee", "was", "great", ".",
                                         "verdict", ":", "positive"]
     assert all(len(tokenizer.tokenize(word)) == 1 for word in VOCABULARY_WORDS)
-    plain = demo.demo_tokenizer(demo_cache)
+    plain = demo.demo_tokenizer(cache)
     assert "verdict" not in plain.get_vocab() and len(plain) < len(tokenizer)
     assert plain.tokenize("neutral") != ["neutral"]  # spelled: not a word of the reviews
 
@@ -87,11 +81,11 @@ def test_config_is_tiny():
     assert config.num_labels == 3 and config.id2label[1] == "neutral"
 
 
-def test_model_dir_loads_through_from_pretrained(demo_cache, tmp_path):
+def test_model_dir_loads_through_from_pretrained(cache, tmp_path):
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    folder = demo.demo_model_dir(cache=demo_cache)
+    folder = demo.demo_model_dir(cache=cache)
     assert {"config.json", "model.safetensors"} <= set(os.listdir(folder))
     model = AutoModelForSequenceClassification.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -99,10 +93,10 @@ def test_model_dir_loads_through_from_pretrained(demo_cache, tmp_path):
     assert model.config.id2label == {0: "negative", 1: "positive"}
     # A second folder with the same seed holds the same weights; another seed does not.
     same = AutoModelForSequenceClassification.from_pretrained(
-        demo.demo_model_dir(tmp_path / "same", cache=demo_cache)
+        demo.demo_model_dir(tmp_path / "same", cache=cache)
     )
     other = AutoModelForSequenceClassification.from_pretrained(
-        demo.demo_model_dir(tmp_path / "other", seed=1, cache=demo_cache)
+        demo.demo_model_dir(tmp_path / "other", seed=1, cache=cache)
     )
     weight = "classifier.weight"
     assert torch.equal(model.state_dict()[weight], same.state_dict()[weight])
@@ -128,9 +122,9 @@ def test_make_demo_shows_what_the_run_uses_and_no_setup_noise(tmp_path):
     import subprocess
     import sys
 
-    from tests.kernel_helpers import ROOT, _env
+    from tests.helpers import ROOT, subprocess_env
 
-    env = _env(HFXLA_NB_CACHE=str(tmp_path / "cache"))
+    env = subprocess_env(HFXLA_NB_CACHE=str(tmp_path / "cache"))
     done = subprocess.run(
         [sys.executable, "-m", "hfxla_nb.demo", "--rows", "200", "--epochs", "1",
          "--devices", "2", "--output-dir", str(tmp_path / "out")],
@@ -156,7 +150,7 @@ def test_make_demo_runs_each_tasks_default(task, command):
     import subprocess
     import sys
 
-    from tests.kernel_helpers import ROOT
+    from tests.helpers import ROOT
 
     planned = subprocess.run(["make", "-n", "--no-print-directory", "demo", f"TASK={task}",
                               "STAMP=/dev/null"], capture_output=True, text=True, cwd=str(ROOT),

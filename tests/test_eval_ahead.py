@@ -15,7 +15,7 @@ BATCH = 8
 
 
 @pytest.fixture(scope="module")
-def two_buckets(tmp_path_factory):
+def two_buckets(cache, tmp_path_factory):
     """Short demo reviews and reviews four times as long: two length buckets."""
     import datasets
 
@@ -29,7 +29,6 @@ def two_buckets(tmp_path_factory):
 
     train = datasets.Dataset.from_dict(rows(0, 64), features=base.features)
     validation = datasets.Dataset.from_dict(rows(300, 12), features=base.features)
-    cache = tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
     out = tmp_path_factory.mktemp("ahead") / "tiny-bert"
     result = hx.fine_tune(demo.demo_model_dir(cache=cache), train, eval_dataset=validation,
                           batch_size=BATCH, epochs=1, learning_rate=1e-3, output_dir=out,

@@ -9,18 +9,10 @@ from __future__ import annotations
 
 import textwrap
 
-import pytest
+from tests.helpers import Kernel, kernel_fixture
 
-from tests.kernel import Kernel
-
-
-@pytest.fixture
-def kernel():
-    kernel = Kernel()
-    yield kernel
-    log = kernel.log()
-    kernel.close()
-    assert "send message from fork" not in log, log[-2000:]
+# A kernel per test; a forked worker never sends on its sockets (ipykernel would log it).
+kernel = kernel_fixture(scope="function", fork_quiet=True)
 
 
 def cells(kernel: Kernel, *sources: str, timeout: float = 240):

@@ -20,7 +20,7 @@ from hfxla_nb.train import FineTuneError, FineTuneResult, batching, patches, pre
 from hfxla_nb.train.kernel import data
 from hfxla_nb.train.worker import checkpoint
 from hfxla_nb.train.worker.evaluate import compute_metrics
-from tests.launch_guard import refuse_launches
+from tests.helpers import refuse_launches
 
 ROWS = 1200  # 960 train, 120 validation (the last evaluation batch of 32 is partly filler)
 BATCH = 32
@@ -28,13 +28,8 @@ LOG_EVERY = 5
 
 
 @pytest.fixture(scope="session")
-def demo_cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
-
-
-@pytest.fixture(scope="session")
-def model_dir(demo_cache):
-    return demo.demo_model_dir(cache=demo_cache)
+def model_dir(cache):
+    return demo.demo_model_dir(cache=cache)
 
 
 @pytest.fixture(scope="session")
@@ -43,22 +38,22 @@ def small_data():
 
 
 @pytest.fixture(scope="session")
-def trained(demo_cache, tmp_path_factory):
+def trained(cache, tmp_path_factory):
     """2 epochs (60 steps) on 1 device through the demo entry point, checkpoint every 30."""
     out = tmp_path_factory.mktemp("trained") / "tiny-bert"
     result = demo.run_demo(
         rows=ROWS, epochs=2, batch_size=BATCH, learning_rate=4e-3, devices=1,
-        output_dir=out, progress=False, cache=demo_cache, save_steps=30, log_every=LOG_EVERY,
+        output_dir=out, progress=False, cache=cache, save_steps=30, log_every=LOG_EVERY,
     )
     return result
 
 
 @pytest.fixture(scope="session")
-def trained_on_4(demo_cache):
+def trained_on_4(cache):
     """The same run as `trained`, with the batch sharded over 4 virtual devices (SPMD)."""
     return demo.run_demo(
         rows=ROWS, epochs=2, batch_size=BATCH, learning_rate=4e-3, devices=4,
-        output_dir=None, progress=False, cache=demo_cache, log_every=LOG_EVERY,
+        output_dir=None, progress=False, cache=cache, log_every=LOG_EVERY,
     )
 
 
@@ -157,13 +152,13 @@ def test_a_run_that_learns_says_what_each_figure_counts_and_is_data(trained):
     assert frame.loc[0, "xla_compiles"] == trained.xla["compiles"] and frame.loc[0, "learned"]
 
 
-def test_a_run_that_learned_nothing_says_so_and_ends_without_lr_0(demo_cache, capsys):
+def test_a_run_that_learned_nothing_says_so_and_ends_without_lr_0(cache, capsys):
     import re
 
     from hfxla_nb.ui.finetune_panel import result_html, result_text
 
     result = demo.run_demo(rows=400, epochs=1, batch_size=32, learning_rate=1e-7, devices=1,
-                           output_dir=None, progress="console", cache=demo_cache, log_every=2)
+                           output_dir=None, progress="console", cache=cache, log_every=2)
     printed = capsys.readouterr().out
     (warning,) = result.warnings
     assert warning.startswith("The model learned little: ") and "training loss fell only" in (
@@ -203,14 +198,14 @@ def test_four_devices_match_one(trained, trained_on_4):
     assert trained_on_4.metrics["eval_accuracy"] == trained.metrics["eval_accuracy"]
 
 
-def test_resume_continues_to_the_same_result(trained, demo_cache, tmp_path):
+def test_resume_continues_to_the_same_result(trained, cache, tmp_path):
     from safetensors.numpy import load_file
 
     checkpoints = checkpoint.list_checkpoints(trained.output_dir)
     assert [step for step, _ in checkpoints] == [30, 60]
     resumed = demo.run_demo(
         rows=ROWS, epochs=2, batch_size=BATCH, learning_rate=4e-3, devices=1,
-        output_dir=tmp_path / "resumed", progress=False, cache=demo_cache,
+        output_dir=tmp_path / "resumed", progress=False, cache=cache,
         log_every=LOG_EVERY, resume_from_checkpoint=checkpoints[0][1],
     )
     assert resumed.resumed_from == str(checkpoints[0][1])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hfxla_nb.launch import group_processes
-from tests.kernel import Kernel
+from tests.helpers import Kernel, kernel_fixture, run_ok
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,19 +30,8 @@ SETUP = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    kernel = Kernel()
-    setup = kernel.run(SETUP)
-    assert setup.error is None, setup.error
-    yield kernel
-    # A forked worker never sends on the kernel's sockets (ipykernel would log each attempt).
-    assert "send message from fork" not in kernel.log()
-    kernel.close()
-
-
-def run_ok(kernel: Kernel, code: str, timeout: float = 120):
-    return kernel.run_ok(code, timeout)
+# A forked worker never sends on the kernel's sockets (ipykernel would log each attempt).
+kernel = kernel_fixture(SETUP, fork_quiet=True)
 
 
 def assert_clean(kernel: Kernel) -> None:
@@ -554,7 +543,7 @@ def test_tqdm_in_a_worker_becomes_progress(kernel):
             def close(self, record): pass
         import hfxla_nb.launch.launcher as ui  # where the launcher finds its display
         original = ui.launch_display
-        ui.launch_display = lambda world, mode: Recorder()
+        ui.launch_display = lambda world, mode, **drawn: Recorder()
         try:
             def with_bar(index):
                 from tqdm.auto import tqdm

@@ -21,6 +21,7 @@ from hfxla_nb import _xla
 from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset, demo_lm_model_dir, run_demo_lm
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from hfxla_nb.train.worker import checkpoint
+from tests.helpers import losses
 
 peft = pytest.importorskip("peft")
 
@@ -31,28 +32,19 @@ PROMPTS = [TEMPLATE.split("{response}")[0].format(prompt=text)
 
 
 @pytest.fixture(scope="module")
-def lm_cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
+def lm_dir(cache):
+    return demo_lm_model_dir(cache=cache)
 
 
-@pytest.fixture(scope="module")
-def lm_dir(lm_cache):
-    return demo_lm_model_dir(cache=lm_cache)
-
-
-def run(lm_cache, out, **options):
+def run(cache, out, **options):
     return run_demo_lm(rows=ROWS, devices=4, sharding="fsdp", output_dir=out, progress=False,
-                       cache=lm_cache, max_steps=STEPS, log_every=4, learning_rate=1e-2,
+                       cache=cache, max_steps=STEPS, log_every=4, learning_rate=1e-2,
                        lora=True, **options)
 
 
 @pytest.fixture(scope="module")
-def lora_fsdp(lm_cache, tmp_path_factory):
-    return run(lm_cache, tmp_path_factory.mktemp("lora") / "llama", save_steps=8)
-
-
-def losses(result) -> np.ndarray:
-    return np.array([loss for _, loss in result.loss_history])
+def lora_fsdp(cache, tmp_path_factory):
+    return run(cache, tmp_path_factory.mktemp("lora") / "llama", save_steps=8)
 
 
 def test_lora_learns_with_fsdp_and_the_full_fine_tunes_compile_contract(lora_fsdp, lm_dir):
@@ -136,11 +128,11 @@ def test_adapter_and_merged_folders_load_on_the_cpu_and_generate_the_same(lora_f
     assert not _xla.runtime_is_initialized()
 
 
-def test_lora_checkpoints_hold_the_adapter_and_resume_exactly(lora_fsdp, lm_cache, tmp_path):
+def test_lora_checkpoints_hold_the_adapter_and_resume_exactly(lora_fsdp, cache, tmp_path):
     checkpoints = checkpoint.list_checkpoints(lora_fsdp.output_dir)
     assert [step for step, _ in checkpoints] == [8, 16]
     assert (Path(checkpoints[0][1]) / "adapter_config.json").is_file()
-    resumed = run(lm_cache, tmp_path / "resumed", resume_from_checkpoint=checkpoints[0][1])
+    resumed = run(cache, tmp_path / "resumed", resume_from_checkpoint=checkpoints[0][1])
     np.testing.assert_allclose(losses(resumed), losses(lora_fsdp), rtol=1e-5, atol=1e-6)
     assert resumed.metrics["eval_loss"] == pytest.approx(lora_fsdp.metrics["eval_loss"],
                                                          rel=1e-5)

@@ -35,8 +35,8 @@ TEXTS = ["the coffee was truly wonderful.", "i hated it, a total waste."]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return demo_model_dir(cache=tmp_path_factory.getbasetemp() / "hfxla_nb_cache")
+def model_dir(cache):
+    return demo_model_dir(cache=cache)
 
 
 @pytest.fixture(scope="module")

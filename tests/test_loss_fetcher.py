@@ -1,6 +1,6 @@
-"""The training loop's loss fetcher (`train/loop.py`'s `_Fetcher`): a logging point's loss is
-fetched off the training thread, in order, all of them before a checkpoint and before the
-last one; a failed fetch is raised, not lost."""
+"""The training loop's loss fetcher (`train/worker/fetcher.py`'s `Fetcher`): a logging point's
+loss is fetched off the training thread, in order, all of them before a checkpoint and before
+the last one; a failed fetch is raised, not lost."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hfxla_nb.train.worker.loop import _Fetcher
+from hfxla_nb.train.worker.fetcher import Fetcher
 
 
 def _recorder(delay: float = 0.0):
@@ -24,7 +24,7 @@ def _recorder(delay: float = 0.0):
 
 def test_fetches_run_off_the_calling_thread_in_order_and_drain_waits_for_them():
     seen, log = _recorder(delay=0.1)
-    fetcher = _Fetcher(log)
+    fetcher = Fetcher(log)
     for step in (10, 20, 30):
         fetcher.submit(step, None, 1e-4)
     assert len(seen) < 3  # submit did not wait for the fetches
@@ -36,7 +36,7 @@ def test_fetches_run_off_the_calling_thread_in_order_and_drain_waits_for_them():
 
 def test_close_runs_the_last_fetch_on_the_calling_thread_after_the_others():
     seen, log = _recorder(delay=0.02)
-    fetcher = _Fetcher(log)
+    fetcher = Fetcher(log)
     fetcher.submit(10, None, 1e-4)
     fetcher.close((12, None, 1e-4))
     assert seen == [(10, seen[0][1]), (12, threading.current_thread().name)]
@@ -47,7 +47,7 @@ def test_a_failed_fetch_is_raised_by_drain():
     def log(step: int, loss_total, lr: float) -> None:
         raise RuntimeError(f"fetch of step {step} failed")
 
-    fetcher = _Fetcher(log)
+    fetcher = Fetcher(log)
     fetcher.submit(10, None, 1e-4)
     with pytest.raises(RuntimeError, match="step 10"):
         fetcher.drain()

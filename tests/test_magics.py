@@ -11,7 +11,7 @@ from IPython.utils.capture import capture_output
 
 from hfxla_nb import magics
 from hfxla_nb.magics import RUNTIME_STARTED
-from tests.kernel_helpers import bundles_of, error_of, run_notebook, stderr_of, stdout_of
+from tests.helpers import bundles_of, error_of, run_notebook, stderr_of, stdout_of
 
 
 @pytest.fixture

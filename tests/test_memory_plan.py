@@ -11,12 +11,8 @@ import pytest
 
 import hfxla_nb as hx
 from hfxla_nb.train.config import FineTuneError
-from hfxla_nb.train.memory_plan import (
-    TPU_RESERVED_BYTES,
-    MemoryPlan,
-    MemoryPlanError,
-    plan_memory,
-)
+from hfxla_nb.train.memory_device import TPU_RESERVED_BYTES
+from hfxla_nb.train.memory_plan import MemoryPlan, MemoryPlanError, plan_memory
 
 transformers = pytest.importorskip("transformers")
 GIB = 2**30
@@ -276,12 +272,40 @@ def test_a_plain_module_or_a_missing_folder_is_refused(tmp_path):
 
 
 def test_public_names_and_the_table():
+    from hfxla_nb.ui.plan_panel import plan_table
+
     assert hx.plan_memory is plan_memory and hx.MemoryPlan is MemoryPlan
+    assert hx.MemoryPlanError is MemoryPlanError
     plan = plan_memory(gemma_2b(), hardware="v5e-1", batch_size=8, max_length=1024)
-    text = str(plan)
+    text = plan_table(plan)
     assert text.splitlines()[0].startswith("Gemma on v5e-1 (1 device, 15.48 GiB each): ")
     assert "2.51B" in text and "AdamW" in text and "does not fit" in text
     assert "1. LoRA r=16 on all linear layers (lora=True)" in text
+    # print() and messages: the total against the device and the changes, in words.
+    words = str(plan)
+    assert words.splitlines()[0] == ("Gemma on v5e-1 (1 device): 77.21 GiB per device of "
+                                     "15.48, does not fit")
+    assert "  1. LoRA r=16 on all linear layers (lora=True): 60.61 GiB per device" in words
+    assert repr(plan).startswith("MemoryPlan(model='Gemma', hardware='v5e-1', devices=1, ")
+
+
+def test_a_shell_draws_the_plan_as_its_table():
+    # IPython's own formatters, registered by type name (ui/formatters.py): train imports
+    # nothing from ui, yet a plan as a cell's value shows the table, as text and as HTML.
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from hfxla_nb.ui.formatters import register
+    from hfxla_nb.ui.plan_panel import plan_table
+
+    plan = plan_memory(gemma_2b(), hardware="v5e-1", batch_size=8, max_length=1024)
+    shell = InteractiveShell.instance()
+    try:
+        assert register(shell)
+        bundle, _ = shell.display_formatter.format(plan)
+    finally:
+        InteractiveShell.clear_instance()
+    assert bundle["text/plain"] == plan_table(plan)
+    assert bundle["text/html"].startswith("<pre>Gemma on v5e-1 (1 device, 15.48 GiB each)")
 
 
 def tiny_bert():
@@ -292,7 +316,7 @@ def tiny_bert():
 @pytest.mark.parametrize("lora", [{"r": 4}, {"r": 8, "modules_to_save": ["word_embeddings"]}])
 def test_a_classifiers_lora_counts_equal_peft_seq_cls(lora):
     # SEQ_CLS trains the head whole, and modules_to_save too: counted exactly, each once.
-    from hfxla_nb.train.memory_plan import meta_classifier
+    from hfxla_nb.train.model_facts import meta_classifier
 
     config = tiny_bert()
     model = transformers.BertForSequenceClassification(config)

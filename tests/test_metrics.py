@@ -12,7 +12,8 @@ import pytest
 from hfxla_nb.events import MetricsSnapshot
 from hfxla_nb.observe import analyzer, metrics
 from hfxla_nb.observe import live as live_metrics
-from tests.kernel_helpers import run_python
+from hfxla_nb.observe import shapes as input_shapes
+from tests.helpers import run_python
 
 NS = 1e9
 
@@ -49,8 +50,8 @@ def test_diff_subtracts_counters_and_keeps_only_new_samples():
     assert result["fallback_ops"] == ["aten::nonzero"]
     summary = metrics.summarize(result)
     assert summary.steps == 7  # from MarkStep
-    assert summary.compiles == 1 and summary.compile_time == pytest.approx(5.0)
-    assert summary.max_compile_time == pytest.approx(5.0)
+    assert summary.compiles == 1 and summary.compile_seconds == pytest.approx(5.0)
+    assert summary.max_compile_seconds == pytest.approx(5.0)
     assert summary.fallbacks == {"aten::nonzero": 4}
     assert summary.item_calls == 0
 
@@ -147,7 +148,7 @@ def test_transfer_fallback_and_slow_alerts():
 
 def cycling(name, period, steps, start=1):
     """What a ShapeTracker records for x = randn(8 + step % period, 8) over `steps` steps."""
-    tracker = metrics.ShapeTracker()
+    tracker = input_shapes.ShapeTracker()
     for step in range(start, start + steps):
         tracker.record(step, {name: (8 + step % period, 8)})
     return tracker.data()
@@ -215,7 +216,7 @@ def test_shape_alert_is_not_repeated_and_a_few_buckets_are_quiet():
         summary = metrics.summarize(snap({"MarkStep": 150}, CompileTime=(period, NS, [])))
         summary.input_shapes = cycling("x", period, 150)
         assert codes(analyzer.analyze(summary)) == expected
-    assert metrics.MAX_QUIET_SHAPES == 3
+    assert input_shapes.MAX_QUIET_SHAPES == 3
 
 
 def test_rates_of_rank_threads_are_per_rank_step():
@@ -252,10 +253,10 @@ def test_live_metrics_counts_compiles_after_warmup():
 
 def test_shape_tracker_and_shapes_of():
     batch = {"input_ids": np.zeros((4, 9)), "labels": np.zeros(4), "text": ["a"] * 4}
-    found = metrics.shapes_of(batch)
+    found = input_shapes.shapes_of(batch)
     assert found == {"input_ids": (4, 9), "labels": (4,)}
-    assert metrics.shapes_of(None) == {}
-    tracker = metrics.ShapeTracker()
+    assert input_shapes.shapes_of(None) == {}
+    tracker = input_shapes.ShapeTracker()
     assert tracker.record(1, found) is False
     assert tracker.record(2, found) is False
     assert tracker.record(3, {"input_ids": (4, 12), "labels": (4,)}) is True
@@ -264,14 +265,14 @@ def test_shape_tracker_and_shapes_of():
         {"shape": [4, 9], "first": 1, "last": 2, "count": 2},
         {"shape": [4, 12], "first": 3, "last": 3, "count": 1},
     ]
-    (changed,) = metrics.shape_changes(data).items()
-    assert changed == ("input_ids", metrics.InputShapes([(4, 9), (4, 12)], [1, 3], 2))
+    (changed,) = input_shapes.shape_changes(data).items()
+    assert changed == ("input_ids", input_shapes.InputShapes([(4, 9), (4, 12)], [1, 3], 2))
     for step in range(40):  # bounded memory however many shapes come
         tracker.record(step, {"input_ids": (4, step + 100)})
-    assert len(tracker.data()["input_ids"]) == metrics.MAX_SHAPES_PER_INPUT + 1
+    assert len(tracker.data()["input_ids"]) == input_shapes.MAX_SHAPES_PER_INPUT + 1
     pickle.dumps(tracker.data())
     # ... and a true count of the shapes past the listed ones.
-    info = metrics.input_shapes_of(tracker.data())["input_ids"]
+    info = input_shapes.input_shapes_of(tracker.data())["input_ids"]
     assert (info.distinct, len(info.shapes), info.more, info.exact) == (42, 16, 26, True)
     assert info.shapes[:3] == [(4, 9), (4, 12), (4, 100)]
 
@@ -280,13 +281,13 @@ def test_shape_tracker_and_shapes_of():
 def test_shape_count_is_true_past_the_listed_shapes(period, steps, distinct):
     # The QA cases: x = randn(8 + step % period, 8): 23 shapes cycling over 150 steps, or a
     # new shape every step. The tracker listed 16 and counted its overflow as a 17th shape.
-    tracker = metrics.ShapeTracker()
+    tracker = input_shapes.ShapeTracker()
     for step in range(1, steps + 1):
         tracker.record(step, {"x": (8 + step % period, 8), "y": (8,)})
-    info = metrics.input_shapes_of(tracker.data())["x"]
+    info = input_shapes.input_shapes_of(tracker.data())["x"]
     assert (info.distinct, info.more, info.exact) == (distinct, distinct - 16, True)
-    assert list(metrics.shape_changes(tracker.data())) == ["x"]  # y kept its shape
-    assert len(metrics.shape_changes(tracker.data())["x"].shapes) == 16  # the listed ones
+    assert list(input_shapes.shape_changes(tracker.data())) == ["x"]  # y kept its shape
+    assert len(input_shapes.shape_changes(tracker.data())["x"].shapes) == 16  # the listed ones
     summary = metrics.summarize(snap({"MarkStep": steps}, CompileTime=(distinct, NS, [])))
     summary.input_shapes = tracker.data()
     (alert,) = analyzer.analyze(summary)  # 60 in 60 steps: recompiling; 23 in 150: shapes
@@ -296,17 +297,17 @@ def test_shape_count_is_true_past_the_listed_shapes(period, steps, distinct):
 
 
 def test_shape_count_stays_bounded():
-    tracker = metrics.ShapeTracker()
-    extra = metrics.MAX_SHAPES_COUNTED + 50
-    for step in range(metrics.MAX_SHAPES_PER_INPUT + extra):
+    tracker = input_shapes.ShapeTracker()
+    extra = input_shapes.MAX_SHAPES_COUNTED + 50
+    for step in range(input_shapes.MAX_SHAPES_PER_INPUT + extra):
         tracker.record(step, {"x": (step,)})
     (*listed, overflow) = tracker.data()["x"]
-    assert len(listed) == metrics.MAX_SHAPES_PER_INPUT
-    assert overflow["more"] == metrics.MAX_SHAPES_COUNTED and overflow["exact"] is False
-    assert len(tracker._unlisted["x"]) == metrics.MAX_SHAPES_COUNTED
-    info = metrics.input_shapes_of(tracker.data())["x"]
-    assert info.count_text() == (
-        f"more than {metrics.MAX_SHAPES_PER_INPUT + metrics.MAX_SHAPES_COUNTED} different shapes")
+    assert len(listed) == input_shapes.MAX_SHAPES_PER_INPUT
+    assert overflow["more"] == input_shapes.MAX_SHAPES_COUNTED and overflow["exact"] is False
+    assert len(tracker._unlisted["x"]) == input_shapes.MAX_SHAPES_COUNTED
+    info = input_shapes.input_shapes_of(tracker.data())["x"]
+    most = input_shapes.MAX_SHAPES_PER_INPUT + input_shapes.MAX_SHAPES_COUNTED
+    assert info.count_text() == f"more than {most} different shapes"
 
 
 def test_metrics_module_loads_neither_torch_nor_torch_xla():
@@ -370,7 +371,7 @@ def test_real_dynamic_padding_loop_alert_names_changing_input():
     # The panel's numbers are torch_xla's own.
     assert summary.compiles == result["compiles"] >= 12
     assert summary.steps == 14
-    changed = metrics.shape_changes(summary.input_shapes)
+    changed = input_shapes.shape_changes(summary.input_shapes)
     assert list(changed) == ["input_ids"]  # labels kept their shape
     assert (4, 5) in changed["input_ids"].shapes and (4, 16) in changed["input_ids"].shapes
     alerts = live.alerts()

@@ -19,7 +19,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from tests.kernel_helpers import ROOT, _env, error_of, run_notebook, stdout_of
+from tests.helpers import ROOT, error_of, run_notebook, stdout_of, subprocess_env
 
 NOTEBOOKS = ROOT / "notebooks"
 TUTORIALS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
@@ -207,7 +207,7 @@ def executed(tmp_path_factory) -> dict[str, Path]:
         shutil.copy(NOTEBOOKS / path.name, path)
         notebook = read(path)
         NotebookClient(notebook, timeout=600, kernel_name="python3",
-                       resources={"metadata": {"path": str(folder)}}).execute(env=_env())
+                       resources={"metadata": {"path": str(folder)}}).execute(env=subprocess_env())
         nbformat.write(notebook, path)
         paths[name] = path
     return paths
@@ -262,6 +262,6 @@ def test_an_executed_tutorial_reruns_to_the_same_outputs(executed):
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval",
          "--nbval-current-env", f"--nbval-sanitize-with={SANITIZE}", str(path)],
-        capture_output=True, text=True, timeout=600, cwd=path.parent, env=_env())
+        capture_output=True, text=True, timeout=600, cwd=path.parent, env=subprocess_env())
     assert result.returncode == 0, result.stdout[-6000:]
     assert re.search(r"\b\d+ passed", result.stdout), result.stdout

@@ -1,5 +1,5 @@
-"""`make demo` with the network blocked: nothing is downloaded at run time, and the figures the
-README quotes for it are the ones it prints.
+"""`make demo` with the network blocked: nothing is downloaded at run time, and the figures
+docs/fine-tune.md quotes for it are the ones it prints.
 
 The demo runs as `make demo` runs it (`python -m hfxla_nb.demo`, its defaults), in a fresh
 process with fresh caches (hfxla_nb's and the Hugging Face hub's), so the tokenizer and the
@@ -72,7 +72,7 @@ def test_make_demo_runs_with_the_network_blocked(tmp_path):
     assert {"config.json", "model.safetensors"} <= set(os.listdir(tmp_path / "out"))
     assert list((tmp_path / "cache").glob("demo-tokenizer-*"))  # built here, not fetched
 
-    # The figures README.md quotes for `make demo`, read from the README itself, are the ones
+    # The figures docs/fine-tune.md quotes for `make demo`, read from the page itself, are the ones
     # the demo printed (so the sentence and the run cannot drift apart).
     graphs, eval_graphs, executions, transfers, accuracy = readme_demo_figures()
     assert "spmd over 4 devices" in output and "150 steps" in output
@@ -83,9 +83,9 @@ def test_make_demo_runs_with_the_network_blocked(tmp_path):
 
 
 def readme_demo_figures() -> tuple[str, ...]:
-    """What README.md says `make demo` measured: training graphs, evaluation graphs,
+    """What docs/fine-tune.md says `make demo` measured: training graphs, evaluation graphs,
     executions per step, transfers per step, validation accuracy (as written)."""
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join((ROOT / "docs" / "fine-tune.md").read_text().split())
     (figures,) = re.findall(
         r"\(`make demo`, tiny BERT, SPMD over 4 virtual devices, 150 steps\): (\d+) training "
         r"graphs? \+ (\d+) evaluation graphs? in total, ([\d.]+) executions? and ([\d.]+) "

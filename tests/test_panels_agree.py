@@ -1,24 +1,30 @@
 """Panels a person can trust: a finished run looks finished, every figure says what it counts,
-the words are a person's, and the figures shown are data too (`hx.last_launch()`).
+the words are a person's, and the figures shown are the record's (`hx.last_launch()`).
 
-The state, text and HTML are driven with real events; the record with a real `RecordKeeper`;
-the remote traceback with the launcher's own `run_rank`.
+One reader (`LaunchReader`) applies real events to the launch's record; the panel
+(`LaunchState`, text, HTML) draws that reader, and the launch ends as the launcher ends it
+(`watching.end_launch`); the remote traceback comes from the launcher's own `run_rank`.
 """
 
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
 from hfxla_nb.events import Channel, Failed, Finished, MetricsSnapshot, Progress, Started
 from hfxla_nb.launch import worker
-from hfxla_nb.launch.record import LaunchRecord, RankRecord, RecordKeeper
+from hfxla_nb.launch.failure import failure_message
+from hfxla_nb.launch.record import LaunchRecord, RankRecord
+from hfxla_nb.launch.watching import end_launch
+from hfxla_nb.observe.launch_reader import LaunchReader
+from hfxla_nb.states import Outcome
 from hfxla_nb.train.result import FineTuneResult
-from hfxla_nb.ui import html, text
+from hfxla_nb.ui import html, launch_display, text
 from hfxla_nb.ui.finetune_panel import result_html
 from hfxla_nb.ui.state import LaunchState
-from tests.kernel_helpers import run_python
+from tests.helpers import run_python
 
 T0 = 1_000_000.0
 NS = 1e9
@@ -32,9 +38,19 @@ class Clock:
         return self.now
 
 
-def finished(world: int = 1) -> LaunchRecord:
-    ranks = [RankRecord(rank, exit_state="finished") for rank in range(world)]
-    return LaunchRecord("replicated", world, ranks, duration=9.0, outcome="finished")
+def panel(world: int = 1, clock: Clock | None = None, **record) -> LaunchState:
+    """The panel of a launch of `world` ranks, drawing the launch's one reader (as the
+    launcher's panels do); events go to `panel.reader.handle`."""
+    launch = LaunchRecord("replicated", world, [RankRecord(rank) for rank in range(world)],
+                          **record)
+    reader = LaunchReader(launch, clock=clock or Clock())
+    return LaunchState(world, reader=reader, attempt=launch.attempt_text)
+
+
+def end(state: LaunchState, outcome: Outcome = Outcome.FINISHED, seconds: float = 9.0) -> None:
+    """End the launch as the launcher does, `seconds` after it began: ranks still running
+    are stopped, the record gets its outcome, duration and figures, the panel is closed."""
+    end_launch(state.reader, state, outcome, time.monotonic() - seconds, interrupted_line="")
 
 
 def snapshot(step: int, compiles: int = 2, executions: int = 60, transfers: int = 1,
@@ -49,18 +65,21 @@ def snapshot(step: int, compiles: int = 2, executions: int = 60, transfers: int 
     return MetricsSnapshot(0, step, data, time=T0 + step)
 
 
-def run(steps, total=60, world=1, dt=0.1, record=None, values=None):
-    """A launch of `world` ranks whose rank 0 reports `steps` (0-based or 1-based)."""
+def run(steps, total=60, world=1, dt=0.1, values=None):
+    """A launch of `world` ranks whose rank 0 reports `steps` (0-based or 1-based) and every
+    rank finishes: the panel while it runs, and at its end."""
     clock = Clock()
-    state = LaunchState(world, clock=clock)
-    state.handle(Started(0, world, 1))
+    state = panel(world, clock)
+    reader = state.reader
+    reader.handle(Started(0, world, 1))
     for i, step in enumerate(steps):
-        state.handle(Progress(0, step, total, dict(values or {"loss": float(step)}),
-                              samples=8 * step, time=T0 + (i + 1) * dt))
+        reader.handle(Progress(0, step, total, dict(values or {"loss": float(step)}),
+                               samples=8 * step, time=T0 + (i + 1) * dt))
     clock.now = T0 + (len(steps) + 1) * dt
     live = state.view()
-    state.handle(Finished(0, None))
-    state.close(record or finished(world))
+    for rank in range(world):
+        reader.handle(Finished(rank, None))
+    end(state)
     return live, state.view()
 
 
@@ -88,7 +107,7 @@ def test_a_bar_gets_its_check_mark_only_at_its_total():
 def test_rank_labels_only_with_more_than_one_rank():
     _, alone = run(range(1, 11), total=10)
     assert alone.bars[0].name == "train" and "[rank" not in text.launch_text(alone)
-    _, two = run(range(1, 11), total=10, world=2, record=finished(2))
+    _, two = run(range(1, 11), total=10, world=2)
     assert two.bars[0].name == "train [rank 0]"
     assert text.status_line(two).startswith("✔ launch of 2 ranks finished in ")
     assert text.status_line(LaunchState(4, clock=Clock()).view()) == "… starting 4 ranks, 0 s"
@@ -112,45 +131,39 @@ def test_status_is_the_launch_and_a_finished_bar_gives_overall_rates():
 
 
 def test_the_status_line_says_which_attempt():
-    from hfxla_nb.ui import launch_display
-
-    # `max_restarts=3`: the launcher hands each attempt's display its `attempt_text`.
-    display = launch_display(1, "console", attempt="attempt 2 of 4")
-    display.state.clock = clock = Clock()
-    display.state.start = T0
-    display.handle(Started(0, 1, 1))
+    # `max_restarts=3`: the launcher hands each attempt's display its `attempt_text` and
+    # the attempt's reader.
+    clock = Clock()
+    record = LaunchRecord("replicated", 1, [RankRecord(0)], attempt=2, max_attempts=4)
+    reader = LaunchReader(record, clock=clock)
+    display = launch_display(1, "console", attempt=record.attempt_text, reader=reader)
+    reader.handle(Started(0, 1, 1))
     clock.now = T0 + 3
     live = display.view
     assert text.status_line(live) == "… running for 3.0 s (attempt 2 of 4)"
     assert "running for 3.0 s (attempt 2 of 4)</div>" in html.status_html(live)
-    display.handle(Failed(0, "ValueError", "boom", ""))
-    record = LaunchRecord("replicated", 1, [RankRecord(0, exit_state="failed")], duration=4.0,
-                          outcome="failed", attempt=2, max_attempts=4)
-    display.close(record)
+    reader.handle(Failed(0, "ValueError", "boom", ""))
+    end_launch(reader, display, Outcome.FAILED, time.monotonic() - 4.0, interrupted_line="")
     assert text.status_line(display.view) == (
         "✖ launch failed after 4.0 s (attempt 2 of 4): the function raised ValueError")
-    # The final record says it too (a display made without it); no words without restarts.
-    state = LaunchState(1, clock=Clock())
-    state.close(LaunchRecord("replicated", 1, [RankRecord(0, exit_state="finished")],
-                             duration=9.0, outcome="finished", attempt=4, max_attempts=4))
+    state = panel(1, attempt=4, max_attempts=4)
+    state.reader.handle(Finished(0, None))
+    end(state)
     assert text.status_line(state.view()) == "✔ launch finished in 9.0 s (attempt 4 of 4)"
     assert "(attempt 4 of 4)" in html.launch_html(state.view())
-    state = LaunchState(1, clock=Clock())
-    state.close(finished())
-    assert text.status_line(state.view()) == "✔ launch finished in 9.0 s"
 
 
 def test_a_bar_clock_starts_with_its_own_work():
     clock = Clock()
-    state = LaunchState(1, clock=clock)
-    state.handle(Started(0, 1, 1))  # at T0: start-up and model loading follow
-    state.handle(Progress(0, 0, 10, {}, samples=0, time=T0 + 5))  # the loop starts: step 0
+    state = panel(1, clock)
+    state.reader.handle(Started(0, 1, 1))  # at T0: start-up and model loading follow
+    state.reader.handle(Progress(0, 0, 10, {}, samples=0, time=T0 + 5))  # the loop starts: step 0
     for step in range(1, 11):
-        state.handle(Progress(0, step, 10, {}, samples=8 * step, time=T0 + 5 + step))
-    state.handle(Progress(0, 1, 2, {}, label="eval", time=T0 + 15.5))  # no step 0 sent
-    state.handle(Progress(0, 2, 2, {}, label="eval", time=T0 + 16))
-    state.handle(Finished(0, None))
-    state.close(finished())
+        state.reader.handle(Progress(0, step, 10, {}, samples=8 * step, time=T0 + 5 + step))
+    state.reader.handle(Progress(0, 1, 2, {}, label="eval", time=T0 + 15.5))  # no step 0 sent
+    state.reader.handle(Progress(0, 2, 2, {}, label="eval", time=T0 + 16))
+    state.reader.handle(Finished(0, None))
+    end(state)
     train, evaluation = state.view().bars
     assert train.elapsed == pytest.approx(10.0)  # the loop, not the rank's start-up
     assert evaluation.elapsed == pytest.approx(1.0)  # after training ended, not from T0
@@ -160,18 +173,18 @@ def test_a_report_bar_and_a_tqdm_bar_over_one_loop_count_the_same_time():
     # `for step in tqdm(range(10)): ...; hx.report(step=step + 1, total=10)`: the tqdm bar
     # says step 0 when it is made, before the loop; `report` says nothing before step 1.
     clock = Clock()
-    state = LaunchState(1, clock=clock)
-    state.handle(Started(0, 1, 1))  # at T0: 5 s of set-up follow
-    state.handle(Progress(0, 0, 10, {}, label="tqdm", time=T0 + 5))
+    state = panel(1, clock)
+    state.reader.handle(Started(0, 1, 1))  # at T0: 5 s of set-up follow
+    state.reader.handle(Progress(0, 0, 10, {}, label="tqdm", time=T0 + 5))
     for step in range(1, 11):
         at = T0 + 5 + step * 0.5
-        state.handle(Progress(0, step, 10, {"loss": 1 / step}, time=at))
-        state.handle(Progress(0, step, 10, {}, label="tqdm", time=at))
+        state.reader.handle(Progress(0, step, 10, {"loss": 1 / step}, time=at))
+        state.reader.handle(Progress(0, step, 10, {}, label="tqdm", time=at))
         clock.now = at
         if step == 6:
             live = {bar.label: text.timing_parts(bar) for bar in state.view().bars}
-    state.handle(Finished(0, None))
-    state.close(finished())
+    state.reader.handle(Finished(0, None))
+    end(state)
     train, bar = state.view().bars
     assert (train.label, bar.label) == ("train", "tqdm")
     # Both clocks start with the loop (not the rank's set-up): the same elapsed and rates.
@@ -231,21 +244,21 @@ def test_in_a_real_launch_the_report_bar_and_tqdm_agree():
 
 def test_xla_time_per_step_and_a_failed_steps_counts_say_what_they_count():
     clock = Clock()
-    state = LaunchState(1, clock=clock)
-    state.handle(Progress(0, 30, 30, {}, time=T0 + 1))
-    state.handle(snapshot(30, executions=30))  # 20 ms of execution in all
-    state.close(finished())
+    state = panel(1, clock)
+    state.reader.handle(Progress(0, 30, 30, {}, time=T0 + 1))
+    state.reader.handle(snapshot(30, executions=30))  # 20 ms of execution in all
+    state.reader.handle(Finished(0, None))
+    end(state)
     view = state.view()
     assert "30 executions (20 ms, 667 µs XLA per step)" in text.launch_text(view)
     page = html.launch_html(view)
     assert f'title="{html.escape(text.XLA_STEP_MEANS)}">30 (20 ms, 667 µs XLA per step)<' in page
     # A run that failed in its 5th step: the function reported 5 steps, 4 graphs ran.
-    state = LaunchState(1, clock=clock)
-    state.handle(Progress(0, 5, 30, {}, time=T0 + 1))
-    state.handle(snapshot(5, executions=4))
-    state.handle(Failed(0, "ValueError", "boom", ""))
-    state.close(LaunchRecord("replicated", 1, [RankRecord(0, exit_state="failed")],
-                             duration=2.0, outcome="failed"))
+    state = panel(1, clock)
+    state.reader.handle(Progress(0, 5, 30, {}, time=T0 + 1))
+    state.reader.handle(snapshot(5, executions=4))
+    state.reader.handle(Failed(0, "ValueError", "boom", ""))
+    end(state, Outcome.FAILED, 2.0)
     view = state.view()
     said = "4 executions (20 ms) for 5 steps reported: the last step's graph did not run"
     assert "XLA in 5 steps: 2 compiles (1.3 s), " + said in text.launch_text(view)
@@ -255,26 +268,28 @@ def test_xla_time_per_step_and_a_failed_steps_counts_say_what_they_count():
 
 def test_metrics_header_says_as_of_which_step():
     clock = Clock()
-    state = LaunchState(1, clock=clock)
-    state.handle(Progress(0, 50, 60, {}, time=T0 + 1))
-    state.handle(snapshot(41))
+    state = panel(1, clock)
+    state.reader.handle(Progress(0, 50, 60, {}, time=T0 + 1))
+    state.reader.handle(snapshot(41))
     live = state.view()
     assert live.metrics_step == 41
     assert "XLA metrics as of step 41" in html.launch_html(live)
     assert "\nXLA as of step 41: 2 compiles (1.3 s), 60 executions" in text.launch_text(live)
-    state.handle(snapshot(60))
-    state.close(finished())
+    state.reader.handle(snapshot(60))
+    state.reader.handle(Finished(0, None))
+    end(state)
     assert "XLA metrics in 60 steps" in html.launch_html(state.view())
 
 
 def test_a_launch_that_compiled_and_executed_nothing_has_no_xla_part():
-    state = LaunchState(1, clock=Clock())
-    state.handle(Progress(0, 1, 1, {}, time=T0 + 1))
-    state.handle(snapshot(1, compiles=0, executions=0, transfers=0, cached=0))
+    state = panel(1)
+    state.reader.handle(Progress(0, 1, 1, {}, time=T0 + 1))
+    state.reader.handle(snapshot(1, compiles=0, executions=0, transfers=0, cached=0))
     live = state.view()  # while it runs, the XLA part says so: XLA may still come
     assert "XLA as of step 1: nothing compiled or executed yet" in text.launch_text(live)
     assert "nothing compiled or executed yet" in html.launch_html(live)
-    state.close(finished())
+    state.reader.handle(Finished(0, None))
+    end(state)
     view = state.view()
     # The summary itself is one line (what %%xla_metrics shows for such a cell) ...
     assert text.summary_lines(view.metrics, "XLA") == [
@@ -288,8 +303,8 @@ def test_a_launch_that_compiled_and_executed_nothing_has_no_xla_part():
 
 
 def test_counts_are_written_as_a_person_would():
-    state = LaunchState(1, clock=Clock())
-    state.handle(snapshot(1, compiles=1, executions=1, transfers=1, cached=1))
+    state = panel(1)
+    state.reader.handle(snapshot(1, compiles=1, executions=1, transfers=1, cached=1))
     summary = state.view().metrics
     lines = text.summary_lines(summary)
     assert lines[0].startswith("XLA in 1 step: 1 compile (1.3 s), 1 execution (20 ms)")
@@ -299,7 +314,7 @@ def test_counts_are_written_as_a_person_would():
     assert "1 (1.3 s), 1 cache hit<" in page and "1 transfer, 1.0 ms<" in page
     for wrong in ("1 transfers", "1 steps", "1 cache hits", "n/a", "0 transfers"):
         assert wrong not in page and wrong not in "\n".join(lines)
-    state.handle(snapshot(30, compiles=2, executions=30, transfers=0, cached=0))
+    state.reader.handle(snapshot(30, compiles=2, executions=30, transfers=0, cached=0))
     page = html.summary_html(state.view().metrics)
     assert "cache hit" not in page and ".item()" not in page
 
@@ -341,48 +356,59 @@ def test_failure_message_once_and_no_launcher_frames():
         channel.close()
     assert "run_rank" not in failed.traceback and "worker.py" not in failed.traceback
     assert failed.traceback.splitlines()[1].strip().endswith("in failing")
-    record = LaunchRecord("replicated", 1, [RankRecord(0)])
-    keeper = RecordKeeper(record)
-    keeper.handle(Started(0, 1, 1))
-    keeper.handle(failed)
-    message = keeper.failure_message()
+    state = panel(1)
+    state.reader.handle(Started(0, 1, 1))
+    state.reader.handle(failed)
+    end(state, Outcome.FAILED)
+    message = failure_message(state.reader)
     # The first line names it; the traceback ends with it, as Python's own does.
     assert message.startswith("rank 0 failed: ValueError: boom.\n\nRemote traceback (rank 0):")
     assert message.rstrip().endswith('raise ValueError("boom")\nValueError: boom')
-    assert record.ranks[0].reason == "raised ValueError"
-    state = LaunchState(1, clock=Clock())
-    state.handle(failed)
-    state.close(record)
+    # The panel says who raised what, once: the message is the `LaunchError`'s.
+    assert state.reader.record.ranks[0].reason == "raised ValueError"
     assert state.view().errors == ["the function raised ValueError"]
 
 
-# -- the figures are data too -------------------------------------------------------------------
+# -- the figures are data too: the panel's are the record's -----------------------------------
 
 
-def test_last_launch_carries_each_ranks_figures_as_data():
-    record = LaunchRecord("replicated", 2, [RankRecord(0), RankRecord(1)], outcome="finished")
-    keeper = RecordKeeper(record)
+def test_last_launch_carries_the_figures_the_panel_shows():
+    state = panel(2)
+    reader, record = state.reader, state.reader.record
     for rank in (0, 1):
-        keeper.handle(Started(rank, 2, 7))
+        reader.handle(Started(rank, 2, 7))
         for step in range(1, 6):
-            keeper.handle(Progress(rank, step, 5, {"loss": 1.0}, time=T0 + step * 0.5))
+            reader.handle(Progress(rank, step, 5, {"loss": 1.0}, time=T0 + step * 0.5))
     # One process ran both ranks as threads: its counters are theirs together.
     data = dict(snapshot(5, compiles=3, executions=10, transfers=2).data)
     data["process"] = {"pid": 7, "ranks": [0, 1], "rank_steps": 10}
-    keeper.handle(MetricsSnapshot(1, 5, data, time=T0 + 9))
-    keeper.handle(Progress(0, 3, 5, {"loss": 0.5}, time=T0 + 1.5))  # a late fetch: no new time
-    keeper.finish()
-    metrics = record.ranks[0].metrics
+    reader.handle(MetricsSnapshot(1, 5, data, time=T0 + 9))
+    reader.handle(Progress(0, 3, 5, {"loss": 0.5}, time=T0 + 1.5))  # a late fetch: no new time
+    for rank in (0, 1):
+        reader.handle(Finished(rank, None))
+    end(state)
+    metrics, view = record.ranks[0].metrics, state.view()
     assert metrics.shared_with == [0, 1] and record.ranks[1].metrics.shared_with == [0, 1]
     assert (metrics.steps, metrics.compiles, metrics.executions) == (5, 3, 10)
     assert metrics.transfers_from_device == 2 and metrics.compile_seconds == pytest.approx(1.3)
     assert metrics.step_times == [(step, pytest.approx(0.5)) for step in range(2, 6)]
     assert metrics.to_dict()["cached_compiles"] == 1
+    # What the panel shows is the record's: the same figures under the same names.
+    assert view.metrics_ranks == metrics.shared_with and view.metrics_step == metrics.steps
+    for name in ("compiles", "compile_seconds", "executions", "execute_seconds",
+                 "transfers_from_device", "cached_compiles"):
+        assert getattr(view.metrics, name) == getattr(metrics, name), name
+    assert f"{metrics.compiles} compiles (1.3 s)" in text.launch_text(view)
+    bar = next(bar for bar in view.bars if bar.rank == 0)
+    assert (bar.step, bar.total) == record.ranks[0].bars["train"] == (5, 5)
+    assert bar.step == record.ranks[0].last_step
+    assert bar.step_times == [seconds for _, seconds in metrics.step_times]
+    assert bar.values["loss"] == 0.5  # the late fetch's value, on the bar of step 5
     frame = record.to_dataframe()
     assert list(frame["rank"]) == [0, 1] and list(frame["compiles"]) == [3, 3]
     assert {"execute_seconds", "transfers_from_device", "step_times", "alerts"} <= set(frame)
     assert re.fullmatch(r"\d+\.\d+", f"{frame['compile_seconds'][0]:.2f}")
-    empty = LaunchRecord("spmd", 1, [RankRecord(0)])
-    RecordKeeper(empty).finish()  # no snapshot: a function that never used XLA
-    assert empty.ranks[0].metrics is None
-    assert empty.to_dataframe().loc[0, "exit_state"] == "pending"
+    empty = panel(1)
+    end(empty)  # no snapshot: a function that never used XLA
+    assert empty.reader.record.ranks[0].metrics is None
+    assert empty.reader.record.to_dataframe().loc[0, "exit_state"] == "stopped"

@@ -12,7 +12,7 @@ import pytest
 
 from hfxla_nb.train.memory_plan import plan_memory
 from hfxla_nb.ui.finetune_panel import memory_row
-from hfxla_nb.ui.plan_panel import plan_line, plan_text, show_memory_plan
+from hfxla_nb.ui.plan_panel import as_plan, plan_line, plan_table, plan_text, show_memory_plan
 from hfxla_nb.ui.widgets import widget_state
 
 transformers = pytest.importorskip("transformers")
@@ -24,6 +24,19 @@ def llama_7b_auto() -> dict:
                                       vocab_size=32000)
     return dataclasses.asdict(plan_memory(config, hardware="v5e-8", batch_size=8,
                                           max_length=512, lora="auto", sharding="auto"))
+
+
+
+def test_a_plan_and_the_results_dict_of_it_draw_the_same():
+    # fine_tune shows the MemoryPlan itself; the result keeps it as plain data (asdict).
+    config = transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008,
+                                      num_hidden_layers=32, num_attention_heads=32,
+                                      vocab_size=32000)
+    plan = plan_memory(config, hardware="v5e-1", batch_size=8, max_length=1024)
+    data = dataclasses.asdict(plan)
+    assert plan_line(plan) == plan_line(data) and plan_text(plan) == plan_text(data)
+    assert plan_table(plan) == plan_table(as_plan(data)) and plan.changes
+    assert show_memory_plan(plan, "console").text == f"memory  {plan_line(data)}"
 
 
 class Shown:
@@ -104,7 +117,7 @@ def test_widget_mode_is_a_live_widget_that_ends_as_static_html(monkeypatch):
 def test_in_a_real_kernel_auto_draws_a_widget_and_the_saved_output_is_static():
     """progress="auto" in a Jupyter kernel: the widget, while the launch would run; what the
     notebook keeps is static HTML and text (no widget view needing the kernel's models)."""
-    from tests.kernel_helpers import bundles_of, run_notebook, stdout_of
+    from tests.helpers import bundles_of, run_notebook, stdout_of
 
     code = """
         import dataclasses

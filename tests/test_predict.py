@@ -12,7 +12,7 @@ from hfxla_nb import _xla, demo
 from hfxla_nb.demo.tasks import classifier_model_dir
 from hfxla_nb.train import FineTuneError
 from hfxla_nb.train.predict import default_batch_size
-from tests.launch_guard import refuse_launches
+from tests.helpers import refuse_launches
 
 ROWS = 400  # 320 train, 40 validation
 

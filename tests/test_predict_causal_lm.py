@@ -10,7 +10,7 @@ import hfxla_nb as hx
 from hfxla_nb import _xla
 from hfxla_nb.demo.lm import TEMPLATE, demo_lm_model_dir
 from hfxla_nb.train import FineTuneError
-from tests.launch_guard import refuse_launches
+from tests.helpers import refuse_launches
 
 PROMPTS = [TEMPLATE.format(prompt=text, response="").rstrip() for text in (
     "the coffee was great.", "a boring film, slow and long, with a weak ending.",

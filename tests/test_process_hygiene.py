@@ -13,8 +13,7 @@ import textwrap
 
 import pytest
 
-from tests.kernel import Kernel, started_kernel
-from tests.kernel_helpers import run_python
+from tests.helpers import Kernel, kernel_fixture, run_ok, run_python
 
 SETUP = textwrap.dedent(
     """
@@ -44,13 +43,7 @@ SETUP = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    yield from started_kernel(SETUP)
-
-
-def run_ok(kernel: Kernel, code: str, timeout: float = 120):
-    return kernel.run_ok(code, timeout)
+kernel = kernel_fixture(SETUP)
 
 
 def test_a_flood_of_lines_from_two_ranks_arrives_whole_and_in_order(kernel):

@@ -10,7 +10,7 @@ import pytest
 from hfxla_nb import events
 from hfxla_nb.events import Channel, MetricsSnapshot, Progress
 from hfxla_nb.observe import process, reporting
-from tests.kernel_helpers import run_python
+from tests.helpers import run_python
 
 
 @pytest.fixture

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 import types
 from pathlib import Path
 
@@ -32,8 +29,8 @@ from hfxla_nb.runtime import (
     scan_device_files,
 )
 from hfxla_nb.ui.runtime_panel import runtime_html, runtime_text
+from tests.helpers import run_python
 
-REPO = Path(__file__).resolve().parents[1]
 EXPECTED = {  # generation: (cores per chip, HBM GiB per chip, device-file kind)
     "v2": (2, 16, "/dev/accel"),
     "v3": (2, 32, "/dev/accel"),
@@ -572,22 +569,6 @@ def test_configure_after_start_raises(monkeypatch, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Fresh processes: the no-initialization guarantee, with and without torch_xla
 # ---------------------------------------------------------------------------------------------
-
-
-def run_python(code: str) -> dict:
-    """Run `code` in a fresh interpreter (PJRT_DEVICE=CPU); it prints one JSON line last."""
-    env = {**os.environ, "PJRT_DEVICE": "CPU"}
-    env.pop("CPU_NUM_DEVICES", None)
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_configure_cores_8_gives_8_xla_devices_on_a_cpu():

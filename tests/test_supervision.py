@@ -1,4 +1,4 @@
-"""The notebook side of a launch: how `RecordKeeper` turns worker events into the record and
+"""The notebook side of a launch: how `LaunchReader` turns worker events into the record and
 the error (driven by events alone), the typed states, and how `Supervision` ends a launch
 (every exit sets the outcome in one place; real forks for the timeout and a broken loop)."""
 
@@ -12,18 +12,20 @@ import time
 import pytest
 
 from hfxla_nb.events import Channel, Failed, ProcessExited, Started
-from hfxla_nb.launch import LaunchError, LaunchRecord, RankRecord, RecordKeeper
+from hfxla_nb.launch import LaunchError, LaunchRecord, RankRecord
+from hfxla_nb.launch.failure import failure_message
 from hfxla_nb.launch.processes import LEFTOVER_GRACE, TERMINATE_GRACE, group_processes
 from hfxla_nb.launch.supervision import Supervision
 from hfxla_nb.launch.watching import STOPPED_AS, shows
+from hfxla_nb.observe.launch_reader import LaunchReader
 from hfxla_nb.states import Outcome, RankState
 from hfxla_nb.ui import NullDisplay
 from hfxla_nb.ui.console import ConsoleDisplay
 
 
-def supervision(world: int, **options) -> RecordKeeper:
+def supervision(world: int, **options) -> LaunchReader:
     record = LaunchRecord("replicated", world, [RankRecord(rank) for rank in range(world)])
-    return RecordKeeper(record, **options)
+    return LaunchReader(record, **options)
 
 
 def test_a_signal_names_every_rank_of_the_dead_process():
@@ -33,10 +35,10 @@ def test_a_signal_names_every_rank_of_the_dead_process():
     watch.handle(ProcessExited(rank=None, pid=1234, signal=signal.SIGKILL))
     assert [r.exit_state for r in watch.record.ranks] == ["killed", "killed"]
     assert [r.signal for r in watch.record.ranks] == [signal.SIGKILL] * 2
-    assert "killed by SIGKILL" in watch.failure_message()
-    assert "out-of-memory" in watch.failure_message()
+    assert "killed by SIGKILL" in failure_message(watch)
+    assert "out-of-memory" in failure_message(watch)
     # torchelastic reads a signal's death as exit code -signal (ChildFailedError.failures).
-    error = LaunchError(watch.failure_message(), watch.record)
+    error = LaunchError(failure_message(watch), watch.record)
     assert {rank: f.exitcode for rank, f in error.failures.items()} == {0: -9, 1: -9}
 
 
@@ -45,15 +47,15 @@ def test_a_bare_broken_pool_still_names_the_rank_and_the_likely_cause():
     watch.handle(Started(rank=0, world=1, pid=99))
     watch.handle(Failed(None, "BrokenProcessPool", "terminated abruptly", ""))
     assert watch.record.ranks[0].exit_state == "killed"
-    assert "rank 0 failed" in watch.failure_message()
-    assert "out-of-memory" in watch.failure_message()
+    assert "rank 0 failed" in failure_message(watch)
+    assert "out-of-memory" in failure_message(watch)
 
 
 def test_the_first_failure_is_the_one_reported():
     watch = supervision(3)
     watch.handle(Failed(2, "ValueError", "first", "Traceback: first"))
     watch.handle(Failed(1, "KeyError", "second", "Traceback: second"))
-    message = watch.failure_message()
+    message = failure_message(watch)
     assert message.startswith("rank 2 failed: ValueError: first")
     assert "Traceback: first" in message and "second" not in message
 
@@ -82,7 +84,7 @@ def test_heartbeat_timeout_stops_a_silent_rank_and_a_quiet_one_gets_one_warning(
 
 
 def test_a_rank_quiet_past_the_warning_is_named_once_without_a_heartbeat_timeout():
-    from hfxla_nb.launch.record import HEARTBEAT_WARNING
+    from hfxla_nb.observe.launch_reader import HEARTBEAT_WARNING
 
     watch = supervision(1)
     watch.handle(Started(rank=0, world=1, pid=1))
@@ -94,7 +96,7 @@ def test_a_rank_quiet_past_the_warning_is_named_once_without_a_heartbeat_timeout
 
 
 def test_a_rank_that_never_starts_is_named_and_stopped_after_the_startup_grace():
-    from hfxla_nb.launch.record import HEARTBEAT_WARNING, STARTUP_GRACE
+    from hfxla_nb.observe.launch_reader import HEARTBEAT_WARNING, STARTUP_GRACE
 
     watch = supervision(2, heartbeat_timeout=3.0)
     watch.handle(Started(rank=0, world=2, pid=1))
@@ -107,12 +109,12 @@ def test_a_rank_that_never_starts_is_named_and_stopped_after_the_startup_grace()
     watch.check_heartbeats(began + STARTUP_GRACE + 1)
     assert watch.record.ranks[1].exit_state == "timeout"
     assert watch.failure is watch.record.ranks[1]
-    assert "rank 1 failed: not started after 61s" in watch.failure_message()
+    assert "rank 1 failed: not started after 61s" in failure_message(watch)
     assert watch.record.ranks[0].exit_state == "running"
 
 
 def test_a_rank_that_never_starts_gets_a_warning_without_a_heartbeat_timeout():
-    from hfxla_nb.launch.record import HEARTBEAT_WARNING
+    from hfxla_nb.observe.launch_reader import HEARTBEAT_WARNING
 
     watch = supervision(1)
     later = watch.record.ranks[0].last_seen + HEARTBEAT_WARNING + 1
@@ -136,7 +138,7 @@ def test_the_rank_record_docstring_names_every_state_a_rank_can_end_in():
 def test_states_read_as_their_words_and_a_misspelt_one_is_refused():
     record = LaunchRecord("spmd", 1, [RankRecord(0, exit_state="finished")], outcome="timeout")
     assert record.ranks[0].exit_state is RankState.FINISHED and record.outcome is Outcome.TIMEOUT
-    # What a notebook shows and what tests/kernel.py reads back through repr() stay words.
+    # What a notebook shows and what tests/helpers.py reads back through repr() stay words.
     assert repr(record.ranks[0].exit_state) == "'finished'" and f"{record.outcome}" == "timeout"
     assert "exit_state='finished'" in repr(record.ranks[0])
     assert type(record.to_dataframe().loc[0, "exit_state"]) is str
@@ -159,7 +161,9 @@ def test_each_way_a_launch_ends_sets_its_outcome_and_the_state_of_the_ranks_left
         record = LaunchRecord("debug", 3, [RankRecord(0, exit_state="finished"),
                                            RankRecord(1, exit_state="running"), RankRecord(2)])
         output = io.StringIO()
-        supervision = Supervision(record, ConsoleDisplay(3, file=output), "all", None, None)
+        reader = LaunchReader(record)
+        supervision = Supervision(reader, ConsoleDisplay(3, file=output, reader=reader), "all",
+                                  None)
         supervision._end(outcome, Channel(), time.monotonic())
         assert record.outcome is outcome
         said = capsys.readouterr().err
@@ -181,7 +185,7 @@ def _forked_launch(display, timeout=None):
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
     record = LaunchRecord("debug", 1, [RankRecord(0)])
-    supervision = Supervision(record, display, "all", timeout, None)
+    supervision = Supervision(LaunchReader(record, timeout), display, "all", timeout)
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
     return record, lambda: supervision.run(time.sleep, (60,), False, env)
 
@@ -208,6 +212,7 @@ def test_the_grace_between_sigterm_and_sigkill_is_the_readmes():
     assert LEFTOVER_GRACE < TERMINATE_GRACE
 
 
+@pytest.mark.launch  # forks a real supervisor (`_forked_launch`)
 def test_a_launch_past_its_timeout_is_stopped_and_ends_as_timeout():
     record, run = _forked_launch(NullDisplay(), timeout=2.0)
     began = time.monotonic()
@@ -217,6 +222,7 @@ def test_a_launch_past_its_timeout_is_stopped_and_ends_as_timeout():
     assert group_processes(record.process_group) == []
 
 
+@pytest.mark.launch  # forks a real supervisor (`_forked_launch`)
 def test_a_launch_whose_watch_raises_is_stopped_and_ends_as_failed():
     """An error in the kernel's own loop (here the panel's refresh) still stops every process
     of the launch and leaves the record ended, not "running"."""

@@ -19,7 +19,7 @@ from hfxla_nb.demo.tasks import mlm_model_dir
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from hfxla_nb.train.predict import prepare_predict
 from hfxla_nb.train.tasks.masked_lm import mask_tokens
-from tests.launch_guard import refuse_launches
+from tests.helpers import refuse_launches
 
 OPTIONS = dict(task="masked-lm", batch_size=32, epochs=3, learning_rate=5e-3, num_processes=4,
                progress=False)

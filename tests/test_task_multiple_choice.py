@@ -13,7 +13,7 @@ import hfxla_nb as hx
 from hfxla_nb import _xla
 from hfxla_nb.demo.tasks import mc_dataset, mc_model_dir, mc_rows
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
-from tests.launch_guard import refuse_launches
+from tests.helpers import refuse_launches
 
 ROWS = 400  # 320 train, 80 validation
 

@@ -17,7 +17,7 @@ import hfxla_nb as hx
 from hfxla_nb import _xla
 from hfxla_nb.demo.tasks import qa_dataset, qa_model_dir, qa_rows
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
-from tests.launch_guard import refuse_launches
+from tests.helpers import refuse_launches
 
 ROWS = 400  # 320 train, 80 validation
 

@@ -12,7 +12,7 @@ from hfxla_nb import _xla
 from hfxla_nb.demo.tasks import CONLL_TAGS, ner_dataset, ner_model_dir, ner_rows
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from hfxla_nb.train.tasks.token_classification import IGNORE
-from tests.launch_guard import refuse_launches
+from tests.helpers import refuse_launches
 
 ROWS = 400  # 320 train, 80 validation
 TEXTS = ["alice smith lives in berlin .", "nothing happened today ."]

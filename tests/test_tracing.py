@@ -15,8 +15,7 @@ import pytest
 from hfxla_nb.events import Compiled
 from hfxla_nb.observe import tracing
 from hfxla_nb.observe.compile_records import FETCH_CAUSE
-from tests.kernel import Kernel
-from tests.kernel_helpers import _env, run_python
+from tests.helpers import Kernel, run_python, subprocess_env
 
 DATA = Path(__file__).parent / "data" / "xla_analysis.log"
 
@@ -35,7 +34,7 @@ summary = metrics.summarize(metrics.diff(before, metrics.snapshot()), steps=int(
 summary.trace = log
 alerts = analyzer.analyze(summary)
 print(json.dumps({
-    "compiles": summary.compiles, "compile_time": summary.compile_time,
+    "compiles": summary.compiles, "compile_time": summary.compile_seconds,
     "traced_time": sum(r.compile_time or 0 for r in log.records),
     "timed": sum(r.compile_time is not None for r in log.records),
     "alerts": [[a.code, a.severity, a.title, a.explanation, a.fix] for a in alerts]}))
@@ -168,7 +167,8 @@ print(json.dumps({"traced": traced, "plain": plain}))
 def test_a_launched_recompiling_loop_shows_its_line_and_no_raw_analysis(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(LAUNCHED)
-    env = {name: value for name, value in _env().items() if not name.startswith("PT_XLA_")}
+    env = {name: value for name, value in subprocess_env().items()
+           if not name.startswith("PT_XLA_")}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=300, env=env, cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]

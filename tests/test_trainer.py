@@ -12,11 +12,6 @@ from hfxla_nb.launch import last_launch
 from hfxla_nb.train.trainer import TrainingArgumentsInKernelError
 
 
-@pytest.fixture(scope="session")
-def demo_cache(tmp_path_factory):
-    return tmp_path_factory.getbasetemp() / "hfxla_nb_cache"
-
-
 def test_training_arguments_refuse_in_the_kernel():
     with pytest.raises(TrainingArgumentsInKernelError, match="inside the function you launch"):
         hx.xla_training_arguments(output_dir="never-written")
@@ -60,8 +55,8 @@ def _train_with_trainer(index, folder, output_dir):
     }
 
 
-def test_trainer_with_the_callback_in_a_launched_run(demo_cache, tmp_path, capsys):
-    folder = demo.demo_model_dir(cache=demo_cache)
+def test_trainer_with_the_callback_in_a_launched_run(cache, tmp_path, capsys):
+    folder = demo.demo_model_dir(cache=cache)
     result = hx.notebook_launcher(
         _train_with_trainer, args=(folder, str(tmp_path / "trainer")), progress="console"
     )

@@ -26,7 +26,7 @@ from hfxla_nb.ui.html_display import HtmlDisplay
 from hfxla_nb.ui.metrics_panel import MetricsPanel
 from hfxla_nb.ui.state import LaunchState
 from hfxla_nb.ui.widgets import WidgetDisplay, widget_state
-from tests.kernel_helpers import bundles_of, error_of, run_notebook, stdout_of
+from tests.helpers import bundles_of, error_of, run_notebook, stdout_of
 
 T0 = 1_000_000.0
 
@@ -619,7 +619,7 @@ def test_launch_panels_in_a_kernel_end_as_static_html_with_final_metrics():
     too, and for rank threads of one process, after every rank's work."""
     import textwrap
 
-    from tests.kernel import Kernel
+    from tests.helpers import Kernel
 
     kernel = Kernel()
     try:

@@ -3,6 +3,7 @@ them (docs/architecture.md).
 
 Public names are resolved lazily (PEP 562), like the package's own: importing a worker module
 (`hfxla_nb.launch.worker`) runs this file, and must not import the launcher, which draws.
+`LaunchError` is in `errors`, the one module of the package that imports torch.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from .._lazy import lazy_exports
 
 # public name -> module of this package that defines it (imported on first use)
 _EXPORTS = {
-    "LaunchError": "record",
+    "LaunchError": "errors",
     "LaunchRecord": "record",
     "LaunchRefusedError": "preflight",
     "RankRecord": "record",
-    "RecordKeeper": "record",
     "group_processes": "processes",
     "last_launch": "launcher",
+    "launch": "launcher",
     "notebook_launcher": "launcher",
 }
 

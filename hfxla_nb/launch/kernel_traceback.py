@@ -20,7 +20,7 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def hide_launcher_frames(error_class: type[BaseException]) -> None:
     """Have IPython show `error_class`'s tracebacks without hfxla_nb's frames (installed
-    when the first `LaunchError` is raised: making the class imports torch)."""
+    when the first `LaunchError` is made: `launch.errors` imports torch)."""
     shell_module = sys.modules.get("IPython.core.interactiveshell")
     shell = getattr(getattr(shell_module, "InteractiveShell", None), "_instance", None)
     if shell is None or not hasattr(shell, "set_custom_exc"):

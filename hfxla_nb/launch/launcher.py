@@ -14,20 +14,19 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..observe import tracing
+from ..observe.launch_reader import LaunchReader
 from ..runtime import compile_cache as cache
 from ..runtime import detect
 from ..states import Outcome
 from ..ui import launch_display
 from . import preflight
-from . import record as records
-from .accelerate_options import check_accelerate_options, say_notes
-from .kernel_traceback import hide_launcher_frames
-from .preflight import LaunchRefusedError
+from .accelerate_options import AccelerateOptions, check_accelerate_options, say_notes
+from .preflight import LaunchPlan, LaunchRefusedError
 from .processes import kernel_gains_no_process
 from .record import LaunchRecord, RankRecord
 from .supervision import POLL_INTERVAL, Supervision
 
-__all__ = ["notebook_launcher", "last_launch", "LaunchRecord", "RankRecord"]  # + LaunchError
+__all__ = ["notebook_launcher", "launch", "last_launch", "LaunchRecord", "RankRecord"]
 
 _last_record: LaunchRecord | None = None
 
@@ -136,11 +135,62 @@ def notebook_launcher(
             are.
         KeyboardInterrupt: after stopping every worker, when the cell was interrupted.
     """
-    global _last_record
     __tracebackhide__ = True  # the cell's traceback ends at the user's call (pytest, IPython)
+    value, _ = launch(
+        function, args,
+        num_processes=num_processes, mixed_precision=mixed_precision, use_port=use_port,
+        master_addr=master_addr, node_rank=node_rank, num_nodes=num_nodes,
+        rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
+        rdzv_id=rdzv_id, max_restarts=max_restarts, monitor_interval=monitor_interval,
+        log_line_prefix_template=log_line_prefix_template, strategy=strategy,
+        timeout=timeout, output=output, progress=progress,
+        heartbeat_timeout=heartbeat_timeout, trace_compiles=trace_compiles,
+        compile_cache=compile_cache, cluster=cluster, hosts=hosts)
+    return value
+
+
+def launch(
+    function: Callable,
+    args: Sequence = (),
+    *,
+    num_processes: int | None = None,
+    mixed_precision: str = "no",
+    use_port: str | int | None = None,
+    master_addr: str = "127.0.0.1",
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    rdzv_backend: str = "static",
+    rdzv_endpoint: str = "",
+    rdzv_conf: dict | None = None,
+    rdzv_id: str = "none",
+    max_restarts: int = 0,
+    monitor_interval: float = POLL_INTERVAL,
+    log_line_prefix_template: str | None = None,
+    strategy: str = "replicated",
+    timeout: float | None = None,
+    output: str | Iterable[int] = "main",
+    progress: bool | str = "auto",
+    heartbeat_timeout: float | None = None,
+    trace_compiles: bool = True,
+    compile_cache: bool | str | os.PathLike | None = None,
+    cluster: str | None = None,
+    hosts: int | None = None,
+) -> tuple[Any, LaunchRecord]:
+    """`notebook_launcher`'s launch, with its record: what `fine_tune` and `predict` call.
+
+    Takes `notebook_launcher`'s parameters (keyword-only after `args`) and does the same,
+    `last_launch()` included; also returns the record of the launch it made, so a caller
+    reads its own launch's record, not the global one.
+
+    Returns:
+        Rank 0's return value and the launch's `LaunchRecord` (the last attempt's).
+
+    Raises:
+        LaunchRefusedError, LaunchError, KeyboardInterrupt: as `notebook_launcher`.
+    """
+    __tracebackhide__ = True
     pass_index = preflight.check_function(function, args)
-    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise LaunchRefusedError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+    preflight.check_timeout(timeout)
     shown_ranks = _parse_output(output)
     options = check_accelerate_options(
         strategy, use_port=use_port, master_addr=master_addr, node_rank=node_rank,
@@ -148,12 +198,12 @@ def notebook_launcher(
         rdzv_conf=rdzv_conf, rdzv_id=rdzv_id, max_restarts=max_restarts,
         monitor_interval=monitor_interval, log_line_prefix_template=log_line_prefix_template,
         cluster=cluster is not None or hosts is not None)
-    say_notes(options, stacklevel=2)
+    say_notes(options, stacklevel=3)
     if cluster is not None or hosts is not None:
         if options.line_prefix is not None:  # max_restarts works there (pods/cluster_launch)
             warnings.warn("hfxla_nb: log_line_prefix_template applies to single-host "
                           "launches; ignored with cluster=/hosts=.", UserWarning,
-                          stacklevel=2)
+                          stacklevel=3)
         from .pods.cluster_launch import launch_on_cluster
 
         return launch_on_cluster(
@@ -163,70 +213,96 @@ def notebook_launcher(
             shown_ranks=shown_ranks, progress=progress, heartbeat_timeout=heartbeat_timeout,
             trace_compiles=trace_compiles, keep_record=_keep_record,
             max_restarts=options.max_attempts - 1)
-    preflight.check_runtime_not_started()
+    plan = _local_plan(strategy, num_processes, mixed_precision, compile_cache, trace_compiles)
+    runs = _Attempts(function, tuple(args), pass_index, plan, options, shown_ranks,
+                     progress, timeout, heartbeat_timeout)
+    return runs.run()
 
+
+def _local_plan(strategy: str, num_processes: int | None, mixed_precision: str,
+                compile_cache: bool | str | os.PathLike | None,
+                trace_compiles: bool) -> LaunchPlan:
+    """The checks and the plan of a launch on this host: its world and the workers'
+    variables (the compile cache's and the compile trace's switch included)."""
+    preflight.check_runtime_not_started()
     info = detect()
     preflight.check_environment(info.accelerator, os.environ)
-    plan = preflight.plan_launch(
-        strategy,
-        num_processes,
-        mixed_precision,
-        info.accelerator.kind,
-        info.accelerator.devices,
-        info.environment,
-    )
+    plan = preflight.plan_launch(strategy, num_processes, mixed_precision,
+                                 info.accelerator.kind, info.accelerator.devices,
+                                 info.environment)
     for message in plan.warnings:
-        warnings.warn(message, UserWarning, stacklevel=2)
+        warnings.warn(message, UserWarning, stacklevel=4)
     env = dict(plan.env)
     env.update(_cache_env(compile_cache, info, strategy))
     env[tracing.SWITCH] = "1" if trace_compiles else "0"
+    return LaunchPlan(plan.strategy, plan.world, env, plan.warnings)
 
-    earlier: list[LaunchRecord] = []
-    while True:
-        attempt = len(earlier) + 1
-        if strategy == "debug":  # a fresh free port for each attempt (the last may linger)
+
+class _Attempts:
+    """The attempts of one launch on this host: each one watched to its end, a failed one
+    relaunched while `max_restarts=` allows, the last failure raised as `LaunchError`."""
+
+    def __init__(self, function: Callable, args: tuple, pass_index: bool, plan: LaunchPlan,
+                 options: AccelerateOptions, shown_ranks: set[int] | str,
+                 progress: bool | str, timeout: float | None,
+                 heartbeat_timeout: float | None) -> None:
+        self.function, self.args, self.pass_index = function, args, pass_index
+        self.plan, self.options, self.shown_ranks = plan, options, shown_ranks
+        self.progress, self.timeout, self.heartbeat_timeout = progress, timeout, heartbeat_timeout
+
+    def run(self) -> tuple[Any, LaunchRecord]:
+        """Rank 0's value and the record of the attempt that finished.
+
+        Raises:
+            LaunchError: the last attempt failed, timed out or was stopped.
+        """
+        __tracebackhide__ = True
+        attempts = self.options.max_attempts
+        earlier: list[LaunchRecord] = []
+        while True:
+            record, supervision = self._attempt(earlier)
+            if record.ok:
+                return record.value, record
+            message = supervision.failure_message()
+            # Only a failure is retried: `timeout=` and the stop button mean "stop".
+            if record.outcome != Outcome.FAILED or record.attempt >= attempts:
+                break
+            print(f"hfxla_nb: attempt {record.attempt} of {attempts} failed "
+                  f"({message.splitlines()[0]}); relaunching every rank (max_restarts="
+                  f"{attempts - 1}): attempt {record.attempt + 1} of {attempts}.",
+                  file=sys.stderr, flush=True)
+            earlier.append(record)
+        if attempts > 1:
+            message += (f"\n\nThat was attempt {record.attempt} of {attempts} "
+                        f"(max_restarts={attempts - 1}); every attempt is on "
+                        "hfxla_nb.last_launch().attempts.")
+        from .errors import launch_error  # imports torch: only once a launch failed
+
+        raise launch_error(message, record)
+
+    def _attempt(self, earlier: list[LaunchRecord]) -> tuple[LaunchRecord, Supervision]:
+        """Run one attempt to its end (every process of it gone)."""
+        plan, options = self.plan, self.options
+        env = dict(plan.env)
+        if plan.strategy == "debug":  # a fresh free port for each attempt (the last may linger)
             address, port = options.rendezvous
             env["MASTER_ADDR"] = address
             env["MASTER_PORT"] = str(port or _free_port())
-        record = LaunchRecord(strategy, plan.world,
+        record = LaunchRecord(plan.strategy, plan.world,
                               [RankRecord(rank) for rank in range(plan.world)],
-                              attempt=attempt, max_attempts=options.max_attempts,
+                              attempt=len(earlier) + 1, max_attempts=options.max_attempts,
                               previous_attempts=list(earlier))
-        # "attempt 2 of 4" in the panel's status line; only passed with restarts, so a display
-        # stand-in taking (world, mode) (bench/, tests) still works for every other launch
+        reader = LaunchReader(record, self.timeout, self.heartbeat_timeout)
+        # "attempt 2 of 4" in the panel's status line; only passed with restarts
         shown = {"attempt": record.attempt_text} if record.attempt_text else {}
-        display = launch_display(plan.world, progress, **shown)
-        _last_record = record
+        display = launch_display(plan.world, self.progress, reader=reader, **shown)
+        _keep_record(record)
         prefix = options.prefix if options.line_prefix is not None else None
-        supervision = Supervision(record, display, shown_ranks, timeout,
-                                         heartbeat_timeout, poll_interval=options.monitor_interval,
-                                         line_prefix=prefix)
+        supervision = Supervision(reader, display, self.shown_ranks, self.timeout,
+                                  poll_interval=options.monitor_interval, line_prefix=prefix)
         with kernel_gains_no_process():  # inductor's compile workers (launch/processes.py)
-            supervision.run(function, tuple(args), pass_index, env)
-        if record.ok:
-            return record.value
-        message = supervision.failure_message()
-        # Only a failure is retried: `timeout=` and the stop button mean "stop".
-        if record.outcome != Outcome.FAILED or attempt >= options.max_attempts:
-            break
-        print(f"hfxla_nb: attempt {attempt} of {options.max_attempts} failed "
-              f"({message.splitlines()[0]}); relaunching every rank (max_restarts="
-              f"{options.max_attempts - 1}): attempt {attempt + 1} of {options.max_attempts}.",
-              file=sys.stderr, flush=True)
-        earlier.append(record)
-    if options.max_attempts > 1:
-        message += (f"\n\nThat was attempt {attempt} of {options.max_attempts} "
-                    f"(max_restarts={options.max_attempts - 1}); every attempt is on "
-                    "hfxla_nb.last_launch().attempts.")
-    error = records.LaunchError(message, record)
-    hide_launcher_frames(type(error))
-    raise error
-
-
-def __getattr__(name: str) -> Any:
-    if name == "LaunchError":  # made on first use (record.py says why)
-        return records.LaunchError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+            supervision.run(self.function, self.args, self.pass_index, env)
+        return record, supervision
 
 
 def _keep_record(record: LaunchRecord) -> None:

@@ -6,14 +6,17 @@ its other displays go through this layer to `ui`, with the same `progress=` mode
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # drawn in ui; imported there only when something is shown
+    from ..ui.plan_panel import Plan
 
 
-def show_memory_plan(plan: dict[str, Any] | None, progress: str | bool = "auto") -> Any:
+def show_memory_plan(plan: Plan | None, progress: str | bool = "auto") -> Any:
     """Show a fine-tune's memory plan (plain data) in the cell, drawn like the launch panel.
 
     Args:
-        plan: `dataclasses.asdict(MemoryPlan)`, or None (nothing is shown).
+        plan: the `MemoryPlan` the run was checked with, or None (nothing is shown).
         progress: the launch's `progress=` mode.
 
     Returns:

@@ -47,6 +47,12 @@ class LaunchPlan:
     warnings: tuple[str, ...] = ()
 
 
+def check_timeout(timeout: float | None) -> None:
+    """Refuse a `timeout=` that is not a positive number of seconds (None: no timeout)."""
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise LaunchRefusedError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+
+
 def check_function(function: Callable, args: Sequence) -> bool:
     """Check that `function(index, *args)` or `function(*args)` can be called.
 
@@ -156,6 +162,31 @@ def plan_launch(
     Returns:
         The `LaunchPlan`.
     """
+    _check_plan_arguments(strategy, num_processes, mixed_precision, accelerator_kind)
+    # A value of None removes the variable in the workers.
+    env: dict[str, str | None] = {"ACCELERATE_MIXED_PRECISION": mixed_precision}
+    warnings: list[str] = []
+    if strategy == "debug":
+        count = num_processes or 2
+        if count > MAX_DEBUG_PROCESSES:
+            raise LaunchRefusedError(
+                f"num_processes={count} CPU processes is more than this launcher allows "
+                f"({MAX_DEBUG_PROCESSES}); the debug strategy is for rehearsing multi-process "
+                "code with a few processes."
+            )
+        env.update(PJRT_DEVICE="CPU", ACCELERATE_USE_CPU="true")
+        return LaunchPlan(strategy, count, env, tuple(warnings))
+    if accelerator_kind == "tpu":
+        count = _tpu_count(num_processes, device_count, environment, env)
+    else:
+        count = _cpu_count(strategy, num_processes, env, warnings)
+    world = 1 if strategy == "spmd" else count
+    return LaunchPlan(strategy, world, env, tuple(warnings))
+
+
+def _check_plan_arguments(strategy: str, num_processes: int | None, mixed_precision: str,
+                          accelerator_kind: str) -> None:
+    """Refuse a strategy, precision or process count that no hardware takes."""
     if strategy not in STRATEGIES:
         raise LaunchRefusedError(
             f"strategy={strategy!r} is not one of {', '.join(map(repr, STRATEGIES))}. Use "
@@ -174,55 +205,47 @@ def plan_launch(
             "num_processes must be a positive integer or None (all devices), "
             f"got {num_processes!r}."
         )
-    on_tpu = accelerator_kind == "tpu"
-    if mixed_precision == "fp16" and on_tpu:
+    if mixed_precision == "fp16" and accelerator_kind == "tpu":
         raise LaunchRefusedError(
             "TPUs have no fast float16; use mixed_precision='bf16' (bfloat16) instead."
         )
-    # A value of None removes the variable in the workers.
-    env: dict[str, str | None] = {"ACCELERATE_MIXED_PRECISION": mixed_precision}
-    warnings: list[str] = []
 
-    if strategy == "debug":
-        count = num_processes or 2
-        if count > MAX_DEBUG_PROCESSES:
-            raise LaunchRefusedError(
-                f"num_processes={count} CPU processes is more than this launcher allows "
-                f"({MAX_DEBUG_PROCESSES}); the debug strategy is for rehearsing multi-process "
-                "code with a few processes."
-            )
-        env.update(PJRT_DEVICE="CPU", ACCELERATE_USE_CPU="true")
-        return LaunchPlan(strategy, count, env, tuple(warnings))
 
-    if on_tpu:
-        env["PJRT_DEVICE"] = "TPU"
-        if environment == "kaggle":
-            # Kaggle's TPU VM presets these for a multi-host setup it does not have; pytorch/xla's
-            # own Kaggle notebook removes them before xmp.spawn.
-            env.update(TPU_PROCESS_ADDRESSES=None, CLOUD_TPU_TASK_ID=None)
-        if num_processes not in (None, device_count):
-            raise LaunchRefusedError(
-                f"num_processes={num_processes} is not possible here: this TPU host has "
-                f"{device_count} cores, and PyTorch/XLA always uses all of them "
-                f"(xmp.spawn accepts only all devices). Pass num_processes=None or "
-                f"{device_count}."
-            )
-        count = device_count
-    else:
-        env["PJRT_DEVICE"] = "CPU"
-        count = num_processes or cpu_device_count(os.environ) or 1
-        if count > MAX_CPU_VIRTUAL_DEVICES:
-            raise LaunchRefusedError(
-                f"num_processes={count} virtual CPU devices is more than XLA:CPU handles well "
-                f"(at most {MAX_CPU_VIRTUAL_DEVICES}); use 4 or 8 to rehearse a TPU host."
-            )
-        env["CPU_NUM_DEVICES"] = str(count)
-        if strategy == "replicated" and count > 1:
-            warnings.append(
-                f"XLA on the CPU runs the {count} replicated ranks as threads of one process, "
-                "and XLA collectives between them (all_reduce, xm.optimizer_step's gradient "
-                "reduction) hang or abort upstream (pytorch/xla #5005, #9089). Code without "
-                "collectives runs; for data-parallel training use strategy='spmd'."
-            )
-    world = 1 if strategy == "spmd" else count
-    return LaunchPlan(strategy, world, env, tuple(warnings))
+def _tpu_count(num_processes: int | None, device_count: int, environment: str,
+               env: dict[str, str | None]) -> int:
+    """The devices a TPU host runs (all of them), with its variables added to `env`."""
+    env["PJRT_DEVICE"] = "TPU"
+    if environment == "kaggle":
+        # Kaggle's TPU VM presets these for a multi-host setup it does not have; pytorch/xla's
+        # own Kaggle notebook removes them before xmp.spawn.
+        env.update(TPU_PROCESS_ADDRESSES=None, CLOUD_TPU_TASK_ID=None)
+    if num_processes not in (None, device_count):
+        raise LaunchRefusedError(
+            f"num_processes={num_processes} is not possible here: this TPU host has "
+            f"{device_count} cores, and PyTorch/XLA always uses all of them "
+            f"(xmp.spawn accepts only all devices). Pass num_processes=None or "
+            f"{device_count}."
+        )
+    return device_count
+
+
+def _cpu_count(strategy: str, num_processes: int | None, env: dict[str, str | None],
+               warnings: list[str]) -> int:
+    """The virtual devices of XLA:CPU, with its variables added to `env` (and a word in
+    `warnings` where replicated ranks cannot reduce)."""
+    env["PJRT_DEVICE"] = "CPU"
+    count = num_processes or cpu_device_count(os.environ) or 1
+    if count > MAX_CPU_VIRTUAL_DEVICES:
+        raise LaunchRefusedError(
+            f"num_processes={count} virtual CPU devices is more than XLA:CPU handles well "
+            f"(at most {MAX_CPU_VIRTUAL_DEVICES}); use 4 or 8 to rehearse a TPU host."
+        )
+    env["CPU_NUM_DEVICES"] = str(count)
+    if strategy == "replicated" and count > 1:
+        warnings.append(
+            f"XLA on the CPU runs the {count} replicated ranks as threads of one process, "
+            "and XLA collectives between them (all_reduce, xm.optimizer_step's gradient "
+            "reduction) hang or abort upstream (pytorch/xla #5005, #9089). Code without "
+            "collectives runs; for data-parallel training use strategy='spmd'."
+        )
+    return count

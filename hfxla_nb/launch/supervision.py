@@ -1,7 +1,8 @@
 """The notebook side of a launch: fork the supervisor, relay its output, watch, stop, record.
 
 Runs on the cell's main thread (ipykernel drops display updates from other threads). What the
-events mean for the record is `record.RecordKeeper`'s job; this module moves bytes and signals.
+events mean for the record is `observe.launch_reader.LaunchReader`'s job; this module moves
+bytes and signals.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..events import Channel, Event, Log, OutputPipes
+from ..observe.launch_reader import LaunchReader
 from ..runtime import compile_cache
 from ..states import Outcome
+from .failure import failure_message
 from .native_output import NativeRelay
 from .processes import stop_group
-from .record import LaunchRecord
 from .watching import LaunchWatch, end_launch, shows
 
 if TYPE_CHECKING:
@@ -30,14 +32,16 @@ POLL_INTERVAL = 0.1
 class Supervision(LaunchWatch):
     """One launch, from the kernel: `run()` returns when every process of it is gone."""
 
-    def __init__(self, record: LaunchRecord, display: LaunchDisplay, shown_ranks: set[int] | str,
-                 timeout: float | None, heartbeat_timeout: float | None,
+    def __init__(self, reader: LaunchReader, display: LaunchDisplay,
+                 shown_ranks: set[int] | str, timeout: float | None,
                  poll_interval: float = POLL_INTERVAL,
                  line_prefix: Callable[[int], str] | None = None) -> None:
-        """`poll_interval`: the longest wait between two looks at the workers (accelerate's
+        """`reader`: the one reader of the launch's events (it holds the record);
+        `poll_interval`: the longest wait between two looks at the workers (accelerate's
         `monitor_interval`); `line_prefix`: rank -> the prefix of its printed lines
         (`log_line_prefix_template`), instead of `[rank N] ` when there are several ranks."""
-        super().__init__(record, display, shown_ranks, timeout, heartbeat_timeout)
+        super().__init__(reader, display, shown_ranks, timeout)
+        record = reader.record
         self.poll_interval = poll_interval
         self.line_prefix = line_prefix
         self.pid: int | None = None  # the supervisor, until reaped
@@ -45,7 +49,7 @@ class Supervision(LaunchWatch):
         self.exit_fd: int | None = None  # readable once the supervisor has exited
         said: dict[str, bool] = {}  # native messages already said once in this launch
         self.native = NativeRelay(
-            ranks_of=lambda pid: sorted(self.keeper.pid_ranks.get(pid, ())),
+            ranks_of=lambda pid: sorted(self.reader.pid_ranks.get(pid, ())),
             shown=self._shown,
             tagged=record.world > 1,
             rewrite=lambda line: compile_cache.native_line(line, said),
@@ -113,8 +117,8 @@ class Supervision(LaunchWatch):
             self._end(outcome, channel, start)
 
     def failure_message(self) -> str:
-        """What the cell's `LaunchError` says (see `RecordKeeper.failure_message`)."""
-        return self.keeper.failure_message()
+        """What the cell's `LaunchError` says (`failure.failure_message`)."""
+        return failure_message(self.reader)
 
     def _watch(self, channel: Channel, start: float) -> Outcome:
         """Relay events and output until the launch ends; return how it ended.
@@ -133,7 +137,7 @@ class Supervision(LaunchWatch):
 
         Otherwise ranks quiet past `HEARTBEAT_WARNING` are named once on stderr.
 
-        The state changes made here are the ranks' only (through `RecordKeeper`): "pending"
+        The state changes made here are the ranks' only (through `LaunchReader`): "pending"
         -> "running" on `Started`; -> "finished", "failed" or "killed" on `Finished`,
         `Failed`, `ProcessExited`; "running" or "pending" -> "timeout" past
         `heartbeat_timeout`; -> "failed" when the supervisor exited without their result.
@@ -164,7 +168,7 @@ class Supervision(LaunchWatch):
         return exited
 
     def _handle(self, event: Event) -> None:
-        self.keeper.handle(event)
+        self.reader.handle(event)
         if isinstance(event, Log):
             self._print_log(event)
         elif isinstance(event, OutputPipes):
@@ -213,7 +217,7 @@ class Supervision(LaunchWatch):
         if self.group is None:
             return
         # Also what left the group (a new session, a daemon): named on the record.
-        self.keeper.note_stopped(stop_group(self.group, reap=self._supervisor_exited))
+        self.reader.note_stopped(stop_group(self.group, reap=self._supervisor_exited))
         if self.pid is not None:
             try:
                 os.waitpid(self.pid, 0)
@@ -225,7 +229,7 @@ class Supervision(LaunchWatch):
         """The one place a launch ends (`watching.end_launch`, as on a cluster): stop what is
         left, set the record's outcome, apply the last events, draw the final panel."""
         end_launch(
-            self.keeper, self.display, outcome, start,
+            self.reader, self.display, outcome, start,
             stop=self._stop,  # grandchildren that outlived the supervisor too
             drain=lambda: self._drain(channel),
             interrupted_line=("hfxla_nb: interrupted; every worker process of this launch was "

@@ -10,8 +10,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..observe.launch_reader import LaunchReader
 from ..states import Outcome, RankState
-from .record import LaunchRecord, RecordKeeper
+from .record import LaunchRecord
 
 if TYPE_CHECKING:
     from ..ui import LaunchDisplay
@@ -28,22 +29,22 @@ STOPPED_AS = {
 
 
 class LaunchWatch:
-    """What a watcher of a launch holds (its record, the keeper of it, the panel, which ranks'
-    lines show, the `timeout`) and how each turn of its watch loop ends (`_turn_end`).
+    """What a watcher of a launch holds (its record, the one reader of its events, the panel,
+    which ranks' lines show, the `timeout`) and how each turn of its watch loop ends
+    (`_turn_end`).
 
     Args:
-        record: the launch's record (its keeper is made here).
+        reader: the one reader of the launch's events (it holds the record; the panel draws
+            it too).
         display: the launch's panel.
         shown_ranks: which ranks' lines reach the cell ("all", "none" or a set of ranks).
         timeout: seconds after which the launch is stopped as "timeout"; None: none.
-        heartbeat_timeout: seconds of silence after which a rank is stopped (`RecordKeeper`).
     """
 
-    def __init__(self, record: LaunchRecord, display: LaunchDisplay,
-                 shown_ranks: set[int] | str, timeout: float | None,
-                 heartbeat_timeout: float | None) -> None:
-        self.record = record
-        self.keeper = RecordKeeper(record, timeout, heartbeat_timeout)
+    def __init__(self, reader: LaunchReader, display: LaunchDisplay,
+                 shown_ranks: set[int] | str, timeout: float | None) -> None:
+        self.record: LaunchRecord = reader.record
+        self.reader = reader
         self.display = display
         self.shown_ranks = shown_ranks
         self.timeout = timeout
@@ -57,7 +58,7 @@ class LaunchWatch:
         - a failure is known (a `Failed` event, a process killed or exited early, a rank
           silent past `heartbeat_timeout`): "failed";
         - `exited()` (asked only then) gives a status: every supervisor of the launch exited
-          and the events they sent are applied: `RecordKeeper.outcome_after_exit`;
+          and the events they sent are applied: `LaunchReader.outcome_after_exit`;
         - `timeout` passed since `began`: "timeout".
 
         While it runs on, ranks quiet past `HEARTBEAT_WARNING` are named once on stderr.
@@ -66,14 +67,14 @@ class LaunchWatch:
         if now - self._last_refresh >= REFRESH_INTERVAL:
             self.display.refresh()
             self._last_refresh = now
-        if self.keeper.failure is not None:
+        if self.reader.failure is not None:
             return Outcome.FAILED
         status = exited()
         if status is not None:
-            return self.keeper.outcome_after_exit(status)
+            return self.reader.outcome_after_exit(status)
         if self.timeout is not None and now - began > self.timeout:
             return Outcome.TIMEOUT
-        for warning in self.keeper.check_heartbeats(now):
+        for warning in self.reader.check_heartbeats(now):
             print(warning, file=sys.stderr)
         return None
 
@@ -86,7 +87,7 @@ def shows(shown_ranks: set[int] | str, ranks: list[int]) -> bool:
     return not ranks or any(rank in shown_ranks for rank in ranks)
 
 
-def end_launch(keeper: RecordKeeper, display: LaunchDisplay, outcome: Outcome, began: float,
+def end_launch(reader: LaunchReader, display: LaunchDisplay, outcome: Outcome, began: float,
                *, interrupted_line: str, stop: Callable[[], None] | None = None,
                drain: Callable[[], None] | None = None) -> None:
     """The one place a launch ends, however it ended, on one host or several.
@@ -99,7 +100,7 @@ def end_launch(keeper: RecordKeeper, display: LaunchDisplay, outcome: Outcome, b
     printed on stderr.
 
     Args:
-        keeper: the launch's `RecordKeeper` (its record is the one ended).
+        reader: the launch's `LaunchReader` (its record is the one ended).
         display: the launch's panel.
         outcome: how the launch ended (not `Outcome.RUNNING`).
         began: the `time.monotonic()` at which the launch began.
@@ -109,16 +110,19 @@ def end_launch(keeper: RecordKeeper, display: LaunchDisplay, outcome: Outcome, b
             returns (a cluster's hosts).
         drain: applies the last events and closes the relays; None where there is none.
     """
-    keeper.mark_stopped(STOPPED_AS[outcome])
+    reader.mark_stopped(STOPPED_AS[outcome])
     if stop is not None:
         stop()
-    keeper.record.outcome = outcome
+    record = reader.record
+    record.outcome = outcome
     if drain is not None:
         drain()
-    keeper.record.duration = time.monotonic() - began
-    keeper.finish()
+    record.duration = time.monotonic() - began
+    for rank in record.ranks:
+        rank.metrics = reader.rank_metrics(rank.rank)
+    reader.end()
     try:
-        display.close(keeper.record)
+        display.close(record)
     except Exception as error:  # noqa: BLE001 - a drawing bug must not hide the result
         print(f"hfxla_nb: could not draw the final panel: {error}", file=sys.stderr)
     if outcome == Outcome.INTERRUPTED:

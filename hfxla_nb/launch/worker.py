@@ -20,7 +20,6 @@ the child.
 from __future__ import annotations
 
 import faulthandler
-import io
 import os
 import signal
 import sys
@@ -35,144 +34,23 @@ from ..events import (
     Channel,
     Failed,
     Finished,
-    Heartbeat,
     ProcessesStopped,
     ProcessExited,
     Started,
     attach_worker,
-    worker_rank,
 )
 from ..observe import reporting, tracing, user_frames
 from ..runtime import compile_cache
-from . import log_sender, rank_env
+from . import rank_env
 from .accelerate_state import gloo_world_for_accelerate
+from .event_stream import EventStream, drain_output
+from .heartbeat import rank_ended, rank_started, start_heartbeat
 from .native_output import route_this_process
 from .processes import LEFTOVER_GRACE, become_subreaper, stop_descendants
 from .script_mode import cell_numbers, leave_the_notebook
 
-HEARTBEAT_INTERVAL = 1.0
 # The notebook's cell file names -> execution counts, read before the shell is cleared.
 _cells: dict[str, int] = {}
-
-
-class EventStream(io.TextIOBase):
-    """A text stream that sends what a worker prints to the notebook, in whole lines.
-
-    Partial lines wait for their newline or an explicit `flush()` (tqdm and `print(...,
-    flush=True)` flush), per thread, so lines from rank threads never interleave. Whole
-    lines go to this process's `log_sender.LogSender`, which sends them at once or, while the
-    notebook catches up, in batches: `flush()` never waits for the notebook (a logging
-    handler flushes every record); `drain_output()` does, before a rank's last events.
-    """
-
-    def __init__(self, channel: Channel, name: str, fd: int) -> None:
-        super().__init__()
-        self._channel = channel
-        self._name = name
-        self._fd = fd
-        self._local = threading.local()
-
-    @property
-    def name(self) -> str:
-        return f"<hfxla_nb {self._name}>"
-
-    def writable(self) -> bool:
-        return True
-
-    def isatty(self) -> bool:
-        return False
-
-    def fileno(self) -> int:
-        # faulthandler and subprocess need a real descriptor: the pipe the notebook reads.
-        return self._fd
-
-    def write(self, text: str) -> int:
-        buffer = getattr(self._local, "buffer", "") + text
-        cut = buffer.rfind("\n") + 1
-        if cut:
-            self._send(buffer[:cut])
-            buffer = buffer[cut:]
-        self._local.buffer = buffer
-        return len(text)
-
-    def flush(self) -> None:
-        buffer = getattr(self._local, "buffer", "")
-        if buffer:
-            self._local.buffer = ""
-            self._send(buffer)
-
-    def _send(self, text: str) -> None:
-        log_sender.for_process(self._channel).send(worker_rank(), self._name, text)
-
-
-def drain_output() -> None:
-    """Hand every partial line of this thread to the sender and wait until this process's
-    output was sent: before `Finished`/`Failed` and before the process exits."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed or replaced stream: nothing to send
-            pass
-    log_sender.drain()
-
-
-class _ActiveRanks:
-    """The ranks running in this process, for heartbeats."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ranks: set[int] = set()
-
-    def add(self, rank: int) -> None:
-        with self._lock:
-            self._ranks.add(rank)
-
-    def remove(self, rank: int) -> None:
-        with self._lock:
-            self._ranks.discard(rank)
-
-    def snapshot(self) -> list[int]:
-        with self._lock:
-            return sorted(self._ranks)
-
-
-_active = _ActiveRanks()
-_heartbeat_pid: int | None = None
-_heartbeat_lock = threading.Lock()
-
-
-def _heartbeat(channel: Channel) -> None:
-    """The heartbeat thread: forever (a daemon), every `HEARTBEAT_INTERVAL` s, one `Heartbeat`
-    per rank running in this process, so that a frozen process is told from a busy one."""
-    while True:
-        time.sleep(HEARTBEAT_INTERVAL)
-        for rank in _active.snapshot():
-            channel.send(Heartbeat(rank=rank))
-
-
-def _start_heartbeat(channel: Channel) -> None:
-    """One heartbeat thread in each process that runs ranks (xmp.spawn's pool processes too:
-    a forked child has none of its parent's threads)."""
-    global _heartbeat_pid
-    with _heartbeat_lock:
-        if _heartbeat_pid == os.getpid():
-            return
-        _heartbeat_pid = os.getpid()
-        threading.Thread(
-            target=_heartbeat, args=(channel,), name="hfxla_nb-heartbeat", daemon=True
-        ).start()
-
-
-def _after_fork_in_child() -> None:
-    # A lock that a parent's thread held at the fork stays held in the child forever: the
-    # heartbeat's snapshot could leave `_active` locked, and the child's first rank would hang
-    # before it even said it started.
-    global _active, _heartbeat_lock
-    _active = _ActiveRanks()
-    _heartbeat_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def prepare_process(channel: Channel, output_fds: tuple[int, int],
@@ -216,8 +94,8 @@ def run_rank(
     """Run the user's function as `rank`, reporting its start and its outcome."""
     route_this_process(channel)
     attach_worker(channel, rank)
-    _start_heartbeat(channel)
-    _active.add(rank)
+    start_heartbeat(channel)
+    rank_started(rank)
     compile_cache.start_in_worker(rank)  # before the function's first compilation
     tracing.start_in_worker(channel, rank, _cells)
     reporting.rank_started(rank)
@@ -241,7 +119,7 @@ def run_rank(
         )
         return None
     finally:
-        _active.remove(rank)
+        rank_ended(rank)
     _run_pending_step_closures()
     compile_cache.finish_in_worker()
     tracing.rank_ended(rank)

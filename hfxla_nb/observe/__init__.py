@@ -13,9 +13,11 @@ from .._lazy import lazy_exports
 _EXPORTS = {
     "WARMUP_STEPS": "metrics",
     "Alert": "analyzer",
-    "InputShapes": "metrics",
+    "InputShapes": "shapes",
+    "LaunchReader": "launch_reader",
     "LiveMetrics": "live",
-    "ShapeTracker": "metrics",
+    "RankMetrics": "rank_metrics",
+    "ShapeTracker": "shapes",
     "XlaSummary": "metrics",
     "analyze": "analyzer",
     "diff": "metrics",

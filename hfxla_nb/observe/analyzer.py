@@ -20,158 +20,35 @@ tokenizer, other tensors by the code that builds them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .._units import duration
 from .._words import plural
-from .compile_records import cause_text
-from .metrics import (
-    MAX_QUIET_SHAPES,
-    WARMUP_STEPS,
-    InputShapes,
-    XlaSummary,
-    shape_changes,
+from .alert_words import (
+    INPUTS_HINT,
+    MAX_TRANSFERS_PER_STEP,
+    Alert,
+    compile_cause,
+    cost_severity,
+    last_batch_fix,
+    shapes_cause,
+    shapes_fix,
+    shapes_listed,
+    share_text,
 )
+from .compile_records import cause_text
+from .metrics import WARMUP_STEPS, XlaSummary
+from .shapes import MAX_QUIET_SHAPES, InputShapes, shape_changes
 from .trace_log import CompileRow
 
 # torch_xla/csrc/runtime/metrics_analysis.cc
 MAX_COMPILES_PER_STEP = 0.5
-MAX_TRANSFERS_PER_STEP = 0.5
 MAX_COMPILE_SECONDS = 300.0
 MAX_EXECUTE_SECONDS = 30.0
-# Compiling this share of the XLA time (compile + execute) or more makes recompilation a warning.
-COSTLY_COMPILE_SHARE = 0.5
-# Inputs a tokenizer makes (their fix is the tokenizer's padding); other tensors are the
-# program's own.
-TOKENIZER_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids",
-                              "special_tokens_mask", "offset_mapping"})
 # Beyond torch_xla's rules: a run of at least this many steps that compiled a new graph at
 # nearly every step (compiles >= steps) is flagged even inside the warm-up...
 MIN_EVERY_STEP = 3
 # ... and transfers per step are judged only over this many steps (one fetch in a 2-step
 # cell is not a habit).
 MIN_RATE_STEPS = 3
-
-
-@dataclass(frozen=True)
-class Alert:
-    """One finding, in plain language.
-
-    Attributes:
-        code: a stable identifier ("frequent-compiles", "frequent-transfers", "cpu-fallback",
-            "recompiled", "slow-compile", "slow-execution").
-        severity: "error", "warning" or "info".
-        title: one line.
-        explanation: what happened and its likely cause.
-        fix: what to change.
-    """
-
-    code: str
-    severity: str
-    title: str
-    explanation: str
-    fix: str
-
-
-def _shapes_listed(changed: dict[str, InputShapes], limit: int = 6,
-                   opening: str = "input") -> str:
-    """`input 'x' had 23 different shapes: (9, 8), ..., (14, 8) and 17 more; input 'y' ...`
-    (`opening="Input"`: the same list opening a sentence)."""
-    return "; ".join(
-        f"{opening if index == 0 else 'input'} '{name}' had {info.count_text()}: "
-        f"{info.listed_text(limit)}"
-        for index, (name, info) in enumerate(changed.items())
-    )
-
-
-def _shapes_cause(changed: dict[str, InputShapes]) -> str:
-    return (
-        "The likely cause: the input shapes changed ("
-        + _shapes_listed(changed)
-        + "). XLA compiles a new graph for every new shape."
-    )
-
-
-# What follows "Give" (or "give", after a colon) in the fix for changing shapes.
-_TOKENIZER_FIX = (
-    "every batch the same shape: pad to a fixed length (tokenizer(..., "
-    "padding='max_length', max_length=N, truncation=True)) or to a few bucket lengths"
-)
-_TENSOR_FIX = (
-    "the tensors the same shape in every step: pad or crop them to a fixed size "
-    "(torch.nn.functional.pad), or to a few bucket sizes, where the batch is built"
-)
-# How to name the input whose shape changes, when nothing named it. torch_xla's own analysis
-# cannot name it (checked on torch_xla 2.9): its compilation block gives the cause, the graph
-# hash, the number of graph inputs and outputs and the Python frames, and its post-compilation
-# block the inputs' total size in GB (6 decimals), never an input's name or shape.
-# `_XLAC._get_xla_tensors_text` and `_get_xla_tensor_debug_info` describe tensors one holds,
-# and `_XLAC` lists no live tensors (`_xla_sync_live_tensors` syncs them); the IR dumps
-# (`XLA_SAVE_TENSORS_FILE`, `XLA_IR_DEBUG`) write every graph of every step, far from cheap.
-# So only `report(inputs=...)` names the input.
-INPUTS_HINT = ("To see which input changes shape, pass the step's inputs to report: "
-               "hx.report(step=step, loss=loss, inputs=batch) (a dict of tensors, or "
-               "inputs={'x': x}).")
-
-
-def _last_batch_fix(summary: XlaSummary) -> str:
-    """The DataLoader part of a shape fix, only where it can apply: said plainly when the
-    code uses a DataLoader, as a condition when that is not known, not at all when it does
-    not."""
-    if summary.dataloader is False:
-        return ""
-    if summary.dataloader:
-        return ", and use drop_last=True in the DataLoader so the last batch is not smaller"
-    return "; if the batches come from a DataLoader, drop_last=True keeps the last one whole"
-
-
-def _shapes_fix(changed: dict[str, InputShapes], summary: XlaSummary,
-                opening: str = "Give") -> str:
-    """The fix for the inputs whose shape changed: the tokenizer's padding for tokenizer
-    outputs, padding the tensors themselves for anything else (`opening="give"`: after a
-    colon)."""
-    fix = _TOKENIZER_FIX if any(name in TOKENIZER_INPUTS for name in changed) else _TENSOR_FIX
-    return f"{opening} {fix}{_last_batch_fix(summary)}."
-
-
-def _cost_severity(summary: XlaSummary) -> str:
-    """"warning" when compiling took most of the XLA time, else "info"."""
-    share = summary.compile_share
-    return "warning" if share is not None and share >= COSTLY_COMPILE_SHARE else "info"
-
-
-def _share_text(summary: XlaSummary) -> str:
-    """` Compiling took 99% of the XLA time.` (or '' when nothing was timed)."""
-    share = summary.compile_share
-    return "" if share is None else f" Compiling took {share * 100:.0f}% of the XLA time."
-
-
-def _compile_cause(summary: XlaSummary) -> tuple[str, str]:
-    """The likely cause of recompilations and its fix, from shapes, transfers and fallbacks."""
-    changed = shape_changes(summary.input_shapes)
-    if changed:
-        return _shapes_cause(changed), _shapes_fix(changed, summary)
-    transfers = summary.per_step(summary.transfers_from_device)
-    if transfers is not None and transfers > MAX_TRANSFERS_PER_STEP:
-        return (
-            "The likely cause: a value is fetched from the device inside the step "
-            f"({plural(summary.transfers_from_device, 'transfer')} in "
-            f"{plural(summary.steps or 0, 'step')}), which cuts "
-            "the graph in two, and the pieces differ from step to step.",
-            "Do not call .item(), print a tensor or branch on a tensor's value inside the step; "
-            "report values with hfxla_nb.report(loss=loss), which fetches them every few steps.",
-        )
-    if summary.fallbacks:
-        ops = ", ".join(summary.fallbacks)
-        return (
-            f"The likely cause: operations that ran on the CPU ({ops}) split the graph.",
-            "Replace the operations listed in the CPU-fallback alert.",
-        )
-    return (
-        f"No input shape change was reported. {INPUTS_HINT} PT_XLA_DEBUG_LEVEL=2 has "
-        "PyTorch/XLA print the cause of each compilation.",
-        "Keep shapes and Python control flow the same in every step.",
-    )
 
 
 def _shape_changes_alert(summary: XlaSummary, many: dict[str, InputShapes],
@@ -184,20 +61,20 @@ def _shape_changes_alert(summary: XlaSummary, many: dict[str, InputShapes],
         title = f"Input {names} took {next(iter(many.values())).count_text()}"
     else:
         title = f"Inputs {names} took many different shapes"
-    listed = _shapes_listed(many, opening="Input")
+    listed = shapes_listed(many, opening="Input")
     compiled = ""
     if summary.compiles:
         during = (f", all in the first {warmup_steps} steps"
                   if summary.compiles_after_warmup == 0 else "")
         compiled = (f" This run compiled {plural(summary.compiles, 'graph')}{during}."
-                    f"{_share_text(summary)}")
+                    f"{share_text(summary)}")
     return Alert(
-        "shape-changes", _cost_severity(summary), title,
+        "shape-changes", cost_severity(summary), title,
         f"{listed}. XLA compiles a new graph for every new input "
         f"shape.{compiled} Later steps reuse those graphs, but each compilation can take "
         "minutes on a TPU, and every shape not seen yet (a longer text, a smaller last "
         "batch, an evaluation batch) compiles again.",
-        _shapes_fix(many, summary),
+        shapes_fix(many, summary),
     )
 
 
@@ -233,14 +110,14 @@ def _compile_alerts(summary: XlaSummary, warmup_steps: int) -> list[Alert]:
     if steps and ((steps > warmup_steps and compile_rate > MAX_COMPILES_PER_STEP) or every_step):
         return [_frequent_compiles(summary, warmup_steps, _unit(summary), every_step)]
     if summary.compiles_after_warmup and summary.steps_after_warmup and changed:
-        cause, fix = _compile_cause(summary)
+        cause, fix = compile_cause(summary)
         return [Alert(
-            "recompiled", _cost_severity(summary),
+            "recompiled", cost_severity(summary),
             f"Recompiling: {plural(summary.compiles, 'compile')} in {plural(steps or 0, 'step')}, "
             f"{summary.compiles_after_warmup} after warm-up",
             f"XLA compiled {plural(summary.compiles_after_warmup, 'new graph')} in the "
             f"{plural(summary.steps_after_warmup, 'step')} after warm-up."
-            f"{_share_text(summary)} {cause}",
+            f"{share_text(summary)} {cause}",
             fix,
         )]
     many = {name: info for name, info in changed.items() if info.distinct > MAX_QUIET_SHAPES}
@@ -297,11 +174,11 @@ def _fallback_alert(summary: XlaSummary) -> Alert | None:
 
 
 def _slow_compile_alert(summary: XlaSummary) -> Alert | None:
-    if summary.max_compile_time <= MAX_COMPILE_SECONDS:
+    if summary.max_compile_seconds <= MAX_COMPILE_SECONDS:
         return None
     return Alert(
         "slow-compile", "warning",
-        f"A compilation took {duration(summary.max_compile_time)}",
+        f"A compilation took {duration(summary.max_compile_seconds)}",
         f"One graph took longer than {MAX_COMPILE_SECONDS:.0f} s to compile; large graphs "
         "(long unrolled loops, huge models traced at once) compile slowly.",
         "Sync more often (torch_xla.sync() inside long loops), use scan for repeated "
@@ -310,11 +187,11 @@ def _slow_compile_alert(summary: XlaSummary) -> Alert | None:
 
 
 def _slow_execution_alert(summary: XlaSummary) -> Alert | None:
-    if summary.max_execute_time <= MAX_EXECUTE_SECONDS:
+    if summary.max_execute_seconds <= MAX_EXECUTE_SECONDS:
         return None
     return Alert(
         "slow-execution", "warning",
-        f"An execution took {duration(summary.max_execute_time)}",
+        f"An execution took {duration(summary.max_execute_seconds)}",
         f"One graph ran for longer than {MAX_EXECUTE_SECONDS:.0f} s: the step may be doing "
         "far more work than intended (a graph that keeps growing because it is never cut).",
         "Call torch_xla.sync() (or use MpDeviceLoader) once per step.",
@@ -360,17 +237,17 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
                      f"{plural(summary.steps_after_warmup, 'step')} after the first "
                      f"{warmup_steps}")
     numbers = (f"XLA compiled {rate:.2f} graphs per {unit} ({rule}), taking "
-               f"{duration(summary.compile_time)}.{_share_text(summary)}")
+               f"{duration(summary.compile_seconds)}.{share_text(summary)}")
     row = recompiling_row(summary)
     if row is None or row.graphs < 2:
-        cause, fix = _compile_cause(summary)
+        cause, fix = compile_cause(summary)
         return Alert("frequent-compiles", "warning",
                      f"Recompiling: {plural(summary.compiles, 'compile')} in "
                      f"{plural(steps or 0, 'step')}", f"{numbers} {cause}", fix)
     place = row.place()
     changed = shape_changes(summary.input_shapes)
     if changed:
-        cause, fix = _shapes_cause(changed), _shapes_fix(changed, summary, opening="give")
+        cause, fix = shapes_cause(changed), shapes_fix(changed, summary, opening="give")
     elif row.fetched:
         cause = ("Each of them was cut there by reading a tensor's value (torch_xla: "
                  f"\"{row.cause}\"), and the part of the step before the read differs from "
@@ -383,7 +260,7 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
                  "indexing, nonzero), or a branch or loop that depends on the data."
                  + ("" if summary.input_shapes else f" {INPUTS_HINT}"))
         fix = ("keep shapes and Python control flow the same in every step: pad to fixed "
-               f"shapes (or a few buckets){_last_batch_fix(summary)}.")
+               f"shapes (or a few buckets){last_batch_fix(summary)}.")
     return Alert(
         "frequent-compiles", "warning",
         f"Recompiling: {place} compiled {row.graphs} different graphs in "

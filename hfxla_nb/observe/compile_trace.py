@@ -30,7 +30,7 @@ the compilations view). Plain data in, plain data out: the file is read by `obse
 
 The text names no input and no shape (only how many inputs a graph has and their total
 size), so which input changed shape comes from `report(inputs=...)` alone (see
-`analyzer.INPUTS_HINT`).
+`alert_words.INPUTS_HINT`).
 """
 
 from __future__ import annotations

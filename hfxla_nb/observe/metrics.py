@@ -1,4 +1,5 @@
-"""Snapshots and diffs of torch_xla's counters, input-shape tracking, and the summary of a run.
+"""Snapshots and diffs of torch_xla's counters, and the summary of a run (input shapes:
+`observe.shapes`).
 
 Plain data in, plain data out; only `snapshot()` and `device_memory()` reach torch_xla (through
 `_xla`). A snapshot is the dict `_xla.metrics_snapshot()` returns:
@@ -19,7 +20,6 @@ hits), executions from `ExecuteTime` / `ExecuteReplicatedTime` (SPMD), transfers
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,15 +28,6 @@ from .._xla import FALLBACK_PREFIX, ITEM_OP
 
 # PyTorch/XLA's own debug analysis (PT_XLA_DEBUG_LEVEL) judges rates only after 10 steps.
 WARMUP_STEPS = 10
-
-# How many distinct shapes one input lists in a `ShapeTracker` (the rest are only counted)...
-MAX_SHAPES_PER_INPUT = 16
-# ... exactly up to this many more (past it, the count is a lower bound): bounded memory.
-MAX_SHAPES_COUNTED = 4096
-# More distinct shapes than this for one input gets an alert even when every compilation
-# happened during warm-up. A few fixed bucket lengths are the recommended fix itself
-# (`hfxla_nb.data` pads to at most 3 buckets), so up to 3 shapes stay quiet.
-MAX_QUIET_SHAPES = 3
 
 _NS = 1e-9
 
@@ -93,151 +84,6 @@ def diff(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]
 
 
 # ---------------------------------------------------------------------------------------------
-# Input shapes: which input changed shape, and when
-# ---------------------------------------------------------------------------------------------
-
-
-class ShapeTracker:
-    """Remembers the distinct shapes each named input had, cheaply (a dict lookup per input).
-
-    `record(step, {"input_ids": (16, 64), ...})` per step; `data()` gives
-    `{name: [{"shape": [16, 64], "first": step, "last": step, "count": n}, ...]}` in order of
-    first appearance, which the analyzer uses to say which input's shape changed. Thread-safe.
-
-    Storage is bounded: the first `MAX_SHAPES_PER_INPUT` shapes of an input are listed; later
-    ones are only counted (exactly up to `MAX_SHAPES_COUNTED` more) in one last entry
-    `{"shape": ["..."], "first", "last", "count", "more": how many more distinct shapes,
-    "exact": whether "more" is exact}`. Read the data with `input_shapes_of`.
-    """
-
-    def __init__(self) -> None:
-        self._shapes: dict[str, dict[tuple, dict[str, Any]]] = {}
-        self._unlisted: dict[str, set] = {}  # distinct shapes past the listed ones (bounded)
-        self._overflow: dict[str, dict[str, Any]] = {}  # the steps that had unlisted shapes
-        self._lock = threading.Lock()
-
-    def record(self, step: int, shapes: dict[str, tuple]) -> bool:
-        """Record this step's shapes; returns whether any input showed a shape not seen before."""
-        new = False
-        with self._lock:
-            for name, shape in shapes.items():
-                seen = self._shapes.setdefault(name, {})
-                entry = seen.get(shape)
-                if entry is None and len(seen) < MAX_SHAPES_PER_INPUT:
-                    entry = seen[shape] = {"shape": list(shape), "first": step, "count": 0}
-                    new = new or len(seen) > 1
-                elif entry is None:  # too many to list: count the rest
-                    entry = self._overflow.get(name)
-                    if entry is None:
-                        entry = self._overflow[name] = {
-                            "shape": ["..."], "first": step, "count": 0, "more": 0, "exact": True,
-                        }
-                    unlisted = self._unlisted.setdefault(name, set())
-                    if shape not in unlisted:
-                        new = True
-                        if len(unlisted) < MAX_SHAPES_COUNTED:
-                            unlisted.add(shape)
-                            entry["more"] = len(unlisted)
-                        else:
-                            entry["exact"] = False
-                entry["count"] += 1
-                entry["last"] = step
-        return new
-
-    def data(self) -> dict[str, list[dict[str, Any]]]:
-        """A picklable copy of what was recorded."""
-        with self._lock:
-            result = {}
-            for name, seen in self._shapes.items():
-                entries = [dict(entry) for entry in seen.values()]
-                if name in self._overflow:
-                    entries.append(dict(self._overflow[name]))
-                result[name] = entries
-            return result
-
-
-def shape_text(shape: tuple) -> str:
-    """"(16, 64)" for a shape."""
-    return "(" + ", ".join(str(size) for size in shape) + ")"
-
-
-@dataclass(frozen=True)
-class InputShapes:
-    """The shapes one input had: the first ones seen (listed) and how many in all.
-
-    Attributes:
-        shapes: the listed shapes, in order of first appearance.
-        first_steps: the step at which each listed shape first appeared.
-        distinct: how many distinct shapes the input had (at least `len(shapes)`).
-        exact: False when there were so many that `distinct` is only a lower bound.
-    """
-
-    shapes: list[tuple]
-    first_steps: list[int | None]
-    distinct: int
-    exact: bool = True
-
-    @property
-    def more(self) -> int:
-        """How many distinct shapes are not listed."""
-        return max(self.distinct - len(self.shapes), 0)
-
-    def count_text(self) -> str:
-        """`23 different shapes`, or `more than 4112 different shapes`."""
-        return f"{'' if self.exact else 'more than '}{self.distinct} different shapes"
-
-    def listed_text(self, limit: int) -> str:
-        """`(9, 8), (10, 8), (11, 8) and 20 more`: the first `limit` shapes, then how many
-        were not shown."""
-        if self.distinct == limit + 1:
-            limit += 1  # "and 1 more" says less than the shape itself
-        shown = self.shapes[:limit]
-        text = ", ".join(shape_text(shape) for shape in shown)
-        rest = self.distinct - len(shown)
-        if rest > 0:
-            text += f" and {'' if self.exact else 'over '}{rest} more"
-        return text
-
-
-def input_shapes_of(data: dict[str, list[dict[str, Any]]] | None) -> dict[str, InputShapes]:
-    """`ShapeTracker.data()` (or a snapshot's `input_shapes`) as `{name: InputShapes}`."""
-    result = {}
-    for name, entries in (data or {}).items():
-        shapes, first_steps, distinct, exact = [], [], 0, True
-        for entry in entries:
-            if list(entry.get("shape", [])) == ["..."]:  # the shapes that were not listed
-                distinct += int(entry.get("more", 1))
-                exact = exact and "more" in entry and bool(entry.get("exact", True))
-                continue
-            shapes.append(tuple(entry["shape"]))
-            first_steps.append(entry.get("first"))
-            distinct += 1
-        result[name] = InputShapes(shapes, first_steps, distinct, exact)
-    return result
-
-
-def shapes_of(inputs: Any) -> dict[str, tuple]:
-    """`{name: shape}` for the tensors (anything with `.shape`) in a dict or batch; no sync."""
-    items = inputs.items() if hasattr(inputs, "items") else ()
-    shapes = {}
-    for name, value in items:
-        shape = getattr(value, "shape", None)
-        if shape is None:
-            continue
-        try:
-            shapes[str(name)] = tuple(int(size) for size in shape)
-        except (TypeError, ValueError):  # symbolic sizes: keep their text
-            shapes[str(name)] = tuple(str(size) for size in shape)
-    return shapes
-
-
-def shape_changes(input_shapes: dict[str, list[dict[str, Any]]] | None) -> dict[str, InputShapes]:
-    """`{name: InputShapes}` for every input that was seen with more than one shape."""
-    return {name: info for name, info in input_shapes_of(input_shapes).items()
-            if info.distinct > 1}
-
-
-# ---------------------------------------------------------------------------------------------
 # Summary: the numbers a panel shows
 # ---------------------------------------------------------------------------------------------
 
@@ -247,22 +93,23 @@ class XlaSummary:
     """What a stretch of XLA work compiled, executed, transferred and fell back on.
 
     Times are in seconds, sizes in bytes. `None` means "not measured" (for example device
-    memory on the CPU, or bytes where torch_xla does not count them).
+    memory on the CPU, or bytes where torch_xla does not count them). The figures a launch
+    keeps per rank (`observe.rank_metrics.RankMetrics`) have these same names.
     """
 
     steps: int | None = None
     compiles: int = 0
-    compile_time: float = 0.0
-    max_compile_time: float = 0.0
+    compile_seconds: float = 0.0
+    max_compile_seconds: float = 0.0
     cached_compiles: int = 0
     executions: int = 0
-    execute_time: float = 0.0
-    max_execute_time: float = 0.0
+    execute_seconds: float = 0.0
+    max_execute_seconds: float = 0.0
     transfers_from_device: int = 0
-    transfer_from_device_time: float = 0.0
+    transfer_from_device_seconds: float = 0.0
     bytes_from_device: int | None = None
     transfers_to_device: int = 0
-    transfer_to_device_time: float = 0.0
+    transfer_to_device_seconds: float = 0.0
     bytes_to_device: int | None = None
     item_calls: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
@@ -282,7 +129,7 @@ class XlaSummary:
     # Compilations after the last step (saving, evaluation: once the main bar reached its
     # total), and their seconds; None when no bar reached a total. Never rated per step.
     compiles_after_steps: int | None = None
-    compile_time_after_steps: float = 0.0
+    compile_seconds_after_steps: float = 0.0
 
     def steps_only(self) -> XlaSummary:
         """The summary without the compilations after the last step (what the per-step rules
@@ -292,9 +139,10 @@ class XlaSummary:
         trace = self.trace
         until = self.compiles - self.compiles_after_steps
         return replace(self, compiles=until,
-                       compile_time=max(self.compile_time - self.compile_time_after_steps, 0.0),
+                       compile_seconds=max(
+                           self.compile_seconds - self.compile_seconds_after_steps, 0.0),
                        trace=trace.until(until) if trace is not None else None,
-                       compiles_after_steps=None, compile_time_after_steps=0.0)
+                       compiles_after_steps=None, compile_seconds_after_steps=0.0)
     # The persistent compile cache: "hits", "misses", "unreadable" (entries XLA:CPU cannot
     # load) and, from the worker, its "folder", "entries", "bytes" and "limit".
     cache: dict[str, Any] | None = None
@@ -302,8 +150,8 @@ class XlaSummary:
     @property
     def compile_share(self) -> float | None:
         """Compile time as a fraction of compile + execute time (None when both are 0)."""
-        total = self.compile_time + self.execute_time
-        return self.compile_time / total if total > 0 else None
+        total = self.compile_seconds + self.execute_seconds
+        return self.compile_seconds / total if total > 0 else None
 
     def per_step(self, count: float) -> float | None:
         """`count` per step (and per rank, when the counters are those of a process that ran
@@ -334,6 +182,20 @@ def _cache(counters: dict[str, Any], folder: dict[str, Any] | None) -> dict[str,
     if not folder and not any(counts.values()):
         return None
     return {**counts, **(folder or {})}
+
+
+def _fallbacks(counters: dict[str, Any], ops: list[str]) -> dict[str, int]:
+    """CPU fallback operations and their counts (an op named without a count: 1), the
+    `.item()` op left out (it is counted as `item_calls`)."""
+    fallbacks = {
+        name: int(value)
+        for name, value in counters.items()
+        if name.startswith(FALLBACK_PREFIX) and name != ITEM_OP and value
+    }
+    for name in ops:
+        if name != ITEM_OP and name not in fallbacks and name.startswith(FALLBACK_PREFIX):
+            fallbacks[name] = 1
+    return fallbacks
 
 
 def summarize(
@@ -370,28 +232,21 @@ def summarize(
     to_count, to_ns, _ = _metric(data, _xla.TRANSFER_TO_DEVICE_TIME)
     inbound = data.get("metrics", {}).get(_xla.BYTES_FROM_DEVICE)
     outbound = data.get("metrics", {}).get(_xla.BYTES_TO_DEVICE)
-    fallbacks = {
-        name: int(value)
-        for name, value in counters.items()
-        if name.startswith(FALLBACK_PREFIX) and name != ITEM_OP and value
-    }
-    for name in data.get("fallback_ops", []):
-        if name != ITEM_OP and name not in fallbacks and name.startswith(FALLBACK_PREFIX):
-            fallbacks[name] = 1
+    fallbacks = _fallbacks(counters, data.get("fallback_ops", []))
     summary = XlaSummary(
         steps=steps,
         compiles=compiles,
-        compile_time=compile_ns * _NS,
-        max_compile_time=max_compile_ns * _NS,
+        compile_seconds=compile_ns * _NS,
+        max_compile_seconds=max_compile_ns * _NS,
         cached_compiles=int(counters.get(_xla.CACHED_COMPILE, 0)),
         executions=executions,
-        execute_time=execute_ns * _NS,
-        max_execute_time=max_execute_ns * _NS,
+        execute_seconds=execute_ns * _NS,
+        max_execute_seconds=max_execute_ns * _NS,
         transfers_from_device=from_count,
-        transfer_from_device_time=from_ns * _NS,
+        transfer_from_device_seconds=from_ns * _NS,
         bytes_from_device=int(inbound["total"]) if inbound else None,
         transfers_to_device=to_count,
-        transfer_to_device_time=to_ns * _NS,
+        transfer_to_device_seconds=to_ns * _NS,
         bytes_to_device=int(outbound["total"]) if outbound else None,
         item_calls=int(counters.get(ITEM_OP, 0)),
         fallbacks=dict(sorted(fallbacks.items(), key=lambda item: -item[1])),
@@ -406,7 +261,7 @@ def summarize(
     last_step = process.get("last_step")
     if last_step and "compiles" in last_step:
         summary.compiles_after_steps = max(compiles - int(last_step["compiles"]), 0)
-        summary.compile_time_after_steps = max(
+        summary.compile_seconds_after_steps = max(
             compile_ns - int(last_step.get("compile_ns", 0)), 0) * _NS
     if warmup is not None and warmup_step is not None and steps is not None:
         before = summarize(warmup, steps=warmup_step)

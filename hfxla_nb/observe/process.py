@@ -16,7 +16,8 @@ from typing import Any
 from .. import _xla, events
 from ..events import MetricsSnapshot
 from ..runtime import compile_cache
-from .metrics import WARMUP_STEPS, ShapeTracker
+from .metrics import WARMUP_STEPS
+from .shapes import ShapeTracker
 
 # Seconds between two MetricsSnapshot events of one process (the panel says "as of step N";
 # a few a second keep it close to the bar, and reading the counters is host-side only).

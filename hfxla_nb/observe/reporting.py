@@ -46,8 +46,8 @@ from typing import Any
 
 from .. import _xla, events
 from ..events import Progress
-from .metrics import shapes_of
 from .process import ProcessState, mark_last_step, maybe_snapshot, send_snapshot
+from .shapes import shapes_of
 
 # Seconds between two Progress events of one bar (the final step is always sent).
 MIN_INTERVAL = 0.2

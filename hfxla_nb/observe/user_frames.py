@@ -27,9 +27,8 @@ def _library_roots() -> tuple[str, ...]:
 
 _LIBRARY_ROOTS = _library_roots()
 _INTERNAL = ("torch_xla", "torch")
-# hfxla_nb's own thin wrapper of torch_xla reports cuts, like torch_xla itself.
-_XLA_WRAPPER = os.path.realpath(os.path.join(os.path.dirname(os.path.dirname(__file__)),
-                                             "_xla.py"))
+# hfxla_nb's own thin wrapper of torch_xla (the package `_xla`) reports cuts, like torch_xla.
+_XLA_WRAPPER = os.path.realpath(os.path.join(os.path.dirname(os.path.dirname(__file__)), "_xla"))
 
 
 def is_library(path: str) -> bool:
@@ -45,7 +44,7 @@ def is_library(path: str) -> bool:
 
 def _is_internal(path: str) -> bool:
     """torch's and torch_xla's own frames (where the cut is reported, not made)."""
-    if path.endswith("_xla.py") and os.path.realpath(path) == _XLA_WRAPPER:
+    if "_xla" in path and os.path.realpath(path).startswith(_XLA_WRAPPER + os.sep):
         return True
     parts = path.replace("\\", "/").split("/")
     for marker in ("site-packages", "dist-packages"):

@@ -54,6 +54,22 @@ TPU_GENERATIONS: tuple[TpuGeneration, ...] = (
     TpuGeneration("7x", "0x0076", None, 2, 192),
 )
 _GENERATIONS_BY_NAME = {generation.name: generation for generation in TPU_GENERATIONS}
+# TensorCores per chip in Google's slice names ("v4-8" is 4 chips; "v5litepod-8" is 8 chips).
+CORES_IN_SLICE_NAME = {"v2": 2, "v3": 2, "v4": 2, "v5p": 2, "v5e": 1, "v6e": 1, "7x": 2}
+
+
+def slice_name(generation: str, chips: int, cores_per_chip: int = 1) -> str:
+    """Google's name of a host of `chips` chips: "v5e-8", "v4-8" (4 chips), "v3-8" (4 chips).
+    A generation the names are not known for counts `cores_per_chip` per chip."""
+    return f"{generation}-{chips * CORES_IN_SLICE_NAME.get(generation, cores_per_chip)}"
+
+
+#: The TPU hosts people name (`plan_memory(hardware=...)`), by slice name: (generation, chips).
+TPU_HOSTS: dict[str, tuple[str, int]] = {
+    slice_name(generation, chips): (generation, chips)
+    for generation, chips in (("v2", 4), ("v3", 4), ("v4", 4), ("v5e", 1), ("v5e", 4),
+                              ("v5e", 8), ("v6e", 1), ("v6e", 8))
+}
 
 
 @dataclass
@@ -277,73 +293,67 @@ def accelerator_from_facts(
     is a problem, not a TPU.
     """
     found_by: list[str] = []
-    generation: TpuGeneration | None = None
-    generation_name: str | None = None
-    chips = 0
-    if pci_chips:
-        chips = len(pci_chips)
-        names = [tpu_generation(device, subsystem) for device, subsystem in pci_chips]
-        known = [g for g in names if g is not None]
-        if known:
-            generation = max(set(known), key=known.count)
-            generation_name = generation.name
-        device, _ = pci_chips[0]
-        found_by.append(f"PCI {GOOGLE_PCI_VENDOR}:{device} x{chips}")
-    if device_files:
-        accel = [path for path in device_files if path.startswith("/dev/accel")]
-        vfio = [path for path in device_files if path.startswith("/dev/vfio/")]
-        if accel:
-            found_by.append(f"/dev/accel* x{len(accel)}")
-        if vfio:
-            found_by.append(f"/dev/vfio/* x{len(vfio)}")
-        if not chips:
-            chips = max(len(accel), len(vfio))
-    if chips:
+    generation = _pci_generation(pci_chips, found_by)
+    file_chips = _count_device_files(device_files, found_by)  # noted even beside PCI
+    chips = len(pci_chips) or file_chips
+    if not chips:
+        return _without_tpu(environ, host_cores, gpus)
+    generation_name = generation.name if generation else None
+    if generation is None:
         accelerator_type = environ.get("TPU_ACCELERATOR_TYPE")
-        if generation is None:
-            generation_name = generation_from_accelerator_type(accelerator_type)
-            generation = _GENERATIONS_BY_NAME.get(generation_name or "")
-            if generation is not None:
-                found_by.append(f"TPU_ACCELERATOR_TYPE={accelerator_type}")
-        if environ.get("PJRT_DEVICE", "").upper() == "TPU":
-            found_by.append("PJRT_DEVICE=TPU")
-        cores = generation.cores_per_chip if generation else 1
-        if generation is None and pci_chips and pci_chips[0][0] == "0x0027":
-            # v2 or v3 with an unknown subsystem id: both have two cores per chip.
-            generation_name, cores = "v2/v3", 2
-        return Accelerator(
-            kind="tpu",
-            generation=generation_name,
-            chips=chips,
-            cores_per_chip=cores,
-            devices=chips * cores,
-            hbm_per_chip_gib=generation.hbm_gib if generation else None,
-            found_by=found_by,
-            host_cores=host_cores,
-            gpus=gpus,
-            holders=dict(holders or {}),
-        )
+        generation_name = generation_from_accelerator_type(accelerator_type)
+        generation = _GENERATIONS_BY_NAME.get(generation_name or "")
+        if generation is not None:
+            found_by.append(f"TPU_ACCELERATOR_TYPE={accelerator_type}")
+    if environ.get("PJRT_DEVICE", "").upper() == "TPU":
+        found_by.append("PJRT_DEVICE=TPU")
+    cores = generation.cores_per_chip if generation else 1
+    if generation is None and pci_chips and pci_chips[0][0] == "0x0027":
+        # v2 or v3 with an unknown subsystem id: both have two cores per chip.
+        generation_name, cores = "v2/v3", 2
+    return Accelerator(
+        kind="tpu", generation=generation_name, chips=chips, cores_per_chip=cores,
+        devices=chips * cores, hbm_per_chip_gib=generation.hbm_gib if generation else None,
+        found_by=found_by, host_cores=host_cores, gpus=gpus, holders=dict(holders or {}),
+    )
+
+
+def _pci_generation(pci_chips: list[tuple[str, str | None]],
+                    found_by: list[str]) -> TpuGeneration | None:
+    """The generation most of the PCI chips are (None when none is known); notes the scan in
+    `found_by`."""
+    if not pci_chips:
+        return None
+    names = [tpu_generation(device, subsystem) for device, subsystem in pci_chips]
+    known = [g for g in names if g is not None]
+    found_by.append(f"PCI {GOOGLE_PCI_VENDOR}:{pci_chips[0][0]} x{len(pci_chips)}")
+    return max(set(known), key=known.count) if known else None
+
+
+def _count_device_files(device_files: list[str], found_by: list[str]) -> int:
+    """Chips the TPU device files count (/dev/accel* or /dev/vfio/*), noted in `found_by`."""
+    accel = [path for path in device_files if path.startswith("/dev/accel")]
+    vfio = [path for path in device_files if path.startswith("/dev/vfio/")]
+    if accel:
+        found_by.append(f"/dev/accel* x{len(accel)}")
+    if vfio:
+        found_by.append(f"/dev/vfio/* x{len(vfio)}")
+    return max(len(accel), len(vfio))
+
+
+def _without_tpu(environ: Mapping[str, str], host_cores: int | None, gpus: int) -> Accelerator:
+    """A GPU where `PJRT_DEVICE` asks for CUDA and one exists; else XLA on the CPU."""
     pjrt = environ.get("PJRT_DEVICE", "").upper()
     if gpus and pjrt in ("CUDA", "GPU"):
         count = _positive_int(environ.get("GPU_NUM_DEVICES")) or gpus
-        return Accelerator(
-            kind="gpu",
-            chips=gpus,
-            devices=count,
-            found_by=[f"PJRT_DEVICE={pjrt}", "/dev/nvidia*"],
-            host_cores=host_cores,
-            gpus=gpus,
-        )
+        return Accelerator(kind="gpu", chips=gpus, devices=count,
+                           found_by=[f"PJRT_DEVICE={pjrt}", "/dev/nvidia*"],
+                           host_cores=host_cores, gpus=gpus)
     found_by = ["no TPU on the PCI bus or in /dev"]
     if "CPU_NUM_DEVICES" in environ:
         found_by.append(f"CPU_NUM_DEVICES={environ['CPU_NUM_DEVICES']}")
-    return Accelerator(
-        kind="cpu",
-        devices=cpu_device_count(environ) or 1,
-        found_by=found_by,
-        host_cores=host_cores,
-        gpus=gpus,
-    )
+    return Accelerator(kind="cpu", devices=cpu_device_count(environ) or 1, found_by=found_by,
+                       host_cores=host_cores, gpus=gpus)
 
 
 def detect_accelerator(

@@ -4,10 +4,8 @@ what the launcher does there, in words a person reads in `%xla_info`. Pure funct
 from __future__ import annotations
 
 from .._words import plural
-from .hardware import Accelerator
+from .hardware import Accelerator, slice_name
 
-# TensorCores per chip in Google's slice names ("v4-8" is 4 chips; "v5litepod-8" is 8 chips).
-_CORES_IN_SLICE_NAME = {"v2": 2, "v3": 2, "v4": 2, "v5p": 2, "v5e": 1, "v6e": 1, "7x": 2}
 _HOSTED = {"colab": "Colab", "kaggle": "Kaggle"}
 # Each `detect_environment()` word as a person writes it (a host without a TPU is named so).
 _ENVIRONMENT_NAMES = {**_HOSTED, "tpu-vm": "TPU VM", "vscode": "VS Code", "jupyter": "Jupyter",
@@ -19,10 +17,9 @@ def host_name(accelerator: Accelerator, environment: str) -> str:
     where = _HOSTED.get(environment)
     if accelerator.kind != "tpu":
         return f"{_ENVIRONMENT_NAMES.get(environment, environment)}, no TPU"
-    generation = accelerator.generation or "(generation unknown)"
-    per_chip = _CORES_IN_SLICE_NAME.get(accelerator.generation or "", accelerator.cores_per_chip)
-    slice_name = f"{generation}-{accelerator.chips * per_chip}"
-    return f"{where} TPU {slice_name}" if where else f"TPU VM {slice_name}"
+    name = slice_name(accelerator.generation or "(generation unknown)", accelerator.chips,
+                      accelerator.cores_per_chip)
+    return f"{where} TPU {name}" if where else f"TPU VM {name}"
 
 
 def launch_plan(accelerator: Accelerator, environment: str) -> str:

@@ -15,7 +15,6 @@ from .._choices import PROGRESS_MODES
 from .tasks.registry import task_choices
 
 STRATEGIES = ("spmd", "replicated")
-TASKS = ("auto", "classification", "causal-lm")  # the first ones; every one: task_choices()
 SHARDINGS = ("auto", "data", "fsdp")
 PRECISIONS = ("auto", "fp32", "bf16")
 METRICS = ("accuracy", "f1", "precision", "recall", "rouge", "bleu")
@@ -27,15 +26,21 @@ class FineTuneError(ValueError):
 
 @dataclass
 class FineTuneConfig:
-    """How `fine_tune` trains. Pass one as `config=`, or its fields as keyword arguments.
+    """How `fine_tune` trains, whatever the task (`task=`: classification, causal-lm,
+    token-classification, question-answering, masked-lm, multiple-choice, seq2seq). Pass one
+    as `config=`, or its fields as keyword arguments. An option that names a task applies to
+    that task only.
 
     Args:
         tokenizer: a tokenizer, name or folder; default: the model's own.
-        text_column: the column with the text.
+        text_column: the column with the text (token classification: the words, default
+            "tokens"; question answering: the question, default "question").
         text_pair_column: classification: a second text column for sentence-pair tasks (NLI,
-            paraphrase).
+            paraphrase); question answering: the context (default "context").
         label_column: classification: the column with the labels: class names (str), class
-            ids (int), or a `ClassLabel`.
+            ids (int), or a `ClassLabel` (token classification: the tags, default
+            "ner_tags"; question answering: the answers, default "answers"; multiple choice:
+            the right ending's index).
         eval_dataset: evaluation data (same forms as `dataset`); default: the validation or
             test split of a `DatasetDict`, else none.
         max_length: pad (and truncate) every text to this many tokens. Default: a few length
@@ -62,8 +67,9 @@ class FineTuneConfig:
             and settings as the interrupted run.
         seed: seeds data order, head initialization and dropout.
         metrics: classification: "accuracy", "f1", "precision", "recall" (macro averages), or
-            functions `f(predictions, labels) -> float | dict`. A causal LM is evaluated by
-            its loss and perplexity.
+            functions `f(predictions, labels) -> float | dict`; seq2seq: "rouge", "bleu". The
+            other tasks report their own (loss and perplexity for a causal or masked LM,
+            seqeval's entity F1, SQuAD's exact match and F1, accuracy over the endings).
         weight_decay: AdamW weight decay (not applied to biases and LayerNorm weights).
         warmup_steps: linear warm-up steps of the learning rate.
         max_grad_norm: gradient clipping norm (None: no clipping).
@@ -71,8 +77,12 @@ class FineTuneConfig:
         progress: True (live panels: widgets, HTML or console, whichever fits), "widgets",
             "html", "console", or False.
         timeout: stop the worker after this many seconds.
-        task: "classification", "causal-lm", or "auto" (from the model's architecture: a
-            `...ForCausalLM` is fine-tuned as a language model, anything else as a classifier).
+        task: "auto" (default), or one of the registered tasks (`tasks.registry.TASKS`):
+            "classification", "causal-lm", "token-classification", "question-answering",
+            "masked-lm", "multiple-choice", "seq2seq". "auto" takes the task whose head the
+            model has (`...ForCausalLM`: "causal-lm", `...ForTokenClassification`, ...; a
+            `...ForMaskedLM` stays a classifier), else the task whose columns the training
+            data has (`tokens`/`ner_tags`, SQuAD's, SWAG's), else "classification".
         prompt_column, response_column: causal LM on pairs: the prompt is not learned, the
             response is (joined by `template`, or the tokenizer's chat template when it has
             one and no template is given). Without them, `text_column` is the text to learn.
@@ -81,10 +91,11 @@ class FineTuneConfig:
         packing: causal LM: concatenate the texts and cut them into rows of `max_length` (no
             padding; default for `text_column` data); False pads each text to `max_length`.
             Pairs are never packed.
-        sharding: causal LM over several devices: "data" (each device holds the whole model,
+        sharding: over several devices: "data" (each device holds the whole model,
             the batch is split), "fsdp" (PyTorch/XLA's FSDPv2: parameters, gradients and
             optimizer state sharded over the devices too), or "auto": "fsdp" when parameters,
-            gradients and AdamW state would not fit one device's memory.
+            gradients and AdamW state would not fit one device's memory (a causal LM's memory
+            plan decides; "data" for the other tasks).
         gradient_checkpointing: recompute each layer in the backward pass with torch_xla's own
             checkpoint (transformers' own is removed by XLA's compiler): less memory, slower.
         trace_compiles: capture PyTorch/XLA's analysis of each compilation for the panel's

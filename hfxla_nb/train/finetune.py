@@ -1,5 +1,6 @@
-"""`fine_tune`: fine-tune a Hugging Face text classifier or causal language model on every XLA
-device, in one call.
+"""`fine_tune`: fine-tune a Hugging Face model on every XLA device, in one call, for any
+registered task (classification, causal-lm, token-classification, question-answering,
+masked-lm, multiple-choice, seq2seq).
 
 ```python
 result = hx.fine_tune("bert-base-cased", dataset, text_column="text", label_column="label")
@@ -10,7 +11,7 @@ result.generate("A prompt")                    # task "causal-lm", from the arch
 ```
 
 In the kernel `prepare_fine_tune` checks and tokenizes everything; then `notebook_launcher`
-forks the worker (`loop.py`). docs/architecture.md tells how the shapes stay fixed.
+forks the worker (`worker/loop.py`). docs/architecture.md tells how the shapes stay fixed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import dataclasses
 import inspect
 from typing import Any
 
-from ..launch import last_launch, notebook_launcher
+from ..launch import launch
 from ..launch.notices import show_memory_plan
 from .config import FineTuneConfig
 from .kernel.prepare import prepare_fine_tune
@@ -31,21 +32,21 @@ def fine_tune(
     model: Any, dataset: Any, config: FineTuneConfig | None = None, *,
     cluster: str | None = None, hosts: int | None = None, **options: Any
 ) -> FineTuneResult:
-    """Fine-tune a text classifier or a causal language model on every XLA device, from one
-    notebook cell.
+    """Fine-tune a model for one task on every XLA device, from one notebook cell.
 
     Everything is checked and tokenized in the notebook process first, without starting the
     XLA runtime, then a worker is forked by `notebook_launcher`, trains with fixed shapes
     (a constant handful of compiled graphs), evaluates, and saves the model and tokenizer.
 
     Args:
-        model: a model name on the Hub, a local folder, or a model instance on the CPU. A
-            `...ForSequenceClassification` (or a name or folder whose architecture is not a
-            language model: loaded with `AutoModelForSequenceClassification`, the head sized
-            for the labels) is fine-tuned as a classifier; a `...ForCausalLM` (or a name or
-            folder with that architecture: `AutoModelForCausalLM`) as a causal language
-            model, on `text_column` or on `prompt_column` / `response_column` pairs. The
-            `task` option says which when the architecture should not decide.
+        model: a model name on the Hub, a local folder, or a model instance on the CPU. The
+            task (`task=`, default "auto") is the one its head names (`...ForCausalLM`: a
+            causal language model, on `text_column` or on `prompt_column` /
+            `response_column` pairs; `...ForTokenClassification`, `...ForQuestionAnswering`,
+            `...ForMultipleChoice`, `...ForConditionalGeneration`: seq2seq), else the one the
+            training data's columns name, else classification (loaded with
+            `AutoModelForSequenceClassification`, the head sized for the labels). Masked LM
+            is asked for by name (`task="masked-lm"`).
         dataset: the training data: a `datasets.Dataset`, a `DatasetDict` (its "train" split;
             "validation" or "test" for evaluation), a dataset name on the Hub, a local file
             or folder, a pandas DataFrame, or a list of dicts.
@@ -58,10 +59,11 @@ def fine_tune(
             `help(hx.FineTuneConfig)`).
 
     Returns:
-        `FineTuneResult` with the loss history, evaluation metrics (accuracy for a classifier,
-        loss and perplexity for a causal LM), throughput, compile and transfer counts, and
-        the output folder (`result.load_model()` loads the model on the CPU; for a causal LM
-        `result.generate(prompts)` continues prompts with it).
+        `FineTuneResult` with the loss history, evaluation metrics (the task's: accuracy for
+        a classifier, loss and perplexity for a causal or masked LM, entity F1, exact match,
+        ROUGE or BLEU, ...), throughput, compile and transfer counts, and the output folder
+        (`result.load_model()` loads the model on the CPU, `result.predict(inputs)` predicts
+        on the devices; for a causal LM `result.generate(prompts)` continues prompts).
 
     Raises:
         FineTuneError: before anything is forked or written, for any argument or data that
@@ -82,9 +84,9 @@ def fine_tune(
     plan = prepare_fine_tune(model, dataset, config)  # refuses lora= for tasks without it
     progress = "auto" if config.progress is True else config.progress
     memory = dataclasses.asdict(plan.memory) if plan.memory is not None else None
-    notice = show_memory_plan(memory, progress)  # the plan in the cell before the fork
+    notice = show_memory_plan(plan.memory, progress)  # the plan in the cell before the fork
     try:
-        raw = notebook_launcher(
+        raw, record = launch(
             train_worker,
             args=(plan,),
             num_processes=config.num_processes,
@@ -101,11 +103,10 @@ def fine_tune(
             notice.close()
     result = FineTuneResult.from_dict(raw)
     result.memory_plan = memory
-    record = last_launch()
-    if record is not None:  # what the launch panel showed, as data on the result
-        result.launch_seconds = record.duration
-        metrics = record.ranks[0].metrics if record.ranks else None
-        result.xla = metrics.to_dict() if metrics is not None else {}
+    # what the launch panel showed, as data on the result: this launch's record
+    result.launch_seconds = record.duration
+    metrics = record.ranks[0].metrics if record.ranks else None
+    result.xla = metrics.to_dict() if metrics is not None else {}
     return result
 
 

@@ -18,15 +18,16 @@ import dataclasses
 import enum
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import FineTuneError
-from .memory_plan import LORA_DEFAULTS
+from .lora_sizing import LORA_DEFAULTS
+
+if TYPE_CHECKING:
+    from .worker.context import WorkerContext
 
 #: Where the adapter goes inside `output_dir` (and inside each checkpoint).
 ADAPTER_DIR = "adapter"
-#: peft's task type per fine_tune task: SEQ_CLS also trains the classifier head whole.
-TASK_TYPES = {"causal-lm": "CAUSAL_LM", "classification": "SEQ_CLS"}
 INSTALL = 'pip install "hfxla_nb[lora]"'
 
 
@@ -40,7 +41,8 @@ def require_peft() -> Any:
     return peft
 
 
-def lora_settings(lora: Any, model: Any, model_config: Any, task: str) -> dict[str, Any] | None:
+def lora_settings(lora: Any, model: Any, model_config: Any,
+                  task_type: str) -> dict[str, Any] | None:
     """`lora=` checked and written as plain JSON settings for peft's `LoraConfig` (None: a
     full fine-tune). Runs in the kernel; raises `FineTuneError` for anything that cannot work.
 
@@ -48,15 +50,17 @@ def lora_settings(lora: Any, model: Any, model_config: Any, task: str) -> dict[s
         lora: False/None, True (defaults), a `peft.LoraConfig`, or a dict of its fields.
         model: what `fine_tune` was given (an instance is inspected as it is).
         model_config: the model's transformers config.
-        task: "causal-lm" or "classification".
+        task_type: peft's task type, the task's `Task.peft_task_type` ("CAUSAL_LM"; "SEQ_CLS"
+            also trains the classifier head whole).
     """
     if lora is None or lora is False:
         return None
-    from .memory_plan import _model_facts, default_lora_rank, lora_parameter_count
+    from .lora_sizing import default_lora_rank, lora_parameter_count
+    from .model_facts import model_facts as _model_facts
 
     peft = require_peft()
     settings = _requested(lora, peft, default_lora_rank(model_config))
-    settings["task_type"] = TASK_TYPES[task]
+    settings["task_type"] = task_type
     rank = settings.get("r")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise FineTuneError(f"LoRA r must be a positive integer (8 or 16 are usual), got "
@@ -207,25 +211,25 @@ def worker_model(model: Any, plan: Any, precision: str) -> Any:
     return wrapped
 
 
-def described(run: Any) -> dict[str, Any]:
+def described(ctx: WorkerContext) -> dict[str, Any]:
     """What the result says about LoRA: the settings and the trainable share."""
-    trainable, total = trainable_counts(run.base_model)
-    return {"lora": run.plan.lora, "trainable_parameters": trainable,
+    trainable, total = trainable_counts(ctx.base_model)
+    return {"lora": ctx.plan.lora, "trainable_parameters": trainable,
             "parameters": total}
 
 
-def save_adapter(run: Any, folder: Path, state: Mapping[str, Any]) -> Any:
+def save_adapter(ctx: WorkerContext, folder: Path, state: Mapping[str, Any]) -> Any:
     """The adapter in PEFT's format in `folder` (`PeftModel.from_pretrained(base, folder)`);
     returns the host copy it was saved from."""
-    copy = host_copy(run.base_model, run.plan.lora, state)
+    copy = host_copy(ctx.base_model, ctx.plan.lora, state)
     copy.save_pretrained(folder)
     return copy
 
 
-def save_final_lora(run: Any, tmp: Path, state: Mapping[str, Any]) -> None:
+def save_final_lora(ctx: WorkerContext, tmp: Path, state: Mapping[str, Any]) -> None:
     """`tmp/adapter` (PEFT's format) and the merged model at the top of `tmp`."""
-    copy = save_adapter(run, tmp / ADAPTER_DIR, state)
-    run.base_model.get_base_model().save_pretrained(tmp, state_dict=merged_state(copy))
+    copy = save_adapter(ctx, tmp / ADAPTER_DIR, state)
+    ctx.base_model.get_base_model().save_pretrained(tmp, state_dict=merged_state(copy))
 
 
 def load_adapter_model(output_dir: str | Path, auto_class: Any, **kwargs: Any) -> Any:

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .batching import EncodedData
+    from .memory_plan import MemoryPlan
 
 
 @dataclass
 class TrainPlan:
-    """What the worker does. Built by `prepare_fine_tune`; crosses the fork by memory."""
+    """What the worker does, for any task (`task`: a name in `tasks.registry.TASKS`). Built by
+    `prepare_fine_tune` (and by `predict.prepare_predict`, with no training); crosses the fork
+    by memory."""
 
     model: Any  # a name/folder (str) or a model instance
     model_kwargs: dict[str, Any]
     tokenizer: Any
-    data: Any  # data.EncodedData
+    data: EncodedData  # or a task's subclass of it
     batch_size: int
     gradient_accumulation_steps: int
     learning_rate: float
@@ -33,14 +39,14 @@ class TrainPlan:
     devices: int
     fingerprint: dict[str, Any] = field(default_factory=dict)
     save: bool = True
-    task: str = "classification"  # or "causal-lm" (tasks.py)
+    task: str = "classification"  # a registered task's name (tasks/registry.py)
     sharding: str = "data"  # or "fsdp": FSDPv2, parameters sharded over the devices
     gradient_checkpointing: bool = False
-    # A causal LM's: its LoRA settings (`lora.lora_settings`' JSON, peft `LoraConfig` fields;
-    # None: a full fine-tune) and the `memory_plan.MemoryPlan` that `sharding="auto"` and
-    # `lora="auto"` were decided from (None for the other tasks).
+    # The LoRA settings of a task that has them (`lora.lora_settings`' JSON, peft `LoraConfig`
+    # fields; None: a full fine-tune) and the `memory_plan.MemoryPlan` the run was checked
+    # with (a causal LM's decides `sharding="auto"` and `lora="auto"`; None when not planned).
     lora: dict[str, Any] | None = None
-    memory: Any = None
+    memory: MemoryPlan | None = None
 
     @property
     def rows_per_step(self) -> int:

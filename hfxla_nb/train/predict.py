@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import FineTuneError
 from .kernel import sources
 from .plan import TrainPlan
-from .tasks.registry import TASKS
+from .tasks.registry import AUTO, DEFAULT_TASK, TASKS
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 #: Rows per device in a batch when `batch_size` is not given: at most this many (fewer for
 #: fewer inputs, at least `MIN_ROWS_PER_DEVICE`). A batch is traced once whatever its size, so
@@ -30,16 +33,14 @@ from .tasks.registry import TASKS
 #: device traced for about half of predict's time, 32 for about a quarter).
 ROWS_PER_DEVICE = 32
 MIN_ROWS_PER_DEVICE = 8
-#: Tasks that generate (a cache per row that grows with the new tokens): 8 rows a device.
-GENERATING = {"causal-lm": 8, "seq2seq": 8}
 
 
 @dataclass
 class PredictContext:
     """What a task's `prepare_predict` gets: the model's config and tokenizer."""
 
-    model_config: Any
-    tokenizer: Any
+    model_config: PretrainedConfig
+    tokenizer: PreTrainedTokenizerBase
     allow_no_answer: bool = True  # question answering: an empty answer may win (SQuAD v2)
     max_new_tokens: int | None = None  # causal LM: tokens generated per prompt
     top_k: int | None = None  # masked LM: candidates per mask token
@@ -63,22 +64,13 @@ class Predictions(list):
     compile_seconds: float = 0.0
 
     def to_dataframe(self):
-        """A pandas DataFrame: one row per input (per entity for token classification)."""
+        """A pandas DataFrame: one row per input, or as the task makes its table
+        (`Task.prediction_table`: per entity for token classification, per candidate token
+        for masked LM)."""
         import pandas as pd
 
-        if self.task == "masked-lm":
-            rows = [{"input": i, "mask": m, **candidate} for i, item in enumerate(self)
-                    for m, candidates in enumerate(item["masks"]) for candidate in candidates]
-            return pd.DataFrame(rows, columns=["input", "mask", "score", "token", "token_str",
-                                               "sequence"])
-        if self.task == "token-classification":
-            rows = [{"input": i, **entity} for i, item in enumerate(self)
-                    for entity in item.get("entities", [])]
-            return pd.DataFrame(rows, columns=["input", "entity", "text", "start", "end",
-                                               "score"])
-        rows = [{key: value for key, value in item.items() if key != "probabilities"}
-                for item in self]
-        return pd.DataFrame(rows)
+        rows, columns = TASKS[self.task].prediction_table(list(self))
+        return pd.DataFrame(rows, columns=columns)
 
 
 def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | None = None,
@@ -129,7 +121,7 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
         if model.output_dir is None:
             raise FineTuneError("this run saved no model (output_dir was None): fine-tune "
                                 "with an output_dir to predict with it.")
-        task = model.task if task == "auto" else task
+        task = model.task if task == AUTO else task
         model = model.output_dir
     plan = prepare_predict(model, inputs, task, batch_size=batch_size, max_length=max_length,
                            tokenizer=tokenizer, num_processes=num_processes,
@@ -154,15 +146,11 @@ def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
     """Everything `predict` does before forking; returns the worker's plan (a `TrainPlan`
     with the inputs as its evaluation split, no training)."""
     source, model_config, _, _ = sources.model_source(model)
-    if task != "auto" and task not in TASKS:
+    if task != AUTO and task not in TASKS:
         raise FineTuneError(f"task={task!r} is not one of {', '.join(map(repr, TASKS))}.")
-    asked = task
-    task = sources.resolve_task(task, model, model_config)
-    if (asked == "auto" and task == "classification"
-            and _masked_lm_architecture(model, model_config)):
-        # fine_tune keeps "auto" a classifier (pretrained encoders are saved as ...ForMaskedLM);
-        # predicting, a classification head the model does not have would be random.
-        task = "masked-lm"
+    # Every head counts: fine_tune keeps "auto" a classifier for a ...ForMaskedLM (pretrained
+    # encoders are saved so); predicting, a classification head it does not have is random.
+    task = sources.resolve_task(task, model, model_config, every_head=True) or DEFAULT_TASK
     if isinstance(inputs, (str, dict)):
         inputs = [inputs]
     if hasattr(inputs, "to_dict") and hasattr(inputs, "columns"):  # a DataFrame
@@ -188,18 +176,13 @@ def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
     )
 
 
-def _masked_lm_architecture(model: Any, model_config: Any) -> bool:
-    if not isinstance(model, (str, os.PathLike)):
-        return type(model).__name__.endswith("ForMaskedLM")
-    return any(str(name).endswith("ForMaskedLM")
-               for name in getattr(model_config, "architectures", None) or [])
-
-
 def default_batch_size(task: str, rows: int, devices: int) -> int:
     """Rows per batch over `devices` when `batch_size` is not given: a power of two per
-    device, enough for `rows` (the encoded rows: windows, prompts) up to `ROWS_PER_DEVICE`."""
-    if task in GENERATING:
-        return GENERATING[task] * devices
+    device, enough for `rows` (the encoded rows: windows, prompts) up to `ROWS_PER_DEVICE`;
+    the task's `predict_rows_per_device` when it has one (tasks that generate)."""
+    fixed = TASKS[task].predict_rows_per_device
+    if fixed is not None:
+        return fixed * devices
     per_device = MIN_ROWS_PER_DEVICE
     while per_device < ROWS_PER_DEVICE and per_device * devices < rows:
         per_device *= 2

@@ -16,6 +16,7 @@ from .learning import (  # re-exported: read with the result
     learning_warnings,  # noqa: F401
 )
 from .quiet_loading import quiet_loading
+from .tasks.registry import TASKS
 from .worker import checkpoint as ckpt
 
 
@@ -50,7 +51,12 @@ class FineTuneResult:
         checkpoints: checkpoint folders written by this run.
         resumed_from: the checkpoint this run continued from, if any.
         notes: things worth knowing (truncated rows, dropped rows, patches applied).
-        task: "classification" or "causal-lm".
+        task: the task's name ("classification", "causal-lm", "token-classification",
+            "question-answering", "masked-lm", "multiple-choice", "seq2seq").
+        task_title, shows_labels, generates, predict_example: what the task says of itself
+            for the result's panel (`Task.title`, `Task.shows_labels`,
+            `Task.continues_prompts`, `Task.predict_example`); filled from the task when not
+            given.
         sharding: "data" (parameters replicated) or "fsdp" (FSDPv2: parameters sharded).
         gradient_checkpointing: whether layers were recomputed with torch_xla's checkpoint.
         parameter_sharding: the first parameters' SPMD sharding specs, name -> spec
@@ -102,6 +108,20 @@ class FineTuneResult:
     trainable_parameters: int | None = None
     parameters: int | None = None
     memory_plan: dict[str, Any] | None = None
+    task_title: str | None = None
+    shows_labels: bool | None = None
+    generates: bool | None = None
+    predict_example: str | None = None
+
+    def __post_init__(self) -> None:
+        task = TASKS.get(self.task)
+        if task is None:  # a task not registered in this process: say nothing of it
+            return
+        given = {"task_title": task.title or task.name, "shows_labels": task.shows_labels,
+                 "generates": task.continues_prompts, "predict_example": task.predict_example}
+        for name, value in given.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FineTuneResult:
@@ -154,17 +174,14 @@ class FineTuneResult:
         Args:
             merge: for a LoRA run: True (default) the merged model, an ordinary model;
                 False the base with the adapter from `output_dir/adapter` (a `PeftModel`).
-            kwargs: passed to `from_pretrained` (`AutoModelForCausalLM` or
-                `AutoModelForSequenceClassification`).
+            kwargs: passed to `from_pretrained` of the task's Auto class (`Task.auto_class`:
+                `AutoModelForSequenceClassification`, `AutoModelForCausalLM`, ...).
         """
         if self.output_dir is None:
             raise FileNotFoundError("this run saved no model (output_dir was None).")
         import transformers
 
-        from .tasks.registry import TASKS  # the task's own model class (token-classification, ...)
-
-        auto_class = (TASKS[self.task].auto_class if self.task in TASKS
-                      else "AutoModelForSequenceClassification")
+        auto_class = TASKS[self.task].auto_class  # the task's own model class
         with quiet_loading():  # no "Loading weights 100% 21/21" bar left in the cell
             if self.lora and not merge:
                 from .lora import load_adapter_model
@@ -187,7 +204,7 @@ class FineTuneResult:
         Returns:
             The new text of each prompt (without the prompt).
         """
-        if self.task != "causal-lm":
+        if not self.generates:
             raise ValueError("generate() is for causal-LM results; this run was a "
                              f"{self.task} fine-tune (use load_model() and predict).")
         import torch

@@ -15,14 +15,18 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ..events import Event
+    from ..observe.launch_reader import LaunchReader
 
 
 class LaunchDisplay(Protocol):
     """What the launcher draws a launch with. Every method runs on the cell's main thread.
 
-    The launcher prints `Log` events itself (they are output, not a panel); every other event
-    goes to `handle`. `refresh` is called a few times a second even when nothing arrived (to
-    move clocks and ETAs); `close` once, with the launch's final record.
+    The launcher applies every event to the launch's one reader (`LaunchReader`), which the
+    panels it makes draw; it prints `Log` events itself (they are output, not a panel) and
+    passes every other event to `handle` too (a panel drawing the launcher's reader ignores
+    it; a stand-in that records events sees them). `refresh` is called a few times a second
+    even when nothing arrived (to move clocks and ETAs); `close` once, with the launch's final
+    record.
     """
 
     def handle(self, event: Event) -> None: ...
@@ -45,7 +49,8 @@ class NullDisplay:
         pass
 
 
-def launch_display(world: int, mode: str | bool = "auto", attempt: str = "") -> LaunchDisplay:
+def launch_display(world: int, mode: str | bool = "auto", attempt: str = "",
+                   reader: LaunchReader | None = None) -> LaunchDisplay:
     """The display for a launch of `world` ranks.
 
     Args:
@@ -55,6 +60,8 @@ def launch_display(world: int, mode: str | bool = "auto", attempt: str = "") -> 
             means "auto".
         attempt: "attempt 2 of 4" (`LaunchRecord.attempt_text`) for an attempt of a call
             with `max_restarts=`, said in the status line; "" otherwise.
+        reader: the launch's reader: the panel draws its record, bars and metrics (None:
+            the panel reads the events it is handed itself).
 
     Returns:
         A `LaunchDisplay`; the widget, HTML and console ones show it in the cell right away
@@ -71,13 +78,13 @@ def launch_display(world: int, mode: str | bool = "auto", attempt: str = "") -> 
     if chosen == "widgets":
         from .widgets import WidgetDisplay
 
-        return WidgetDisplay(world, attempt=attempt)
+        return WidgetDisplay(world, attempt=attempt, reader=reader)
     if chosen == "html":
         from .html_display import HtmlDisplay
 
-        return HtmlDisplay(world, attempt=attempt)
+        return HtmlDisplay(world, attempt=attempt, reader=reader)
     if chosen == "console":
         from .console import ConsoleDisplay
 
-        return ConsoleDisplay(world, attempt=attempt)
+        return ConsoleDisplay(world, attempt=attempt, reader=reader)
     return NullDisplay()

@@ -10,31 +10,36 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..observe.launch_reader import LaunchReader
 from . import text
 from .state import LaunchState, LaunchView
 
 
 class PanelDisplay:
-    """A `LaunchDisplay` that keeps a `LaunchState` and redraws at most every `min_interval`.
+    """A `LaunchDisplay` that draws a `LaunchState` and redraws at most every `min_interval`.
 
     Args:
         world: number of ranks.
         per_rank: one bar per rank (default when `world <= 4`) or one per label.
         attempt: "attempt 2 of 4" for an attempt of a call with `max_restarts=`, else "":
             the status line says it.
+        reader: the launch's reader, whose record and metrics the panel draws (the launcher
+            applies every event to it); None: the panel reads the events `handle` gets itself.
     """
 
     min_interval: float = 0.25
 
-    def __init__(self, world: int, per_rank: bool | None = None, attempt: str = "") -> None:
-        self.state = LaunchState(world, per_rank=per_rank, attempt=attempt)
+    def __init__(self, world: int, per_rank: bool | None = None, attempt: str = "",
+                 reader: LaunchReader | None = None) -> None:
+        self.state = LaunchState(world, per_rank=per_rank, attempt=attempt, reader=reader)
         self._last_draw = float("-inf")
         self._drawn_changes = -1
         self._closed = False
         self._open()
 
     def handle(self, event: Any) -> None:
-        """Take an event; the next `refresh` draws it."""
+        """Take an event (read by the panel's own reader only: the launcher's has it
+        already); the next `refresh` draws it."""
         self.state.handle(event)
 
     def refresh(self, force: bool = False) -> None:

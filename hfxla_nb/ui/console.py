@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from ..observe.launch_reader import LaunchReader
 from ..states import PanelState
 from . import text
 from .base import PanelDisplay
@@ -24,12 +25,13 @@ class ConsoleDisplay(PanelDisplay):
     min_interval = 5.0
 
     def __init__(self, world: int, file: TextIO | None = None,
-                 per_rank: bool | None = None, attempt: str = "") -> None:
+                 per_rank: bool | None = None, attempt: str = "",
+                 reader: LaunchReader | None = None) -> None:
         self._file = file
         self._printed: dict[tuple, tuple] = {}
         self._status: PanelState | None = None  # the state of the last status line printed
         self._alerts: set[str] = set()
-        super().__init__(world, per_rank=per_rank, attempt=attempt)
+        super().__init__(world, per_rank=per_rank, attempt=attempt, reader=reader)
 
     def _print(self, line: str) -> None:
         print(line, file=self._file or sys.stdout, flush=True)

@@ -107,12 +107,11 @@ def next_step(result: Any) -> str | None:
     """What to do with the result now, as code to type."""
     if not result.output_dir:
         return None
-    if result.task == "causal-lm":
+    if result.generates:
         return ('result.generate(["a prompt"], max_new_tokens=32) continues prompts on the '
                 "CPU here; result.load_model() and result.load_tokenizer() give the model "
                 "and its tokenizer (the XLA runtime stays off, so you can launch again)")
-    example = ('[{"question": "...", "context": "..."}]'
-               if result.task == "question-answering" else '["a text"]')
+    example = result.predict_example or '["a text"]'
     return (f"result.predict({example}) predicts on every XLA device (in a launched worker); "
             "result.load_model() and result.load_tokenizer() give the trained model and its "
             "tokenizer on the CPU here (the XLA runtime stays off, so you can launch again)")
@@ -145,18 +144,12 @@ def _speed_row(result: Any) -> str | None:
     return "; ".join(parts) or None
 
 
-TASK_NAMES = {"causal-lm": "causal LM", "seq2seq": "sequence to sequence",
-              "masked-lm": "masked LM", "token-classification": "token classification",
-              "question-answering": "question answering",
-              "multiple-choice": "multiple choice"}
-
-
-def _task_text(task: str, result: Any) -> str:
-    """`labels ['neg', 'pos']` for a classifier; else the task, its sharding and checkpointing:
-    `causal LM, fsdp sharding, torch_xla gradient checkpointing`."""
-    if task == "classification":
+def _task_text(result: Any) -> str:
+    """`labels ['neg', 'pos']` for a classifier (the task's `shows_labels`); else the task, its
+    sharding and checkpointing: `causal LM, fsdp sharding, torch_xla gradient checkpointing`."""
+    if result.shows_labels:
         return f"labels {result.label_names}"
-    text = f"{TASK_NAMES.get(task, task)}, {result.sharding} sharding"
+    text = f"{result.task_title or result.task}, {result.sharding} sharding"
     if result.gradient_checkpointing:
         text += ", torch_xla gradient checkpointing"
     return text
@@ -186,8 +179,7 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
                     f"{result.transfers_per_step:.2f} device-to-host transfers")
     rows.append(("XLA", f"{result.compiles} training + {result.eval_compiles} evaluation graphs "
                  f"compiled{per_step}"))
-    task = result.task
-    what = _task_text(task, result)
+    what = _task_text(result)
     rows.append(("setup", f"{result.strategy} over {plural(result.devices, 'device')}, "
                  f"{result.precision}, batch {result.batch_size}, lengths "
                  f"{result.bucket_lengths}, {what}"))
@@ -198,7 +190,7 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
     if memory:
         rows.append(("memory", memory))
     for name, spec in list(result.parameter_sharding.items())[:2]:
-        if task != "classification" or "devices=" in spec:
+        if not result.shows_labels or "devices=" in spec:
             rows.append(("layout", f"{name}: {spec}"))
     if result.resumed_from:
         rows.append(("resumed from", result.resumed_from))

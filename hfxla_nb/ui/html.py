@@ -14,7 +14,8 @@ from __future__ import annotations
 from html import escape
 
 from ..observe.analyzer import Alert
-from ..observe.metrics import XlaSummary, shape_changes
+from ..observe.metrics import XlaSummary
+from ..observe.shapes import shape_changes
 from ..states import BarState, PanelState
 from . import text, units
 from .compilations import compilations_html
@@ -210,10 +211,10 @@ def summary_html(summary: XlaSummary | None, title: str = "XLA metrics",
                                        f"{(1 - share) * 100:.0f}%"))
     rows += [
         _row("device → host", text.transfers_text(
-            summary.transfers_from_device, summary.transfer_from_device_time,
+            summary.transfers_from_device, summary.transfer_from_device_seconds,
             summary.bytes_from_device, summary.item_calls)),
         _row("host → device", text.transfers_text(
-            summary.transfers_to_device, summary.transfer_to_device_time,
+            summary.transfers_to_device, summary.transfer_to_device_seconds,
             summary.bytes_to_device)),
         _row("CPU fallbacks", ", ".join(f"{op} x{count}" for op, count in
                                         summary.fallbacks.items()) or "none"),

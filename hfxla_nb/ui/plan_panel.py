@@ -1,16 +1,22 @@
-"""The memory plan of a fine-tune, shown in the cell before the fork (one line).
+"""The memory plan of a fine-tune: its table (a `MemoryPlan` shown in a notebook) and the one
+line shown in the cell before the fork.
 
-`fine_tune` checks its plan in the kernel (`train.memory_plan`); the launch layer hands the
-plan, as plain data, to `show_memory_plan`, which draws it in the mode the launch panel uses:
-an ipywidgets `HTML` widget (replaced by static HTML when the launch ends, like the launch
-panel, so a saved notebook holds no widget view), an HTML output, or a printed line. The words
-are `finetune_panel.memory_row`'s plan part, so the cell and the result say the same.
+`hx.plan_memory` returns a `MemoryPlan` (plain data, `train.memory_plan`); `ui/formatters.py`
+tells IPython to draw it with `plan_table` (text) and `plan_table_html`. `fine_tune` checks its
+plan in the kernel; the launch layer hands it to `show_memory_plan`, which draws one line in the
+mode the launch panel uses: an ipywidgets `HTML` widget (replaced by static HTML when the launch
+ends, like the launch panel, so a saved notebook holds no widget view), an HTML output, or a
+printed line. The words are `finetune_panel.memory_row`'s plan part, so the cell and the result
+say the same. Everything here reads the plan's fields by name: a `MemoryPlan`, or the plain
+dict a `FineTuneResult` keeps (`dataclasses.asdict`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from html import escape
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Protocol
 
 from .html_display import HtmlBlock
 from .units import size
@@ -19,35 +25,130 @@ GIB = 2**30
 LABEL = "memory"
 
 
+class PlanChange(Protocol):
+    """One change of a plan that does not fit (`train.memory_plan.MemoryChange`)."""
+
+    change: str
+    argument: str
+    total_gib: float
+    fits: bool
+
+
+class Plan(Protocol):
+    """The fields of `train.memory_plan.MemoryPlan` drawn here (ui sits below train, so it
+    names them instead of importing the class)."""
+
+    model: str
+    hardware: str
+    devices: int
+    device_memory_gib: float
+    batch_size: int
+    max_length: int
+    precision: str
+    lora_rank: int | None
+    sharding: str
+    gradient_checkpointing: bool
+    parameters: int
+    trainable_parameters: int
+    parameters_gib: float
+    gradients_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    activations_full_gib: float
+    activations_checkpointed_gib: float
+    total_gib: float
+    fits: bool
+    changes: Sequence[PlanChange]
+    notes: Sequence[str]
+
+
+def as_plan(plan: Plan | Mapping[str, Any]) -> Plan:
+    """A plan to draw: a `MemoryPlan` as it is; the dict a `FineTuneResult` keeps read by its
+    keys (its changes too)."""
+    if not isinstance(plan, Mapping):
+        return plan
+    fields = dict(plan)
+    fields["changes"] = [SimpleNamespace(**change) for change in fields.get("changes") or ()]
+    fields.setdefault("notes", ())
+    return SimpleNamespace(**fields)  # type: ignore[return-value]
+
+
 def _gib(value: float) -> str:
     return size(round(value * GIB))
 
 
-def plan_text(plan: dict[str, Any]) -> str:
+def plan_table(plan: Plan) -> str:
+    """The plan as a small table: the settings, each part per device, the total against the
+    device, the notes, and the changes that would make it fit (a `MemoryPlan`'s text)."""
+    settings = [f"batch {plan.batch_size} x {plan.max_length} tokens", plan.precision,
+                f"LoRA r={plan.lora_rank}" if plan.lora_rank else "full fine-tune",
+                f"{plan.sharding} sharding",
+                "gradient checkpointing" if plan.gradient_checkpointing
+                else "no gradient checkpointing"]
+    verdict = "fits" if plan.fits else "does not fit"
+    lines = [
+        f"{plan.model} on {plan.hardware} ({plan.devices} device"
+        f"{'s' if plan.devices != 1 else ''}, {plan.device_memory_gib:.2f} GiB each): "
+        f"{plan.total_gib:.2f} GiB per device, {verdict}",
+        "  " + ", ".join(settings),
+        f"  {'parameters':<18}{_count(plan.parameters):>8}  {plan.parameters_gib:8.2f} GiB",
+        f"  {'trainable':<18}{_count(plan.trainable_parameters):>8}",
+        f"  {'gradients':<18}{'':>8}  {plan.gradients_gib:8.2f} GiB",
+        f"  {'optimizer state':<18}{'AdamW':>8}  {plan.optimizer_gib:8.2f} GiB",
+        f"  {'activations':<18}{'':>8}  {plan.activations_gib:8.2f} GiB  (estimate; "
+        f"{plan.activations_full_gib:.2f} without, {plan.activations_checkpointed_gib:.2f}"
+        " with gradient checkpointing)",
+        f"  {'total per device':<18}{'':>8}  {plan.total_gib:8.2f} GiB  of "
+        f"{plan.device_memory_gib:.2f}",
+    ]
+    lines += [f"  note: {note}" for note in plan.notes]
+    if plan.changes:
+        lines.append("What would make it fit, cheapest first (each on top of the ones before):")
+        lines += [f"  {number}. {change.change} ({change.argument}): "
+                  f"{change.total_gib:.2f} GiB per device{', fits' if change.fits else ''}"
+                  for number, change in enumerate(plan.changes, start=1)]
+    return "\n".join(lines)
+
+
+def plan_table_html(plan: Plan) -> str:
+    """`plan_table` as HTML: the same monospaced text a notebook shows for plain text."""
+    return f"<pre>{escape(plan_table(plan))}</pre>"
+
+
+def _count(number: int) -> str:
+    """6738415616 -> "6.74B", 4194304 -> "4.19M"."""
+    for suffix, scale in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if number >= scale:
+            return f"{number / scale:.2f}{suffix}"
+    return str(number)
+
+
+def plan_text(plan: Plan | Mapping[str, Any]) -> str:
     """`plan 1.2 GiB per device (parameters ..., gradients ..., optimizer ..., activations
     ...)`: a plan's figures per device (the words of the result's memory row)."""
-    parts = [f"parameters {_gib(plan['parameters_gib'])}",
-             f"gradients {_gib(plan['gradients_gib'])}",
-             f"optimizer {_gib(plan['optimizer_gib'])}",
-             f"activations {_gib(plan['activations_gib'])}"]
-    overhead = plan.get("overhead_gib")
+    figures = as_plan(plan)
+    parts = [f"parameters {_gib(figures.parameters_gib)}",
+             f"gradients {_gib(figures.gradients_gib)}",
+             f"optimizer {_gib(figures.optimizer_gib)}",
+             f"activations {_gib(figures.activations_gib)}"]
+    overhead = getattr(figures, "overhead_gib", None)
     if overhead:
         parts.append(f"XLA's program and buffers {_gib(overhead)}")
-    return f"plan {_gib(plan['total_gib'])} per device ({', '.join(parts)})"
+    return f"plan {_gib(figures.total_gib)} per device ({', '.join(parts)})"
 
 
-def plan_line(plan: dict[str, Any]) -> str:
+def plan_line(plan: Plan | Mapping[str, Any]) -> str:
     """The plan before the launch: its figures, against what one device has, and what the
     "auto" settings chose and why. `plan 1.2 GiB per device (...) of 15.8 GiB on v5e-1, fits;
     lora="auto": ...`"""
-    verdict = "fits" if plan.get("fits", True) else "does not fit"
-    text = (f"{plan_text(plan)} of {_gib(plan['device_memory_gib'])} per device on "
-            f"{plan['hardware']}: {verdict}")
-    notes = plan.get("notes") or ()
-    return "; ".join([text, *notes])
+    figures = as_plan(plan)
+    verdict = "fits" if getattr(figures, "fits", True) else "does not fit"
+    text = (f"{plan_text(figures)} of {_gib(figures.device_memory_gib)} per device on "
+            f"{figures.hardware}: {verdict}")
+    return "; ".join([text, *(figures.notes or ())])
 
 
-def plan_html(plan: dict[str, Any]) -> str:
+def plan_html(plan: Plan | Mapping[str, Any]) -> str:
     """`plan_line` as one HTML line, labelled like the result panel's rows."""
     return ('<div style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;'
             f'line-height:1.4"><b>{LABEL}</b>&nbsp;&nbsp;{escape(plan_line(plan))}</div>')
@@ -62,7 +163,7 @@ class PlanNotice:
         widget: the `ipywidgets.HTML` while it is live ("widgets" mode), else None.
     """
 
-    def __init__(self, plan: dict[str, Any], mode: str) -> None:
+    def __init__(self, plan: Plan | Mapping[str, Any], mode: str) -> None:
         self.mode = mode
         self.text = f"{LABEL}  {plan_line(plan)}"
         self.html = plan_html(plan)
@@ -105,11 +206,12 @@ class PlanNotice:
         return self.text
 
 
-def show_memory_plan(plan: dict[str, Any] | None, mode: str | bool = "auto") -> PlanNotice | None:
+def show_memory_plan(plan: Plan | Mapping[str, Any] | None,
+                     mode: str | bool = "auto") -> PlanNotice | None:
     """Show a fine-tune's memory plan in the cell, in the launch panel's mode.
 
     Args:
-        plan: `dataclasses.asdict(MemoryPlan)`, or None (nothing is shown).
+        plan: a `MemoryPlan` (or its `dataclasses.asdict`), or None (nothing is shown).
         mode: as `notebook_launcher(progress=)`: "auto", "widgets", "html", "console", or
             False/"none".
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from .._words import plural
 from ..observe.analyzer import Alert
-from ..observe.metrics import InputShapes, XlaSummary, shape_changes
+from ..observe.metrics import XlaSummary
+from ..observe.shapes import InputShapes, shape_changes
 from ..states import BarState, PanelState, RankState
 from .compilations import compilation_lines
 from .state import BarView, LaunchView
@@ -140,7 +141,7 @@ def shows_metrics(view: LaunchView) -> bool:
 
 def compiles_text(summary: XlaSummary) -> str:
     """`2 (1.3 s), 58 cache hits`."""
-    text = f"{summary.compiles} ({duration(summary.compile_time)})"
+    text = f"{summary.compiles} ({duration(summary.compile_seconds)})"
     if summary.cached_compiles:
         text += f", {plural(summary.cached_compiles, 'cache hit')}"
     return text
@@ -152,7 +153,7 @@ def after_steps_text(summary: XlaSummary) -> str | None:
     if not summary.compiles_after_steps:
         return None
     return (f"{summary.compiles_after_steps} of the compiles "
-            f"({duration(summary.compile_time_after_steps)}): saving, evaluation; not rated "
+            f"({duration(summary.compile_seconds_after_steps)}): saving, evaluation; not rated "
             "per step")
 
 
@@ -161,8 +162,8 @@ def executions_text(summary: XlaSummary, live: bool = False) -> str:
     per step reported. At the end of a run with fewer executions than steps reported (a
     failed step: the function reported it, its graph never ran to its end), both counts are
     said: `4 (120 ms) for 5 steps reported: the last step's graph did not run`."""
-    text = f"{summary.executions} ({duration(summary.execute_time)}"
-    per_step = summary.per_step(summary.execute_time) if summary.executions else None
+    text = f"{summary.executions} ({duration(summary.execute_seconds)}"
+    per_step = summary.per_step(summary.execute_seconds) if summary.executions else None
     short = (not live and summary.ranks == 1 and summary.steps is not None
              and 0 < summary.executions < summary.steps)
     if (per_step is not None and (summary.steps or 0) > 1 and not summary.compiles_after_steps
@@ -204,16 +205,16 @@ def summary_lines(summary: XlaSummary | None, title: str = "XLA",
     share_text = f", compile {share * 100:.0f}% / execute {(1 - share) * 100:.0f}%" if (
         share is not None) else ""
     lines = [
-        f"{heading}: {plural(summary.compiles, 'compile')} ({duration(summary.compile_time)}), "
+        f"{heading}: {plural(summary.compiles, 'compile')} ({duration(summary.compile_seconds)}), "
         f"{plural(summary.executions, 'execution')} "
         f"{executions_text(summary, live).split(' ', 1)[1]}"
         f"{share_text}",
         *([f"after the last step: {after}"] if (after := after_steps_text(summary)) else []),
         "transfers: device → host "
-        + transfers_text(summary.transfers_from_device, summary.transfer_from_device_time,
+        + transfers_text(summary.transfers_from_device, summary.transfer_from_device_seconds,
                          summary.bytes_from_device, summary.item_calls)
         + "; host → device "
-        + transfers_text(summary.transfers_to_device, summary.transfer_to_device_time,
+        + transfers_text(summary.transfers_to_device, summary.transfer_to_device_seconds,
                          summary.bytes_to_device),
     ]
     if summary.fallbacks:

@@ -1,5 +1,6 @@
-"""The panel of a launch over 2 hosts of 2 ranks names each rank by host (the console panel,
-fed the events a launch sends; the same panel in a real launch: tests/pods/test_pods.py)."""
+"""The panel of a launch over 2 hosts of 2 ranks names each rank by host (the console panel
+drawing the launch's reader, fed the events a launch sends; the same panel in a real launch:
+tests/pods/test_pods.py)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,23 @@ import re
 
 from hfxla_nb.events import Failed, Finished, Progress, Started
 from hfxla_nb.launch.pods.cluster_launch import _name_ranks
+from hfxla_nb.launch.record import LaunchRecord, RankRecord
+from hfxla_nb.observe.launch_reader import LaunchReader
 from hfxla_nb.ui.console import ConsoleDisplay
 
 
 def test_console_panel_names_host_and_rank():
     out = io.StringIO()
-    panel = ConsoleDisplay(4, file=out)
-    _name_ranks(panel, world=4, local_world=2)
+    reader = LaunchReader(LaunchRecord("replicated", 4, [RankRecord(rank) for rank in range(4)]))
+    panel = ConsoleDisplay(4, file=out, reader=reader)
+    _name_ranks(reader, local_world=2)
     for rank in range(4):
-        panel.handle(Started(rank=rank, world=4, pid=100 + rank))
-        panel.handle(Progress(rank, 1, 2, {"loss": 0.5}, None, "train"))
+        reader.handle(Started(rank=rank, world=4, pid=100 + rank))
+        reader.handle(Progress(rank, 1, 2, {"loss": 0.5}, None, "train"))
     for rank in range(3):
-        panel.handle(Progress(rank, 2, 2, {"loss": 0.25}, None, "train"))
-        panel.handle(Finished(rank, rank, 1.0))
-    panel.handle(Failed(3, "ValueError", "bad batch", "Traceback ..."))
+        reader.handle(Progress(rank, 2, 2, {"loss": 0.25}, None, "train"))
+        reader.handle(Finished(rank, rank, 1.0))
+    reader.handle(Failed(3, "ValueError", "bad batch", "Traceback ..."))
     panel.close(None)
     text = out.getvalue()
     for host, rank in [(0, 0), (0, 1), (1, 2)]:

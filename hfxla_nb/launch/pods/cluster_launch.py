@@ -2,7 +2,7 @@
 
 One `HostLaunch` actor per host forks there what the kernel forks on one host; this module
 checks everything first (`preflight`), reserves the hosts (`placement`), gives each host its
-variables, then relays every host's events into one `RecordKeeper` and display, as the local
+variables, then relays every host's events into one `LaunchReader` and display, as the local
 watch loop does, with ranks numbered across hosts (host h runs ranks h*P .. h*P+P-1) and
 output tagged `[host H rank R]`. However the launch ends, every host is stopped, its actor
 killed and the placement group removed before this returns.
@@ -20,13 +20,15 @@ from typing import Any
 
 from ...events import Event, Log
 from ...observe import tracing
+from ...observe.launch_reader import LaunchReader
 from ...runtime import detect
-from ...states import Outcome, RankState
+from ...states import Outcome
 from ...ui import LaunchDisplay, launch_display
-from ...ui.base import PanelDisplay
 from .. import preflight as local_preflight
-from ..preflight import LaunchRefusedError
-from ..record import LaunchError, LaunchRecord, RankRecord
+from ..errors import launch_error
+from ..failure import failure_message
+from ..preflight import LaunchPlan, LaunchRefusedError
+from ..record import LaunchRecord, RankRecord
 from ..watching import LaunchWatch, end_launch, shows
 from . import placement
 from . import preflight as checks
@@ -43,8 +45,9 @@ def launch_on_cluster(function: Callable, args: tuple, pass_index: bool, *, clus
                       shown_ranks: set[int] | str, progress: bool | str,
                       heartbeat_timeout: float | None, trace_compiles: bool,
                       keep_record: Callable[[LaunchRecord], None],
-                      max_restarts: int = 0) -> Any:
-    """Run `function` on `hosts` hosts of the Ray cluster at `cluster`; rank 0's value.
+                      max_restarts: int = 0) -> tuple[Any, LaunchRecord]:
+    """Run `function` on `hosts` hosts of the Ray cluster at `cluster`: rank 0's value and
+    the launch's record.
 
     After a failure, `max_restarts` relaunches every host: each host's processes are stopped
     first, then all are started again on the same hosts (their actors are kept, so a relaunch
@@ -59,16 +62,7 @@ def launch_on_cluster(function: Callable, args: tuple, pass_index: bool, *, clus
     hosts = checks.check_hosts(hosts, strategy)
     max_attempts = checks.check_restarts(max_restarts) + 1
     ray = checks.import_ray()
-    try:
-        local_preflight.check_runtime_not_started()
-    except LaunchRefusedError as error:
-        raise LaunchRefusedError(
-            f"{error} With cluster=, host 0 runs on this machine and needs its TPU chips: "
-            "restart the kernel and launch before using the XLA device here.") from None
-    info = detect()
-    plan = local_preflight.plan_launch(strategy, num_processes, mixed_precision,
-                                       info.accelerator.kind, info.accelerator.devices,
-                                       info.environment)
+    plan = _plan(strategy, num_processes, mixed_precision)
     connect(ray, cluster)
     chips = checks.check_capacity(ray.nodes(), hosts)
     reservation = placement.reserve(hosts, chips)
@@ -76,52 +70,73 @@ def launch_on_cluster(function: Callable, args: tuple, pass_index: bool, *, clus
     try:
         actors, described = _start_actors(ray, reservation, hosts)
         checks.check_versions(installed_versions(), described)
-        local_world = plan.world
-        world = hosts * local_world
         earlier: list[LaunchRecord] = []
         while True:
-            attempt = len(earlier) + 1
             # A fresh rendezvous port for each attempt (the last one's may linger).
             envs = _host_envs(ray, actors, described, plan, strategy, use_port, trace_compiles,
                               reservation)
-            # Which host runs which ranks, where.
-            hosts = [dict(info, ranks=list(range(info["host"] * local_world,
-                                                 (info["host"] + 1) * local_world)))
-                     for info in described]
-            record = LaunchRecord(strategy, world, [RankRecord(rank) for rank in range(world)],
-                                  attempt=attempt, max_attempts=max_attempts,
-                                  previous_attempts=list(earlier), hosts=hosts)
+            record = _record(strategy, plan.world, described, earlier, max_attempts)
             keep_record(record)
-            display = launch_display(world, progress, attempt=record.attempt_text)
-            _name_ranks(display, world, local_world)
-            watch = _Watch(ray, actors, described, record, display, shown_ranks, timeout,
-                           heartbeat_timeout, local_world)
-            watch.run(lambda envs=envs: [
-                actor.start.remote(host, strategy, envs[host], local_world, world, function,
-                                   tuple(args), pass_index)
+            watch = _Watch(ray, actors, described, LaunchReader(record, timeout,
+                                                                heartbeat_timeout),
+                           progress, shown_ranks, timeout, plan.world)
+            watch.run(lambda envs=envs, world=record.world: [
+                actor.start.remote(host, strategy, envs[host], plan.world, world,
+                                   function, tuple(args), pass_index)
                 for host, actor in enumerate(actors)])
             if record.ok:
-                return record.value
+                return record.value, record
             message = watch.failure_message()
             # Only a failure is retried: `timeout=` and the stop button mean "stop".
-            if record.outcome != Outcome.FAILED or attempt >= max_attempts or watch.left:
+            if record.outcome != Outcome.FAILED or record.attempt >= max_attempts or watch.left:
                 break
-            print(f"hfxla_nb: attempt {attempt} of {max_attempts} failed "
+            print(f"hfxla_nb: attempt {record.attempt} of {max_attempts} failed "
                   f"({message.splitlines()[0]}); stopping every host and relaunching "
-                  f"(max_restarts={max_attempts - 1}): attempt {attempt + 1} of "
+                  f"(max_restarts={max_attempts - 1}): attempt {record.attempt + 1} of "
                   f"{max_attempts}.", file=sys.stderr, flush=True)
             earlier.append(record)
             _stop_hosts(ray, actors, watch.pending)
     finally:
         _release(ray, actors, reservation)
+    raise launch_error(_last_words(message, record, max_attempts, bool(watch.left)), record)
+
+
+def _plan(strategy: str, num_processes: int | None, mixed_precision: str) -> LaunchPlan:
+    """The local plan every host runs (host 0 is this machine: its runtime must be free)."""
+    try:
+        local_preflight.check_runtime_not_started()
+    except LaunchRefusedError as error:
+        raise LaunchRefusedError(
+            f"{error} With cluster=, host 0 runs on this machine and needs its TPU chips: "
+            "restart the kernel and launch before using the XLA device here.") from None
+    info = detect()
+    return local_preflight.plan_launch(strategy, num_processes, mixed_precision,
+                                       info.accelerator.kind, info.accelerator.devices,
+                                       info.environment)
+
+
+def _record(strategy: str, local_world: int, described: list[dict],
+            earlier: list[LaunchRecord], max_attempts: int) -> LaunchRecord:
+    """A new attempt's record: ranks numbered across hosts, and which host runs which."""
+    world = len(described) * local_world
+    hosts = [dict(info, ranks=list(range(info["host"] * local_world,
+                                         (info["host"] + 1) * local_world)))
+             for info in described]
+    return LaunchRecord(strategy, world, [RankRecord(rank) for rank in range(world)],
+                        attempt=len(earlier) + 1, max_attempts=max_attempts,
+                        previous_attempts=list(earlier), hosts=hosts)
+
+
+def _last_words(message: str, record: LaunchRecord, max_attempts: int, left: bool) -> str:
+    """The `LaunchError`'s message after the last attempt: which attempt it was."""
     if max_attempts > 1:
-        message += (f"\n\nThat was attempt {attempt} of {max_attempts} "
+        message += (f"\n\nThat was attempt {record.attempt} of {max_attempts} "
                     f"(max_restarts={max_attempts - 1}); every attempt is on "
                     "hfxla_nb.last_launch().attempts.")
-        if watch.left and attempt < max_attempts:
+        if left and record.attempt < max_attempts:
             message += (" Not relaunched: a host left the cluster, and a launch is relaunched "
                         "on the hosts it started on.")
-    raise LaunchError(message, record)
+    return message
 
 
 def connect(ray: Any, cluster: str) -> None:
@@ -194,12 +209,10 @@ def _host_envs(ray: Any, actors: list[Any], described: list[dict], plan: Any, st
     return envs
 
 
-def _name_ranks(display: LaunchDisplay, world: int, local_world: int) -> None:
-    """Bars and failure lines of the panel say "host H rank R"; a display that draws no
-    panel (`progress=False`): nothing to name."""
-    if isinstance(display, PanelDisplay):
-        display.state.rank_names = {rank: f"host {rank // local_world} rank {rank}"
-                                    for rank in range(world)}
+def _name_ranks(reader: LaunchReader, local_world: int) -> None:
+    """Bars and failure lines of the panel say "host H rank R"."""
+    reader.rank_names = {rank: f"host {rank // local_world} rank {rank}"
+                         for rank in range(reader.record.world)}
 
 
 def _stop_hosts(ray: Any, actors: list[Any], pending: list[Any] = ()) -> None:
@@ -248,10 +261,13 @@ class _Watch(LaunchWatch):
     """The local watch loop's counterpart over hosts (see `supervision.Supervision._watch`)."""
 
     def __init__(self, ray: Any, actors: list[Any], described: list[dict],
-                 record: LaunchRecord, display: LaunchDisplay, shown_ranks: set[int] | str,
-                 timeout: float | None, heartbeat_timeout: float | None,
-                 local_world: int) -> None:
-        super().__init__(record, display, shown_ranks, timeout, heartbeat_timeout)
+                 reader: LaunchReader, progress: bool | str, shown_ranks: set[int] | str,
+                 timeout: float | None, local_world: int) -> None:
+        _name_ranks(reader, local_world)
+        record = reader.record
+        display: LaunchDisplay = launch_display(record.world, progress, reader=reader,
+                                                attempt=record.attempt_text)
+        super().__init__(reader, display, shown_ranks, timeout)
         self.ray = ray
         self.actors = actors
         self.described = described
@@ -285,7 +301,7 @@ class _Watch(LaunchWatch):
             raise
         finally:
             # The hosts' processes are stopped by the caller (`_stop_hosts`, `_release`).
-            end_launch(self.keeper, self.display, outcome, began,
+            end_launch(self.reader, self.display, outcome, began,
                        interrupted_line=("hfxla_nb: interrupted; every host's worker "
                                          "processes were stopped."))
 
@@ -327,7 +343,7 @@ class _Watch(LaunchWatch):
                 return outcome
 
     def _handle(self, host: int, event: Event) -> None:
-        self.keeper.handle(event)
+        self.reader.handle(event)
         if isinstance(event, Log):
             self._print(host, event)
         else:
@@ -347,24 +363,18 @@ class _Watch(LaunchWatch):
         where = self.described[host]["address"]
         self.left[host] = where
         first = host * self.local_world
-        for rank in range(first, first + self.local_world):
-            rank_record = self.keeper.rank(rank)
-            if rank_record is None or not rank_record.exit_state.active:
-                continue
-            rank_record.exit_state = RankState.KILLED
-            rank_record.reason = "host left"
-            rank_record.error = (f"its host left the cluster or the host's Ray actor died "
-                                 f"({type(error).__name__}); its processes died with it")
-            if self.keeper.failure is None:
-                self.keeper.failure = rank_record
+        self.reader.mark_killed(
+            range(first, first + self.local_world), "host left",
+            f"its host left the cluster or the host's Ray actor died "
+            f"({type(error).__name__}); its processes died with it")
 
     def host_of(self, rank: int) -> int:
         return rank // self.local_world
 
     def failure_message(self) -> str:
         """The local message, with the host of the rank it names."""
-        message = self.keeper.failure_message()
-        failed = self.keeper.failure
+        message = failure_message(self.reader)
+        failed = self.reader.failure
         if failed is not None and message.startswith(f"rank {failed.rank} "):
             host = self.host_of(failed.rank)
             where = self.described[host]["address"]

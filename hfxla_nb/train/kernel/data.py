@@ -268,7 +268,26 @@ def map_labels(
     Returns:
         `(label_names, {split: int64 ids})`.
     """
-    dataset_names = dataset_names or {}
+    kind = _label_kind(splits, column)
+    if kind == "str":
+        names, ids = _ids_of_names(splits, model_names)
+    else:
+        names, ids = _checked_ids(splits, column, dataset_names or {}, model_names)
+    if model_num_labels is not None and len(names) > model_num_labels:
+        raise DataError(
+            f"the labels need {len(names)} classes, but the model's classification head has "
+            f"{model_num_labels} outputs (labels out of range). Create the model with "
+            f"num_labels={len(names)}, or pass the model's name or folder so fine_tune can "
+            "size the head."
+        )
+    if model_num_labels is not None and len(names) < model_num_labels:
+        names = names + [f"LABEL_{i}" for i in range(len(names), model_num_labels)]
+    return names, ids
+
+
+def _label_kind(splits: Mapping[str, list], column: str) -> str:
+    """The one kind of every label ("str" or "int"); refused when a label is missing, when
+    kinds are mixed, or for floats and other values."""
     kinds: dict[str, tuple[int, str]] = {}
     for split, values in splits.items():
         if not values:
@@ -290,10 +309,10 @@ def map_labels(
             "(strings) or class ids (integers 0..N-1) throughout."
         )
     kind = next(iter(kinds))
-    first = next(iter(splits))
     if kind == "float":
+        first = splits[next(iter(splits))]
         raise DataError(
-            f"label column {column!r} holds floats (e.g. {_short(splits[first][0])}): fine_tune "
+            f"label column {column!r} holds floats (e.g. {_short(first[0])}): fine_tune "
             "trains classifiers. Map the values to class ids (0..N-1) or class names first."
         )
     if kind not in ("int", "str"):
@@ -302,51 +321,56 @@ def map_labels(
             f"label column {column!r} holds {kind} values (row {row} of {split}: "
             f"{_short(splits[split][row])}); labels must be class names (str) or ids (int)."
         )
+    return kind
+
+
+def _ids_of_names(splits: Mapping[str, list], model_names: list[str] | None
+                  ) -> tuple[list[str], dict[str, np.ndarray]]:
+    """Class names as ids: the model's names when they hold every label, else the training
+    split's names, sorted; refused for a label the training split does not have."""
+    all_values = {value for values in splits.values() for value in values}
+    if model_names and all_values <= set(model_names):
+        names = list(model_names)
+    else:
+        names = sorted(set(splits[next(iter(splits))]))
+    index = {name: i for i, name in enumerate(names)}
     ids: dict[str, np.ndarray] = {}
-    if kind == "str":
-        all_values = {value for values in splits.values() for value in values}
-        if model_names and all_values <= set(model_names):
+    for split, values in splits.items():
+        unknown = sorted({value for value in values if value not in index})
+        if unknown:
+            raise DataError(
+                f"the {split} data has labels the training data does not have: "
+                f"{', '.join(map(repr, unknown[:5]))}. Every class must appear in the "
+                f"training data (classes: {', '.join(map(repr, names[:10]))})."
+            )
+        ids[split] = np.fromiter((index[value] for value in values), np.int64, len(values))
+    return names, ids
+
+
+def _checked_ids(splits: Mapping[str, list], column: str,
+                 dataset_names: Mapping[str, list[str] | None], model_names: list[str] | None
+                 ) -> tuple[list[str], dict[str, np.ndarray]]:
+    """Class ids checked against the `ClassLabel` names (if any), and the class names: the
+    dataset's, else the model's when they cover every id, else LABEL_0..."""
+    names = next((n for n in dataset_names.values() if n), None)
+    highest = max(int(max(values)) for values in splits.values())
+    ids: dict[str, np.ndarray] = {}
+    for split, values in splits.items():
+        array = np.asarray(values, dtype=np.int64)
+        low = int(array.min())
+        limit = len(names) if names else None
+        if low < 0 or (limit is not None and int(array.max()) >= limit):
+            bad = int(array[array < 0][0]) if low < 0 else int(array.max())
+            allowed = f"0..{limit - 1}" if limit else "0 or more"
+            raise DataError(
+                f"label {bad} in column {column!r} ({split}) is out of range: class ids "
+                f"must be {allowed}. Remove or fix those rows (a ClassLabel uses -1 for "
+                "a missing label)."
+            )
+        ids[split] = array
+    if names is None:
+        if model_names and len(model_names) > highest:
             names = list(model_names)
         else:
-            names = sorted(set(splits[first]))
-        index = {name: i for i, name in enumerate(names)}
-        for split, values in splits.items():
-            unknown = sorted({value for value in values if value not in index})
-            if unknown:
-                raise DataError(
-                    f"the {split} data has labels the training data does not have: "
-                    f"{', '.join(map(repr, unknown[:5]))}. Every class must appear in the "
-                    f"training data (classes: {', '.join(map(repr, names[:10]))})."
-                )
-            ids[split] = np.fromiter((index[value] for value in values), np.int64, len(values))
-    else:
-        names = next((n for n in dataset_names.values() if n), None)
-        highest = max(int(max(values)) for values in splits.values())
-        for split, values in splits.items():
-            array = np.asarray(values, dtype=np.int64)
-            low = int(array.min())
-            limit = len(names) if names else None
-            if low < 0 or (limit is not None and int(array.max()) >= limit):
-                bad = int(array[array < 0][0]) if low < 0 else int(array.max())
-                allowed = f"0..{limit - 1}" if limit else "0 or more"
-                raise DataError(
-                    f"label {bad} in column {column!r} ({split}) is out of range: class ids "
-                    f"must be {allowed}. Remove or fix those rows (a ClassLabel uses -1 for "
-                    "a missing label)."
-                )
-            ids[split] = array
-        if names is None:
-            if model_names and len(model_names) > highest:
-                names = list(model_names)
-            else:
-                names = [f"LABEL_{i}" for i in range(highest + 1)]
-    if model_num_labels is not None and len(names) > model_num_labels:
-        raise DataError(
-            f"the labels need {len(names)} classes, but the model's classification head has "
-            f"{model_num_labels} outputs (labels out of range). Create the model with "
-            f"num_labels={len(names)}, or pass the model's name or folder so fine_tune can "
-            "size the head."
-        )
-    if model_num_labels is not None and len(names) < model_num_labels:
-        names = names + [f"LABEL_{i}" for i in range(len(names), model_num_labels)]
+            names = [f"LABEL_{i}" for i in range(highest + 1)]
     return names, ids

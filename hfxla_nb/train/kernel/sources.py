@@ -11,6 +11,7 @@ from typing import Any
 
 from ...runtime import cpu_device_count, detect_accelerator
 from ..config import FineTuneError
+from ..tasks.registry import AUTO, DEFAULT_TASK, TASKS
 from ..worker import checkpoint as ckpt
 
 
@@ -69,18 +70,17 @@ def model_source(model: Any) -> tuple[Any, Any, int | None, str]:
 def _task_heads(picking: bool = False) -> dict[str, tuple[str, ...]]:
     """Task name -> the model class name endings that mean it (every registered task; with
     `picking`, only those that task="auto" may pick by the head)."""
-    from ..tasks.registry import TASKS
-
     return {name: tuple(TASKS[name].head_suffixes) for name in TASKS
             if not picking or TASKS[name].pick_by_head}
 
 
-def head_task(model: Any, model_config: Any) -> str | None:
-    """The task whose head the model (its class, or its config's architectures) has."""
+def head_task(model: Any, model_config: Any, every_head: bool = False) -> str | None:
+    """The task whose head the model (its class, or its config's architectures) has; only
+    tasks that task="auto" picks by the head (`Task.pick_by_head`) unless `every_head`."""
     names = list(getattr(model_config, "architectures", None) or [])
     if not isinstance(model, (str, os.PathLike)):
         names = [type(model).__name__]
-    heads = _task_heads(picking=True)
+    heads = _task_heads(picking=not every_head)
     for name in names:
         for task, suffixes in heads.items():
             if any(name.endswith(suffix) for suffix in suffixes):
@@ -88,29 +88,21 @@ def head_task(model: Any, model_config: Any) -> str | None:
     return None
 
 
-def resolve_task(task: str, model: Any, model_config: Any) -> str:
+def resolve_task(task: str, model: Any, model_config: Any,
+                 every_head: bool = False) -> str | None:
     """The task name: as asked (checked against a model instance's head), or (for "auto")
-    from the architecture: the task whose head it has, else "classification"."""
-    instance = not isinstance(model, (str, os.PathLike))
-    names = [type(model).__name__] if instance else list(
-        getattr(model_config, "architectures", None) or [])
-    heads = _task_heads()
-    found = head_task(model, model_config)
-    if task == "causal-lm" and getattr(model_config, "is_encoder_decoder", False):
-        # A name or folder too, before any fork (seq2seq_task.refuse_encoder_decoder's words;
-        # importing it here would make a cycle).
-        what = ", ".join(names) or getattr(model_config, "model_type", "the model")
-        raise _fail(f"task='causal-lm', but the model ({what}) is an encoder-decoder model: "
-                    "it learns a target from a source. Use task='seq2seq' with "
-                    "source_column= and target_column= (or source_lang= and target_lang=), "
-                    "or a decoder-only model.")
-    if task == "auto":
-        return found or "classification"
-    if instance and not any(names[0].endswith(suffix) for suffix in heads.get(task, ())):
-        wanted = " or ".join(f"...{suffix}" for suffix in heads.get(task, ())) or "its head"
-        raise _fail(f"task={task!r}, but model is a {names[0]}, which has no head for it: "
-                    f"pass a {wanted} model (or the model's name or folder), or "
-                    f"task={found!r}.")
+    the task whose head the model has (`head_task`), None when it has none."""
+    if task == AUTO:
+        return head_task(model, model_config, every_head)
+    if not isinstance(model, (str, os.PathLike)):
+        name = type(model).__name__
+        suffixes = _task_heads().get(task, ())
+        if not any(name.endswith(suffix) for suffix in suffixes):
+            wanted = " or ".join(f"...{suffix}" for suffix in suffixes) or "its head"
+            found = head_task(model, model_config) or DEFAULT_TASK
+            raise _fail(f"task={task!r}, but model is a {name}, which has no head for it: "
+                        f"pass a {wanted} model (or the model's name or folder), or "
+                        f"task={found!r}.")
     return task
 
 

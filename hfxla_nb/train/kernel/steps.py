@@ -1,12 +1,15 @@
 """Kernel-side steps that every task's preparation shares: batch size against the data,
-padding token, devices, the checkpoint to resume, a digest of the training rows."""
+padding token, devices, LoRA settings and the memory plan, the checkpoint to resume, a digest
+of the training rows."""
 
 from __future__ import annotations
 
 import hashlib
 from typing import Any
 
+from .. import lora
 from ..config import FineTuneConfig, FineTuneError
+from ..memory_plan import MemoryPlan, MemoryPlanError, plan_memory
 from ..worker import checkpoint as ckpt
 from . import sources
 
@@ -65,6 +68,47 @@ def devices(config: FineTuneConfig) -> int:
             f"use a multiple of {devices} (e.g. {devices * max(1, config.batch_size // devices)})."
         )
     return devices
+
+
+def lora_and_memory(config: FineTuneConfig, model: Any, model_config: Any, task_type: str,
+                    max_length: int, devices: int, notes: list[str]
+                    ) -> tuple[dict[str, Any] | None, MemoryPlan]:
+    """`lora=` checked into peft's settings (None: a full fine-tune), and the memory plan of
+    the run, which decides `lora="auto"` (noted).
+
+    Args:
+        model: what LoRA and the memory are sized on: the instance given, or a model built on
+            the meta device, or its config.
+        task_type: peft's task type (`Task.peft_task_type`).
+
+    Raises:
+        FineTuneError: the LoRA settings cannot work.
+        MemoryPlanError: the run does not fit the device memory.
+    """
+    requested = config.lora if config.lora != "auto" else False
+    lora_json = lora.lora_settings(requested, model, model_config, task_type)
+    memory = memory_plan_of(config, model, lora_json, max_length, devices, notes)
+    if memory.lora_rank and lora_json is None:  # lora="auto" chose LoRA
+        lora_json = lora.lora_settings(True, model, model_config, task_type)
+    return lora_json, memory
+
+
+def memory_plan_of(config: FineTuneConfig, model: Any, lora_json: dict[str, Any] | None,
+                   max_length: int, devices: int, notes: list[str]) -> MemoryPlan:
+    """The memory plan of this run on this machine's devices; "auto" sharding and LoRA are
+    decided by it (and noted); refused, with its numbers and the changes that would make it
+    fit, when it cannot fit."""
+    spmd = config.strategy == "spmd" and devices > 1
+    plan = plan_memory(
+        model, batch_size=int(config.batch_size), max_length=max_length,
+        precision=config.precision, lora=lora_json or config.lora,
+        sharding=config.sharding if spmd else "data",
+        gradient_checkpointing=bool(config.gradient_checkpointing), devices=devices)
+    notes.extend(plan.notes)
+    if not plan.fits:
+        raise MemoryPlanError(f"this fine-tune does not fit the device memory, so nothing was "
+                              f"started:\n{plan}")
+    return plan
 
 
 def config_fields(config: FineTuneConfig, output_dir: str | None,

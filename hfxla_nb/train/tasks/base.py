@@ -2,16 +2,25 @@
 module of this package (`classification.py` is the smallest); tasks are found by name in
 `registry.TASKS`.
 
-A batch `x` is one packed int32 tensor: the inputs side by side (`run.inputs(x, length)`
+A batch `x` is one packed int32 tensor: the inputs side by side (`ctx.inputs(x, length)`
 splits them), then the label columns (one for a class id, `length` for a label per token,
 two for a span), then (evaluation) a weight column (0 for filler rows).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .registry import TASKS, register_task
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..batching import EncodedData, EncodedSplit
+    from ..config import FineTuneConfig
+    from ..kernel.preparation import Prepared, Splits, TaskContext
+    from ..predict import PredictContext
+    from ..worker.context import WorkerContext
 
 __all__ = ["TASKS", "Task", "register_task"]
 
@@ -20,20 +29,27 @@ class Task:
     """One fine-tuning task. Subclass it, fill in the hooks, `register_task(MyTask())`.
 
     Kernel side (before the fork; may import transformers, writes nothing):
-        prepare(dataset, config, context) -> TrainPlan: read and check the data (refusing
-            with `FineTuneError` and what to do), tokenize it into fixed-shape buckets
-            (`batching.Bucket`; labels of any width per row), keep what the host needs later
-            (offsets, word ids, answers) in `EncodedData.host`, and build the plan with
-            `prepare.build_plan`. None (the default) is the classification path.
+        check_model(model_config, names): refuse a model the task cannot train (default:
+            none refused); `names` are its class or architecture names.
+        prepare(splits, config, context) -> Prepared: read and check the picked splits
+            (`kernel.preparation.Splits`, none empty; refusing with `FineTuneError` and what
+            to do), tokenize them into fixed-shape buckets (`batching.Bucket`; labels of any
+            width per row), keep what the host needs later (offsets, word ids, answers) in
+            `EncodedData.host`; return them with the `from_pretrained` arguments, and the
+            LoRA settings and memory plan where the task has them (`steps.lora_and_memory`).
+            `prepare_fine_tune` builds the plan from it.
         prepare_predict(inputs, context, max_length) -> EncodedData: the same for `predict`'s
             inputs (labels unknown: zeros).
+        prediction_table(predictions) -> (rows, columns): `Predictions.to_dataframe`'s table.
 
-    Worker side (`run` is the worker's run: `run.model`, `run.torch`, `run.inputs(x, length)`,
-    `run.logits(x, length)`, `run.autocast()`, `run.plan`):
-        train_loss(run, x, length) -> scalar tensor.
-        eval_outputs(run, x, length) -> tensors kept on the device for one fetch at the end
+    Worker side (`ctx` is the worker's `worker.context.WorkerContext`: `ctx.plan`,
+    `ctx.model`, `ctx.mesh`, `ctx.inputs(x, length)`, `ctx.logits(x, length)`,
+    `ctx.autocast()`; a hook imports torch itself and calls `hfxla_nb._xla` for XLA's own
+    operations):
+        train_loss(ctx, x, length) -> scalar tensor.
+        eval_outputs(ctx, x, length) -> tensors kept on the device for one fetch at the end
             (filler rows have weight `x[:, -1] == 0`).
-        eval_metrics(run, batches, fetched) -> {"eval_...": float}; `fetched` holds each
+        eval_metrics(ctx, batches, fetched) -> {"eval_...": float}; `fetched` holds each
             batch's `eval_outputs`, in order, on the host.
         decode(data, batches, fetched) -> one plain-Python prediction per input row (or
             example); evaluation's metrics and `predict` both go through it.
@@ -50,42 +66,64 @@ class Task:
     columns: tuple[str, ...] = ()
     #: Outputs per batch of `eval_outputs` (to split `fetched` by batch).
     outputs_per_batch = 2
+    #: Whether the evaluation's graphs compile while training compiles its first step
+    #: (`worker.evaluate.EvalAhead`): only for an evaluation of one graph per bucket that
+    #: syncs nothing itself (seq2seq's decoding syncs once per token). False: they compile
+    #: when evaluation starts.
+    eval_ahead = False
+    #: peft's task type for `lora=` ("SEQ_CLS", "CAUSAL_LM"); None: `lora=` is refused.
+    peft_task_type: str | None = None
+    #: Rows per device of `predict`'s default batch; None: as many as fit the inputs (up to
+    #: `predict.ROWS_PER_DEVICE`). Tasks that generate keep a cache per row: fewer.
+    predict_rows_per_device: int | None = None
+    #: The task in words, for the result's setup row ("causal LM").
+    title = ""
+    #: Whether the result's setup row names the labels (a classifier's story) rather than the
+    #: sharding; its parameter layout is then shown only when it is sharded.
+    shows_labels = False
+    #: Whether `FineTuneResult.generate` continues prompts with the trained model.
+    continues_prompts = False
+    #: What the result's "next" row passes to `result.predict(...)`.
+    predict_example = '["a text"]'
 
-    def prepare(self, dataset: Any, config: Any, context: Any) -> Any:
-        return None
+    def check_model(self, model_config: Any, names: list[str]) -> None:
+        """Refuse, with `FineTuneError`, a model this task cannot train (none by default)."""
 
-    def prepare_predict(self, inputs: Any, context: Any, max_length: int | None) -> Any:
+    def prepare(self, splits: Splits, config: FineTuneConfig,
+                context: TaskContext) -> Prepared:
+        raise NotImplementedError(f"task {self.name!r} has no prepare.")
+
+    def prediction_table(self, predictions: list[dict[str, Any]]
+                         ) -> tuple[list[dict[str, Any]], list[str] | None]:
+        """`Predictions.to_dataframe`'s rows and columns (None: the rows' keys): one row per
+        input, each prediction's "probabilities" left out."""
+        rows = [{key: value for key, value in item.items() if key != "probabilities"}
+                for item in predictions]
+        return rows, None
+
+    def prepare_predict(self, inputs: list[Any], context: PredictContext,
+                        max_length: int | None) -> EncodedData:
         raise NotImplementedError(f"predict is not available for task {self.name!r} yet.")
 
-    def train_loss(self, run: Any, x: Any, length: int) -> Any:
+    def train_loss(self, ctx: WorkerContext, x: torch.Tensor, length: int) -> torch.Tensor:
         raise NotImplementedError
 
-    def eval_outputs(self, run: Any, x: Any, length: int) -> list[Any]:
+    def eval_outputs(self, ctx: WorkerContext, x: torch.Tensor,
+                     length: int) -> list[torch.Tensor]:
         raise NotImplementedError
 
-    def eval_metrics(self, run: Any, batches: list, fetched: list) -> dict[str, float]:
+    def eval_metrics(self, ctx: WorkerContext, batches: list,
+                     fetched: list) -> dict[str, float]:
         raise NotImplementedError
+
+    def chance_accuracy(self, split: EncodedSplit | None) -> float | None:
+        """The evaluation accuracy of a guess that ignores the input (the result's
+        `chance_accuracy`, which the learning warnings compare with), or None where the
+        task has no such figure (the default)."""
+        return None
 
     def decode(self, data: Any, batches: list, fetched: list) -> list[Any]:
         raise NotImplementedError(f"predict is not available for task {self.name!r} yet.")
-
-    def splits(self, dataset: Any, config: Any) -> tuple[dict[str, Any], str | None]:
-        """For `prepare`: the splits to read, training first (`{"train": ..., name: ...}`,
-        from `data.pick_splits`), and the evaluation split's name (None: no evaluation).
-
-        Raises:
-            FineTuneError: the data has no training split, or an unusable evaluation one.
-        """
-        from ..config import FineTuneError
-        from ..kernel import data
-
-        try:
-            train, evaluation, eval_name = data.pick_splits(dataset, config.eval_dataset)
-        except data.DataError as error:
-            raise FineTuneError(str(error)) from None
-        if evaluation is None:
-            return {"train": train}, None
-        return {"train": train, eval_name: evaluation}, eval_name
 
     def per_batch(self, batches: list, fetched: list) -> list[tuple[Any, list]]:
         """`(batch, its fetched outputs)` pairs."""

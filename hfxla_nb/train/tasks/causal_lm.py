@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..config import FineTuneError
+from . import causal_lm_data
 from .base import Task
 from .registry import register_task
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..batching import EncodedData
+    from ..config import FineTuneConfig
+    from ..kernel.preparation import Prepared, Splits, TaskContext
+    from ..predict import PredictContext
+    from ..worker.context import WorkerContext
 
 
 class CausalLM(Task):
@@ -14,23 +25,47 @@ class CausalLM(Task):
     the mean over learned tokens, evaluation reports it and its perplexity."""
 
     name = "causal-lm"
+    eval_ahead = True
     auto_class = "AutoModelForCausalLM"
     head_suffixes = ("ForCausalLM", "LMHeadModel")
+    peft_task_type = causal_lm_data.PEFT_TASK_TYPE
+    predict_rows_per_device = 8  # a key/value cache per row grows with the new tokens
+    title = "causal LM"
+    continues_prompts = True
 
-    def _output(self, run: Any, x: Any, length: int, with_labels: bool) -> Any:
-        inputs = run.inputs(x, length)
+    # -- kernel side (causal_lm_data.py) -----------------------------------------------------
+
+    def check_model(self, model_config: Any, names: list[str]) -> None:
+        """Refuse an encoder-decoder model (a name or folder too, before any fork)."""
+        if getattr(model_config, "is_encoder_decoder", False):
+            what = ", ".join(names) or getattr(model_config, "model_type", "the model")
+            raise FineTuneError(
+                f"task='causal-lm', but the model ({what}) is an encoder-decoder model: it "
+                "learns a target from a source. Use task='seq2seq' with source_column= and "
+                "target_column= (or source_lang= and target_lang=), or a decoder-only model.")
+
+    def prepare(self, splits: Splits, config: FineTuneConfig,
+                context: TaskContext) -> Prepared:
+        """Texts or prompt/response pairs as rows of one length (`causal_lm_data.py`), the
+        LoRA settings and the memory plan (`sharding="auto"`, `lora="auto"`)."""
+        return causal_lm_data.prepare(splits, config, context)
+
+    def _output(self, ctx: WorkerContext, x: torch.Tensor, length: int,
+                with_labels: bool) -> tuple[Any, torch.Tensor]:
+        inputs = ctx.inputs(x, length)
         labels = inputs.pop("labels").long()
-        with run.autocast():
+        with ctx.autocast():
             # No key/value cache while training: nothing reads it, and a layer recomputed by
             # gradient checkpointing would append to it a second time.
-            output = run.model(**inputs, labels=labels if with_labels else None, use_cache=False)
+            output = ctx.model(**inputs, labels=labels if with_labels else None, use_cache=False)
         return output, labels
 
-    def train_loss(self, run: Any, x: Any, length: int) -> Any:
-        output, _ = self._output(run, x, length, with_labels=True)
+    def train_loss(self, ctx: WorkerContext, x: torch.Tensor, length: int) -> torch.Tensor:
+        output, _ = self._output(ctx, x, length, with_labels=True)
         return output.loss.float()
 
-    def prepare_predict(self, inputs: Any, context: Any, max_length: int | None) -> Any:
+    def prepare_predict(self, inputs: list[Any], context: PredictContext,
+                        max_length: int | None) -> EncodedData:
         """Prompts, padded on the left into buckets (`lm_predict.py`)."""
         from .causal_lm_predict import prepare
 
@@ -42,15 +77,17 @@ class CausalLM(Task):
 
         return decode(data, batches, fetched, self.per_batch)
 
-    def eval_outputs(self, run: Any, x: Any, length: int) -> list[Any]:
+    def eval_outputs(self, ctx: WorkerContext, x: torch.Tensor,
+                     length: int) -> list[torch.Tensor]:
+        import torch
+
         from .causal_lm_predict import GenerationData, generate_on_device
 
-        torch = run.torch
-        data = run.plan.data
+        data = ctx.plan.data
         if isinstance(data, GenerationData):  # predict: generated tokens (and last positions)
-            tokens, positions = generate_on_device(run, x, length, data.max_new_tokens)
+            tokens, positions = generate_on_device(ctx, x, length, data.max_new_tokens)
             return [tokens, positions]
-        output, labels = self._output(run, x, length, with_labels=False)
+        output, labels = self._output(ctx, x, length, with_labels=False)
         logits = output.logits.float()[:, :-1]
         targets = labels[:, 1:]
         losses = torch.nn.functional.cross_entropy(
@@ -60,7 +97,7 @@ class CausalLM(Task):
         weights = (targets != -100).float() * x[:, -1].float()[:, None]
         return [(losses * weights).sum(-1), weights.sum(-1)]
 
-    def eval_metrics(self, run: Any, batches: list, fetched: list) -> dict[str, float]:
+    def eval_metrics(self, ctx: WorkerContext, batches: list, fetched: list) -> dict[str, float]:
         total = tokens = 0.0
         for (_, _, real), sums, counts in zip(batches, fetched[0::2], fetched[1::2],
                                               strict=True):
@@ -68,7 +105,7 @@ class CausalLM(Task):
             tokens += float(counts.double().numpy()[:real].sum())
         loss = total / max(tokens, 1.0)
         return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0)),
-                "eval_tokens": tokens, "eval_rows": float(run.plan.data.eval.num_rows)}
+                "eval_tokens": tokens, "eval_rows": float(ctx.plan.data.eval.num_rows)}
 
 
 register_task(CausalLM())

@@ -11,6 +11,9 @@ pair), so a training step never changes shape:
 - prompt/response pairs are joined by a template ("{prompt}" and "{response}" placeholders)
   or by the tokenizer's chat template, one pair per row, padded; rows longer than
   `max_length` are cut at the end and counted.
+
+`prepare` is the task's kernel side: the rows of every split, the LoRA settings, and the
+memory plan (which decides `sharding="auto"` and `lora="auto"`, and refuses what cannot fit).
 """
 
 from __future__ import annotations
@@ -20,12 +23,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..batching import Bucket, EncodedSplit
+from ..._words import plural
+from ..batching import Bucket, EncodedData, EncodedSplit, round_up
+from ..config import FineTuneConfig, FineTuneError
+from ..kernel import data, steps
 from ..kernel.data import DataError
+from ..kernel.preparation import Prepared, Splits, TaskContext
+from ..model_facts import meta_model
+from ..user_warnings import warn_user
 
 IGNORE = -100  # the label transformers' causal-LM loss skips
 DEFAULT_TEMPLATE = "{prompt}\n{response}"
 INPUT_NAMES = ["input_ids", "attention_mask", "labels"]
+#: What training keeps per parameter with AdamW in float32: weights, gradients, 2 moments.
+BYTES_PER_PARAMETER = 16
+DEFAULT_MAX_LENGTH = 512
+#: peft's task type for a causal LM.
+PEFT_TASK_TYPE = "CAUSAL_LM"
 
 
 @dataclass
@@ -125,3 +139,100 @@ def encode_rows(name: str, rows: LmRows, max_length: int, pad_id: int) -> Encode
         inputs[i, 2 * max_length:2 * max_length + n] = np.where(learned, ids, IGNORE)
     bucket = Bucket(max_length, inputs, np.zeros(count, dtype=np.int64), np.arange(count))
     return EncodedSplit(name, [bucket] if count else [], count, rows.cut)
+
+
+def prepare(splits: Splits, config: FineTuneConfig, context: TaskContext) -> Prepared:
+    """Every split's rows at one length, the LoRA settings, and the memory plan of the run,
+    which decides `sharding="auto"` and `lora="auto"` (and refuses what cannot fit)."""
+    notes: list[str] = []
+    tokenizer, model_config = context.tokenizer, context.model_config
+    pad_id = _pad_token(tokenizer, notes)
+    max_length = steps.length_cap(config, model_config, tokenizer, DEFAULT_MAX_LENGTH)
+    rows = _read_splits(splits, config, tokenizer, max_length, notes)
+    encoded = {name: encode_rows(name, split_rows, max_length, pad_id)
+               for name, split_rows in rows.items()}
+    steps.check_batch_fits(config, encoded["train"].num_rows)
+    lora_json, memory = steps.lora_and_memory(
+        config, context.instance or model_config, model_config, PEFT_TASK_TYPE, max_length,
+        context.devices, notes)
+    sharding = memory.sharding if context.devices > 1 and config.strategy == "spmd" else None
+    eval_name = splits.eval_name
+    encoded_data = EncodedData(
+        train=encoded["train"], eval=encoded[eval_name] if eval_name is not None else None,
+        input_names=list(INPUT_NAMES), bucket_lengths=[max_length], label_names=[],
+        notes=notes)
+    kwargs = ({} if getattr(model_config, "pad_token_id", None) is not None
+              else {"pad_token_id": int(pad_id)})
+    return Prepared(encoded_data, kwargs, lora=lora_json, memory=memory, sharding=sharding)
+
+
+def _pad_token(tokenizer, notes: list[str]) -> int:
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    if pad_id is not None:
+        return int(pad_id)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        raise FineTuneError(
+            "the tokenizer has neither a padding nor an end-of-text token; set one, e.g. "
+            "tokenizer.pad_token = '<pad>' after adding it, or pass another tokenizer."
+        )
+    notes.append(f"the tokenizer has no padding token: padding with its end-of-text token "
+                 f"{tokenizer.eos_token!r} (padding is masked out of the loss)")
+    return int(eos)
+
+
+def _read_splits(splits: Splits, config: FineTuneConfig, tokenizer, max_length: int,
+                 notes: list[str]) -> dict[str, LmRows]:
+    """Token rows of the training split and of the evaluation split, if any."""
+    pairs = config.prompt_column is not None
+    if config.template is not None and not pairs:
+        raise FineTuneError("template= joins prompt_column and response_column; pass both "
+                            "columns, or drop template to learn the text_column as it is.")
+    if pairs and config.packing:
+        raise FineTuneError("packing=True is for plain text: prompt/response pairs are padded, "
+                            "one pair per row, so that each prompt stays unlearned.")
+    packing = (not pairs) if config.packing is None else bool(config.packing)
+    columns = ([config.prompt_column, config.response_column] if pairs
+               else [config.text_column])
+    try:
+        if config.template is not None:
+            check_template(config.template)
+        result = {}
+        for split, ds in splits.named.items():
+            data.check_columns(ds, split, columns)
+            texts = [data.check_texts(data.column_values(ds, c), c, split) for c in columns]
+            if pairs:
+                result[split] = pair_rows(tokenizer, texts[0], texts[1], config.template,
+                                          max_length)
+            else:
+                result[split] = text_rows(tokenizer, texts[0], max_length, packing)
+    except DataError as error:
+        raise FineTuneError(str(error)) from None
+    _note_lengths(result, max_length, packing, notes)
+    return result
+
+
+def _note_lengths(splits: dict[str, LmRows], max_length: int, packing: bool,
+                  notes: list[str]) -> None:
+    """Say before anything runs how many rows would be cut, and if max_length is wasteful."""
+    for split, rows in splits.items():
+        if rows.cut:
+            message = (f"{rows.cut} of {plural(len(rows.ids), f'{split} row')} are longer than "
+                       f"max_length={max_length} and will be cut at the end")
+            notes.append(message)
+            warn_user(f"hfxla_nb.fine_tune: {message}.")  # at the user's call
+    if packing:
+        notes.append(f"texts packed into rows of {max_length} tokens (no padding)")
+        if not splits["train"].ids:
+            raise FineTuneError(f"the training texts hold fewer than max_length={max_length} "
+                                "tokens in all: pass a smaller max_length or more text.")
+        return
+    longest = max(longest_row(rows) for rows in splits.values())
+    if longest and round_up(longest) < max_length:
+        notes.append(f"the longest row has {longest} tokens: max_length={round_up(longest)} "
+                     f"would compute less than {max_length}")
+
+
+def parameter_count(model_config) -> int:
+    """Parameters of the model a config describes, counted without allocating them."""
+    return sum(parameter.numel() for parameter in meta_model(model_config).parameters())

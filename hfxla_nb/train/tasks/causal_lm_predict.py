@@ -16,14 +16,20 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ... import _xla
 from .. import batching
 from ..config import FineTuneError
 from ..kernel import sources
-from ..worker.generation import _texts
+from ..worker.generation import decoded_texts
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..worker.context import WorkerContext
 
 #: New tokens per prompt when `predict` is not told.
 DEFAULT_NEW_TOKENS = 32
@@ -76,14 +82,15 @@ def prepare(inputs: list[Any], context: Any, max_length: int | None) -> Generati
                           host=tokenizer, max_new_tokens=int(new))
 
 
-def generate_on_device(run: Any, x: Any, length: int, new: int) -> tuple[Any, Any]:
+def generate_on_device(ctx: WorkerContext, x: torch.Tensor, length: int,
+                       new: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`[rows, new]` greedy tokens of a batch of left-padded prompts, on the device, and the
     last positions (already computed: returning them costs no graph)."""
-    torch = run.torch
+    import torch
     from transformers import StaticCache
 
-    model, mesh = run.model, run.mesh
-    inputs = run.inputs(x, length)
+    model, mesh = ctx.model, ctx.mesh
+    inputs = ctx.inputs(x, length)
     ids, mask = inputs["input_ids"].long(), inputs["attention_mask"].long()
     device = ids.device
     full = torch.cat([mask, torch.ones(mask.shape[0], new, dtype=mask.dtype, device=device)],
@@ -97,10 +104,10 @@ def generate_on_device(run: Any, x: Any, length: int, new: int) -> tuple[Any, An
     def sync(*tensors: Any) -> None:
         if mesh is not None:  # the same input shardings for every step: one step graph
             for tensor in tensors:
-                run.xla.replicate(tensor, mesh)
-        run.xla.sync()
+                _xla.replicate(tensor, mesh)
+        _xla.sync()
 
-    with run.autocast():
+    with ctx.autocast():
         output = model(input_ids=ids, attention_mask=full[:, :length], position_ids=positions,
                        cache_position=torch.arange(length, device=device), use_cache=True,
                        **{name: cache})
@@ -113,7 +120,7 @@ def generate_on_device(run: Any, x: Any, length: int, new: int) -> tuple[Any, An
     for step in range(1, new):
         position = position + 1
         where = torch.tensor([length + step - 1], device=device)  # data: no recompile
-        with run.autocast():
+        with ctx.autocast():
             output = model(input_ids=token, attention_mask=full, position_ids=position,
                            cache_position=where, use_cache=True, **{name: cache})
         token = output.logits[:, -1].argmax(-1, keepdim=True)
@@ -130,6 +137,6 @@ def decode(data: GenerationData, batches: list, fetched: list,
     texts = [""] * split.num_rows
     for (bucket_index, positions, real), (tokens, _) in per_batch(batches, fetched):
         rows = split.buckets[bucket_index].rows[positions[:real]]
-        for row, text in zip(rows, _texts(data.host, tokens[:real]), strict=True):
+        for row, text in zip(rows, decoded_texts(data.host, tokens[:real]), strict=True):
             texts[row] = text
     return [{"generated_text": text} for text in texts]

@@ -2,31 +2,49 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..worker.evaluate import compute_metrics
-from .base import MaxLength, Task
+from ..worker.evaluate import chance_accuracy, compute_metrics
+from . import classification_data
+from .base import Task
 from .registry import register_task
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..batching import EncodedData, EncodedSplit
+    from ..config import FineTuneConfig
+    from ..kernel.preparation import Prepared, Splits, TaskContext
+    from ..predict import PredictContext
+    from ..worker.context import WorkerContext
 
 
 class Classification(Task):
     """Sequence classification: a label per row; accuracy, f1, precision, recall."""
 
     name = "classification"
+    eval_ahead = True
     auto_class = "AutoModelForSequenceClassification"
     head_suffixes = ("ForSequenceClassification",)
+    peft_task_type = classification_data.PEFT_TASK_TYPE
+    title = "classification"
+    shows_labels = True
 
-    def train_loss(self, run: Any, x: Any, length: int) -> Any:
-        logits = run.logits(x, length)
-        return run.torch.nn.functional.cross_entropy(logits, x[:, -1].long())
+    def train_loss(self, ctx: WorkerContext, x: torch.Tensor, length: int) -> torch.Tensor:
+        import torch
+
+        logits = ctx.logits(x, length)
+        return torch.nn.functional.cross_entropy(logits, x[:, -1].long())
 
     outputs_per_batch = 3
 
-    def eval_outputs(self, run: Any, x: Any, length: int) -> list[Any]:
-        torch = run.torch
-        logits = run.logits(x, length)
+    def eval_outputs(self, ctx: WorkerContext, x: torch.Tensor,
+                     length: int) -> list[torch.Tensor]:
+        import torch
+
+        logits = ctx.logits(x, length)
         weights = x[:, -1].float()
         losses = torch.nn.functional.cross_entropy(logits, x[:, -2].long(), reduction="none")
         # Filler rows weigh 0; `where` keeps a NaN of a filler row out of the sum.
@@ -44,8 +62,12 @@ class Classification(Task):
             values[split.buckets[bucket_index].rows[positions[:real]]] = array[:real]
         return values
 
-    def eval_metrics(self, run: Any, batches: list, fetched: list) -> dict[str, float]:
-        split, plan = run.plan.data.eval, run.plan
+    def chance_accuracy(self, split: EncodedSplit | None) -> float | None:
+        """Always predicting `split`'s most frequent label (`evaluate.chance_accuracy`)."""
+        return chance_accuracy(split)
+
+    def eval_metrics(self, ctx: WorkerContext, batches: list, fetched: list) -> dict[str, float]:
+        split, plan = ctx.plan.data.eval, ctx.plan
         predictions = self._by_row(split, batches, fetched, 0, int).astype(np.int64)
         row_losses = self._by_row(split, batches, fetched, 1, float).astype(np.float64)
         labels = np.empty(split.num_rows, dtype=np.int64)
@@ -65,45 +87,18 @@ class Classification(Task):
                  "probabilities": {name: float(v) for name, v in zip(names, p, strict=True)}}
                 for p in probabilities]
 
-    def prepare_predict(self, inputs: Any, context: Any, max_length: int | None) -> Any:
-        """Texts, or (text, pair) tuples, tokenized and bucketed like evaluation rows."""
-        from .. import batching
-        from ..config import FineTuneError
-        from ..kernel import steps
+    # -- kernel side (classification_data.py) ------------------------------------------------
 
-        texts, pairs = [], []
-        for row, value in enumerate(inputs):
-            if isinstance(value, str):
-                texts.append(value)
-            elif (isinstance(value, (list, tuple)) and len(value) == 2
-                  and all(isinstance(v, str) for v in value)):
-                texts.append(value[0])
-                pairs.append(value[1])
-            else:
-                raise FineTuneError(f"input {row} is a {type(value).__name__}; classification "
-                                    "predicts on texts or (text, text pair) tuples.")
-        if pairs and len(pairs) != len(texts):
-            raise FineTuneError("pass every input as a text, or every input as a (text, pair) "
-                                "tuple, not both.")
-        tokenizer = context.tokenizer
-        cap = steps.length_cap(MaxLength(max_length), context.model_config, tokenizer)
-        encoded, cut = batching.tokenize(tokenizer, texts, pairs or None, cap)
-        lengths = [len(ids) for ids in encoded["input_ids"]]
-        buckets = [max_length] if max_length else batching.choose_buckets(lengths, cap)
-        notes: list[str] = []
-        pad_id = steps.pad_id(tokenizer, notes)
-        split = batching.encode_split(
-            "predict", encoded, np.zeros(len(texts), np.int64),
-            batching.input_names_of(tokenizer, encoded), buckets,
-            {"input_ids": pad_id if pad_id is not None else 0,
-             "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0) or 0},
-            getattr(tokenizer, "padding_side", "right") or "right", cut)
-        config = context.model_config
-        names = [str(config.id2label[i]) for i in sorted(config.id2label, key=int)]
-        return batching.EncodedData(train=None, eval=split,
-                                    input_names=batching.input_names_of(tokenizer, encoded),
-                                    bucket_lengths=list(map(int, buckets)), label_names=names,
-                                    notes=notes)
+    def prepare(self, splits: Splits, config: FineTuneConfig,
+                context: TaskContext) -> Prepared:
+        """Texts and labels checked, tokenized into length buckets, the head sized for the
+        labels; peft's SEQ_CLS settings and their memory plan with `lora=`."""
+        return classification_data.prepare(splits, config, context)
+
+    def prepare_predict(self, inputs: list[Any], context: PredictContext,
+                        max_length: int | None) -> EncodedData:
+        """Texts, or (text, pair) tuples, tokenized and bucketed like evaluation rows."""
+        return classification_data.prepare_predict(inputs, context, max_length)
 
 
 

@@ -17,16 +17,26 @@ classifiers.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import batching
 from ..config import FineTuneError
 from ..kernel import data, steps
+from ..kernel.preparation import Prepared
 from .base import Task
 from .registry import register_task
-from .token_classification import IGNORE, encode_blocks, pad_values
+from .token_classification_data import IGNORE, encode_blocks, pad_values
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..batching import EncodedData
+    from ..config import FineTuneConfig
+    from ..kernel.preparation import Splits, TaskContext
+    from ..predict import PredictContext
+    from ..worker.context import WorkerContext
 
 MASK_SHARE = 0.15
 
@@ -51,50 +61,52 @@ def mask_tokens(ids: list[int], special: list[int], rng: np.random.Generator, ma
     return inputs.tolist(), labels
 
 
+def mask_split(tokenizer: Any, texts: list[str], cap: int, rng: np.random.Generator,
+               vocab_size: int) -> dict[str, list]:
+    """One split's texts tokenized (at most `cap` tokens) and masked (`mask_tokens`): the
+    tokenizer's output with the masked "input_ids" and the "labels"."""
+    rows = tokenizer(texts, truncation=True, max_length=cap, return_special_tokens_mask=True)
+    inputs, labels = [], []
+    for ids, special in zip(rows["input_ids"], rows["special_tokens_mask"], strict=True):
+        masked, label = mask_tokens(ids, special, rng, tokenizer.mask_token_id, vocab_size)
+        inputs.append(masked)
+        labels.append(label)
+    return {**{k: list(v) for k, v in rows.items() if k != "special_tokens_mask"},
+            "input_ids": inputs, "labels": labels}
+
+
 class MaskedLM(Task):
     """Masked tokens predicted from both sides; loss and perplexity."""
 
     name = "masked-lm"
+    eval_ahead = True
     auto_class = "AutoModelForMaskedLM"
     head_suffixes = ("ForMaskedLM",)
     pick_by_head = False  # pretrained encoders are ...ForMaskedLM: "auto" stays classification
     outputs_per_batch = 2
+    title = "masked LM"
 
-    def prepare(self, dataset: Any, config: Any, context: Any) -> Any:
-        from ..kernel.prepare import build_plan
-
+    def prepare(self, splits: Splits, config: FineTuneConfig,
+                context: TaskContext) -> Prepared:
+        """Every split's texts tokenized and masked once from the seed (`mask_split`), in
+        length buckets."""
         tokenizer = context.tokenizer
         if getattr(tokenizer, "mask_token_id", None) is None:
             raise FineTuneError("task='masked-lm' needs a tokenizer with a mask token (BERT, "
                                 "RoBERTa style); this one has none.")
-        try:
-            train_ds, eval_ds, eval_name = data.pick_splits(dataset, config.eval_dataset)
-        except data.DataError as error:
-            raise FineTuneError(str(error)) from None
-        splits = {"train": train_ds} if eval_ds is None else {"train": train_ds,
-                                                               eval_name: eval_ds}
+        eval_name = splits.eval_name
         cap = steps.length_cap(config, context.model_config, tokenizer)
         vocab = int(getattr(context.model_config, "vocab_size", len(tokenizer)))
         encoded = {}
-        for index, (split, ds) in enumerate(splits.items()):
+        for index, (split, ds) in enumerate(splits.named.items()):
             try:
                 data.check_columns(ds, split, [config.text_column])
                 texts = data.check_texts(list(ds[config.text_column]), config.text_column,
                                          split)
             except data.DataError as error:
                 raise FineTuneError(str(error)) from None
-            rows = tokenizer(texts, truncation=True, max_length=cap,
-                             return_special_tokens_mask=True)
             rng = np.random.default_rng([config.seed, index])
-            inputs, labels = [], []
-            for ids, special in zip(rows["input_ids"], rows["special_tokens_mask"],
-                                    strict=True):
-                masked, label = mask_tokens(ids, special, rng, tokenizer.mask_token_id, vocab)
-                inputs.append(masked)
-                labels.append(label)
-            encoded[split] = {**{k: list(v) for k, v in rows.items()
-                                 if k != "special_tokens_mask"},
-                              "input_ids": inputs, "labels": labels}
+            encoded[split] = mask_split(tokenizer, texts, cap, rng, vocab)
         steps.check_batch_fits(config, len(encoded["train"]["input_ids"]))
         buckets = batching.split_buckets(encoded, cap, config.max_length, config.rows_per_step)
         notes: list[str] = []
@@ -102,26 +114,37 @@ class MaskedLM(Task):
         input_names = batching.input_names_of(tokenizer, encoded["train"])
         side = getattr(tokenizer, "padding_side", "right") or "right"
         out = {split: encode_blocks(split, encoded[split], input_names, "labels", buckets,
-                                    pads, side, 0) for split in splits}
+                                    pads, side, 0) for split in splits.named}
         encoded_data = batching.EncodedData(
-            train=out["train"], eval=out.get(eval_name) if eval_ds is not None else None,
+            train=out["train"], eval=out[eval_name] if eval_name is not None else None,
             input_names=input_names, bucket_lengths=list(map(int, buckets)), label_names=[],
             notes=notes)
-        return build_plan(config, context, self.name, encoded_data, {})
+        return Prepared(encoded_data)
 
-    def _losses(self, run: Any, x: Any, length: int, labels: Any) -> Any:
-        logits = run.logits(x, length)
-        return run.torch.nn.functional.cross_entropy(
+    def prediction_table(self, predictions: list[dict[str, Any]]
+                         ) -> tuple[list[dict[str, Any]], list[str] | None]:
+        """One row per candidate token of each mask, as the fill-mask pipeline gives them."""
+        rows = [{"input": i, "mask": m, **candidate} for i, item in enumerate(predictions)
+                for m, candidates in enumerate(item["masks"]) for candidate in candidates]
+        return rows, ["input", "mask", "score", "token", "token_str", "sequence"]
+
+    def _losses(self, ctx: WorkerContext, x: torch.Tensor, length: int,
+                labels: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        logits = ctx.logits(x, length)
+        return torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE,
             reduction="none").view(labels.shape)
 
-    def train_loss(self, run: Any, x: Any, length: int) -> Any:
+    def train_loss(self, ctx: WorkerContext, x: torch.Tensor, length: int) -> torch.Tensor:
         labels = x[:, -length:].long()
-        losses = self._losses(run, x, length, labels)
+        losses = self._losses(ctx, x, length, labels)
         counted = (labels != IGNORE).float()
         return (losses * counted).sum() / counted.sum().clamp(min=1.0)
 
-    def prepare_predict(self, inputs: Any, context: Any, max_length: int | None) -> Any:
+    def prepare_predict(self, inputs: list[Any], context: PredictContext,
+                        max_length: int | None) -> EncodedData:
         """Texts with mask tokens, bucketed like evaluation rows (`mlm_predict.py`)."""
         from .masked_lm_predict import prepare
 
@@ -133,25 +156,26 @@ class MaskedLM(Task):
 
         return decode(data, batches, fetched, self.per_batch)
 
-    def eval_outputs(self, run: Any, x: Any, length: int) -> list[Any]:
-        top_k = getattr(run.plan.data, "top_k", None)
+    def eval_outputs(self, ctx: WorkerContext, x: torch.Tensor,
+                     length: int) -> list[torch.Tensor]:
+        top_k = getattr(ctx.plan.data, "top_k", None)
         if top_k is not None:  # predict: each position's top tokens and their probabilities
             from .masked_lm_predict import top_tokens
 
-            return top_tokens(run, x, length, top_k)
+            return top_tokens(ctx, x, length, top_k)
         labels = x[:, -length - 1:-1].long()
         counted = (labels != IGNORE).float() * x[:, -1].float()[:, None]
-        losses = self._losses(run, x, length, labels)
+        losses = self._losses(ctx, x, length, labels)
         return [(losses * counted).sum(-1), counted.sum(-1)]
 
-    def eval_metrics(self, run: Any, batches: list, fetched: list) -> dict[str, float]:
+    def eval_metrics(self, ctx: WorkerContext, batches: list, fetched: list) -> dict[str, float]:
         total = tokens = 0.0
         for _, (sums, counts) in self.per_batch(batches, fetched):
             total += float(sums.double().sum())
             tokens += float(counts.double().sum())
         loss = total / max(tokens, 1.0)
         return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0)),
-                "eval_masked_tokens": tokens, "eval_rows": float(run.plan.data.eval.num_rows)}
+                "eval_masked_tokens": tokens, "eval_rows": float(ctx.plan.data.eval.num_rows)}
 
 
 register_task(MaskedLM())

@@ -19,13 +19,21 @@ the text has one mask, kept when it has several).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import batching
 from ..config import FineTuneError
 from ..kernel import steps
+from .base import MaxLength
+from .token_classification_data import encode_blocks, pad_values
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..predict import PredictContext
+    from ..worker.context import WorkerContext
 
 #: Candidates per mask when `predict` is not told (the fill-mask pipeline's default).
 DEFAULT_TOP_K = 5
@@ -50,11 +58,8 @@ class FillMaskData(batching.EncodedData):
     top_k: int = DEFAULT_TOP_K
 
 
-def prepare(inputs: list[Any], context: Any, max_length: int | None) -> FillMaskData:
+def prepare(inputs: list[Any], context: PredictContext, max_length: int | None) -> FillMaskData:
     """Texts with mask tokens, tokenized and bucketed like evaluation rows (no labels)."""
-    from .base import MaxLength
-    from .token_classification import encode_blocks, pad_values
-
     tokenizer = context.tokenizer
     mask_id = getattr(tokenizer, "mask_token_id", None)
     if mask_id is None:
@@ -103,10 +108,13 @@ def prepare(inputs: list[Any], context: Any, max_length: int | None) -> FillMask
                         host={"eval": rows}, top_k=top_k)
 
 
-def top_tokens(run: Any, x: Any, length: int, top_k: int) -> list[Any]:
+def top_tokens(ctx: WorkerContext, x: torch.Tensor, length: int,
+               top_k: int) -> list[torch.Tensor]:
     """`[rows, length, top_k]` probabilities and token ids of every position (the host reads
     the mask positions): softmax over the vocabulary and `topk` in the graph."""
-    probabilities = run.torch.softmax(run.logits(x, length), dim=-1)
+    import torch
+
+    probabilities = torch.softmax(ctx.logits(x, length), dim=-1)
     scores, tokens = probabilities.topk(top_k, dim=-1)
     return [scores, tokens.int()]
 

@@ -16,16 +16,26 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import batching
 from ..config import FineTuneError
 from ..kernel import data, steps
+from ..kernel.preparation import Prepared
 from .base import MaxLength, Task
 from .registry import register_task
-from .token_classification import pad_values
+from .token_classification_data import pad_values
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..batching import EncodedData
+    from ..config import FineTuneConfig
+    from ..kernel.preparation import Splits, TaskContext
+    from ..predict import PredictContext
+    from ..worker.context import WorkerContext
 
 ENDING = re.compile(r"^ending(\d+)$")
 
@@ -173,23 +183,24 @@ class MultipleChoice(Task):
     """A context and N endings, one right: cross-entropy over the endings; accuracy."""
 
     name = "multiple-choice"
+    eval_ahead = True
     auto_class = "AutoModelForMultipleChoice"
     head_suffixes = ("ForMultipleChoice",)
     columns = ("ending0", "ending1")
     outputs_per_batch = 2
+    title = "multiple choice"
 
     # -- kernel side -----------------------------------------------------------------------
 
-    def prepare(self, dataset: Any, config: Any, context: Any) -> Any:
-        from ..kernel.prepare import build_plan
-
-        splits, eval_name = self.splits(dataset, config)
+    def prepare(self, splits: Splits, config: FineTuneConfig,
+                context: TaskContext) -> Prepared:
+        """Each row's endings paired with its context and padded together to one bucket
+        length (`pack`); the right ending's index is the label."""
+        eval_name = splits.eval_name
         tokenizer = context.tokenizer
         cap = steps.length_cap(config, context.model_config, tokenizer)
         grouped, labels, cut, endings, choices = {}, {}, {}, {}, None
-        for split, ds in splits.items():
-            if len(ds) == 0:
-                raise FineTuneError(f"the {split} data is empty: it needs at least one row.")
+        for split, ds in splits.named.items():
             contexts, endings[split], row_labels = read_rows(ds, split, config.label_column,
                                                              choices)
             choices = len(endings[split][0])
@@ -211,8 +222,8 @@ class MultipleChoice(Task):
         input_names = batching.input_names_of(tokenizer, {k: v for k, v in
                                                           grouped["train"].items()})
         out = {split: pack(split, grouped[split], labels[split], input_names, buckets, pads)
-               for split in splits}
-        for split in splits:
+               for split in splits.named}
+        for split in splits.named:
             out[split].truncated = max(out[split].truncated, cut[split])
         encoded = batching.EncodedData(
             train=out["train"], eval=out.get(eval_name) if eval_name is not None else None,
@@ -223,9 +234,10 @@ class MultipleChoice(Task):
         kwargs = {}
         if getattr(context.model_config, "pad_token_id", None) is None:
             kwargs["pad_token_id"] = int(pads["input_ids"])
-        return build_plan(config, context, self.name, encoded, kwargs)
+        return Prepared(encoded, kwargs)
 
-    def prepare_predict(self, inputs: Any, context: Any, max_length: int | None) -> Any:
+    def prepare_predict(self, inputs: list[Any], context: PredictContext,
+                        max_length: int | None) -> EncodedData:
         """Rows as the training data has them (`sent1`/`sent2` or `startphrase`, `ending0`,
         ...; a `label` is ignored), or `{"context": ..., "endings": [...]}` dicts."""
         rows = []
@@ -260,21 +272,25 @@ class MultipleChoice(Task):
 
     # -- worker side -----------------------------------------------------------------------
 
-    def _logits(self, run: Any, x: Any, length: int) -> Any:
-        choices = len(run.plan.data.label_names)
+    def _logits(self, ctx: WorkerContext, x: torch.Tensor, length: int) -> torch.Tensor:
+        choices = len(ctx.plan.data.label_names)
         width = choices * length
         inputs = {name: x[:, k * width:(k + 1) * width].reshape(-1, choices, length)
-                  for k, name in enumerate(run.plan.data.input_names)}
-        with run.autocast():
-            return run.model(**inputs).logits.float()  # [rows, choices]
+                  for k, name in enumerate(ctx.plan.data.input_names)}
+        with ctx.autocast():
+            return ctx.model(**inputs).logits.float()  # [rows, choices]
 
-    def train_loss(self, run: Any, x: Any, length: int) -> Any:
-        logits = self._logits(run, x, length)
-        return run.torch.nn.functional.cross_entropy(logits, x[:, -1].long())
+    def train_loss(self, ctx: WorkerContext, x: torch.Tensor, length: int) -> torch.Tensor:
+        import torch
 
-    def eval_outputs(self, run: Any, x: Any, length: int) -> list[Any]:
-        torch = run.torch
-        logits = self._logits(run, x, length)
+        logits = self._logits(ctx, x, length)
+        return torch.nn.functional.cross_entropy(logits, x[:, -1].long())
+
+    def eval_outputs(self, ctx: WorkerContext, x: torch.Tensor,
+                     length: int) -> list[torch.Tensor]:
+        import torch
+
+        logits = self._logits(ctx, x, length)
         weights = x[:, -1].float()
         losses = torch.nn.functional.cross_entropy(logits, x[:, -2].long(), reduction="none")
         losses = torch.where(weights > 0, losses, torch.zeros_like(losses))
@@ -299,12 +315,12 @@ class MultipleChoice(Task):
                  "probabilities": [float(v) for v in p]}
                 for row, p in enumerate(probabilities)]
 
-    def eval_metrics(self, run: Any, batches: list, fetched: list) -> dict[str, float]:
-        split = run.plan.data.eval
+    def eval_metrics(self, ctx: WorkerContext, batches: list, fetched: list) -> dict[str, float]:
+        split = ctx.plan.data.eval
         labels = np.empty(split.num_rows, np.int64)
         for bucket in split.buckets:
             labels[bucket.rows] = bucket.labels
-        chosen = np.asarray([item["label"] for item in self.decode(run.plan.data, batches,
+        chosen = np.asarray([item["label"] for item in self.decode(ctx.plan.data, batches,
                                                                    fetched)])
         total = sum(float(losses.double().numpy()[:real].sum())
                     for (_, _, real), (_, losses) in self.per_batch(batches, fetched))

@@ -21,16 +21,26 @@ import collections
 import re
 import string
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import batching
 from ..config import FineTuneError
 from ..kernel import data, steps
+from ..kernel.preparation import Prepared
 from .base import MaxLength, Task
 from .registry import register_task
-from .token_classification import pad_values
+from .token_classification_data import pad_values
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..batching import EncodedData
+    from ..config import FineTuneConfig
+    from ..kernel.preparation import Splits, TaskContext
+    from ..predict import PredictContext
+    from ..worker.context import WorkerContext
 
 N_BEST = 20
 MAX_ANSWER_TOKENS = 30
@@ -84,6 +94,31 @@ def check_answers(contexts: list[str], answers: list[Any], split: str, column: s
             "`context` (fix or drop those rows).")
 
 
+def read_split(ds: Any, split: str, q_column: str, c_column: str,
+               a_column: str) -> tuple[list[str], list[str], list[Any], list[Any]]:
+    """The questions, contexts, answers and ids of one split, refused with `FineTuneError`
+    when a column is missing, or when a text or an answer is wrong (`check_answers`)."""
+    present = list(ds.column_names)
+    missing = [c for c in (q_column, c_column, a_column) if c not in present]
+    if missing:
+        raise FineTuneError(
+            f"the {split} data has no column {' and no '.join(map(repr, missing))}; "
+            f"its columns are: {', '.join(map(repr, present)) or '(none)'}. "
+            "task='question-answering' needs SQuAD's columns: a question "
+            f"({q_column!r}), a context ({c_column!r}) and answers ({a_column!r}, "
+            "{'text': [...], 'answer_start': [...]}); pass text_column=... (question), "
+            "text_pair_column=... (context), label_column=... (answers) to name yours.")
+    try:
+        questions = data.check_texts(list(ds[q_column]), q_column, split)
+        contexts = data.check_texts(list(ds[c_column]), c_column, split)
+    except data.DataError as error:
+        raise FineTuneError(str(error)) from None
+    answers = [dict(a) if isinstance(a, dict) else a for a in ds[a_column]]
+    check_answers(contexts, answers, split, a_column)
+    ids = list(ds["id"]) if "id" in present else list(range(len(ds)))
+    return questions, contexts, answers, ids
+
+
 def _features(tokenizer: Any, questions: list[str], contexts: list[str], cap: int,
               stride: int) -> Any:
     if not getattr(tokenizer, "is_fast", False):
@@ -133,43 +168,25 @@ class QuestionAnswering(Task):
     """Start and end of the answer span; SQuAD's exact match and F1 on the host."""
 
     name = "question-answering"
+    eval_ahead = True
     auto_class = "AutoModelForQuestionAnswering"
     head_suffixes = ("ForQuestionAnswering",)
     columns = ("question", "context", "answers")
     outputs_per_batch = 3
+    title = "question answering"
+    predict_example = '[{"question": "...", "context": "..."}]'
 
     # -- kernel side -----------------------------------------------------------------------
 
-    def prepare(self, dataset: Any, config: Any, context: Any) -> Any:
-        """Read each split (refused with `FineTuneError` when empty, when a column is missing,
-        or when a text or an answer is wrong: `check_answers`), then cut each question's
-        context into windows of the length cap with a stride of a quarter of it (one row
-        per window; `QaHost` keeps which example and which characters each row holds, for
-        decoding on the host), bucket the rows and build the plan."""
-        from ..kernel.prepare import build_plan
-
-        q_column, c_column, a_column = _columns(config)
-        splits, eval_name = self.splits(dataset, config)
-        read = {}
-        for split, ds in splits.items():
-            if len(ds) == 0:
-                raise FineTuneError(f"the {split} data is empty: it needs at least one row.")
-            present = list(ds.column_names)
-            missing = [c for c in (q_column, c_column, a_column) if c not in present]
-            if missing:
-                raise FineTuneError(
-                    f"the {split} data has no column {' and no '.join(map(repr, missing))}; "
-                    f"its columns are: {', '.join(map(repr, present)) or '(none)'}. "
-                    "task='question-answering' needs SQuAD's columns: a question "
-                    f"({q_column!r}), a context ({c_column!r}) and answers ({a_column!r}, "
-                    "{'text': [...], 'answer_start': [...]}); pass text_column=... (question), "
-                    "text_pair_column=... (context), label_column=... (answers) to name yours.")
-            questions = data.check_texts(list(ds[q_column]), q_column, split)
-            contexts = data.check_texts(list(ds[c_column]), c_column, split)
-            answers = [dict(a) if isinstance(a, dict) else a for a in ds[a_column]]
-            check_answers(contexts, answers, split, a_column)
-            ids = list(ds["id"]) if "id" in present else list(range(len(ds)))
-            read[split] = (questions, contexts, answers, ids)
+    def prepare(self, splits: Splits, config: FineTuneConfig,
+                context: TaskContext) -> Prepared:
+        """Read each split (`read_split`), then cut each question's context into windows of
+        the length cap with a stride of a quarter of it (one row per window; `QaHost` keeps
+        which example and which characters each row holds, for decoding on the host), and
+        bucket the rows."""
+        columns = _columns(config)
+        eval_name = splits.eval_name
+        read = {split: read_split(ds, split, *columns) for split, ds in splits.named.items()}
         allow_no_answer = any(not a["text"] for split in read.values() for a in split[2])
         tokenizer = context.tokenizer
         cap = steps.length_cap(config, context.model_config, tokenizer, DEFAULT_MAX_LENGTH)
@@ -201,9 +218,10 @@ class QuestionAnswering(Task):
         kwargs = ({} if context.fixed_labels is not None
                   or getattr(context.model_config, "pad_token_id", None) is not None
                   else {"pad_token_id": pads["input_ids"]})
-        return build_plan(config, context, self.name, encoded_data, kwargs)
+        return Prepared(encoded_data, kwargs)
 
-    def prepare_predict(self, inputs: Any, context: Any, max_length: int | None) -> Any:
+    def prepare_predict(self, inputs: list[Any], context: PredictContext,
+                        max_length: int | None) -> EncodedData:
         """`{"question": ..., "context": ...}` dicts (or (question, context) pairs)."""
         questions, contexts = [], []
         for row, value in enumerate(inputs):
@@ -238,20 +256,25 @@ class QuestionAnswering(Task):
 
     # -- worker side -----------------------------------------------------------------------
 
-    def _logits(self, run: Any, x: Any, length: int) -> tuple[Any, Any]:
-        with run.autocast():
-            output = run.model(**run.inputs(x, length))
+    def _logits(self, ctx: WorkerContext, x: torch.Tensor,
+                length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        with ctx.autocast():
+            output = ctx.model(**ctx.inputs(x, length))
         return output.start_logits.float(), output.end_logits.float()
 
-    def train_loss(self, run: Any, x: Any, length: int) -> Any:
-        cross_entropy = run.torch.nn.functional.cross_entropy
-        start, end = self._logits(run, x, length)
+    def train_loss(self, ctx: WorkerContext, x: torch.Tensor, length: int) -> torch.Tensor:
+        import torch
+
+        cross_entropy = torch.nn.functional.cross_entropy
+        start, end = self._logits(ctx, x, length)
         return (cross_entropy(start, x[:, -2].long()) + cross_entropy(end, x[:, -1].long())) / 2
 
-    def eval_outputs(self, run: Any, x: Any, length: int) -> list[Any]:
-        torch = run.torch
+    def eval_outputs(self, ctx: WorkerContext, x: torch.Tensor,
+                     length: int) -> list[torch.Tensor]:
+        import torch
+
         cross_entropy = torch.nn.functional.cross_entropy
-        start, end = self._logits(run, x, length)
+        start, end = self._logits(ctx, x, length)
         weights = x[:, -1].float()
         losses = (cross_entropy(start, x[:, -3].long(), reduction="none")
                   + cross_entropy(end, x[:, -2].long(), reduction="none")) / 2
@@ -279,12 +302,12 @@ class QuestionAnswering(Task):
                             host.contexts[e], host.allow_no_answer)
                 for e in range(len(host.contexts))]
 
-    def eval_metrics(self, run: Any, batches: list, fetched: list) -> dict[str, float]:
+    def eval_metrics(self, ctx: WorkerContext, batches: list, fetched: list) -> dict[str, float]:
         loss = sum(float(losses.double().sum()) for _, (_, _, losses) in
                    self.per_batch(batches, fetched))
-        decoded = self.decode(run.plan.data, batches, fetched)
-        host = run.plan.data.host["eval"]
-        values = {"eval_loss": loss / max(run.plan.data.eval.num_rows, 1)}
+        decoded = self.decode(ctx.plan.data, batches, fetched)
+        host = ctx.plan.data.host["eval"]
+        values = {"eval_loss": loss / max(ctx.plan.data.eval.num_rows, 1)}
         values.update(squad_metrics([d["answer"] for d in decoded], host.answers))
         values["eval_rows"] = float(len(host.contexts))
         return values

@@ -1,15 +1,20 @@
 """The fine-tuning tasks, by name: the one place a task plugs in.
 
-`TASK_MODULES` maps each built-in task name to the module that defines it; the module is
-imported on first use and registers its task object with `register_task`. A task object says
-everything that differs between tasks (docs in `tasks.Task`): how the kernel prepares the
-data (`prepare`), the training loss, what evaluation computes on the device and then on the
-host, and how a prediction is decoded (`decode`, shared by evaluation and `predict`).
+`TASKS` maps each task name to its task object (a `tasks.Task`), which says everything that
+differs between tasks (docs in `tasks.Task`): in the kernel, how the picked splits are read,
+checked and encoded (`prepare`, returning a `kernel.preparation.Prepared`) and how
+`predict`'s inputs are (`prepare_predict`), and what the result says of the task; in the
+worker, the training loss, what evaluation computes on the device and then on the host, and
+how a prediction is decoded (`decode`, shared by evaluation and `predict`). The kernel and
+the worker read these hooks and attributes, and never compare task names.
 
-Adding a task: write a module with a `tasks.Task` subclass, call `register_task(MyTask())` at
-its bottom, and add `"my-task": ".my_module"` to `TASK_MODULES` (so `task="my-task"` is known
-before the module is imported). Nothing else changes: `FineTuneConfig` validates `task=`
-against this registry, `prepare_fine_tune` calls the task's `prepare`, the worker its hooks.
+Adding a task: one module. Write it with a `tasks.Task` subclass (its `name`, `auto_class`,
+`head_suffixes`, `prepare`, `train_loss`, `eval_outputs`, `eval_metrics`, `decode`; the
+attributes whose defaults do not fit it), and call `register_task(MyTask())` at its bottom.
+Importing the module makes `fine_tune(..., task="my-task")` work: `FineTuneConfig` checks
+`task=` against this registry, `prepare_fine_tune` calls the task's `prepare` and builds the
+plan, the worker calls its hooks. A built-in task is also listed in `TASK_MODULES`, so that
+its name is known, and its module imported, on first use.
 """
 
 from __future__ import annotations
@@ -18,7 +23,12 @@ import importlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-#: Built-in task name -> module of `hfxla_nb.train` that registers it (imported on first use).
+#: The `task=` value that lets the model's head, else the data's columns, decide.
+AUTO = "auto"
+#: The task of `task="auto"` when neither the head nor the columns name one.
+DEFAULT_TASK = "classification"
+#: Built-in task name -> module of `hfxla_nb.train.tasks` that registers it (imported on first
+#: use).
 TASK_MODULES: dict[str, str] = {
     "classification": ".classification",
     "causal-lm": ".causal_lm",
@@ -40,6 +50,16 @@ class TaskRegistry(Mapping):
         self._tasks[task.name] = task
         return task
 
+    def unregister(self, name: str) -> None:
+        """Forget a task registered in this process; a built-in task stays.
+
+        Raises:
+            ValueError: `name` is a built-in task (its module registers it once).
+        """
+        if name in TASK_MODULES:
+            raise ValueError(f"{name!r} is a built-in task: it stays registered.")
+        self._tasks.pop(name, None)
+
     def __getitem__(self, name: str) -> Any:
         if name not in self._tasks and name in TASK_MODULES:
             importlib.import_module(TASK_MODULES[name], __package__)
@@ -60,6 +80,11 @@ def register_task(task: Any) -> Any:
     return TASKS.register(task)
 
 
+def unregister_task(name: str) -> None:
+    """Forget the task registered as `name` (for a notebook or a test that tried one)."""
+    TASKS.unregister(name)
+
+
 def task_choices() -> tuple[str, ...]:
     """What `task=` accepts: "auto" and every registered task name."""
-    return ("auto", *TASKS)
+    return (AUTO, *TASKS)

@@ -18,19 +18,29 @@ forward pass and encoder, one for every decoding step. The texts are scored on t
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ... import _xla
 from .. import batching
 from ..config import FineTuneConfig, FineTuneError
 from ..kernel import data, steps
+from ..kernel.preparation import Prepared
 from . import seq2seq_data
-from .base import Task
+from .base import MaxLength, Task
 from .registry import register_task
 from .seq2seq_data import Seq2SeqColumns, Seq2SeqData
 from .seq2seq_generation import generated_texts, greedy_generate
 from .seq2seq_metrics import TEXT_METRICS, metrics_missing, text_metrics
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..batching import EncodedData
+    from ..kernel.preparation import Splits, TaskContext
+    from ..predict import PredictContext
+    from ..worker.context import WorkerContext
 
 #: The config attribute (saved with the model) that keeps the prefix and target length.
 SETTINGS_KEY = "hfxla_nb_seq2seq"
@@ -52,18 +62,6 @@ def check_model(model_config: Any, names: list[str]) -> None:
         "model use task='causal-lm' with prompt_column= and response_column=; for "
         "summarization or translation pass e.g. a T5 or BART model."
     )
-
-
-def refuse_encoder_decoder(task: str, model_config: Any) -> None:
-    """Refuse an encoder-decoder language model for a decoder-only task ("causal-lm")."""
-    names = list(getattr(model_config, "architectures", None) or [])
-    if task == "causal-lm" and getattr(model_config, "is_encoder_decoder", False):
-        raise FineTuneError(
-            f"task='causal-lm', but the model ({', '.join(names) or model_config.model_type}) "
-            "is an encoder-decoder model: it learns a target from a source. Use "
-            "task='seq2seq' with source_column= and target_column= (or source_lang= and "
-            "target_lang=), or a decoder-only model."
-        )
 
 
 def columns_of(config: FineTuneConfig) -> Seq2SeqColumns:
@@ -98,25 +96,29 @@ class Seq2Seq(Task):
     auto_class = "AutoModelForSeq2SeqLM"
     head_suffixes = HEAD_SUFFIXES
     outputs_per_batch = 3
+    predict_rows_per_device = 8  # a key/value cache per row grows with the new tokens
+    title = "sequence to sequence"
 
     # -- kernel side ---------------------------------------------------------------------------
 
-    def prepare(self, dataset: Any, config: Any, context: Any) -> Any:
-        from ..kernel.prepare import build_plan
+    def check_model(self, model_config: Any, names: list[str]) -> None:
+        """Refuse a decoder-only (or encoder-only) model."""
+        check_model(model_config, names)
 
-        names = ([type(context.source).__name__] if not isinstance(context.source, str)
-                 else list(getattr(context.model_config, "architectures", None) or []))
-        check_model(context.model_config, names)
+    def prepare(self, splits: Splits, config: FineTuneConfig,
+                context: TaskContext) -> Prepared:
+        """Sources and targets read (`seq2seq_data.py`) and encoded (`encode`); the prefix
+        and target length kept in the saved model's config."""
         columns = columns_of(config)
         metrics = metric_names(config, columns.translation)
         missing = metrics_missing(metrics)
         if missing:
             raise FineTuneError(missing)
-        encoded = encode(dataset, config, context, columns, metrics)
-        return build_plan(config, context, self.name, encoded,
-                          model_kwargs=_saved_settings(context, columns, encoded))
+        encoded = encode(splits, config, context, columns, metrics)
+        return Prepared(encoded, _saved_settings(context, columns, encoded))
 
-    def prepare_predict(self, inputs: Any, context: Any, max_length: int | None) -> Any:
+    def prepare_predict(self, inputs: list[Any], context: PredictContext,
+                        max_length: int | None) -> EncodedData:
         """Source texts, with the prefix and target length the model was fine-tuned with
         (kept in its config by `fine_tune`), tokenized and bucketed like evaluation rows."""
         wrong = next((i for i, value in enumerate(inputs) if not isinstance(value, str)), None)
@@ -140,26 +142,28 @@ class Seq2Seq(Task):
 
     # -- worker side ---------------------------------------------------------------------------
 
-    def _parts(self, run: Any, x: Any, length: int):
-        width = run.plan.data.target_length
+    def _parts(self, ctx: WorkerContext, x: torch.Tensor, length: int):
+        width = ctx.plan.data.target_length
         labels = x[:, 2 * length:2 * length + width].long()
         return x[:, :length], x[:, length:2 * length], labels
 
-    def _forward(self, run: Any, x: Any, length: int, labels: bool = True):
-        input_ids, mask, targets = self._parts(run, x, length)
-        with run.autocast():
+    def _forward(self, ctx: WorkerContext, x: torch.Tensor, length: int, labels: bool = True):
+        input_ids, mask, targets = self._parts(ctx, x, length)
+        with ctx.autocast():
             # The model makes the decoder inputs from the labels (shifted right, -100 turned
             # into padding, its decoder start token first), as in Hugging Face's notebooks.
-            output = run.model(input_ids=input_ids, attention_mask=mask, labels=targets,
+            output = ctx.model(input_ids=input_ids, attention_mask=mask, labels=targets,
                                use_cache=False)
         return output, input_ids, mask, targets
 
-    def train_loss(self, run: Any, x: Any, length: int) -> Any:
-        return self._forward(run, x, length)[0].loss.float()
+    def train_loss(self, ctx: WorkerContext, x: torch.Tensor, length: int) -> torch.Tensor:
+        return self._forward(ctx, x, length)[0].loss.float()
 
-    def eval_outputs(self, run: Any, x: Any, length: int) -> list[Any]:
-        torch = run.torch
-        output, input_ids, mask, targets = self._forward(run, x, length)
+    def eval_outputs(self, ctx: WorkerContext, x: torch.Tensor,
+                     length: int) -> list[torch.Tensor]:
+        import torch
+
+        output, input_ids, mask, targets = self._forward(ctx, x, length)
         logits = output.logits.float()
         losses = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
@@ -170,22 +174,22 @@ class Seq2Seq(Task):
         first = [sums, counts]
 
         def sync(state: dict[str, Any]) -> None:
-            if run.mesh is not None:
+            if ctx.mesh is not None:
                 # Replicated inside each graph: fetching sharded results would compile a
                 # gather per tensor, and the first step then sees the same input shardings
                 # as every later one (one step graph, not two).
                 for tensor in [*first, *state.values()]:
-                    run.xla.replicate(tensor, run.mesh)
+                    _xla.replicate(tensor, ctx.mesh)
                 first.clear()
-            run.xla.sync()
+            _xla.sync()
 
-        with run.autocast():
-            tokens = greedy_generate(run.model, input_ids, mask, run.plan.data.target_length,
+        with ctx.autocast():
+            tokens = greedy_generate(ctx.model, input_ids, mask, ctx.plan.data.target_length,
                                      sync=sync, encoder_hidden=output.encoder_last_hidden_state)
         return [sums, counts, tokens]
 
-    def eval_metrics(self, run: Any, batches: list, fetched: list) -> dict[str, float]:
-        data = run.plan.data
+    def eval_metrics(self, ctx: WorkerContext, batches: list, fetched: list) -> dict[str, float]:
+        data = ctx.plan.data
         predictions = [item["generated_text"] for item in self.decode(data, batches, fetched)]
         total = tokens = 0.0
         for (_, _, real), (sums, counts, _) in self.per_batch(batches, fetched):
@@ -226,12 +230,12 @@ def references(data: Seq2SeqData) -> list[str]:
     return texts
 
 
-def encode(dataset: Any, config: Any, context: Any, columns: Seq2SeqColumns,
-           metrics: tuple[str, ...]) -> Seq2SeqData:
+def encode(splits: Splits, config: FineTuneConfig, context: TaskContext,
+           columns: Seq2SeqColumns, metrics: tuple[str, ...]) -> Seq2SeqData:
     """Read, check and tokenize every split into fixed-shape rows."""
     tokenizer, model_config = context.tokenizer, context.model_config
     try:
-        pairs, described = seq2seq_data.read_pairs(dataset, config.eval_dataset, columns)
+        pairs, described = seq2seq_data.read_pairs(splits.named, columns)
         targets = {split: seq2seq_data.tokenize_targets(tokenizer, p.targets)
                    for split, p in pairs.items()}
         length = seq2seq_data.target_length(
@@ -247,21 +251,21 @@ def encode(dataset: Any, config: Any, context: Any, columns: Seq2SeqColumns,
     if pad is None:
         raise FineTuneError("the tokenizer has no padding token; set one (tokenizer.pad_token "
                             "= ...) or pass another tokenizer.")
-    splits = {split: seq2seq_data.encode_split(split, sources[split], targets[split], buckets,
-                                               length, int(pad), truncated[split])
-              for split in pairs}
-    eval_name = next((name for name in splits if name != "train"), None)
+    eval_name = splits.eval_name
+    encoded = {split: seq2seq_data.encode_split(split, sources[split], targets[split], buckets,
+                                                length, int(pad), truncated[split])
+               for split in pairs}
     notes = [f"seq2seq: {described}; sources padded to {', '.join(map(str, buckets))} tokens, "
              f"targets to {length}; evaluation generates {length} tokens greedily and reports "
              f"{' and '.join(metrics)}"]
     return Seq2SeqData(
-        train=splits["train"], eval=splits.get(eval_name) if eval_name else None,
+        train=encoded["train"], eval=encoded[eval_name] if eval_name is not None else None,
         input_names=["input_ids", "attention_mask"], bucket_lengths=list(map(int, buckets)),
         label_names=[], notes=notes, host=tokenizer, target_length=length,
         text_metrics=tuple(metrics), described=described)
 
 
-def _saved_settings(context: Any, columns: Seq2SeqColumns,
+def _saved_settings(context: TaskContext, columns: Seq2SeqColumns,
                     encoded: Seq2SeqData) -> dict[str, Any]:
     """`from_pretrained` arguments that keep the prefix and target length in the saved
     model's config, so that `predict` generates as evaluation did (a model instance keeps
@@ -273,13 +277,6 @@ def _saved_settings(context: Any, columns: Seq2SeqColumns,
                                    "max_target_length": encoded.target_length,
                                    "columns": encoded.described})
     return {"config": config}
-
-
-class MaxLength:
-    """The one field `steps.length_cap` reads."""
-
-    def __init__(self, max_length: int | None) -> None:
-        self.max_length = max_length
 
 
 def _decoder_positions(model_config: Any) -> int | None:

@@ -70,9 +70,13 @@ class Pairs:
     notes: list[str] = field(default_factory=list)
 
 
-def read_pairs(dataset: Any, eval_dataset: Any,
+def read_pairs(named: Mapping[str, Any],
                columns: Seq2SeqColumns) -> tuple[dict[str, Pairs], str]:
     """The texts of the training split and the evaluation split (if any), checked.
+
+    Args:
+        named: split name -> `datasets.Dataset`, training first (`Splits.named`).
+        columns: where the texts are.
 
     Returns:
         `({split: Pairs}, what)`: train first, and a short description of the columns used
@@ -88,13 +92,9 @@ def read_pairs(dataset: Any, eval_dataset: Any,
             "pass either source_lang/target_lang (a 'translation' column of dicts, as WMT's "
             "datasets have) or source_column/target_column (two text columns), not both."
         )
-    train, evaluation, eval_name = data.pick_splits(dataset, eval_dataset)
-    named = {"train": train} if evaluation is None else {"train": train, eval_name: evaluation}
-    source, target = _column_names(train, columns)
+    source, target = _column_names(named["train"], columns)
     result = {}
     for split, ds in named.items():
-        if len(ds) == 0:
-            raise DataError(f"the {split} data is empty: it needs at least one row.")
         if columns.translation:
             sources, targets = _translation(ds, split, columns.source_lang, columns.target_lang)
         else:

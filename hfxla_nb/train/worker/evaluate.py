@@ -6,72 +6,71 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ... import _xla
 from ...events import Progress, emit, worker_rank
 from .. import batching
 
+if TYPE_CHECKING:
+    import torch
 
-def evaluate(run: Any) -> dict[str, float]:
-    """Evaluate `run.model` on the plan's evaluation split: padded, weighted batches (one
+    from ..batching import EncodedSplit
+    from .context import WorkerContext
+
+
+def evaluate(ctx: WorkerContext, ahead: EvalAhead | None = None) -> dict[str, float]:
+    """Evaluate `ctx.model` on the plan's evaluation split: padded, weighted batches (one
     graph per bucket), every result fetched in one transfer at the end; the task
-    (`tasks.py`) says what is computed."""
-    batches, fetched = run_batches(run)
-    return run.task.eval_metrics(run, batches, fetched)
+    (`tasks/`) says what is computed. `ahead`: the graphs compiled while training ran."""
+    batches, fetched = run_batches(ctx, ahead)
+    return ctx.task.eval_metrics(ctx, batches, fetched)
 
 
-def run_batches(run: Any) -> tuple[list, list]:
+def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None) -> tuple[list, list]:
     """The task's `eval_outputs` of every batch of the plan's evaluation split, on the host:
-    `(batches, fetched)` (evaluation and `predict` both)."""
-    torch = run.torch
-    plan = run.plan
+    `(batches, fetched)` (evaluation and `predict` both); `ahead`'s graphs run the buckets
+    they were compiled for."""
+    import torch
+
+    plan = ctx.plan
     split = plan.data.eval
     last_sent = float("-inf")
     batches = batching.eval_batches(split, plan.batch_size)
-    run.model.eval()
+    ctx.model.eval()
     outputs = []
     # The bar's clock starts with the evaluation (step 0: no batch done yet).
     emit(Progress(worker_rank(), 0, len(batches), {}, None, "eval"))
-    ahead = run.eval_ahead
     with torch.no_grad():
         for i, (bucket_index, positions, real) in enumerate(batches):
             bucket = split.buckets[bucket_index]
             # Uploaded as [rows, columns]: a `[0]` on the device would be a view the sync
             # returns too, one more output (a copy of the batch) in the evaluation graph.
-            x = run.upload(batching.eval_batch(bucket, positions, real)[0])
+            x = ctx.upload(batching.eval_batch(bucket, positions, real)[0])
             if ahead is not None and bucket_index in ahead.graphs:
                 outputs += ahead.run_batch(bucket_index, x)  # compiled while training ran
             else:
-                outputs += traced_outputs(run, x, bucket.length)
-                run.xla.sync()
+                outputs += traced_outputs(ctx, x, bucket.length)
+                _xla.sync()
             now = time.monotonic()
             if i + 1 == len(batches) or now - last_sent >= 0.2:
                 # Sent directly, not through report(): its metrics snapshots would make
                 # the panel's per-step figures count evaluation batches as steps.
                 last_sent = now
                 emit(Progress(worker_rank(), i + 1, len(batches), {}, None, "eval"))
-    fetched = run.xla.to_cpu(outputs)  # one transfer for every batch
-    run.model.train()
+    fetched = _xla.to_cpu(outputs)  # one transfer for every batch
+    ctx.model.train()
     return batches, fetched
 
 
-def traced_outputs(run: Any, x: Any, length: int) -> list:
+def traced_outputs(ctx: WorkerContext, x: torch.Tensor, length: int) -> list[torch.Tensor]:
     """The task's evaluation outputs of batch `x` (traced, not run), replicated over the mesh
     under SPMD: gathered in the graph, as fetching sharded results would compile per tensor."""
-    tensors = run.task.eval_outputs(run, x, length)
-    if run.mesh is not None:
-        for tensor in tensors:
-            run.xla.replicate(tensor, run.mesh)
+    tensors = ctx.task.eval_outputs(ctx, x, length)
+    ctx.replicate(tensors)
     return tensors
-
-
-#: The tasks whose evaluation is one graph per bucket that syncs nothing itself (seq2seq's
-#: decoding syncs once per token: it compiles its graphs when evaluation starts). A task not
-#: named here keeps doing so.
-AHEAD_TASKS = frozenset({"classification", "causal-lm", "token-classification",
-                         "question-answering", "masked-lm", "multiple-choice"})
 
 
 class EvalAhead:
@@ -89,8 +88,8 @@ class EvalAhead:
     Any failure here leaves evaluation to compile when it starts, as before.
     """
 
-    def __init__(self, run: Any) -> None:
-        self.run = run
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
         self.graphs: dict[int, tuple[bytes, list]] = {}  # bucket -> (key, inputs)
         self.error: BaseException | None = None
         self._compiled: list[int] = []
@@ -99,40 +98,42 @@ class EvalAhead:
     def start(self) -> EvalAhead:
         """Trace and hand over the graphs; call it when nothing else is pending, just before
         the training's first step."""
-        run = self.run
-        split = run.plan.data.eval
-        if split is None or not split.num_rows or run.task.name not in AHEAD_TASKS:
+        ctx = self.ctx
+        split = ctx.plan.data.eval
+        if split is None or not split.num_rows or not ctx.task.eval_ahead:
             return self
         try:
             self._start(split)
         except Exception as error:  # noqa: BLE001 - evaluation then compiles as before
             self.error = error
             self.graphs.clear()
-            run.xla.clear_pending()
+            _xla.clear_pending()
         return self
 
-    def _start(self, split: Any) -> None:
-        run = self.run
+    def _start(self, split: EncodedSplit) -> None:
+        import torch
+
+        ctx = self.ctx
         first: dict[int, tuple] = {}
-        for batch in batching.eval_batches(split, run.plan.batch_size):
+        for batch in batching.eval_batches(split, ctx.plan.batch_size):
             first.setdefault(batch[0], batch)
-        weights = {run.xla.tensor_id(t): t
-                   for t in (*run.model.parameters(), *run.model.buffers())}
+        weights = {_xla.tensor_id(t): t
+                   for t in (*ctx.model.parameters(), *ctx.model.buffers())}
         traced = []
-        run.model.eval()
+        ctx.model.eval()
         try:
-            with run.torch.no_grad():
+            with torch.no_grad():
                 for bucket_index, positions, real in first.values():
                     bucket = split.buckets[bucket_index]
-                    x = run.upload(batching.eval_batch(bucket, positions, real)[0])
-                    traced.append((bucket_index, x, traced_outputs(run, x, bucket.length)))
+                    x = ctx.upload(batching.eval_batch(bucket, positions, real)[0])
+                    traced.append((bucket_index, x, traced_outputs(ctx, x, bucket.length)))
         finally:
-            run.model.train()
-        lookups = run.xla.graph_lookups()
+            ctx.model.train()
+        lookups = _xla.graph_lookups()
         try:
             for bucket_index, x, outputs in traced:
-                key, ids, inputs = run.xla.graph_inputs(outputs, [*weights.values(), x])
-                x_id = run.xla.tensor_id(x)
+                key, ids, inputs = _xla.graph_inputs(outputs, [*weights.values(), x])
+                x_id = _xla.tensor_id(x)
                 # The batch's slot is None; weights are read when run (they change); any
                 # other input is a constant of the traced graph, which holds its value.
                 slots = [None if i == x_id else weights.get(i, tensor)
@@ -143,16 +144,16 @@ class EvalAhead:
                 self._threads.append(thread)
                 self.graphs[bucket_index] = (key, slots)
             # Each compilation looks its graph up once it has taken it.
-            while (run.xla.graph_lookups() < lookups + len(self._threads)
+            while (_xla.graph_lookups() < lookups + len(self._threads)
                    and any(t.is_alive() for t in self._threads)):
                 time.sleep(0.001)
         finally:
             del traced
-            run.xla.clear_pending()  # the traced outputs: never run, never synced
+            _xla.clear_pending()  # the traced outputs: never run, never synced
 
     def _compile(self, outputs: list) -> None:
         try:
-            self.run.xla.compile_graph(outputs)
+            _xla.compile_graph(outputs)
             self._compiled.append(1)
         except Exception as error:  # noqa: BLE001 - evaluation then compiles as before
             self.error = error
@@ -166,14 +167,14 @@ class EvalAhead:
             self.graphs.clear()
         return len(self._compiled)
 
-    def run_batch(self, bucket_index: int, x: Any) -> list:
+    def run_batch(self, bucket_index: int, x: torch.Tensor) -> list[torch.Tensor]:
         """The evaluation outputs of batch `x` of bucket `bucket_index`, on the current
         weights, by the graph compiled ahead."""
         key, slots = self.graphs[bucket_index]
-        return self.run.xla.run_compiled(key, [x if slot is None else slot for slot in slots])
+        return _xla.run_compiled(key, [x if slot is None else slot for slot in slots])
 
 
-def chance_accuracy(split: Any) -> float | None:
+def chance_accuracy(split: EncodedSplit | None) -> float | None:
     """The accuracy of always predicting the most frequent label of `split` (an evaluation
     split of `EncodedData`), or None without one."""
     if split is None or not split.num_rows:

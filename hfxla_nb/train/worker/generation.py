@@ -61,7 +61,7 @@ def generate(model: str | os.PathLike, prompts: str | list[str], max_new_tokens:
     with torch.no_grad():
         tokens = _decode(network, ids.to(device), mask.to(device), positions.to(device),
                          length, max_new_tokens)
-    return _texts(tokenizer, tokens)
+    return decoded_texts(tokenizer, tokens)
 
 
 def _left_padded(tokenizer: Any, texts: list[str], bucket: int, new: int):
@@ -108,7 +108,8 @@ def _decode(network: Any, ids: Any, mask: Any, positions: Any, length: int, new:
     return _xla.to_cpu([torch.cat(tokens, dim=1)])[0]
 
 
-def _texts(tokenizer: Any, tokens: Any) -> list[str]:
+def decoded_texts(tokenizer: Any, tokens: Any) -> list[str]:
+    """Each row of `tokens` (`[rows, new]` token ids) as text, cut at the end-of-text token."""
     eos = tokenizer.eos_token_id
     texts = []
     for row in tokens.tolist():

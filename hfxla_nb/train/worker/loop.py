@@ -9,8 +9,8 @@ the notebook kernel. What happens per training step, and why:
   AdamW (`foreach`), scheduler, and the running loss sum are traced into one graph; one
   `torch_xla.sync()` runs it, asynchronously, so the next step is traced while it executes;
 - nothing is read from the device except the running loss, once per logging interval, queued
-  by a step closure (after the graph ran) and fetched on a thread of its own, so the loop
-  goes on tracing; the panel's progress is sent with no device value.
+  by a step closure (after the graph ran) and fetched on a thread of its own (`Fetcher`), so
+  the loop goes on tracing; the panel's progress is sent with no device value.
 
 The compile count stays fixed: one training graph per length bucket (the optimizer state is
 made before step 1, so step 1 is already the steady graph) and one evaluation graph per bucket
@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import random
 import time
-from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,11 +31,20 @@ from ...observe.reporting import MIN_INTERVAL, report
 from .. import batching, lora, patches
 from ..counts import COUNTED, EXECUTE
 from ..learning import learning_warnings
-from ..plan import TrainPlan, resolve_precision
-from ..tasks.registry import TASKS
+from ..plan import TrainPlan
 from . import checkpoint as ckpt
-from .evaluate import EvalAhead, chance_accuracy, evaluate
+from .context import WorkerContext
+from .evaluate import EvalAhead, evaluate
+from .fetcher import Fetcher
+from .optimizer import make_first_step_steady, make_optimizer
 from .saving import save_checkpoint, save_final
+
+if TYPE_CHECKING:
+    import torch
+
+    from .clipping import GradientClipper
+
+__all__ = ["STEADY_AFTER_STEPS", "Fetcher", "TrainingLoop", "counts", "train_worker"]
 
 #: Seconds between the loop's progress reports (besides logging points and new buckets): the
 #: bar moves twice a second; each report costs the step about 1 ms of host time (bench
@@ -47,15 +55,8 @@ BAR_INTERVAL = max(0.5, MIN_INTERVAL)
 #: the first two compile, the third still waits for them.
 STEADY_AFTER_STEPS = 3
 
-
-# ---------------------------------------------------------------------------------------------
-# The plan: everything decided in the kernel, handed to the forked worker
-# ---------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------
-# The worker side
-# ---------------------------------------------------------------------------------------------
+#: `(counts, time, steps left)` at the start of the steady part of the training.
+Steady = tuple[dict[str, int], float, int]
 
 
 def train_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
@@ -63,162 +64,76 @@ def train_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
     if plan.strategy == "spmd" and not _xla.is_spmd():
         _xla.use_spmd()  # before any tensor touches the device
     with patches.applied() as applied:
-        run = _Run(index, plan)
+        start_time = time.perf_counter()
+        notes = list(plan.data.notes)
         if applied:
-            run.notes.append("patched for XLA: " + ", ".join(applied) + " (see hfxla_nb.patches)")
-        return run.train_evaluate_save()
+            notes.append("patched for XLA: " + ", ".join(applied) + " (see hfxla_nb.patches)")
+        ctx = WorkerContext.load(plan, train=True)
+        return TrainingLoop(ctx, notes + ctx.notes, start_time).train_evaluate_save()
 
 
-class _Run:
-    """One worker's training run. Split into methods only for readability."""
+def counts() -> dict[str, int]:
+    """torch_xla's counters the run's figures are made of (`counts.COUNTED`)."""
+    return _xla.metric_counts(COUNTED)
 
-    def __init__(self, index: int, plan: TrainPlan) -> None:
-        import torch
 
-        self.plan = plan
-        self.torch = torch
-        self.xla = _xla
-        self.device = _xla.device()
-        self.spmd = plan.strategy == "spmd"
-        self.rank = 0 if self.spmd else _xla.global_ordinal()
-        self.world = 1 if self.spmd else _xla.world_size()
-        self.devices = _xla.global_device_count() if self.spmd else self.world
-        self.task = TASKS[plan.task]
-        # FSDPv2 shards parameters over the axis that also splits the batch.
-        self.axis = "fsdp" if plan.sharding == "fsdp" else "data"
-        self.mesh = _xla.data_parallel_mesh(self.axis) if self.spmd else None
-        self.precision = resolve_precision(plan.precision, _xla.device_type())
-        if plan.rows_per_step % self.world:
-            raise ValueError(
-                f"batch_size x gradient_accumulation_steps = {plan.rows_per_step} does not "
-                f"split over the {self.world} replicas; use a multiple of {self.world}."
-            )
+class TrainingLoop:
+    """One worker's training: the optimizer, scheduler, running loss, loss history and
+    checkpoints of the run on `ctx`'s model.
+
+    Attributes:
+        ctx: the worker's context (plan, task, device, model).
+        optimizer, scheduler: AdamW and its linear schedule (`optimizer.py`).
+        loss_total: the running loss sum, on the device (read once per logging interval).
+        history: `(step, mean loss since the previous logging point)` pairs.
+        logged: `(step, running loss)` at the latest logging point read.
+        checkpoints: the folders written so far.
+        checkpoint_marks: `(begin, end, counter deltas)` of each checkpoint's writing, kept
+            out of the throughput and per-step figures.
+        notes: what the result says about the run.
+    """
+
+    def __init__(self, ctx: WorkerContext, notes: list[str], start_time: float) -> None:
+        self.ctx = ctx
+        self.plan = ctx.plan
+        self.start_time = start_time
+        self.notes = notes
         self.history: list[tuple[int, float]] = []
-        self.notes: list[str] = list(plan.data.notes)
         self.checkpoints: list[str] = []
-        self._logged = (0, 0.0)  # (step, cumulative loss) at the previous log
-        self._steady_since: float | None = None
         self.checkpoint_marks: list[tuple[float, float, dict[str, int]]] = []
-        # Set by `train_evaluate_save` (evaluate.py); `predict` evaluates without one.
+        self.logged: tuple[int, float] = (0, 0.0)
+        self.steady_since: float | None = None
+        self.optimizer, self.scheduler = make_optimizer(ctx.model, ctx.plan)
+        self.loss_total: torch.Tensor | None = None
         self.eval_ahead: EvalAhead | None = None
+        self._schedules: dict[int, list] = {}
+        self._report_rank = worker_rank()
 
-    # -- setup ---------------------------------------------------------------------------------
-
-    def _load_model(self):
-        import transformers
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        self.torch.manual_seed(self.plan.seed)  # the new head's initialization
-        # A LoRA run resumes from the plan's base; the checkpoint holds only the adapter.
-        resume = None if self.plan.lora else self.plan.resume_from
-        source = resume or self.plan.model
-        if not isinstance(source, str):
-            return source
-        auto_class = getattr(transformers, self.task.auto_class)
-        return auto_class.from_pretrained(source, **self.plan.model_kwargs)
-
-    def _shard(self, model):
-        """FSDPv2 (parameters sharded) or plain; torch_xla's checkpoint on each layer when
-        asked. Returns the module to call; `self.base_model` stays the one to save."""
-        layers = {type(module) for module in model.modules()
-                  if type(module).__name__ in set(getattr(model, "_no_split_modules", None) or ())}
-        if self.plan.gradient_checkpointing:
-            names = ", ".join(sorted(layer.__name__ for layer in layers)) or "none found"
-            self.notes.append(f"gradient checkpointing with torch_xla's checkpoint on each "
-                              f"layer ({names})")
-        if self.plan.sharding == "fsdp":
-            return self.xla.fsdp_v2(model, self.mesh, layers, self.plan.gradient_checkpointing)
-        if self.plan.gradient_checkpointing and layers:
-            self.xla.checkpoint_layers(model, layers)
-        return model
-
-    def _optimizer(self, model):
-        from .adamw import AdamW  # imports torch: only in the worker
-
-        torch = self.torch
-        plan = self.plan
-        decay, no_decay = [], []
-        for name, parameter in model.named_parameters():
-            if not parameter.requires_grad:
-                continue
-            skip = parameter.ndim < 2 or "LayerNorm" in name or "layer_norm" in name
-            (no_decay if skip else decay).append(parameter)
-        groups = [{"params": decay, "weight_decay": plan.weight_decay}]
-        if no_decay:
-            groups.append({"params": no_decay, "weight_decay": 0.0})
-        # foreach: the multi-tensor update traces far fewer ops per step than the per-parameter
-        # loop torch picks for XLA by default (same arithmetic, same results); adamw.AdamW
-        # traces it out of place, skipping torch's Python shape checks (~4x less host time).
-        optimizer = AdamW(groups, lr=plan.learning_rate, foreach=True)
-        total, warmup = plan.total_steps, plan.warmup_steps
-
-        def schedule(step: int) -> float:
-            # transformers' "linear": warm up, then decay to 0 at the last step.
-            if step < warmup:
-                return (step + 1) / (warmup + 1)
-            return max(0.0, (total - step) / max(1, total - warmup))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return optimizer, scheduler
-
-    def counts(self) -> dict[str, int]:
-        return self.xla.metric_counts(COUNTED)
-
-    # -- the batches ---------------------------------------------------------------------------
-
-    def upload(self, array: np.ndarray):
-        """A `[..., rows, columns]` batch on the device; under SPMD, the rows split over the
-        mesh's batch axis."""
-        tensor = self.torch.from_numpy(np.ascontiguousarray(array))
-        if self.spmd:
-            spec = (None,) * (tensor.dim() - 2) + (self.axis, None)
-            return self.xla.send_to_device(tensor, self.device, self.mesh, spec)
-        return self.xla.send_to_device(tensor, self.device)
-
-    def inputs(self, x, length: int) -> dict[str, Any]:
-        names = self.plan.data.input_names
-        return {name: x[:, k * length:(k + 1) * length] for k, name in enumerate(names)}
-
-    def autocast(self):
-        if self.precision == "bf16":
-            return self.torch.autocast("xla", dtype=self.torch.bfloat16)
-        return nullcontext()
-
-    def logits(self, x, length: int):
-        with self.autocast():
-            output = self.model(**self.inputs(x, length))
-        return output.logits.float()
-
-    # -- train ---------------------------------------------------------------------------------
+    # -- the run -------------------------------------------------------------------------------
 
     def train_evaluate_save(self) -> dict[str, Any]:
-        """The worker's whole job: set up, train, evaluate, save; returns the result's fields."""
-        plan = self.plan
-        start_time = time.perf_counter()
-        self._set_up()
-        start_step = self._restore()
-        counts_start = self.counts()
+        """The worker's whole job: train, evaluate, save; returns the result's fields."""
+        plan, ctx = self.plan, self.ctx
+        start_step = self.restore()
+        counts_start = counts()
         # The evaluation's graphs compile beside the first step's (evaluate.py).
-        self.eval_ahead = EvalAhead(self).start()
+        self.eval_ahead = EvalAhead(ctx).start()
         train_start = time.perf_counter()
-        steady = self._train(start_step)
-        self.xla.sync()  # runs the last step closures
-        self.xla.wait_device_ops()
+        steady = self.train(start_step)
+        _xla.sync()  # runs the last step closures
+        _xla.wait_device_ops()
         train_end = time.perf_counter()
         ahead_compiles = self.eval_ahead.finish()
-        counts_end = self.counts()
+        counts_end = counts()
         train_seconds = train_end - train_start - self._checkpoint_time_after(train_start)
-
         metrics, eval_compiles, eval_seconds = {}, 0, 0.0
         if plan.data.eval is not None:
-            before = self.counts()
+            before = counts()
             eval_start = time.perf_counter()
-            metrics = evaluate(self)
+            metrics = evaluate(ctx, self.eval_ahead)
             eval_seconds = time.perf_counter() - eval_start
-            eval_compiles = (ahead_compiles + self.counts()[_xla.COMPILE_TIME]
+            eval_compiles = (ahead_compiles + counts()[_xla.COMPILE_TIME]
                              - before[_xla.COMPILE_TIME])
-
         trained = (plan.total_steps - start_step) * plan.rows_per_step
         result = {
             **self._described(),
@@ -236,33 +151,22 @@ class _Run:
             "checkpoints": list(self.checkpoints),
             "notes": list(self.notes),
             "samples_per_second_overall": trained / max(train_seconds, 1e-9),
-            "total_seconds": time.perf_counter() - start_time,
+            "total_seconds": time.perf_counter() - self.start_time,
         }
-        result["chance_accuracy"] = (chance_accuracy(plan.data.eval)
-                                     if plan.task == "classification" else None)
+        result["chance_accuracy"] = ctx.task.chance_accuracy(plan.data.eval)
         result["warnings"] = learning_warnings(self.history, metrics,
                                                result["chance_accuracy"])
-        if plan.save and self.rank == 0:
+        if plan.save and ctx.rank == 0:
             save_final(self, result)
         return result
 
-    def _set_up(self) -> None:
-        """The model on the device (sharded when SPMD), its optimizer and scheduler."""
-        self.base_model = lora.worker_model(self._load_model(), self.plan, self.precision)
-        self.base_model.to(self.device)
-        self.model = self._shard(self.base_model)
-        if not self.spmd and self.world > 1:
-            # Replicas must start equal: rank threads share torch's random generator, so a
-            # freshly initialized head can differ between them. Rank 0's weights win.
-            self.xla.broadcast_master_param(self.base_model)
-        self.model.train()
-        self.optimizer, self.scheduler = self._optimizer(self.model)
-
-    def _restore(self) -> int:
+    def restore(self) -> int:
         """Seeds every generator, or restores them, the optimizer and the history from the
         checkpoint to resume from, and makes the first step's state; returns the step to
         start at."""
-        torch, plan = self.torch, self.plan
+        import torch
+
+        plan = self.plan
         start_step, loss_total = 0, 0.0
         random.seed(plan.seed)
         np.random.seed(plan.seed % 2**32)
@@ -278,43 +182,127 @@ class _Run:
             np.random.set_state(state["numpy_rng"])
             torch.set_rng_state(state["torch_rng"])
             seed = int(state["xla_rng"])
-        self._logged = (start_step, loss_total)
+        self.logged = (start_step, loss_total)
         # The running loss stays on the device; it is read once per logging interval.
-        self.loss_total = torch.tensor(loss_total, dtype=torch.float32).to(self.device)
-        self._make_first_step_steady()
+        self.loss_total = torch.tensor(loss_total, dtype=torch.float32).to(self.ctx.device)
+        make_first_step_steady(self.ctx, self.optimizer, self.loss_total)
         # After the sync above: each sync moves XLA's random seed on, so seeding before it
         # would give a resumed run other dropout masks than the uninterrupted one.
-        self.xla.set_rng_state(seed)
+        _xla.set_rng_state(seed)
         return start_step
 
-    def _make_first_step_steady(self) -> None:
-        """Make on the device, before step 1, everything that step 1 would otherwise create,
-        so that step 1 traces the steady graph and training compiles one graph per bucket.
+    # -- the loop ------------------------------------------------------------------------------
 
-        AdamW's state (`step` on the host, `exp_avg` and `exp_avg_sq` zeros like each
-        parameter, with its sharding) is what torch creates lazily in the first
-        `optimizer.step()`; a resumed run brings its own, loaded from the checkpoint. Under
-        SPMD every tensor the step reads gets an explicit sharding, as a graph's outputs have.
-        The zeros are made by one small graph here, outside the training's compile count."""
-        torch, optimizer = self.torch, self.optimizer
-        states = []
-        for group in optimizer.param_groups:
-            for parameter in group["params"]:
-                state = optimizer.state[parameter]
-                if not state:
-                    state.update(step=torch.tensor(0.0, dtype=torch.float32),
-                                 exp_avg=torch.zeros_like(parameter),
-                                 exp_avg_sq=torch.zeros_like(parameter))
-                for name in ("exp_avg", "exp_avg_sq"):
-                    if self.spmd and self.xla.sharding_spec(state[name]) == "":
-                        self.xla.share_sharding(state[name], parameter)
-                    states.append(state[name])
-        if self.spmd:
-            self.xla.replicate_unsharded([*self.model.parameters(), *states, self.loss_total],
-                                         self.mesh)
-        self.xla.sync()
+    def train(self, start_step: int) -> Steady | None:
+        """The loop. Returns (counts, time, steps) of the steady part, or None if too short.
 
-    def _steady_figures(self, steady, counts_end: dict[str, float],
+        What of ours runs per step is kept to a few lines (bench figure 12): `report` is
+        called every BAR_INTERVAL seconds (its bar moves twice a second), at a new bucket (its
+        input shapes) and at the last step; a logging point's loss is fetched one step later
+        on the fetcher's thread (`log`), whose event moves the bar to that step."""
+        plan = self.plan
+        parameters = [p for p in self.ctx.model.parameters() if p.requires_grad]
+        from .clipping import GradientClipper  # imports torch: only in the worker
+
+        # torch_xla's clip_grad_norm_, same ops, less host work per step (train/clipping.py).
+        clip = (GradientClipper(parameters, plan.max_grad_norm)
+                if plan.max_grad_norm is not None else None)
+        steady = None
+        # The bar's clock starts here, with the loop (step 0: nothing done yet).
+        emit(Progress(self._report_rank, start_step, plan.total_steps, {},
+                      start_step * plan.rows_per_step, "train"))
+        fetcher = Fetcher(self.log)
+        pending_log = None
+        last_report, last_length = float("-inf"), None
+        for step in range(start_step, plan.total_steps):
+            bucket, x, lr = self.step(step, parameters, clip)
+            if pending_log is not None:  # the previous logging point's: after this launch
+                _xla.add_step_closure(fetcher.submit, pending_log)
+                pending_log = None
+            _xla.sync()
+            done = step + 1
+            now = time.monotonic()
+            if (done == plan.total_steps or now - last_report >= BAR_INTERVAL
+                    or bucket.length != last_length):
+                last_report, last_length = now, bucket.length
+                report(step=done, total=plan.total_steps, samples=done * plan.rows_per_step,
+                       inputs={"batch": x}, log_every=plan.log_every)
+            if done % plan.log_every == 0 or done == plan.total_steps:
+                pending_log = (done, self.loss_total, lr)
+            if plan.save_steps and done % plan.save_steps == 0:
+                fetcher.drain()  # the history as of the earlier logging points
+                save_checkpoint(self, done)
+            if done == start_step + STEADY_AFTER_STEPS and done < plan.total_steps:
+                _xla.wait_device_ops()  # so the warm-up's executions are counted before
+                self.steady_since = time.perf_counter()
+                steady = (counts(), self.steady_since, plan.total_steps - done)
+        # The last step's loss: at the sync after the loop, after every earlier fetch.
+        _xla.add_step_closure(fetcher.close, (pending_log,))
+        return steady
+
+    def batch(self, step: int) -> tuple[batching.Bucket, np.ndarray]:
+        """Step `step`'s bucket and this replica's rows of it, packed
+        (`[micro-batches, rows, columns]`)."""
+        plan = self.plan
+        epoch, k = divmod(step, plan.steps_per_epoch)
+        if epoch not in self._schedules:
+            self._schedules = {epoch: batching.epoch_schedule(plan.data.train,
+                                                              plan.rows_per_step,
+                                                              plan.seed, epoch)}
+        bucket_index, positions = self._schedules[epoch][k]
+        bucket = plan.data.train.buckets[bucket_index]
+        per_rank = plan.rows_per_step // self.ctx.world
+        rank = self.ctx.rank
+        positions = positions[rank * per_rank:(rank + 1) * per_rank]
+        return bucket, batching.train_batch(bucket, positions, plan.gradient_accumulation_steps)
+
+    def step(self, step: int, parameters: list, clip: GradientClipper | None
+             ) -> tuple[batching.Bucket, torch.Tensor, float]:
+        """Traces optimizer step `step` (forward, backward, clipping, AdamW, schedule, the
+        running loss), not run yet; returns its bucket, its batch and its learning rate."""
+        ctx = self.ctx
+        micro = self.plan.gradient_accumulation_steps
+        bucket, packed = self.batch(step)
+        # One micro-batch: uploaded as [rows, columns], no slicing op traced per step.
+        x = ctx.upload(packed[0] if micro == 1 else packed)
+        step_loss = None
+        for m in range(micro):
+            loss = ctx.task.train_loss(ctx, x if micro == 1 else x[m], bucket.length)
+            scaled = loss / micro if micro > 1 else loss  # fewer ops to trace per step
+            scaled.backward()
+            detached = scaled.detach()
+            step_loss = detached if step_loss is None else step_loss + detached
+        if clip is not None:
+            clip()
+        if not ctx.spmd and ctx.world > 1:
+            _xla.optimizer_step(self.optimizer)  # all-reduces the gradients first
+        else:
+            self.optimizer.step()  # one device, or SPMD: no replicas to all-reduce over
+        lr = float(self.scheduler.get_last_lr()[0])  # the rate this step used (never 0)
+        self.scheduler.step()
+        for parameter in parameters:  # zero_grad(set_to_none=True), minus its wrapper
+            parameter.grad = None
+        self.loss_total = self.loss_total + step_loss
+        return bucket, x, lr
+
+    def log(self, step: int, loss_total: torch.Tensor, lr: float) -> None:
+        """Records logging point `step`: the mean loss since the previous one.
+
+        The graph that computed `loss_total` ran while the next step was traced; the fetch
+        (one transfer) still waits for the execution just launched (torch_xla's device lock),
+        so it runs on the fetcher's thread, not the training loop's."""
+        plan = self.plan
+        value = float(_xla.to_cpu([loss_total])[0])
+        last_step, last_value = self.logged
+        mean = (value - last_value) / max(1, step - last_step)
+        self.logged = (step, value)
+        self.history.append((step, mean))
+        emit(Progress(self._report_rank, step, plan.total_steps, {"loss": mean, "lr": lr},
+                      step * plan.rows_per_step, "train"))
+
+    # -- the result ----------------------------------------------------------------------------
+
+    def _steady_figures(self, steady: Steady | None, counts_end: dict[str, int],
                         train_end: float) -> dict[str, float | None]:
         """Throughput, executions and transfers per step over the steps after warm-up
         (checkpoint writing excluded); None when the run was too short to have any."""
@@ -333,7 +321,7 @@ class _Run:
 
     def _described(self) -> dict[str, Any]:
         """What the run was: task, layout, sizes, where it saved."""
-        plan = self.plan
+        plan, ctx = self.plan, self.ctx
         return {
             "output_dir": plan.output_dir if plan.save else None,
             "steps": plan.total_steps,
@@ -344,156 +332,26 @@ class _Run:
             "gradient_checkpointing": plan.gradient_checkpointing,
             "parameter_sharding": self._parameter_sharding(),
             "strategy": plan.strategy,
-            "devices": self.devices,
-            "precision": self.precision,
+            "devices": ctx.devices,
+            "precision": ctx.precision,
             "bucket_lengths": list(plan.data.bucket_lengths),
             "batch_size": plan.batch_size,
             "resumed_from": plan.resume_from,
-            **lora.described(self),
+            **lora.described(ctx),
         }
-
-    def _train(self, start_step: int):
-        """The loop. Returns (counts, time, steps) of the steady part, or None if too short."""
-        plan = self.plan
-        data = plan.data
-        micro = plan.gradient_accumulation_steps
-        per_rank = plan.rows_per_step // self.world
-        parameters = [p for p in self.model.parameters() if p.requires_grad]
-        from .clipping import GradientClipper  # imports torch: only in the worker
-
-        # torch_xla's clip_grad_norm_, same ops, less host work per step (train/clipping.py).
-        clip = (GradientClipper(parameters, plan.max_grad_norm)
-                if plan.max_grad_norm is not None else None)
-        schedules: dict[int, list] = {}
-        steady = None
-        report_rank = worker_rank()
-
-        # The bar's clock starts here, with the loop (step 0: nothing done yet).
-        emit(Progress(report_rank, start_step, plan.total_steps, {},
-                      start_step * plan.rows_per_step, "train"))
-
-        def log(step: int, loss_total, lr: float) -> None:
-            # The graph that computed `loss_total` ran while the next step was traced; the
-            # fetch (one transfer) still waits for the execution just launched (torch_xla's
-            # device lock), so it runs on the fetcher's thread, not the training loop's.
-            value = float(self.xla.to_cpu([loss_total])[0])
-            last_step, last_value = self._logged
-            mean = (value - last_value) / max(1, step - last_step)
-            self._logged = (step, value)
-            self.history.append((step, mean))
-            emit(Progress(report_rank, step, plan.total_steps, {"loss": mean, "lr": lr},
-                          step * plan.rows_per_step, "train"))
-
-        fetcher = _Fetcher(log)
-
-        # What of ours runs per step is kept to a few lines (bench figure 12): `report` is
-        # called every BAR_INTERVAL seconds (its bar moves twice a second), at a new bucket
-        # (its input shapes) and at the last step; a logging point's loss is fetched one step
-        # later on the fetcher's thread (`log`), whose event moves the bar to that step.
-        pending_log = None
-        last_report, last_length = float("-inf"), None
-        # Replicas all-reduce their gradients (xm.optimizer_step); one device has none to.
-        replicas = not self.spmd and self.world > 1
-        for step in range(start_step, plan.total_steps):
-            epoch, k = divmod(step, plan.steps_per_epoch)
-            if epoch not in schedules:
-                schedules = {epoch: batching.epoch_schedule(data.train, plan.rows_per_step,
-                                                     plan.seed, epoch)}
-            bucket_index, positions = schedules[epoch][k]
-            bucket = data.train.buckets[bucket_index]
-            positions = positions[self.rank * per_rank:(self.rank + 1) * per_rank]
-            packed = batching.train_batch(bucket, positions, micro)
-            # One micro-batch: uploaded as [rows, columns], no slicing op traced per step.
-            x = self.upload(packed[0] if micro == 1 else packed)
-            step_loss = None
-            for m in range(micro):
-                loss = self.task.train_loss(self, x if micro == 1 else x[m], bucket.length)
-                scaled = loss / micro if micro > 1 else loss  # fewer ops to trace per step
-                scaled.backward()
-                detached = scaled.detach()
-                step_loss = detached if step_loss is None else step_loss + detached
-            if clip is not None:
-                clip()
-            if replicas:
-                self.xla.optimizer_step(self.optimizer)  # all-reduces the gradients first
-            else:
-                self.optimizer.step()
-            lr = float(self.scheduler.get_last_lr()[0])  # the rate this step used (never 0)
-            self.scheduler.step()
-            for parameter in parameters:  # zero_grad(set_to_none=True), minus its wrapper
-                parameter.grad = None
-            self.loss_total = self.loss_total + step_loss
-            if pending_log is not None:  # the previous logging point's: after this launch
-                self.xla.add_step_closure(fetcher.submit, pending_log)
-                pending_log = None
-            self.xla.sync()
-            done = step + 1
-            logging_point = done % plan.log_every == 0 or done == plan.total_steps
-            now = time.monotonic()
-            if (done == plan.total_steps or now - last_report >= BAR_INTERVAL
-                    or bucket.length != last_length):
-                last_report, last_length = now, bucket.length
-                report(step=done, total=plan.total_steps, samples=done * plan.rows_per_step,
-                       inputs={"batch": x}, log_every=plan.log_every)
-            if logging_point:
-                pending_log = (done, self.loss_total, lr)
-            if plan.save_steps and done % plan.save_steps == 0:
-                fetcher.drain()  # the history as of the earlier logging points
-                save_checkpoint(self, done)
-            if done == start_step + STEADY_AFTER_STEPS and done < plan.total_steps:
-                self.xla.wait_device_ops()  # so the warm-up's executions are counted before
-                self._steady_since = time.perf_counter()
-                steady = (self.counts(), self._steady_since, plan.total_steps - done)
-        # The last step's loss: at the sync after the loop, after every earlier fetch.
-        self.xla.add_step_closure(fetcher.close, (pending_log,))
-        return steady
 
     def _parameter_sharding(self) -> dict[str, str]:
         """How the first few parameters are laid out over the devices (SPMD sharding specs)."""
-        if not self.spmd:
+        if not self.ctx.spmd:
             return {}
-        named = list(self.base_model.named_parameters())[:3]
-        return {name.replace("._orig_module", ""): self.xla.sharding_spec(parameter)
+        named = list(self.ctx.base_model.named_parameters())[:3]
+        return {name.replace("._orig_module", ""): _xla.sharding_spec(parameter)
                 or "{replicated}" for name, parameter in named}
 
     def _checkpoint_time_after(self, since: float) -> float:
         return sum(end - begin for begin, end, _ in self.checkpoint_marks if begin >= since)
 
     def _checkpoint_counts_after(self, name: str) -> int:
-        since = self._steady_since
+        since = self.steady_since
         return sum(delta.get(name, 0) for begin, _, delta in self.checkpoint_marks
                    if since is None or begin >= since)
-
-    # -- checkpoints ---------------------------------------------------------------------------
-
-
-class _Fetcher:
-    """Runs the loop's loss fetches (`log`) one at a time on a thread of their own, in order.
-
-    A fetch in a step closure would wait there for the execution the closure's sync just
-    launched, and the next step could not be traced meanwhile. `drain` waits for the fetches
-    queued so far (and raises what one raised); `close` drains, then runs the last fetch, if
-    any, on the calling thread (after the final sync: nothing is left to overlap)."""
-
-    def __init__(self, log) -> None:  # noqa: ANN001 - the loop's closure
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.log = log
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hfxla_nb-fetch")
-        self.pending: list = []
-
-    def submit(self, step: int, loss_total, lr: float) -> None:  # noqa: ANN001 - a tensor
-        self.pending.append(self.pool.submit(self.log, step, loss_total, lr))
-
-    def drain(self) -> None:
-        pending, self.pending = self.pending, []
-        for future in pending:
-            future.result()
-
-    def close(self, last: tuple | None) -> None:
-        try:
-            self.drain()
-        finally:
-            self.pool.shutdown(wait=True)
-        if last is not None:
-            self.log(*last)

@@ -9,8 +9,8 @@ from typing import Any
 from ... import _xla
 from .. import patches
 from ..plan import TrainPlan
+from .context import WorkerContext
 from .evaluate import run_batches
-from .loop import _Run
 
 
 def predict_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
@@ -19,17 +19,11 @@ def predict_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
     if not _xla.is_spmd():
         _xla.use_spmd()  # before any tensor touches the device
     with patches.applied():
-        run = _Run(index, plan)
-        run.base_model = run._load_model()
-        run.base_model.to(run.device)
-        run.model = run.base_model
-        if run.spmd:  # explicit shardings, as training gives them (the batch is sharded)
-            run.xla.replicate_unsharded(list(run.model.parameters()), run.mesh)
-            run.xla.sync()
+        ctx = WorkerContext.load(plan, train=False)
         before, _ = _xla.compile_times()
         start = time.perf_counter()
-        batches, fetched = run_batches(run)
-        predictions = run.task.decode(plan.data, batches, fetched)
+        batches, fetched = run_batches(ctx)
+        predictions = ctx.task.decode(plan.data, batches, fetched)
         seconds = time.perf_counter() - start
         count, times = _xla.compile_times()
         compiles = count - before

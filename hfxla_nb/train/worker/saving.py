@@ -8,23 +8,28 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ... import _xla
 from ..counts import COUNTED
 from ..lora import save_adapter, save_final_lora
 from . import checkpoint as ckpt
+
+if TYPE_CHECKING:
+    from .loop import TrainingLoop
 
 #: The attribute under which PyTorch/XLA's FSDPv2 keeps a wrapped module.
 FSDP_WRAPPED = "_orig_module"
 
 
-def cpu_state(run: Any) -> tuple[dict, dict, float]:
+def cpu_state(loop: TrainingLoop) -> tuple[dict, dict, float]:
     """Model and optimizer state on the host, with the running loss, in one transfer."""
-    torch = run.torch
-    model_state = run.base_model.state_dict()
-    optimizer_state = run.optimizer.state_dict()
+    import torch
+
+    model_state = loop.ctx.base_model.state_dict()
+    optimizer_state = loop.optimizer.state_dict()
     names, tensors = [], []
     for name, tensor in model_state.items():
         names.append(("model", name, None))
@@ -34,8 +39,8 @@ def cpu_state(run: Any) -> tuple[dict, dict, float]:
             if isinstance(value, torch.Tensor) and value.device.type == "xla":
                 names.append(("optimizer", pid, key))
                 tensors.append(value)
-    tensors.append(run.loss_total)
-    fetched = run.xla.to_cpu(tensors)
+    tensors.append(loop.loss_total)
+    fetched = _xla.to_cpu(tensors)
     loss_total = float(fetched.pop())
     cpu_model = {}
     cpu_optimizer = {"state": {pid: dict(slots) for pid, slots in
@@ -50,60 +55,63 @@ def cpu_state(run: Any) -> tuple[dict, dict, float]:
     return cpu_model, cpu_optimizer, loss_total
 
 
-def save_checkpoint(run: Any, step: int) -> None:
+def save_checkpoint(loop: TrainingLoop, step: int) -> None:
     """Write checkpoint `step` (model, optimizer, scheduler, loss, random states) atomically."""
+    import torch
+
     # The fetch below waits for the step's execution anyway; waiting first keeps that
     # execution out of the checkpoint's own counts (subtracted from the per-step figures).
-    run.xla.wait_device_ops()
+    _xla.wait_device_ops()
     begin = time.perf_counter()
-    before = run.counts()
-    cpu_model, cpu_optimizer, loss_total = cpu_state(run)
-    if run.rank == 0:
+    before = _xla.metric_counts(COUNTED)
+    cpu_model, cpu_optimizer, loss_total = cpu_state(loop)
+    ctx, plan = loop.ctx, loop.plan
+    if ctx.rank == 0:
         # The loss history as of this step. Closures of earlier steps have run; this step's
         # log entry (its closure runs at the next sync) is computed here from the same
         # fetched total, so a resumed run's history matches an uninterrupted one.
-        history = [pair for pair in run.history if pair[0] <= step]
-        plan = run.plan
+        history = [pair for pair in loop.history if pair[0] <= step]
         if (step % plan.log_every == 0 or step == plan.total_steps) and (
             not history or history[-1][0] < step
         ):
-            last_step, last_value = run._logged
+            last_step, last_value = loop.logged
             history.append((step, (loss_total - last_value) / max(1, step - last_step)))
         state = {
             "step": step,
             "optimizer": cpu_optimizer,
-            "scheduler": run.scheduler.state_dict(),
+            "scheduler": loop.scheduler.state_dict(),
             "loss_total": loss_total,
             "history": history,
             "python_rng": random.getstate(),
             "numpy_rng": np.random.get_state(),
-            "torch_rng": run.torch.get_rng_state(),
-            "xla_rng": run.xla.get_rng_state(),
-            "fingerprint": run.plan.fingerprint,
+            "torch_rng": torch.get_rng_state(),
+            "xla_rng": _xla.get_rng_state(),
+            "fingerprint": plan.fingerprint,
         }
 
         def write_model(folder: Path) -> None:
-            if run.plan.lora:
-                save_adapter(run, folder, cpu_model)  # the base is the plan's model
+            if plan.lora:
+                save_adapter(ctx, folder, cpu_model)  # the base is the plan's model
             else:
-                run.base_model.save_pretrained(folder, state_dict=cpu_model)
-            run.plan.tokenizer.save_pretrained(folder)
+                ctx.base_model.save_pretrained(folder, state_dict=cpu_model)
+            plan.tokenizer.save_pretrained(folder)
 
-        info = {"step": step, "fingerprint": run.plan.fingerprint}
-        path = ckpt.save_checkpoint(run.plan.output_dir, step, write_model, state, info)
-        run.checkpoints.append(str(path))
-    after = run.counts()
-    run.checkpoint_marks.append(
+        info = {"step": step, "fingerprint": plan.fingerprint}
+        path = ckpt.save_checkpoint(plan.output_dir, step, write_model, state, info)
+        loop.checkpoints.append(str(path))
+    after = _xla.metric_counts(COUNTED)
+    loop.checkpoint_marks.append(
         (begin, time.perf_counter(), {k: after[k] - before[k] for k in COUNTED})
     )
 
-def save_final(run: Any, result: dict[str, Any]) -> None:
+def save_final(loop: TrainingLoop, result: dict[str, Any]) -> None:
     """The trained model, tokenizer and run summary, published atomically in `output_dir`."""
-    cpu_model, _, _ = cpu_state(run)
-    with ckpt.atomic_folder(run.plan.output_dir, keep=(ckpt.CHECKPOINTS,)) as tmp:
-        if run.plan.lora:
-            save_final_lora(run, tmp, cpu_model)  # the adapter, and the merged model
+    cpu_model, _, _ = cpu_state(loop)
+    ctx, plan = loop.ctx, loop.plan
+    with ckpt.atomic_folder(plan.output_dir, keep=(ckpt.CHECKPOINTS,)) as tmp:
+        if plan.lora:
+            save_final_lora(ctx, tmp, cpu_model)  # the adapter, and the merged model
         else:
-            run.base_model.save_pretrained(tmp, state_dict=cpu_model)
-        run.plan.tokenizer.save_pretrained(tmp)
+            ctx.base_model.save_pretrained(tmp, state_dict=cpu_model)
+        plan.tokenizer.save_pretrained(tmp)
         ckpt.write_json(tmp / ckpt.RUN_FILE, result)

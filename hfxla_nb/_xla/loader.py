@@ -1,0 +1,99 @@
+"""Importing torch_xla, and what can be asked before the runtime starts.
+
+Nothing here starts the XLA runtime: these checks may run in the notebook kernel before a
+fork. `require_torch_xla` is how every other module of the seam imports torch_xla.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from types import ModuleType
+
+
+class XlaUnavailableError(ImportError):
+    """Raised when an operation needs torch_xla and it is not installed."""
+
+
+def require_torch_xla() -> ModuleType:
+    """The `torch_xla` module, imported (never starts the runtime).
+
+    Raises:
+        XlaUnavailableError: when torch_xla is not installed (the message says how to get it).
+    """
+    try:
+        import torch_xla  # noqa: F401
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise XlaUnavailableError(
+            "torch_xla is not installed. A TPU VM or Colab/Kaggle TPU runtime has it; "
+            "elsewhere run `pip install torch_xla` with the same minor version as torch "
+            "(for example torch==2.9.0 torch_xla==2.9.0)."
+        ) from error
+    return sys.modules["torch_xla"]
+
+
+def is_installed() -> bool:
+    """Whether torch_xla can be imported, without importing it."""
+    return importlib.util.find_spec("torch_xla") is not None
+
+
+def is_imported() -> bool:
+    """Whether torch_xla was already imported in this process."""
+    return "torch_xla" in sys.modules
+
+
+def runtime_is_initialized() -> bool:
+    """Whether this process has started the XLA (PJRT) runtime.
+
+    A process that has started it must not fork workers that use XLA: they hang forever. If
+    torch_xla was never imported, the runtime cannot have started, so nothing is imported here.
+    """
+    if not is_imported():
+        return False
+    xlac = getattr(sys.modules["torch_xla"], "_XLAC", None)
+    check = getattr(xlac, "_xla_runtime_is_initialized", None)
+    return bool(check()) if check is not None else False
+
+
+def computation_cache_initialized() -> bool:
+    """Whether torch_xla's computation cache exists (created at the first compilation; the
+    persistent cache must be set up before it)."""
+    if not is_imported():
+        return False
+    check = getattr(sys.modules["torch_xla"]._XLAC, "_xla_computation_cache_is_initialized", None)
+    return bool(check()) if check is not None else False
+
+
+def is_spmd() -> bool:
+    """Whether SPMD mode is on in this process (safe before the runtime starts)."""
+    if not is_imported():
+        return False
+    import torch_xla.runtime as xr
+
+    return bool(xr.is_spmd())
+
+
+def device_type() -> str | None:
+    """The PJRT device type ("TPU", "CPU", ...) if torch_xla is imported, else None."""
+    if not is_imported():
+        return None
+    import torch_xla.runtime as xr
+
+    try:
+        return str(xr.device_type())
+    except Exception:  # noqa: BLE001 - unknown PJRT_DEVICE
+        return None
+
+
+def is_xla_tensor(value: object) -> bool:
+    """Whether `value` is a torch tensor that lives on an XLA device (no import if unused)."""
+    device = getattr(value, "device", None)
+    return getattr(device, "type", None) == "xla"
+
+
+def compiler_flags() -> dict[str, str]:
+    """XLA_FLAGS and LIBTPU_INIT_ARGS as torch_xla leaves them (its import adds defaults)."""
+    require_torch_xla()
+    import os
+
+    return {name: os.environ.get(name, "") for name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")}

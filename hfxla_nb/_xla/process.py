@@ -1,0 +1,202 @@
+"""One process's XLA: SPMD mode, spawning, the device, syncs, step closures, transfers, ranks,
+random state and the persistent compile cache.
+
+`use_spmd`, `spawn`, `add_step_closure` and `initialize_cache` never start the runtime (they
+must run before it does); every other function here starts it: only inside a launched worker
+(or in the kernel when the user asked for in-kernel work).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .loader import require_torch_xla, runtime_is_initialized
+
+
+def use_spmd() -> None:
+    """Turn on SPMD mode; must run before any tensor is placed on the device."""
+    require_torch_xla()
+    import torch_xla.runtime as xr
+
+    xr.use_spmd()
+
+
+def spawn(function: Callable[..., Any], args: tuple = ()) -> None:
+    """`xmp.spawn(function, args, start_method="fork")`: one process per chip, threads per core.
+
+    Where xmp.spawn would fork a single process (XLA:CPU, a one-chip TPU host), the calling
+    process (a launch's fresh fork) becomes that process: it runs what xmp.spawn's pool process
+    runs (`_run_thread_per_device` with the same initializer), without a second fork of a
+    process as big as the kernel (about 0.1 s of a launch: bench figure 7).
+    """
+    require_torch_xla()
+    import torch_xla.distributed.xla_multiprocessing as xmp
+
+    body = _one_process_body(function, args)
+    if body is None:
+        xmp.spawn(function, args=args, start_method="fork")
+    else:
+        body()
+
+
+def _one_process_body(function: Callable[..., Any], args: tuple) -> Callable[[], Any] | None:
+    """xmp.spawn's per-process body for `function` when it would fork exactly one process
+    (counted as torch_xla's `run_multiprocess` counts), else None; None too where torch_xla's
+    internals differ from 2.8/2.9's (then xmp.spawn itself runs)."""
+    import functools
+
+    try:
+        import torch_xla.runtime as xr
+        from torch_xla._internal import pjrt
+        from torch_xla.experimental import plugins
+
+        if plugins.using_dynamic_plugins():
+            processes = plugins.default().physical_chip_count()
+        elif xr.device_type() == "CPU":
+            processes = 1
+        else:
+            return None  # TPU, CUDA, NEURON without plugins: xmp.spawn counts their processes
+        if processes != 1 or runtime_is_initialized():
+            return None  # several chips; or xmp.spawn's own "already initialized" error
+        run, initialize = pjrt._run_thread_per_device, pjrt.initialize_multiprocess
+        spawned = pjrt._SpawnFn(function, *args)
+    except (ImportError, AttributeError):  # pragma: no cover - other torch_xla versions
+        return None
+    return functools.partial(run, 0, 1, spawned, initialize)
+
+
+def add_step_closure(closure: Callable[..., Any], args: tuple = ()) -> None:
+    """Run `closure(*args)` after the next graph execution, when tensors hold values.
+
+    Fetching a tensor inside the closure costs a transfer but never an extra execution.
+    """
+    require_torch_xla()
+    import torch_xla.core.xla_model as xm
+
+    xm.add_step_closure(closure, args=args)
+
+
+def initialize_cache(path: str, readonly: bool = False) -> None:
+    """`torch_xla.runtime.initialize_cache`: compiled programs are written to (and read from)
+    `path`. Must run before this process's first compilation."""
+    require_torch_xla()
+    import torch_xla.runtime as xr
+
+    xr.initialize_cache(path, readonly=readonly)
+
+
+def device():
+    """The default XLA device of this process (starts the runtime)."""
+    torch_xla = require_torch_xla()
+    return torch_xla.device()
+
+
+def sync() -> None:
+    """Cut the lazy graph here and run it (`torch_xla.sync()`, formerly `xm.mark_step()`)."""
+    torch_xla = require_torch_xla()
+    if hasattr(torch_xla, "sync"):
+        torch_xla.sync()
+    else:  # pragma: no cover - torch_xla < 2.6
+        import torch_xla.core.xla_model as xm
+
+        xm.mark_step()
+
+
+def to_cpu(tensors: list) -> list:
+    """Copy XLA tensors that already hold values to the host in one transfer.
+
+    Meant for step closures (after the graph ran): no extra execution, one
+    `TransferFromDevice` for all of them, and no `aten::_local_scalar_dense` fallback.
+    """
+    torch_xla = require_torch_xla()
+    get_cpu_tensors = getattr(torch_xla._XLAC, "_xla_get_cpu_tensors", None)
+    if get_cpu_tensors is None:  # pragma: no cover - other torch_xla versions
+        return [tensor.cpu() for tensor in tensors]
+    return list(get_cpu_tensors(list(tensors)))
+
+
+def global_device_count() -> int:
+    """All devices the runtime sees (starts the runtime)."""
+    require_torch_xla()
+    import torch_xla.runtime as xr
+
+    return int(xr.global_runtime_device_count())
+
+
+def world_size() -> int:
+    """Number of replicated processes (starts the runtime)."""
+    require_torch_xla()
+    import torch_xla.runtime as xr
+
+    return int(xr.world_size())
+
+
+def process_device_count() -> int:
+    """Devices this process drives: 1 per chip on v4 and later, one thread each on v2/v3 and on
+    the CPU (starts the runtime)."""
+    require_torch_xla()
+    import torch_xla.runtime as xr
+
+    return int(xr.addressable_runtime_device_count())
+
+
+def global_ordinal() -> int:
+    """This replica's rank (starts the runtime)."""
+    require_torch_xla()
+    import torch_xla.runtime as xr
+
+    return int(xr.global_ordinal())
+
+
+def optimizer_step(optimizer) -> None:
+    """`xm.optimizer_step`: all-reduce gradients across replicas, then step."""
+    import torch_xla.core.xla_model as xm
+
+    xm.optimizer_step(optimizer)
+
+
+def memory_info(dev=None) -> dict[str, int] | None:
+    """Device memory (`bytes_used`, `bytes_limit`, `peak_bytes_used`), or None where the
+    runtime cannot tell (XLA on the CPU raises UNIMPLEMENTED)."""
+    require_torch_xla()
+    import torch_xla.core.xla_model as xm
+
+    try:
+        info = xm.get_memory_info(dev if dev is not None else device())
+    except Exception:  # noqa: BLE001 - CPU: UNIMPLEMENTED; older versions: other errors
+        return None
+    keys = ("bytes_used", "bytes_limit", "peak_bytes_used")
+    return {key: int(info[key]) for key in keys if key in info} or None
+
+
+def wait_device_ops() -> None:
+    """Block until every execution queued on the devices has finished (for timing)."""
+    require_torch_xla()
+    import torch_xla.core.xla_model as xm
+
+    xm.wait_device_ops()
+
+
+def get_rng_state() -> int:
+    """The seed the device's next graph will use for random ops (host-side, no transfer)."""
+    require_torch_xla()
+    import torch_xla.core.xla_model as xm
+
+    return int(xm.get_rng_state())
+
+
+def set_rng_state(seed: int) -> None:
+    """Set the device's random seed (dropout masks of the following steps depend on it)."""
+    require_torch_xla()
+    import torch_xla.core.xla_model as xm
+
+    xm.set_rng_state(int(seed))
+
+
+def broadcast_master_param(model) -> None:
+    """Copy rank 0's parameters to every replica (`xm.broadcast_master_param`)."""
+    require_torch_xla()
+    import torch_xla.core.xla_model as xm
+
+    xm.broadcast_master_param(model)

@@ -1,0 +1,171 @@
+"""What the worker's tasks, evaluation, saving, LoRA and `predict` receive: `WorkerContext`.
+
+Built once per launched worker by `WorkerContext.load` (training and `predict` alike): the
+plan, the task, where the worker runs (device, mesh, rank), the model on the device, and the
+few operations a task needs on a batch (`upload`, `inputs`, `logits`, `autocast`).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ... import _xla
+from .. import lora
+from ..plan import TrainPlan, resolve_precision
+from ..tasks.registry import TASKS
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..tasks.base import Task
+
+
+class WorkerContext:
+    """One worker's view of its run: where it runs, what it trains, how a batch goes in.
+
+    Attributes:
+        plan: the `TrainPlan` made in the kernel.
+        task: the plan's `Task` (from `registry.TASKS`).
+        device: this worker's XLA device.
+        spmd: whether one process drives every device (the batch sharded over `mesh`).
+        mesh: the SPMD mesh, or None.
+        axis: the mesh axis the batch's rows split over ("data", or "fsdp" under FSDPv2).
+        rank: this replica's index (0 under SPMD).
+        world: how many replicas share a step (1 under SPMD).
+        devices: how many devices run the step.
+        precision: "bf16" or "fp32", resolved for this device.
+        base_model: the model as loaded (with its LoRA adapters): the one to save.
+        model: the module to call (the FSDPv2 wrapper when sharded, else `base_model`).
+        notes: what setting up the model wants the result to say.
+    """
+
+    def __init__(self, plan: TrainPlan, base_model: torch.nn.Module) -> None:
+        self.plan = plan
+        self.task: Task = TASKS[plan.task]
+        self.device = _xla.device()
+        self.spmd = plan.strategy == "spmd"
+        self.rank = 0 if self.spmd else _xla.global_ordinal()
+        self.world = 1 if self.spmd else _xla.world_size()
+        self.devices = _xla.global_device_count() if self.spmd else self.world
+        # FSDPv2 shards parameters over the axis that also splits the batch.
+        self.axis = "fsdp" if plan.sharding == "fsdp" else "data"
+        self.mesh = _xla.data_parallel_mesh(self.axis) if self.spmd else None
+        self.precision = resolve_precision(plan.precision, _xla.device_type())
+        self.base_model = base_model
+        self.model = base_model
+        self.notes: list[str] = []
+
+    @classmethod
+    def load(cls, plan: TrainPlan, *, train: bool) -> WorkerContext:
+        """The context of this worker, its model loaded onto the device.
+
+        Args:
+            plan: the plan made in the kernel.
+            train: True for `fine_tune` (LoRA adapters, FSDPv2 or layer checkpointing, rank
+                0's weights on every replica); False for `predict` (the model as it is, its
+                parameters replicated over the mesh).
+
+        Raises:
+            ValueError: the step's rows do not split over the replicas.
+        """
+        import torch
+
+        world = 1 if plan.strategy == "spmd" else _xla.world_size()
+        if plan.rows_per_step % world:
+            raise ValueError(
+                f"batch_size x gradient_accumulation_steps = {plan.rows_per_step} does not "
+                f"split over the {world} replicas; use a multiple of {world}."
+            )
+        torch.manual_seed(plan.seed)  # the new head's initialization
+        model = _loaded_model(plan)
+        context = cls(plan, model)
+        if train:
+            context.base_model = lora.worker_model(model, plan, context.precision)
+            context.base_model.to(context.device)
+            context.model = context.shard(context.base_model)
+            if not context.spmd and context.world > 1:
+                # Replicas must start equal: rank threads share torch's random generator, so
+                # a freshly initialized head can differ between them. Rank 0's weights win.
+                _xla.broadcast_master_param(context.base_model)
+            context.model.train()
+        else:
+            model.to(context.device)
+            context.model = model
+            if context.spmd:  # explicit shardings, as training gives them (the batch is sharded)
+                _xla.replicate_unsharded(list(model.parameters()), context.mesh)
+                _xla.sync()
+        return context
+
+    def shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        """FSDPv2 (parameters sharded) or plain; torch_xla's checkpoint on each layer when
+        asked. Returns the module to call."""
+        plan = self.plan
+        split = set(getattr(model, "_no_split_modules", None) or ())
+        layers = {type(module) for module in model.modules() if type(module).__name__ in split}
+        if plan.gradient_checkpointing:
+            names = ", ".join(sorted(layer.__name__ for layer in layers)) or "none found"
+            self.notes.append(f"gradient checkpointing with torch_xla's checkpoint on each "
+                              f"layer ({names})")
+        if plan.sharding == "fsdp":
+            return _xla.fsdp_v2(model, self.mesh, layers, plan.gradient_checkpointing)
+        if plan.gradient_checkpointing and layers:
+            _xla.checkpoint_layers(model, layers)
+        return model
+
+    # -- the batches ---------------------------------------------------------------------------
+
+    def upload(self, array: np.ndarray) -> torch.Tensor:
+        """A `[..., rows, columns]` batch on the device; under SPMD, the rows split over the
+        mesh's batch axis."""
+        import torch
+
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        if self.spmd:
+            spec = (None,) * (tensor.dim() - 2) + (self.axis, None)
+            return _xla.send_to_device(tensor, self.device, self.mesh, spec)
+        return _xla.send_to_device(tensor, self.device)
+
+    def inputs(self, x: torch.Tensor, length: int) -> dict[str, torch.Tensor]:
+        """The model inputs of batch `x` by name (`plan.data.input_names`), each
+        `[rows, length]`: slices of the uploaded tensor, traced into the step's graph."""
+        names = self.plan.data.input_names
+        return {name: x[:, k * length:(k + 1) * length] for k, name in enumerate(names)}
+
+    def autocast(self) -> AbstractContextManager:
+        """bfloat16 autocast on XLA when the run's precision is "bf16"; else nothing."""
+        import torch
+
+        if self.precision == "bf16":
+            return torch.autocast("xla", dtype=torch.bfloat16)
+        return nullcontext()
+
+    def logits(self, x: torch.Tensor, length: int) -> torch.Tensor:
+        """The model's float32 logits on batch `x`'s inputs (under `autocast`)."""
+        with self.autocast():
+            output = self.model(**self.inputs(x, length))
+        return output.logits.float()
+
+    def replicate(self, tensors: list[torch.Tensor]) -> None:
+        """Under SPMD, marks `tensors` replicated over the mesh (gathered inside the graph:
+        fetching sharded results would compile a gather per tensor); else does nothing."""
+        if self.mesh is not None:
+            for tensor in tensors:
+                _xla.replicate(tensor, self.mesh)
+
+
+def _loaded_model(plan: TrainPlan) -> torch.nn.Module:
+    """The plan's model on the host: the instance given, or loaded by the task's Auto class."""
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    # A LoRA run resumes from the plan's base; the checkpoint holds only the adapter.
+    resume = None if plan.lora else plan.resume_from
+    source = resume or plan.model
+    if not isinstance(source, str):
+        return source
+    auto_class = getattr(transformers, TASKS[plan.task].auto_class)
+    return auto_class.from_pretrained(source, **plan.model_kwargs)

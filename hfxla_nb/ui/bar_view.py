@@ -1,0 +1,143 @@
+"""One progress bar as the panels draw it (`BarView`), made from the launch reader's bar.
+
+Rates, ETAs and elapsed times are computed here, once, so renderers only format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..observe.bars import BarTrack, bar_state
+from ..states import BarState, RankState
+
+# Points kept per bar for the charts.
+HISTORY = 200
+
+
+@dataclass
+class BarView:
+    """One progress bar, ready to draw."""
+
+    label: str
+    rank: int | None
+    step: int
+    total: int | None
+    elapsed: float
+    eta: float | None
+    rate: float | None
+    samples_rate: float | None
+    values: dict[str, float]
+    losses: list[float]
+    step_times: list[float]
+    state: BarState
+    ranks: int = 1  # how many ranks this bar stands for
+    show_rank: bool = True  # False in a one-rank launch: "[rank 0]" would say nothing
+    first_step: int | None = None  # the first step reported (0: counted from 0)
+    rank_name: str | None = None  # "host 1 rank 2" in a launch over several hosts
+
+    @property
+    def name(self) -> str:
+        """The bar's caption: its label, with the rank when bars are per rank of several."""
+        if self.rank is None:
+            return self.label if self.ranks == 1 else f"{self.label} ({self.ranks} ranks)"
+        who = self.rank_name or f"rank {self.rank}"
+        return f"{self.label} [{who}]" if self.show_rank else self.label
+
+    @property
+    def overall(self) -> bool:
+        """Whether `rate` and `samples_rate` are averages over the whole bar (once it ended),
+        rather than the current rates of the last few updates."""
+        return self.state != BarState.RUNNING
+
+    @property
+    def fraction(self) -> float | None:
+        """Done fraction in [0, 1], or None without a total."""
+        if not self.total:
+            return None
+        return min(max(self.step / self.total, 0.0), 1.0)
+
+
+def bar_view(bar: BarTrack, now: float, rank: RankState, show_rank: bool,
+             rank_name: str | None) -> BarView:
+    """`bar` as drawn at `now`: running, the rates of its last few updates; ended, the
+    averages over the whole bar.
+
+    Args:
+        bar: the reader's bar.
+        now: the wall time the panel is drawn for (the launch's end once it ended).
+        rank: the state of the bar's rank.
+        show_rank: whether its caption names the rank (a launch of several ranks).
+        rank_name: "host 1 rank 2" where "rank R" is not enough, else None.
+    """
+    state = bar_state(bar, rank)
+    running = state == BarState.RUNNING
+    end = now if running else (bar.last or now)
+    elapsed = max(end - (bar.start if bar.start is not None else end), 0.0)
+    rate = samples_rate = None
+    if not running:  # ended: the averages over the whole bar
+        if elapsed > 0:
+            rate = bar.step / elapsed if bar.step else None
+            samples_rate = bar.samples / elapsed if bar.samples else None
+    elif len(bar.points) >= 2:  # running: the rate of the last few updates
+        (s0, t0, n0), (s1, t1, n1) = bar.points[0], bar.points[-1]
+        if t1 > t0:
+            rate = (s1 - s0) / (t1 - t0)
+            if n0 is not None and n1 is not None:
+                samples_rate = (n1 - n0) / (t1 - t0)
+    eta = None
+    if running and rate and bar.total is not None:
+        eta = max(bar.total - bar.step, 0) / rate
+    return BarView(
+        label=bar.label, rank=bar.rank, step=bar.step, total=bar.total, elapsed=elapsed,
+        eta=eta, rate=rate, samples_rate=samples_rate, values=dict(bar.values),
+        losses=bar.losses[-HISTORY:],
+        step_times=[seconds for _, seconds in bar.step_times[-HISTORY:]],
+        state=state, show_rank=show_rank, first_step=bar.first_step, rank_name=rank_name,
+    )
+
+
+def short_bar_note(bar: BarView) -> str | None:
+    """Why a bar of a finished launch stopped before its total, when it did."""
+    if bar.state != BarState.SHORT or not bar.total:
+        return None
+    if bar.first_step == 0 and bar.step == bar.total - 1:
+        return (f"{bar.name} stopped at {bar.step}/{bar.total}: its steps count from 0. "
+                "Report the steps done, step=i + 1 (or enumerate(loader, start=1)).")
+    return (f"{bar.name} stopped at {bar.step}/{bar.total}: the function returned before "
+            "the total it reported.")
+
+
+def aggregate(bars: list[BarView]) -> list[BarView]:
+    """One bar per label: the slowest rank's step, the summed sample rate."""
+    by_label: dict[str, list[BarView]] = {}
+    for bar in bars:
+        by_label.setdefault(bar.label, []).append(bar)
+    merged = []
+    for label, group in by_label.items():
+        group.sort(key=lambda b: (b.rank is None, b.rank or 0))
+        slowest = min(group, key=lambda b: b.step)
+        first = group[0]
+        rates = [b.rate for b in group if b.rate is not None]
+        samples = [b.samples_rate for b in group if b.samples_rate is not None]
+        states = {b.state for b in group}
+        state = next((s for s in (BarState.FAILED, BarState.RUNNING, BarState.STOPPED,
+                                  BarState.SHORT)
+                      if s in states), BarState.DONE)
+        merged.append(BarView(
+            label=label,
+            rank=None,
+            step=slowest.step,
+            total=max((b.total for b in group if b.total is not None), default=None),
+            elapsed=max(b.elapsed for b in group),
+            eta=max((b.eta for b in group if b.eta is not None), default=None),
+            rate=min(rates) if rates else None,
+            samples_rate=sum(samples) if samples else None,
+            values=first.values,
+            losses=first.losses,
+            step_times=first.step_times,
+            state=state,
+            ranks=len(group),
+            first_step=min((b.first_step for b in group if b.first_step is not None),
+                           default=None),
+        ))
+    return merged

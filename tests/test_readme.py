@@ -1,0 +1,56 @@
+"""README.md is the door: at most 8 KB, and its quickstart runs as printed in a fresh Jupyter
+kernel, with no network, and shows what the README says it shows."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from tests.helpers import Kernel
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+MAX_BYTES = 8 * 1024
+
+
+def quickstart() -> str:
+    """The first ```python block of the README's Quickstart section, as printed."""
+    section = README.read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    (code, *_) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    return code
+
+
+def test_the_readme_is_at_most_8_kb():
+    size = README.stat().st_size
+    assert size <= MAX_BYTES, f"README.md is {size} bytes, more than {MAX_BYTES}"
+
+
+def test_the_quickstart_is_short():
+    lines = [line for line in quickstart().splitlines() if line.strip()]
+    assert len(lines) <= 7, lines
+
+
+def test_the_quickstart_runs_as_printed_in_a_fresh_kernel(tmp_path):
+    """One cell, exactly the README's block, in a new kernel whose working folder is empty
+    (fine_tune's `output_dir="auto"` writes there). It prints the result's one line, and its
+    last line returns one dict per text: the label and its probabilities."""
+    kernel = Kernel(**_offline())
+    try:
+        kernel.run_ok(f"import os; os.chdir({str(tmp_path)!r})")
+        output = kernel.run(quickstart(), timeout=600)
+        assert output.error is None, "\n".join(output.error["traceback"])
+        assert re.search(r"<FineTuneResult: 40 steps, .*eval_accuracy=[\d.]+.*saved to ",
+                         output.stdout), output.stdout
+        (returned,) = [d["data"]["text/plain"] for d in output.displays if "execution_count" in d]
+        (prediction,) = ast.literal_eval(returned)
+        assert prediction["label"] == "positive", prediction
+        assert set(prediction["probabilities"]) == {"negative", "positive"}, prediction
+        assert prediction["score"] == max(prediction["probabilities"].values()), prediction
+    finally:
+        kernel.close()
+
+
+def _offline() -> dict[str, str]:
+    """Hugging Face's offline switches: the quickstart must not need the network."""
+    return {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
