@@ -31,13 +31,19 @@ OPT_IN = (TESTS / "browser", TESTS / "binder", TESTS / "pods", TESTS / "xla_in_p
 KERNEL_NAMES = frozenset({"Kernel", "started_kernel", "kernel_fixture", "run_notebook",
                           "NotebookClient", "KernelManager"})
 LAUNCH_CALLS = frozenset({"notebook_launcher", "fine_tune", "predict", "generate", "run_demo",
-                          "run_demo_lm", "run_demo_seq2seq", "run_demo_task", "main"})
+                          "run_demo_lm", "run_demo_seq2seq", "run_demo_task", "main",
+                          "launched"})
 PROCESS_NAMES = frozenset({"subprocess", "Popen", "run_python", "fork", "multiprocessing",
                            "ProcessPoolExecutor", "spawn", "system"})
 # A function that refuses launches first (bad input): its launch calls fork nothing.
 REFUSES = frozenset({"refuse_launches", "no_launch"})
 # Tests that start no process but take seconds each here (2 shared cores): not in the fast set.
 SLOW: frozenset[str] = frozenset()
+# Tests that start a process in code the reading above does not follow (outside tests/).
+STARTS_PROCESSES = frozenset({
+    "tests/test_bench_contracts.py::test_results_say_not_met_for_a_target_missed",  # uname -p
+    "tests/test_bench_methods.py::test_the_zygote_forks_a_fresh_process_per_side",
+})
 # What the audit hook counts as starting a process (a fork, an exec, a spawn).
 PROCESS_EVENTS = frozenset({"os.fork", "os.forkpty", "subprocess.Popen", "os.posix_spawn",
                             "os.spawn", "os.exec", "os.system", "pty.spawn"})
@@ -57,11 +63,6 @@ def _asks_for(folder: Path, arg: str) -> bool:
     return path == folder or folder in path.parents
 
 
-def pytest_ignore_collect(collection_path, config):
-    for folder in OPT_IN:
-        if collection_path == folder and not any(_asks_for(folder, a) for a in config.args):
-            return True
-    return None
 
 
 # -- marks -----------------------------------------------------------------------------------
@@ -72,7 +73,11 @@ def _definitions(path: Path) -> dict[str, ast.AST]:
     """A test module's top-level functions and assignments by name, with those it imports from
     other modules of tests/ (their definitions there)."""
     found: dict[str, ast.AST] = {}
-    for node in ast.parse(path.read_text()).body:
+    try:
+        body = ast.parse(path.read_text()).body
+    except SyntaxError:
+        return found  # pytest's own import reports it
+    for node in body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             found[node.name] = node
         elif isinstance(node, ast.Assign):
@@ -121,26 +126,62 @@ def _marks_of_code(root: ast.AST, definitions: dict[str, ast.AST]) -> set[str]:
     return marks
 
 
-def marks_of(item: pytest.Item) -> set[str]:
-    """`kernel`, `launch` and `slow`: what this test does, read from the code it runs."""
-    path = Path(str(item.path))
+def _autouse_fixtures(definitions: dict[str, ast.AST]) -> list[str]:
+    return [name for name, node in definitions.items()
+            if isinstance(node, ast.FunctionDef) and any(
+                "autouse" in ast.unparse(decorator) for decorator in node.decorator_list)]
+
+
+def marks_of(path: Path, name: str) -> set[str]:
+    """`kernel`, `launch` and `slow`: what the test `name` of the module at `path` does, read
+    from its code (and that of the fixtures and functions it names), not run."""
     if path.suffix != ".py" or TESTS not in path.parents:
         return set()
     if any(_asks_for(folder, str(path)) for folder in OPT_IN):
         return {"slow", "launch"}
-    marks = {"slow"} if item.nodeid.split("[")[0] in SLOW else set()
+    test = f"{path.relative_to(TESTS.parent)}::{name}"
+    marks = ({"slow"} if test in SLOW else set()) | (
+        {"launch"} if test in STARTS_PROCESSES else set())
     definitions = _definitions(path)
-    cls = getattr(item, "cls", None)
-    function = definitions.get(cls.__name__ if cls else getattr(item, "originalname", item.name))
-    fixtures = ast.parse("\n".join(f"{name}()" for name in item.fixturenames))
-    if function is not None:
-        marks |= _marks_of_code(function, definitions)
-    return marks | _marks_of_code(fixtures, definitions)
+    autouse = ast.parse("\n".join(f"{fixture}()" for fixture in _autouse_fixtures(definitions)))
+    if name in definitions:
+        marks |= _marks_of_code(definitions[name], definitions)
+    return marks | _marks_of_code(autouse, definitions)
+
+
+def _selected(config, marks: set[str]) -> bool:
+    """Whether `-m` selects a test with these marks (every test without `-m`)."""
+    expression = config.getoption("markexpr")
+    if not expression:
+        return True
+    from _pytest.mark.expression import Expression  # pytest's own reading of `-m`
+
+    return Expression.compile(expression).evaluate(lambda mark, **_: mark in marks)
+
+
+def pytest_ignore_collect(collection_path, config):
+    for folder in OPT_IN:
+        if collection_path == folder and not any(_asks_for(folder, a) for a in config.args):
+            return True
+    if _none_selected(collection_path, config):
+        return True  # not even imported: `make test-fast` would import torch for nothing
+    return None
+
+
+def _none_selected(path: Path, config) -> bool:
+    """Whether `-m` selects none of the tests of the module at `path`, read from its code."""
+    if path.suffix != ".py" or not path.name.startswith("test_") or TESTS not in path.parents:
+        return False
+    tests = [name for name in _definitions(path) if name.startswith(("test_", "Test"))]
+    return bool(tests) and not any(_selected(config, marks_of(path, name)) for name in tests)
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        for mark in sorted(marks_of(item)):
+        path = Path(str(item.path))
+        cls = getattr(item, "cls", None)
+        name = cls.__name__ if cls else getattr(item, "originalname", item.name)
+        for mark in sorted(marks_of(path, name)):
             item.add_marker(mark)
 
 

@@ -19,11 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nbformat
 import numpy as np
 import pytest
-from jupyter_client.manager import KernelManager
-from nbclient import NotebookClient
 
 from bench.cell_messages import cell_messages
 
@@ -93,6 +90,8 @@ class Kernel:
     """A python3 kernel running this interpreter (the test virtualenv), with PJRT_DEVICE=CPU."""
 
     def __init__(self, **env: str) -> None:
+        from jupyter_client.manager import KernelManager  # imported by the tests that use it
+
         self.manager = KernelManager(kernel_name="python3")
         kernel_env = dict(os.environ, PJRT_DEVICE="CPU", **env)
         kernel_env.pop("CPU_NUM_DEVICES", None)
@@ -252,6 +251,9 @@ def kernel_fixture(setup: str = "", scope: str = "module", fork_quiet: bool = Fa
 def run_notebook(cells: list[str], timeout: int = 120) -> list[list[dict]]:
     """Execute `cells` in a fresh python3 kernel; returns each cell's outputs (errors included,
     as outputs of type "error"), after display updates were applied."""
+    import nbformat  # imported by the tests that use it: jsonschema's takes seconds
+    from nbclient import NotebookClient
+
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(textwrap.dedent(code)) for code in cells]
     client = NotebookClient(

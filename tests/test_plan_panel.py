@@ -138,3 +138,25 @@ def test_in_a_real_kernel_auto_draws_a_widget_and_the_saved_output_is_static():
     assert set(bundle) == {"text/html", "text/plain"}  # the update replaced the widget view
     assert bundle["text/plain"].startswith("memory  plan ") and "per device on v5e-1" in (
         bundle["text/plain"])
+
+
+def test_in_a_real_kernel_a_plan_shows_its_table():
+    """A `MemoryPlan` as a cell's value: the table as text (what IPython showed before the
+    table moved to ui) and the same text as HTML; `print()` gives the plan in words."""
+    from tests.kernel_helpers import bundles_of, run_notebook, stdout_of
+
+    code = """
+        from transformers import LlamaConfig
+        import hfxla_nb as hx
+        plan = hx.plan_memory(LlamaConfig(hidden_size=64, intermediate_size=128,
+                              num_hidden_layers=2, num_attention_heads=4, vocab_size=256),
+                              hardware="v5e-1", lora=True)
+        print(plan)
+        plan
+        """
+    (outputs,) = run_notebook([code])
+    (bundle,) = bundles_of(outputs)
+    assert bundle["text/plain"].startswith("Llama on v5e-1 (1 device, 15.48 GiB each): ")
+    assert "  optimizer state      AdamW " in bundle["text/plain"]
+    assert bundle["text/html"].startswith("<pre>Llama on v5e-1 (1 device, 15.48 GiB each): ")
+    assert stdout_of(outputs).startswith("Llama on v5e-1 (1 device): ")

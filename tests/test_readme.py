@@ -26,6 +26,16 @@ def test_the_readme_is_at_most_8_kb():
     assert size <= MAX_BYTES, f"README.md is {size} bytes, more than {MAX_BYTES}"
 
 
+def test_every_relative_link_of_the_readme_and_the_docs_exists():
+    """Links and images (`[text](path)`, `![alt](path)`) that are not URLs point at files."""
+    for page in [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "notebooks/README.md"]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path = (page.parent / target.split("#", 1)[0]).resolve()
+            assert path.exists(), f"{page.relative_to(ROOT)} links {target}, which does not exist"
+
+
 def test_the_quickstart_is_short():
     lines = [line for line in quickstart().splitlines() if line.strip()]
     assert len(lines) <= 7, lines

@@ -176,7 +176,7 @@ def launch(
     cluster: str | None = None,
     hosts: int | None = None,
 ) -> tuple[Any, LaunchRecord]:
-    """`notebook_launcher`'s launch, with its record: what `fine_tune` and `predict` call.
+    """`notebook_launcher`'s launch, with its record (what `fine_tune` calls).
 
     Takes `notebook_launcher`'s parameters (keyword-only after `args`) and does the same,
     `last_launch()` included; also returns the record of the launch it made, so a caller

@@ -18,13 +18,10 @@ import dataclasses
 import enum
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .config import FineTuneError
 from .lora_sizing import LORA_DEFAULTS
-
-if TYPE_CHECKING:
-    from .worker.context import WorkerContext
 
 #: Where the adapter goes inside `output_dir` (and inside each checkpoint).
 ADAPTER_DIR = "adapter"
@@ -211,25 +208,28 @@ def worker_model(model: Any, plan: Any, precision: str) -> Any:
     return wrapped
 
 
-def described(ctx: WorkerContext) -> dict[str, Any]:
-    """What the result says about LoRA: the settings and the trainable share."""
-    trainable, total = trainable_counts(ctx.base_model)
-    return {"lora": ctx.plan.lora, "trainable_parameters": trainable,
-            "parameters": total}
+def described(model: Any, settings: Any) -> dict[str, Any]:
+    """What the result says about LoRA: the settings (the plan's `lora`, None for a full
+    fine-tune) and the trainable share of `model`."""
+    trainable, total = trainable_counts(model)
+    return {"lora": settings, "trainable_parameters": trainable, "parameters": total}
 
 
-def save_adapter(ctx: WorkerContext, folder: Path, state: Mapping[str, Any]) -> Any:
-    """The adapter in PEFT's format in `folder` (`PeftModel.from_pretrained(base, folder)`);
-    returns the host copy it was saved from."""
-    copy = host_copy(ctx.base_model, ctx.plan.lora, state)
+def save_adapter(peft_model: Any, settings: Any, folder: Path,
+                 state: Mapping[str, Any]) -> Any:
+    """The adapter of `peft_model` (the worker's, on the device), from its gathered `state`,
+    in PEFT's format in `folder` (`PeftModel.from_pretrained(base, folder)`); returns the
+    host copy it was saved from."""
+    copy = host_copy(peft_model, settings, state)
     copy.save_pretrained(folder)
     return copy
 
 
-def save_final_lora(ctx: WorkerContext, tmp: Path, state: Mapping[str, Any]) -> None:
+def save_final_lora(peft_model: Any, settings: Any, tmp: Path,
+                    state: Mapping[str, Any]) -> None:
     """`tmp/adapter` (PEFT's format) and the merged model at the top of `tmp`."""
-    copy = save_adapter(ctx, tmp / ADAPTER_DIR, state)
-    ctx.base_model.get_base_model().save_pretrained(tmp, state_dict=merged_state(copy))
+    copy = save_adapter(peft_model, settings, tmp / ADAPTER_DIR, state)
+    peft_model.get_base_model().save_pretrained(tmp, state_dict=merged_state(copy))
 
 
 def load_adapter_model(output_dir: str | Path, auto_class: Any, **kwargs: Any) -> Any:

@@ -52,7 +52,7 @@ def prepare(splits: Splits, config: FineTuneConfig, context: TaskContext) -> Pre
     buckets = batching.split_buckets(encoded, cap, config.max_length, config.rows_per_step)
     pad_id = steps.pad_id(tokenizer, columns.notes)
     input_names = batching.input_names_of(tokenizer, encoded["train"])
-    pads, side = pad_values(tokenizer, pad_id), padding_side(tokenizer)
+    pads, side = _pad_values(tokenizer, pad_id), _padding_side(tokenizer)
     encoded_splits = {
         split: batching.encode_split(split, encoded[split], columns.label_ids[split],
                                      input_names, buckets, pads, side, truncated[split])
@@ -120,13 +120,13 @@ def head_kwargs(model_config: Any, fixed_labels: int | None, label_names: list[s
     return kwargs
 
 
-def pad_values(tokenizer: Any, pad_id: int | None) -> dict[str, int]:
+def _pad_values(tokenizer: Any, pad_id: int | None) -> dict[str, int]:
     """What each input is padded with."""
     return {"input_ids": pad_id if pad_id is not None else 0,
             "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0) or 0}
 
 
-def padding_side(tokenizer: Any) -> str:
+def _padding_side(tokenizer: Any) -> str:
     return getattr(tokenizer, "padding_side", "right") or "right"
 
 
@@ -156,8 +156,8 @@ def prepare_predict(inputs: list[Any], context: PredictContext,
     pad_id = steps.pad_id(tokenizer, notes)
     input_names = batching.input_names_of(tokenizer, encoded)
     split = batching.encode_split("predict", encoded, np.zeros(len(texts), np.int64),
-                                  input_names, buckets, pad_values(tokenizer, pad_id),
-                                  padding_side(tokenizer), cut)
+                                  input_names, buckets, _pad_values(tokenizer, pad_id),
+                                  _padding_side(tokenizer), cut)
     config = context.model_config
     names = [str(config.id2label[i]) for i in sorted(config.id2label, key=int)]
     return batching.EncodedData(train=None, eval=split, input_names=input_names,

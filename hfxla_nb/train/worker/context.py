@@ -8,7 +8,7 @@ few operations a task needs on a batch (`upload`, `inputs`, `logits`, `autocast`
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -20,7 +20,29 @@ from ..tasks.registry import TASKS
 if TYPE_CHECKING:
     import torch
 
-    from ..tasks.base import Task
+    from ..batching import EncodedData, EncodedSplit
+
+
+class WorkerTask(Protocol):
+    """A task as the worker calls it: the worker-side hooks of `tasks.base.Task` (declared
+    here, not imported: the tasks import this module for their hooks' `ctx`)."""
+
+    name: str
+    auto_class: str
+    eval_ahead: bool
+
+    def train_loss(self, ctx: WorkerContext, x: torch.Tensor,
+                   length: int) -> torch.Tensor: ...
+
+    def eval_outputs(self, ctx: WorkerContext, x: torch.Tensor,
+                     length: int) -> list[torch.Tensor]: ...
+
+    def eval_metrics(self, ctx: WorkerContext, batches: list,
+                     fetched: list) -> dict[str, float]: ...
+
+    def decode(self, data: EncodedData, batches: list, fetched: list) -> list[Any]: ...
+
+    def chance_accuracy(self, split: EncodedSplit | None) -> float | None: ...
 
 
 class WorkerContext:
@@ -44,7 +66,7 @@ class WorkerContext:
 
     def __init__(self, plan: TrainPlan, base_model: torch.nn.Module) -> None:
         self.plan = plan
-        self.task: Task = TASKS[plan.task]
+        self.task: WorkerTask = TASKS[plan.task]
         self.device = _xla.device()
         self.spmd = plan.strategy == "spmd"
         self.rank = 0 if self.spmd else _xla.global_ordinal()

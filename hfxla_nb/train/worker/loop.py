@@ -337,7 +337,7 @@ class TrainingLoop:
             "bucket_lengths": list(plan.data.bucket_lengths),
             "batch_size": plan.batch_size,
             "resumed_from": plan.resume_from,
-            **lora.described(ctx),
+            **lora.described(ctx.base_model, plan.lora),
         }
 
     def _parameter_sharding(self) -> dict[str, str]:

@@ -8,23 +8,49 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from ... import _xla
 from ..counts import COUNTED
 from ..lora import save_adapter, save_final_lora
+from ..plan import TrainPlan
 from . import checkpoint as ckpt
 
 if TYPE_CHECKING:
-    from .loop import TrainingLoop
+    import torch
+
+    from .context import WorkerContext
+
+
+class TrainingState(Protocol):
+    """What saving reads of the training (`loop.TrainingLoop` has it) and what it adds.
+
+    Attributes:
+        ctx, plan: the worker's context and the plan.
+        optimizer, scheduler: their state is saved with each checkpoint.
+        loss_total: the running loss on the device.
+        history, logged: the loss history, and `(step, running loss)` at its last point.
+        checkpoints, checkpoint_marks: appended to: each checkpoint's folder, and its
+            `(begin, end, counter deltas)`.
+    """
+
+    ctx: WorkerContext
+    plan: TrainPlan
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loss_total: torch.Tensor | None
+    history: list[tuple[int, float]]
+    logged: tuple[int, float]
+    checkpoints: list[str]
+    checkpoint_marks: list[tuple[float, float, dict[str, int]]]
 
 #: The attribute under which PyTorch/XLA's FSDPv2 keeps a wrapped module.
 FSDP_WRAPPED = "_orig_module"
 
 
-def cpu_state(loop: TrainingLoop) -> tuple[dict, dict, float]:
+def cpu_state(loop: TrainingState) -> tuple[dict, dict, float]:
     """Model and optimizer state on the host, with the running loss, in one transfer."""
     import torch
 
@@ -55,7 +81,7 @@ def cpu_state(loop: TrainingLoop) -> tuple[dict, dict, float]:
     return cpu_model, cpu_optimizer, loss_total
 
 
-def save_checkpoint(loop: TrainingLoop, step: int) -> None:
+def save_checkpoint(loop: TrainingState, step: int) -> None:
     """Write checkpoint `step` (model, optimizer, scheduler, loss, random states) atomically."""
     import torch
 
@@ -91,7 +117,7 @@ def save_checkpoint(loop: TrainingLoop, step: int) -> None:
 
         def write_model(folder: Path) -> None:
             if plan.lora:
-                save_adapter(ctx, folder, cpu_model)  # the base is the plan's model
+                save_adapter(ctx.base_model, plan.lora, folder, cpu_model)  # the base: the plan's
             else:
                 ctx.base_model.save_pretrained(folder, state_dict=cpu_model)
             plan.tokenizer.save_pretrained(folder)
@@ -104,13 +130,13 @@ def save_checkpoint(loop: TrainingLoop, step: int) -> None:
         (begin, time.perf_counter(), {k: after[k] - before[k] for k in COUNTED})
     )
 
-def save_final(loop: TrainingLoop, result: dict[str, Any]) -> None:
+def save_final(loop: TrainingState, result: dict[str, Any]) -> None:
     """The trained model, tokenizer and run summary, published atomically in `output_dir`."""
     cpu_model, _, _ = cpu_state(loop)
     ctx, plan = loop.ctx, loop.plan
     with ckpt.atomic_folder(plan.output_dir, keep=(ckpt.CHECKPOINTS,)) as tmp:
         if plan.lora:
-            save_final_lora(ctx, tmp, cpu_model)  # the adapter, and the merged model
+            save_final_lora(ctx.base_model, plan.lora, tmp, cpu_model)  # and the merged model
         else:
             ctx.base_model.save_pretrained(tmp, state_dict=cpu_model)
         plan.tokenizer.save_pretrained(tmp)
