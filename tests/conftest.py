@@ -34,14 +34,23 @@ LAUNCH_CALLS = frozenset({"notebook_launcher", "fine_tune", "predict", "generate
                           "run_demo_lm", "run_demo_seq2seq", "run_demo_task", "main",
                           "launched"})
 PROCESS_NAMES = frozenset({"subprocess", "Popen", "run_python", "fork", "multiprocessing",
-                           "ProcessPoolExecutor", "spawn", "system"})
+                           "ProcessPoolExecutor", "spawn", "system",
+                           "write_results"})  # bench's: `uname -p` names the CPU
 # A function that refuses launches first (bad input): its launch calls fork nothing.
 REFUSES = frozenset({"refuse_launches", "no_launch"})
-# Tests that start no process but take seconds each here (2 shared cores): not in the fast set.
-SLOW: frozenset[str] = frozenset()
+# Tests that start no process but take seconds each here (2 shared cores, measured under load):
+# not in the fast set.
+SLOW = frozenset({
+    "tests/test_lora.py::test_bad_lora_input_is_refused_before_anything_happens",  # imports peft:
+    "tests/test_lora.py::test_lora_auto_and_the_plan_decide_before_the_fork",  # 15 s, for 2
+    "tests/test_claims.py::test_every_test_the_claims_table_names_exists",  # parses every test
+    "tests/test_task_plugins.py::test_no_task_name_is_compared_outside_the_tasks_package",
+    "tests/test_causal_lm.py::test_bad_inputs_are_refused_before_anything_happens",  # a Llama
+    "tests/test_task_auto.py::test_auto_picks_the_task_of_the_models_head",  # builds 4 models
+    "tests/test_demo.py::test_two_fresh_caches_get_the_same_tokenizer",  # trains 2 tokenizers
+})
 # Tests that start a process in code the reading above does not follow (outside tests/).
 STARTS_PROCESSES = frozenset({
-    "tests/test_bench_contracts.py::test_results_say_not_met_for_a_target_missed",  # uname -p
     "tests/test_bench_methods.py::test_the_zygote_forks_a_fresh_process_per_side",
 })
 # What the audit hook counts as starting a process (a fork, an exec, a spawn).
@@ -69,7 +78,7 @@ def _asks_for(folder: Path, arg: str) -> bool:
 
 
 @cached
-def _definitions(path: Path) -> dict[str, ast.AST]:
+def module_definitions(path: Path) -> dict[str, ast.AST]:
     """A test module's top-level functions and assignments by name, with those it imports from
     other modules of tests/ (their definitions there)."""
     found: dict[str, ast.AST] = {}
@@ -87,7 +96,7 @@ def _definitions(path: Path) -> dict[str, ast.AST]:
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests."):
             source = TESTS.joinpath(*node.module.split(".")[1:]).with_suffix(".py")
             if source.is_file() and source != path:
-                theirs = _definitions(source)
+                theirs = module_definitions(source)
                 found.update({a.asname or a.name: theirs[a.name] for a in node.names
                               if a.name in theirs})
     return found
@@ -142,7 +151,7 @@ def marks_of(path: Path, name: str) -> set[str]:
     test = f"{path.relative_to(TESTS.parent)}::{name}"
     marks = ({"slow"} if test in SLOW else set()) | (
         {"launch"} if test in STARTS_PROCESSES else set())
-    definitions = _definitions(path)
+    definitions = module_definitions(path)
     autouse = ast.parse("\n".join(f"{fixture}()" for fixture in _autouse_fixtures(definitions)))
     if name in definitions:
         marks |= _marks_of_code(definitions[name], definitions)
@@ -172,7 +181,7 @@ def _none_selected(path: Path, config) -> bool:
     """Whether `-m` selects none of the tests of the module at `path`, read from its code."""
     if path.suffix != ".py" or not path.name.startswith("test_") or TESTS not in path.parents:
         return False
-    tests = [name for name in _definitions(path) if name.startswith(("test_", "Test"))]
+    tests = [name for name in module_definitions(path) if name.startswith(("test_", "Test"))]
     return bool(tests) and not any(_selected(config, marks_of(path, name)) for name in tests)
 
 

@@ -12,7 +12,7 @@ from .._lazy import lazy_exports
 # public name -> module of this package that defines it (imported on first use)
 _EXPORTS = {
     "WARMUP_STEPS": "metrics",
-    "Alert": "analyzer",
+    "Alert": "alert_words",
     "InputShapes": "shapes",
     "LaunchReader": "launch_reader",
     "LiveMetrics": "live",

@@ -27,7 +27,7 @@ from .lora_sizing import default_lora_rank, lora_choice, lora_dropout, lora_modu
 from .memory_device import GIB, PlanDevice, cpu_devices, eight_chip_host, plan_device
 from .memory_sums import PlanSettings, part_sizes
 from .model_facts import ModelFacts, load_model_config, model_facts
-from .plan import resolve_precision
+from .precision import resolve_precision
 
 
 class MemoryPlanError(FineTuneError):

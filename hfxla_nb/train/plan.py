@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .precision import resolve_precision as resolve_precision  # its old import path
+
 if TYPE_CHECKING:
     from .batching import EncodedData
     from .memory_plan import MemoryPlan
@@ -51,11 +53,3 @@ class TrainPlan:
     @property
     def rows_per_step(self) -> int:
         return self.batch_size * self.gradient_accumulation_steps
-
-
-def resolve_precision(requested: str, device_type: str | None) -> str:
-    """The precision a run uses: "auto" is bfloat16 autocast on a TPU (its native fast
-    type), float32 elsewhere (XLA on the CPU has no fast bfloat16)."""
-    if requested != "auto":
-        return requested
-    return "bf16" if device_type == "TPU" else "fp32"
