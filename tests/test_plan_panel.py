@@ -143,7 +143,7 @@ def test_in_a_real_kernel_auto_draws_a_widget_and_the_saved_output_is_static():
 def test_in_a_real_kernel_a_plan_shows_its_table():
     """A `MemoryPlan` as a cell's value: the table as text (what IPython showed before the
     table moved to ui) and the same text as HTML; `print()` gives the plan in words."""
-    from tests.kernel_helpers import bundles_of, run_notebook, stdout_of
+    from tests.helpers import bundles_of, run_notebook, stdout_of
 
     code = """
         from transformers import LlamaConfig
