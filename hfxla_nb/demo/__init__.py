@@ -57,7 +57,7 @@ def cache_dir(path: str | os.PathLike | None = None) -> Path:
     return Path(path).expanduser()
 
 
-def _build_atomically(target: Path, build) -> Path:
+def build_atomically(target: Path, build) -> Path:
     """Run `build(tmp_folder)` and rename the folder to `target`; concurrent builders race
     harmlessly (the first rename wins, the others discard their copy)."""
     if target.is_dir():
@@ -158,7 +158,7 @@ def demo_tokenizer(
     if extra_words:  # its own folder: the plain demo tokenizer (and tiny BERT) stay as they are
         name += "-" + hashlib.sha1("\n".join(extra_words).encode()).hexdigest()[:10]
     folder = cache_dir(cache) / name
-    _build_atomically(
+    build_atomically(
         folder,
         lambda tmp: _train_tokenizer(vocab_size, extra_words).save(str(tmp / "tokenizer.json")),
     )
@@ -232,7 +232,7 @@ def demo_model_dir(
 
         tokenizer = demo_tokenizer(cache)
         config = demo_config(num_labels, vocab_size=len(tokenizer))
-        _save_seeded_model(BertForSequenceClassification, config, seed, tokenizer, tmp)
+        save_seeded_model(BertForSequenceClassification, config, seed, tokenizer, tmp)
 
     if target.exists() and any(target.iterdir()):
         raise FileExistsError(
@@ -240,11 +240,11 @@ def demo_model_dir(
         )
     if target.exists():
         target.rmdir()
-    _build_atomically(target, build)
+    build_atomically(target, build)
     return str(target)
 
 
-def _save_seeded_model(model_class: Any, config: Any, seed: int, tokenizer: Any,
+def save_seeded_model(model_class: Any, config: Any, seed: int, tokenizer: Any,
                        folder: Path) -> None:
     """`model_class(config)` with initial weights drawn from `seed` alone (the caller's random
     state untouched), saved with `tokenizer` in `folder`; the demo's own setup, so without

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 from . import (
     MAX_POSITIONS,
     RECIPE_VERSION,
-    _build_atomically,
-    _save_seeded_model,
+    build_atomically,
     cache_dir,
     demo_label_names,
     demo_texts,
     demo_tokenizer,
+    save_seeded_model,
 )
 from .data import LABELS_3
 
@@ -96,9 +96,9 @@ def demo_lm_model_dir(seed: int = 0, cache: str | os.PathLike | None = None) -> 
         tokenizer.model_input_names = ["input_ids", "attention_mask"]
         config = demo_lm_config(len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id,
                                 tokenizer.eos_token_id)
-        _save_seeded_model(LlamaForCausalLM, config, seed, tokenizer, tmp)
+        save_seeded_model(LlamaForCausalLM, config, seed, tokenizer, tmp)
 
-    _build_atomically(target, build)
+    build_atomically(target, build)
     return str(target)
 
 

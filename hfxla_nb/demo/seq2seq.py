@@ -24,7 +24,7 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import _build_atomically, _save_seeded_model, cache_dir
+from . import build_atomically, cache_dir, save_seeded_model
 
 if TYPE_CHECKING:
     import datasets
@@ -157,9 +157,9 @@ def demo_seq2seq_model_dir(architecture: str = "bart", seed: int = 0,
             model_class, config = T5ForConditionalGeneration, demo_t5_config(len(tokenizer))
         else:
             model_class, config = BartForConditionalGeneration, demo_bart_config(len(tokenizer))
-        _save_seeded_model(model_class, config, seed, tokenizer, tmp)
+        save_seeded_model(model_class, config, seed, tokenizer, tmp)
 
-    _build_atomically(target, build)
+    build_atomically(target, build)
     return str(target)
 
 

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 from . import (
     RECIPE_VERSION,
-    _build_atomically,
-    _save_seeded_model,
+    build_atomically,
     cache_dir,
     demo_config,
     demo_tokenizer,
+    save_seeded_model,
 )
 
 if TYPE_CHECKING:
@@ -215,9 +215,9 @@ def _head_model_dir(kind: str, label_names: tuple[str, ...] | None,
         config = demo_config(num_labels, vocab_size=len(tokenizer), label_names=label_names)
         config.num_hidden_layers = layers
         model_class = getattr(transformers, f"BertFor{kind}")
-        _save_seeded_model(model_class, config, seed, tokenizer, tmp)
+        save_seeded_model(model_class, config, seed, tokenizer, tmp)
 
-    return str(_build_atomically(target, build))
+    return str(build_atomically(target, build))
 
 
 def ner_model_dir(cache: str | os.PathLike | None = None, seed: int = 0) -> str:

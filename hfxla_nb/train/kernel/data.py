@@ -89,10 +89,10 @@ def _conversion_message(what: str, form: str, columns: Mapping[str, list], error
         seen: dict[str, int] = {}
         for row, value in enumerate(values):
             if value is not None:
-                seen.setdefault(_kind(value), row)
+                seen.setdefault(kind(value), row)
         if len(seen) > 1:
             examples = ", ".join(
-                f"{kind} (row {row}: {_short(values[row])})" for kind, row in seen.items()
+                f"{kind} (row {row}: {short(values[row])})" for kind, row in seen.items()
             )
             return (
                 f"{what}: column {name!r} mixes types: {examples}. Use one type per column: "
@@ -207,19 +207,19 @@ def check_texts(values: list, column: str, split: str) -> list[str]:
                 )
             raise DataError(
                 f"column {column!r} ({split}) must hold text, but row {row} holds a "
-                f"{type(value).__name__} ({_short(value)}). Convert it first, e.g. "
+                f"{type(value).__name__} ({short(value)}). Convert it first, e.g. "
                 f"dataset.map(lambda row: {{{column!r}: str(row[{column!r}])}}), or pick the "
                 "right text_column."
             )
     return values
 
 
-def _short(value: Any, limit: int = 60) -> str:
+def short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _kind(value: Any) -> str:
+def kind(value: Any) -> str:
     if isinstance(value, (bool, np.bool_)):
         return "int"
     if isinstance(value, (int, np.integer)):
@@ -298,10 +298,10 @@ def _label_kind(splits: Mapping[str, list], column: str) -> str:
                     f"row {row} of label column {column!r} ({split}) is empty (None). Every "
                     "row needs a label; drop unlabeled rows with dataset.filter(...)."
                 )
-            kinds.setdefault(_kind(value), (row, split))
+            kinds.setdefault(kind(value), (row, split))
     if len(kinds) > 1:
         examples = ", ".join(
-            f"{kind} (row {row} of {split}: {_short(splits[split][row])})"
+            f"{kind} (row {row} of {split}: {short(splits[split][row])})"
             for kind, (row, split) in kinds.items()
         )
         raise DataError(
@@ -312,14 +312,14 @@ def _label_kind(splits: Mapping[str, list], column: str) -> str:
     if kind == "float":
         first = splits[next(iter(splits))]
         raise DataError(
-            f"label column {column!r} holds floats (e.g. {_short(first[0])}): fine_tune "
+            f"label column {column!r} holds floats (e.g. {short(first[0])}): fine_tune "
             "trains classifiers. Map the values to class ids (0..N-1) or class names first."
         )
     if kind not in ("int", "str"):
         row, split = kinds[kind]
         raise DataError(
             f"label column {column!r} holds {kind} values (row {row} of {split}: "
-            f"{_short(splits[split][row])}); labels must be class names (str) or ids (int)."
+            f"{short(splits[split][row])}); labels must be class names (str) or ids (int)."
         )
     return kind
 

@@ -110,7 +110,7 @@ def read_rows(rows: Any, split: str, label_column: str | None,
             raise FineTuneError(
                 f"{len(bad)} {split} label(s) in {label_column!r} are not the index of an "
                 f"ending (0..{len(endings) - 1}); the first is row {bad[0]}: "
-                f"{data._short(raw[bad[0]])}. Drop those rows (SWAG's test split has no labels, "
+                f"{data.short(raw[bad[0]])}. Drop those rows (SWAG's test split has no labels, "
                 "-1), e.g. dataset.filter(lambda r: r['label'] >= 0).")
         labels = [int(v) for v in raw]
     return contexts, joined, labels

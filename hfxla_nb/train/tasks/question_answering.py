@@ -73,7 +73,7 @@ def check_answers(contexts: list[str], answers: list[Any], split: str, column: s
     for row, answer in enumerate(answers):
         if not isinstance(answer, dict) or "text" not in answer or "answer_start" not in answer:
             raise FineTuneError(
-                f"row {row} of {column!r} ({split}) is {data._short(answer)}; answers must be "
+                f"row {row} of {column!r} ({split}) is {data.short(answer)}; answers must be "
                 "SQuAD's {'text': [answer, ...], 'answer_start': [character, ...]} (empty "
                 "lists for a question without an answer).")
         texts, starts = list(answer["text"]), list(answer["answer_start"])
@@ -231,7 +231,7 @@ class QuestionAnswering(Task):
                 question, text = value
             else:
                 raise FineTuneError(
-                    f"input {row} is {data._short(value)}; question-answering predicts on "
+                    f"input {row} is {data.short(value)}; question-answering predicts on "
                     "{'question': ..., 'context': ...} dicts or (question, context) pairs.")
             if not (isinstance(question, str) and isinstance(text, str)):
                 raise FineTuneError(f"input {row}: the question and the context must be text.")

@@ -86,7 +86,7 @@ def _check_rows(words: list, tags: list, split: str, words_column: str,
         if not isinstance(value, (list, tuple)) or not all(isinstance(w, str) for w in value):
             raise FineTuneError(
                 f"row {row} of {words_column!r} ({split}) must be a list of words (strings); "
-                f"it is {data._short(value)}."
+                f"it is {data.short(value)}."
             )
     bad = [row for row, (w, t) in enumerate(zip(words, tags, strict=True))
            if not isinstance(t, (list, tuple)) or len(t) != len(w)]
@@ -106,7 +106,7 @@ def _tag_ids(raw: dict[str, list], names_from_data: list[str] | None,
              model_names: list[str] | None, column: str) -> tuple[list[str], dict[str, list]]:
     """Tag names and every row's tags as ids."""
     values = [tag for rows in raw.values() for row in rows for tag in row]
-    kinds = {data._kind(v) for v in values}
+    kinds = {data.kind(v) for v in values}
     if kinds - {"int", "str"} or len(kinds) > 1:
         raise FineTuneError(
             f"tags in {column!r} must be all tag names (str) or all tag ids (int); found "
