@@ -89,7 +89,7 @@ def _conversion_message(what: str, form: str, columns: Mapping[str, list], error
         seen: dict[str, int] = {}
         for row, value in enumerate(values):
             if value is not None:
-                seen.setdefault(kind(value), row)
+                seen.setdefault(value_kind(value), row)
         if len(seen) > 1:
             examples = ", ".join(
                 f"{kind} (row {row}: {short(values[row])})" for kind, row in seen.items()
@@ -219,7 +219,7 @@ def short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def kind(value: Any) -> str:
+def value_kind(value: Any) -> str:
     if isinstance(value, (bool, np.bool_)):
         return "int"
     if isinstance(value, (int, np.integer)):
@@ -298,7 +298,7 @@ def _label_kind(splits: Mapping[str, list], column: str) -> str:
                     f"row {row} of label column {column!r} ({split}) is empty (None). Every "
                     "row needs a label; drop unlabeled rows with dataset.filter(...)."
                 )
-            kinds.setdefault(kind(value), (row, split))
+            kinds.setdefault(value_kind(value), (row, split))
     if len(kinds) > 1:
         examples = ", ".join(
             f"{kind} (row {row} of {split}: {short(splits[split][row])})"

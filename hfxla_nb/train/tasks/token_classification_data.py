@@ -106,7 +106,7 @@ def _tag_ids(raw: dict[str, list], names_from_data: list[str] | None,
              model_names: list[str] | None, column: str) -> tuple[list[str], dict[str, list]]:
     """Tag names and every row's tags as ids."""
     values = [tag for rows in raw.values() for row in rows for tag in row]
-    kinds = {data.kind(v) for v in values}
+    kinds = {data.value_kind(v) for v in values}
     if kinds - {"int", "str"} or len(kinds) > 1:
         raise FineTuneError(
             f"tags in {column!r} must be all tag names (str) or all tag ids (int); found "
