@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import common  # noqa: E402 - after the path (python bench/run.py)
 
-# The figures, numbered as in bench/RESULTS.md's "#" column (and README.md), and the module that
+# The figures, numbered as in bench/RESULTS.md's "#" column (and docs/speed.md), and the module that
 # measures each (`run() -> list[Figure]`). Some modules measure several figures in the same
 # runs: asking for one of them measures them all.
 FIGURES = {

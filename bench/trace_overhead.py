@@ -214,7 +214,7 @@ def run(micro_steps: int = 120, bert_steps: int = 30, warmup: int = 6) -> list:
             note=f"2 x {per_execution_us:.0f} µs of a {bert_step_us / 1000:.1f} ms step "
                  f"(untraced median, batch 16, length 64, {bert_steps} steps); reported: "
                  "derived from the targeted row above"),
-        # Reported, not targeted: the README says only that this ratio stays within the
+        # Reported, not targeted: docs/speed.md says only that this ratio stays within the
         # machine's noise, which the row's spread of repetitions shows.
         common.Figure(
             GROUP, "tiny BERT steps/s traced / untraced", bert["ratio_on_off"], "x",

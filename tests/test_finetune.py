@@ -472,9 +472,9 @@ def test_evaluation_batches_cover_every_row_once_with_fixed_shapes():
     batches = batching.eval_batches(split, 4)
     seen = []
     for index, positions, real in batches:
-        packed = batching.eval_batch(split.buckets[index], positions, real)
-        assert packed.shape[:2] == (1, 4)
-        assert packed[0, :, -1].sum() == real  # weight 1 for real rows, 0 for filler
+        packed = batching.eval_batch(split.buckets[index], positions, real).tokens
+        assert packed.shape[0] == 4
+        assert packed[:, -1].sum() == real  # weight 1 for real rows, 0 for filler
         seen += list(split.buckets[index].rows[positions[:real]])
     assert sorted(seen) == list(range(23))
 
@@ -489,7 +489,7 @@ def test_training_batches_are_a_pure_function_of_seed_and_epoch():
     assert all(np.array_equal(a[1], b[1]) for a, b in zip(first, again, strict=True))
     other = batching.epoch_schedule(split, 32, seed=0, epoch=1)
     assert not all(np.array_equal(a[1], b[1]) for a, b in zip(first, other, strict=True))
-    packed = batching.train_batch(bucket, first[0][1], micro_batches=2)
+    packed = batching.train_batch(bucket, first[0][1], micro_batches=2).tokens
     assert packed.shape == (2, 16, 9)
 
 

@@ -122,8 +122,9 @@ def replicate(tensor, mesh) -> None:
     xs.mark_sharding(tensor, mesh, (None,) * tensor.dim())
 
 
-def send_to_device(tensor, dev, mesh=None, partition_spec: tuple | None = None):
-    """Copy a CPU tensor to the device; with a mesh, each device receives only its shard.
+def send_to_device(tensors: list, dev, mesh=None, partition_spec: tuple | None = None) -> list:
+    """Copy CPU tensors to the device in one transfer; with a mesh, each device receives only
+    its shard of each (the tensors have the same rank: one spec fits them all).
 
     Sharding at upload (`send_cpu_data_to_device` with a `ShardingSpec`) avoids uploading
     the whole batch to every device and resharding it there.
@@ -136,4 +137,4 @@ def send_to_device(tensor, dev, mesh=None, partition_spec: tuple | None = None):
         import torch_xla.distributed.spmd as xs
 
         sharding = xs.ShardingSpec(mesh, partition_spec)
-    return xm.send_cpu_data_to_device([tensor], dev, sharding)[0]
+    return list(xm.send_cpu_data_to_device(list(tensors), dev, sharding))

@@ -13,6 +13,7 @@ from .._lazy import lazy_exports
 # public name -> module of this package that defines it (imported on first use)
 _EXPORTS = {
     "LaunchError": "errors",
+    "LaunchOptions": "launcher",
     "LaunchRecord": "record",
     "LaunchRefusedError": "preflight",
     "RankRecord": "record",

@@ -1,11 +1,14 @@
 """`notebook_launcher`: train on every core from a notebook cell.
 
 A drop-in for `accelerate.notebook_launcher` (same first four parameters), built for
-PyTorch/XLA in a notebook; what it guarantees and how is in docs/architecture.md.
+PyTorch/XLA in a notebook; what it guarantees is in docs/launcher.md, how in
+docs/architecture.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
 import socket
 import sys
@@ -26,7 +29,8 @@ from .processes import kernel_gains_no_process
 from .record import LaunchRecord, RankRecord
 from .supervision import POLL_INTERVAL, Supervision
 
-__all__ = ["notebook_launcher", "launch", "last_launch", "LaunchRecord", "RankRecord"]
+__all__ = ["notebook_launcher", "launch", "last_launch", "LaunchOptions", "LaunchRecord",
+           "RankRecord"]
 
 _last_record: LaunchRecord | None = None
 
@@ -119,7 +123,8 @@ def notebook_launcher(
             for TPU hosts), True, False, or a folder (see `hx.configure`).
         cluster: a Ray cluster's address ("host:port", or "auto": the cluster this machine
             belongs to): run the launch on `hosts` of its nodes, each as it runs here, with
-            ranks numbered across hosts (docs/pods.md; needs `pip install "hfxla_nb[ray]"`).
+            ranks numbered across hosts (docs/pods.md; needs the `[ray]` extra:
+            `pip install -e ".[ray]"`).
         hosts: how many hosts (nodes) of `cluster` to run on.
 
     Returns:
@@ -135,52 +140,61 @@ def notebook_launcher(
             are.
         KeyboardInterrupt: after stopping every worker, when the cell was interrupted.
     """
+    given = dict(locals())
     __tracebackhide__ = True  # the cell's traceback ends at the user's call (pytest, IPython)
-    value, _ = launch(
-        function, args,
-        num_processes=num_processes, mixed_precision=mixed_precision, use_port=use_port,
-        master_addr=master_addr, node_rank=node_rank, num_nodes=num_nodes,
-        rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_conf=rdzv_conf,
-        rdzv_id=rdzv_id, max_restarts=max_restarts, monitor_interval=monitor_interval,
-        log_line_prefix_template=log_line_prefix_template, strategy=strategy,
-        timeout=timeout, output=output, progress=progress,
-        heartbeat_timeout=heartbeat_timeout, trace_compiles=trace_compiles,
-        compile_cache=compile_cache, cluster=cluster, hosts=hosts)
+    value, _ = launch(function, args, LaunchOptions(**{
+        name: given[name] for name in LaunchOptions.__dataclass_fields__}))
     return value
 
 
-def launch(
-    function: Callable,
-    args: Sequence = (),
-    *,
-    num_processes: int | None = None,
-    mixed_precision: str = "no",
-    use_port: str | int | None = None,
-    master_addr: str = "127.0.0.1",
-    node_rank: int = 0,
-    num_nodes: int = 1,
-    rdzv_backend: str = "static",
-    rdzv_endpoint: str = "",
-    rdzv_conf: dict | None = None,
-    rdzv_id: str = "none",
-    max_restarts: int = 0,
-    monitor_interval: float = POLL_INTERVAL,
-    log_line_prefix_template: str | None = None,
-    strategy: str = "replicated",
-    timeout: float | None = None,
-    output: str | Iterable[int] = "main",
-    progress: bool | str = "auto",
-    heartbeat_timeout: float | None = None,
-    trace_compiles: bool = True,
-    compile_cache: bool | str | os.PathLike | None = None,
-    cluster: str | None = None,
-    hosts: int | None = None,
-) -> tuple[Any, LaunchRecord]:
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    """`notebook_launcher`'s keyword arguments, as `launch` takes them. Their defaults live in
+    one place, `notebook_launcher`'s signature (`with_defaults` reads them)."""
+
+    num_processes: int | None
+    mixed_precision: str
+    use_port: str | int | None
+    master_addr: str
+    node_rank: int
+    num_nodes: int
+    rdzv_backend: str
+    rdzv_endpoint: str
+    rdzv_conf: dict | None
+    rdzv_id: str
+    max_restarts: int
+    monitor_interval: float
+    log_line_prefix_template: str | None
+    strategy: str
+    timeout: float | None
+    output: str | Iterable[int]
+    progress: bool | str
+    heartbeat_timeout: float | None
+    trace_compiles: bool
+    compile_cache: bool | str | os.PathLike | None
+    cluster: str | None
+    hosts: int | None
+
+    @classmethod
+    def with_defaults(cls, **changes: Any) -> LaunchOptions:
+        """`notebook_launcher`'s defaults, with `changes`."""
+        defaults = {name: parameter.default for name, parameter
+                    in inspect.signature(notebook_launcher).parameters.items()
+                    if name in cls.__dataclass_fields__}
+        return cls(**{**defaults, **changes})
+
+
+def launch(function: Callable, args: Sequence,
+           options: LaunchOptions) -> tuple[Any, LaunchRecord]:
     """`notebook_launcher`'s launch, with its record (what `fine_tune` calls).
 
-    Takes `notebook_launcher`'s parameters (keyword-only after `args`) and does the same,
-    `last_launch()` included; also returns the record of the launch it made, so a caller
-    reads its own launch's record, not the global one.
+    Does what `notebook_launcher` does, `last_launch()` included; also returns the record of
+    the launch it made, so a caller reads its own launch's record, not the global one.
+
+    Args:
+        function: what every rank runs.
+        args: its arguments.
+        options: the rest of `notebook_launcher`'s arguments (`LaunchOptions.with_defaults`).
 
     Returns:
         Rank 0's return value and the launch's `LaunchRecord` (the last attempt's).
@@ -190,32 +204,37 @@ def launch(
     """
     __tracebackhide__ = True
     pass_index = preflight.check_function(function, args)
-    preflight.check_timeout(timeout)
-    shown_ranks = _parse_output(output)
-    options = check_accelerate_options(
-        strategy, use_port=use_port, master_addr=master_addr, node_rank=node_rank,
-        num_nodes=num_nodes, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
-        rdzv_conf=rdzv_conf, rdzv_id=rdzv_id, max_restarts=max_restarts,
-        monitor_interval=monitor_interval, log_line_prefix_template=log_line_prefix_template,
-        cluster=cluster is not None or hosts is not None)
-    say_notes(options, stacklevel=3)
-    if cluster is not None or hosts is not None:
-        if options.line_prefix is not None:  # max_restarts works there (pods/cluster_launch)
+    preflight.check_timeout(options.timeout)
+    shown_ranks = _parse_output(options.output)
+    pods = options.cluster is not None or options.hosts is not None
+    accelerate = check_accelerate_options(
+        options.strategy, use_port=options.use_port, master_addr=options.master_addr,
+        node_rank=options.node_rank, num_nodes=options.num_nodes,
+        rdzv_backend=options.rdzv_backend, rdzv_endpoint=options.rdzv_endpoint,
+        rdzv_conf=options.rdzv_conf, rdzv_id=options.rdzv_id,
+        max_restarts=options.max_restarts, monitor_interval=options.monitor_interval,
+        log_line_prefix_template=options.log_line_prefix_template, cluster=pods)
+    say_notes(accelerate, stacklevel=3)
+    if pods:
+        if accelerate.line_prefix is not None:  # max_restarts works there (pods/cluster_launch)
             warnings.warn("hfxla_nb: log_line_prefix_template applies to single-host "
                           "launches; ignored with cluster=/hosts=.", UserWarning,
                           stacklevel=3)
         from .pods.cluster_launch import launch_on_cluster
 
         return launch_on_cluster(
-            function, tuple(args), pass_index, cluster=cluster or "auto", hosts=hosts or 1,
-            strategy=strategy, num_processes=num_processes, mixed_precision=mixed_precision,
-            use_port=int(use_port) if use_port else None, timeout=timeout,
-            shown_ranks=shown_ranks, progress=progress, heartbeat_timeout=heartbeat_timeout,
-            trace_compiles=trace_compiles, keep_record=_keep_record,
-            max_restarts=options.max_attempts - 1)
-    plan = _local_plan(strategy, num_processes, mixed_precision, compile_cache, trace_compiles)
-    runs = _Attempts(function, tuple(args), pass_index, plan, options, shown_ranks,
-                     progress, timeout, heartbeat_timeout)
+            function, tuple(args), pass_index, cluster=options.cluster or "auto",
+            hosts=options.hosts or 1, strategy=options.strategy,
+            num_processes=options.num_processes, mixed_precision=options.mixed_precision,
+            use_port=int(options.use_port) if options.use_port else None,
+            timeout=options.timeout, shown_ranks=shown_ranks, progress=options.progress,
+            heartbeat_timeout=options.heartbeat_timeout,
+            trace_compiles=options.trace_compiles, keep_record=_keep_record,
+            max_restarts=accelerate.max_attempts - 1)
+    plan = _local_plan(options.strategy, options.num_processes, options.mixed_precision,
+                       options.compile_cache, options.trace_compiles)
+    runs = _Attempts(function, tuple(args), pass_index, plan, accelerate, shown_ranks,
+                     options.progress, options.timeout, options.heartbeat_timeout)
     return runs.run()
 
 

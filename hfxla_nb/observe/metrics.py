@@ -89,22 +89,20 @@ def diff(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]
 
 
 @dataclass
-class XlaSummary:
-    """What a stretch of XLA work compiled, executed, transferred and fell back on.
+class XlaCounts:
+    """The figures of a stretch of XLA work that a panel's summary and a launch's per-rank
+    record share (`XlaSummary`, `observe.rank_metrics.RankMetrics`): one set of names.
 
-    Times are in seconds, sizes in bytes. `None` means "not measured" (for example device
-    memory on the CPU, or bytes where torch_xla does not count them). The figures a launch
-    keeps per rank (`observe.rank_metrics.RankMetrics`) have these same names.
+    Times are in seconds, sizes in bytes; None means "not measured" (bytes where torch_xla
+    does not count them).
     """
 
     steps: int | None = None
     compiles: int = 0
-    compile_seconds: float = 0.0
-    max_compile_seconds: float = 0.0
     cached_compiles: int = 0
+    compile_seconds: float = 0.0
     executions: int = 0
     execute_seconds: float = 0.0
-    max_execute_seconds: float = 0.0
     transfers_from_device: int = 0
     transfer_from_device_seconds: float = 0.0
     bytes_from_device: int | None = None
@@ -113,6 +111,18 @@ class XlaSummary:
     bytes_to_device: int | None = None
     item_calls: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class XlaSummary(XlaCounts):
+    """What a stretch of XLA work compiled, executed, transferred and fell back on: the
+    `XlaCounts`, and what a panel needs besides.
+
+    `None` means "not measured" (for example device memory on the CPU).
+    """
+
+    max_compile_seconds: float = 0.0
+    max_execute_seconds: float = 0.0
     memory: dict[str, int] | None = None
     input_shapes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     compiles_after_warmup: int | None = None

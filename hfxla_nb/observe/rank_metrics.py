@@ -11,12 +11,13 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .analyzer import analyze
-from .metrics import XlaSummary
+from .metrics import XlaCounts, XlaSummary
 
 
 @dataclass
-class RankMetrics:
-    """What XLA did for one rank, as of the launch's last metrics snapshot.
+class RankMetrics(XlaCounts):
+    """What XLA did for one rank, as of the launch's last metrics snapshot: its process's
+    `XlaCounts`, and the rank's own figures.
 
     Attributes:
         shared_with: the ranks whose work these counters hold (torch_xla counts per process;
@@ -40,20 +41,6 @@ class RankMetrics:
     """
 
     shared_with: list[int] = field(default_factory=list)
-    steps: int | None = None
-    compiles: int = 0
-    cached_compiles: int = 0
-    compile_seconds: float = 0.0
-    executions: int = 0
-    execute_seconds: float = 0.0
-    transfers_from_device: int = 0
-    transfer_from_device_seconds: float = 0.0
-    bytes_from_device: int | None = None
-    transfers_to_device: int = 0
-    transfer_to_device_seconds: float = 0.0
-    bytes_to_device: int | None = None
-    item_calls: int = 0
-    fallbacks: dict[str, int] = field(default_factory=dict)
     step_times: list[tuple[int, float]] = field(default_factory=list)
     alerts: list[dict[str, str]] = field(default_factory=list)
     largest_graph_bytes: int | None = None
@@ -63,8 +50,8 @@ class RankMetrics:
         return asdict(self)
 
 
-# The figures a rank's metrics copy from its process's summary, under the same names.
-_SHARED = tuple(f.name for f in fields(RankMetrics) if f.name in XlaSummary.__dataclass_fields__)
+# The figures a rank's metrics copy from its process's summary.
+_SHARED = tuple(f.name for f in fields(XlaCounts))
 
 
 def rank_metrics(summary: XlaSummary, ranks: list[int], step_times: list[tuple[int, float]],

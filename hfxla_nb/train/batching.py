@@ -8,8 +8,10 @@ XLA compiles one graph per input shape, so:
 - evaluation batches keep every row: the last batch of a bucket is filled up with copies of a
   real row whose weight is 0, so evaluation never recompiles and metrics are exact.
 
-Each batch travels to the device as one int32 tensor (inputs, labels, weights side by side),
-one host-to-device transfer per step instead of one per input.
+A batch is a set of named arrays (`HostBatch`): the token ids, labels and weights packed side
+by side in one int32 array, and any further per-row arrays of any dtype (pixel values, audio
+features: `Bucket.fields`) packed into one buffer per dtype. The worker uploads them all in
+one call per step (`worker.batch.Batch`).
 """
 
 from __future__ import annotations
@@ -95,12 +97,15 @@ class Bucket:
         labels: `[rows]` int64 class ids, or `[rows, k]` (a label per token, a span's start
             and end): packed after the inputs, `k` columns.
         rows: `[rows]` positions of these rows in the split (to restore the order).
+        fields: further per-row arrays by name, each `[rows, ...]` of any dtype (a model
+            input when its name is in `EncodedData.input_names`, such as `pixel_values`).
     """
 
     length: int
     inputs: np.ndarray
     labels: np.ndarray
     rows: np.ndarray
+    fields: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -246,13 +251,65 @@ def epoch_schedule(
     return [steps[i] for i in rng.permutation(len(steps))]
 
 
-def train_batch(bucket: Bucket, positions: np.ndarray, micro_batches: int) -> np.ndarray:
-    """`[micro_batches, batch, width + k]` int32: inputs side by side, then the `k` label
-    columns."""
+@dataclass(frozen=True)
+class FieldSlot:
+    """Where a named field lies: columns `start:stop` of uploaded array `buffer` (1 is the
+    first buffer after the int32 tokens), each row of shape `shape`."""
+
+    name: str
+    buffer: int
+    start: int
+    stop: int
+    shape: tuple[int, ...]
+
+
+@dataclass
+class HostBatch:
+    """One batch on the host, as it is uploaded.
+
+    Attributes:
+        length: the bucket's padded length.
+        tokens: `[..., rows, columns]` int32: inputs side by side, label columns, and (in
+            evaluation) a weight column.
+        buffers: `[..., rows, columns]` one array per dtype of the bucket's fields.
+        slots: where each field lies in `buffers`.
+    """
+
+    length: int
+    tokens: np.ndarray
+    buffers: list[np.ndarray] = field(default_factory=list)
+    slots: list[FieldSlot] = field(default_factory=list)
+
+
+def host_batch(length: int, tokens: np.ndarray, fields: Mapping[str, np.ndarray],
+               lead: tuple[int, ...]) -> HostBatch:
+    """Packs `fields` (each `[rows, ...]`) into one buffer per dtype, beside `tokens`, every
+    array shaped `[*lead, -1, columns]`."""
+    groups: dict[np.dtype, list[np.ndarray]] = {}
+    slots = []
+    for name, values in fields.items():
+        values = np.asarray(values)
+        flat = values.reshape(len(values), -1)
+        group = groups.setdefault(flat.dtype, [])
+        start = sum(block.shape[1] for block in group)
+        group.append(flat)
+        slots.append(FieldSlot(name, list(groups).index(flat.dtype) + 1, start,
+                               start + flat.shape[1], values.shape[1:]))
+    buffers = [np.concatenate(group, axis=1) for group in groups.values()]
+    return HostBatch(length, tokens.reshape(*lead, -1, tokens.shape[-1]),
+                     [b.reshape(*lead, -1, b.shape[-1]) for b in buffers], slots)
+
+
+def train_batch(bucket: Bucket, positions: np.ndarray, micro_batches: int) -> HostBatch:
+    """Step's batch: tokens `[micro_batches, batch, width + k]` int32 (inputs side by side,
+    then the `k` label columns), the bucket's fields likewise `[micro_batches, batch, ...]`;
+    one micro-batch drops the leading axis."""
     packed = np.concatenate(
         [bucket.inputs[positions], _label_columns(bucket, positions)], axis=1
     )
-    return packed.reshape(micro_batches, len(positions) // micro_batches, -1)
+    lead = (micro_batches,) if micro_batches > 1 else ()
+    fields = {name: values[positions] for name, values in bucket.fields.items()}
+    return host_batch(bucket.length, packed, fields, lead)
 
 
 def eval_batches(split: EncodedSplit, batch_size: int) -> list[tuple[int, np.ndarray, int]]:
@@ -272,9 +329,9 @@ def eval_batches(split: EncodedSplit, batch_size: int) -> list[tuple[int, np.nda
     return batches
 
 
-def eval_batch(bucket: Bucket, positions: np.ndarray, real: int) -> np.ndarray:
-    """`[1, batch, width + k + 1]` int32: inputs, labels, weight (1 for real rows, 0 for
-    filler)."""
+def eval_batch(bucket: Bucket, positions: np.ndarray, real: int) -> HostBatch:
+    """Tokens `[batch, width + k + 1]` int32: inputs, labels, weight (1 for real rows, 0
+    for filler); the bucket's fields `[batch, ...]`."""
     weights = (np.arange(len(positions)) < real).astype(np.int32)
     packed = np.concatenate(
         [
@@ -284,7 +341,8 @@ def eval_batch(bucket: Bucket, positions: np.ndarray, real: int) -> np.ndarray:
         ],
         axis=1,
     )
-    return packed[None]
+    fields = {name: values[positions] for name, values in bucket.fields.items()}
+    return host_batch(bucket.length, packed, fields, ())
 
 
 def _label_columns(bucket: Bucket, positions: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ import dataclasses
 import inspect
 from typing import Any
 
-from ..launch import launch
+from ..launch import LaunchOptions, launch
 from ..launch.notices import show_memory_plan
 from .config import FineTuneConfig
 from .kernel.prepare import prepare_fine_tune
@@ -86,18 +86,10 @@ def fine_tune(
     memory = dataclasses.asdict(plan.memory) if plan.memory is not None else None
     notice = show_memory_plan(plan.memory, progress)  # the plan in the cell before the fork
     try:
-        raw, record = launch(
-            train_worker,
-            args=(plan,),
-            num_processes=config.num_processes,
-            strategy=config.strategy,
-            progress=progress,
-            timeout=config.timeout,
-            trace_compiles=config.trace_compiles,
-            compile_cache=config.compile_cache,
-            cluster=cluster,
-            hosts=hosts,
-        )
+        raw, record = launch(train_worker, (plan,), LaunchOptions.with_defaults(
+            num_processes=config.num_processes, strategy=config.strategy, progress=progress,
+            timeout=config.timeout, trace_compiles=config.trace_compiles,
+            compile_cache=config.compile_cache, cluster=cluster, hosts=hosts))
     finally:
         if notice is not None:
             notice.close()

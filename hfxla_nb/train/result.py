@@ -45,6 +45,8 @@ class FineTuneResult:
         executions_per_step: graph executions per training step after the warm-up.
         transfers_per_step: device-to-host transfers per training step after the warm-up
             (the loss fetch once per logging interval).
+        uploads_per_step: host-to-device transfers per training step after the warm-up (the
+            batch, every field of it in one transfer).
         label_names: class names, in the order of the model's outputs.
         strategy, devices, precision: how it ran.
         bucket_lengths: the padded sequence lengths used.
@@ -112,6 +114,7 @@ class FineTuneResult:
     shows_labels: bool | None = None
     generates: bool | None = None
     predict_example: str | None = None
+    uploads_per_step: float | None = None
 
     def __post_init__(self) -> None:
         task = TASKS.get(self.task)
@@ -145,8 +148,8 @@ class FineTuneResult:
             name: getattr(self, name) for name in (
                 "steps", "epochs", "samples_per_second", "samples_per_second_overall",
                 "train_seconds", "eval_seconds", "launch_seconds", "compiles", "eval_compiles",
-                "executions_per_step", "transfers_per_step", "devices", "strategy",
-                "precision", "batch_size", "chance_accuracy")
+                "executions_per_step", "transfers_per_step", "uploads_per_step", "devices",
+                "strategy", "precision", "batch_size", "chance_accuracy")
         }
         row["final_loss"] = self.final_loss
         row["learned"] = not self.warnings

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import numpy as np
+
 from .. import lora
 from ..config import FineTuneConfig, FineTuneError
 from ..memory_plan import MemoryPlan, MemoryPlanError, plan_memory
@@ -163,4 +165,7 @@ def digest(split) -> str:
     for bucket in split.buckets:
         digest.update(bucket.inputs.tobytes())
         digest.update(bucket.labels.tobytes())
+        for name, values in sorted(bucket.fields.items()):
+            digest.update(name.encode())
+            digest.update(np.ascontiguousarray(values).tobytes())
     return digest.hexdigest()[:16]

@@ -2,9 +2,12 @@
 module of this package (`classification.py` is the smallest); tasks are found by name in
 `registry.TASKS`.
 
-A batch `x` is one packed int32 tensor: the inputs side by side (`ctx.inputs(x, length)`
-splits them), then the label columns (one for a class id, `length` for a label per token,
-two for a span), then (evaluation) a weight column (0 for filler rows).
+A batch (`worker.batch.Batch`) is a set of named tensors: `batch.tokens`, one int32 tensor
+holding the token inputs side by side, then the label columns (one for a class id, `length`
+for a label per token, two for a span), then (evaluation) a weight column (`batch.weights`, 0
+for filler rows); and fields of any dtype by name (`batch["pixel_values"]`) from
+`Bucket.fields`. `batch.inputs()` gives the model inputs by name. Every tensor of a batch is
+uploaded in one transfer.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ if TYPE_CHECKING:
     from ..config import FineTuneConfig
     from ..kernel.preparation import Prepared, Splits, TaskContext
     from ..predict import PredictContext
+    from ..worker.batch import Batch
     from ..worker.context import WorkerContext
 
 __all__ = ["TASKS", "Task", "register_task"]
@@ -34,21 +38,22 @@ class Task:
         prepare(splits, config, context) -> Prepared: read and check the picked splits
             (`kernel.preparation.Splits`, none empty; refusing with `FineTuneError` and what
             to do), tokenize them into fixed-shape buckets (`batching.Bucket`; labels of any
-            width per row), keep what the host needs later (offsets, word ids, answers) in
-            `EncodedData.host`; return them with the `from_pretrained` arguments, and the
-            LoRA settings and memory plan where the task has them (`steps.lora_and_memory`).
+            width per row, further inputs of any dtype in `Bucket.fields`), keep what the
+            host needs later (offsets, word ids, answers) in `EncodedData.host`; return them
+            with the `from_pretrained` arguments, and the LoRA settings and memory plan where
+            the task has them (`steps.lora_and_memory`).
             `prepare_fine_tune` builds the plan from it.
         prepare_predict(inputs, context, max_length) -> EncodedData: the same for `predict`'s
             inputs (labels unknown: zeros).
         prediction_table(predictions) -> (rows, columns): `Predictions.to_dataframe`'s table.
 
     Worker side (`ctx` is the worker's `worker.context.WorkerContext`: `ctx.plan`,
-    `ctx.model`, `ctx.mesh`, `ctx.inputs(x, length)`, `ctx.logits(x, length)`,
+    `ctx.model`, `ctx.mesh`, `ctx.logits(batch)`,
     `ctx.autocast()`; a hook imports torch itself and calls `hfxla_nb._xla` for XLA's own
     operations):
-        train_loss(ctx, x, length) -> scalar tensor.
-        eval_outputs(ctx, x, length) -> tensors kept on the device for one fetch at the end
-            (filler rows have weight `x[:, -1] == 0`).
+        train_loss(ctx, batch) -> scalar tensor.
+        eval_outputs(ctx, batch) -> tensors kept on the device for one fetch at the end
+            (filler rows have `batch.weights == 0`).
         eval_metrics(ctx, batches, fetched) -> {"eval_...": float}; `fetched` holds each
             batch's `eval_outputs`, in order, on the host.
         decode(data, batches, fetched) -> one plain-Python prediction per input row (or
@@ -105,11 +110,10 @@ class Task:
                         max_length: int | None) -> EncodedData:
         raise NotImplementedError(f"predict is not available for task {self.name!r} yet.")
 
-    def train_loss(self, ctx: WorkerContext, x: torch.Tensor, length: int) -> torch.Tensor:
+    def train_loss(self, ctx: WorkerContext, batch: Batch) -> torch.Tensor:
         raise NotImplementedError
 
-    def eval_outputs(self, ctx: WorkerContext, x: torch.Tensor,
-                     length: int) -> list[torch.Tensor]:
+    def eval_outputs(self, ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]:
         raise NotImplementedError
 
     def eval_metrics(self, ctx: WorkerContext, batches: list,

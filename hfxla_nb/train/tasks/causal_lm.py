@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ..config import FineTuneConfig
     from ..kernel.preparation import Prepared, Splits, TaskContext
     from ..predict import PredictContext
+    from ..worker.batch import Batch
     from ..worker.context import WorkerContext
 
 
@@ -50,9 +51,9 @@ class CausalLM(Task):
         LoRA settings and the memory plan (`sharding="auto"`, `lora="auto"`)."""
         return causal_lm_data.prepare(splits, config, context)
 
-    def _output(self, ctx: WorkerContext, x: torch.Tensor, length: int,
+    def _output(self, ctx: WorkerContext, batch: Batch,
                 with_labels: bool) -> tuple[Any, torch.Tensor]:
-        inputs = ctx.inputs(x, length)
+        inputs = batch.inputs()
         labels = inputs.pop("labels").long()
         with ctx.autocast():
             # No key/value cache while training: nothing reads it, and a layer recomputed by
@@ -60,8 +61,8 @@ class CausalLM(Task):
             output = ctx.model(**inputs, labels=labels if with_labels else None, use_cache=False)
         return output, labels
 
-    def train_loss(self, ctx: WorkerContext, x: torch.Tensor, length: int) -> torch.Tensor:
-        output, _ = self._output(ctx, x, length, with_labels=True)
+    def train_loss(self, ctx: WorkerContext, batch: Batch) -> torch.Tensor:
+        output, _ = self._output(ctx, batch, with_labels=True)
         return output.loss.float()
 
     def prepare_predict(self, inputs: list[Any], context: PredictContext,
@@ -77,24 +78,23 @@ class CausalLM(Task):
 
         return decode(data, batches, fetched, self.per_batch)
 
-    def eval_outputs(self, ctx: WorkerContext, x: torch.Tensor,
-                     length: int) -> list[torch.Tensor]:
+    def eval_outputs(self, ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]:
         import torch
 
         from .causal_lm_predict import GenerationData, generate_on_device
 
         data = ctx.plan.data
         if isinstance(data, GenerationData):  # predict: generated tokens (and last positions)
-            tokens, positions = generate_on_device(ctx, x, length, data.max_new_tokens)
+            tokens, positions = generate_on_device(ctx, batch, data.max_new_tokens)
             return [tokens, positions]
-        output, labels = self._output(ctx, x, length, with_labels=False)
+        output, labels = self._output(ctx, batch, with_labels=False)
         logits = output.logits.float()[:, :-1]
         targets = labels[:, 1:]
         losses = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
             reduction="none",
         ).view(targets.shape)
-        weights = (targets != -100).float() * x[:, -1].float()[:, None]
+        weights = (targets != -100).float() * batch.weights.float()[:, None]
         return [(losses * weights).sum(-1), weights.sum(-1)]
 
     def eval_metrics(self, ctx: WorkerContext, batches: list, fetched: list) -> dict[str, float]:

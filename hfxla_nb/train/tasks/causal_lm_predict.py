@@ -29,6 +29,7 @@ from ..worker.generation import decoded_texts
 if TYPE_CHECKING:
     import torch
 
+    from ..worker.batch import Batch
     from ..worker.context import WorkerContext
 
 #: New tokens per prompt when `predict` is not told.
@@ -82,7 +83,7 @@ def prepare(inputs: list[Any], context: Any, max_length: int | None) -> Generati
                           host=tokenizer, max_new_tokens=int(new))
 
 
-def generate_on_device(ctx: WorkerContext, x: torch.Tensor, length: int,
+def generate_on_device(ctx: WorkerContext, batch: Batch,
                        new: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`[rows, new]` greedy tokens of a batch of left-padded prompts, on the device, and the
     last positions (already computed: returning them costs no graph)."""
@@ -90,13 +91,13 @@ def generate_on_device(ctx: WorkerContext, x: torch.Tensor, length: int,
     from transformers import StaticCache
 
     model, mesh = ctx.model, ctx.mesh
-    inputs = ctx.inputs(x, length)
+    inputs = batch.inputs()
     ids, mask = inputs["input_ids"].long(), inputs["attention_mask"].long()
     device = ids.device
     full = torch.cat([mask, torch.ones(mask.shape[0], new, dtype=mask.dtype, device=device)],
                      dim=1)  # the new tokens: attended to once written (the cache is causal)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = StaticCache(config=model.config, max_cache_len=length + new)
+    cache = StaticCache(config=model.config, max_cache_len=batch.length + new)
     # transformers 5 renames `past_key_values` to `cache`; take whichever this version has.
     name = ("cache" if "cache" in inspect.signature(model.forward).parameters
             else "past_key_values")
@@ -108,8 +109,8 @@ def generate_on_device(ctx: WorkerContext, x: torch.Tensor, length: int,
         _xla.sync()
 
     with ctx.autocast():
-        output = model(input_ids=ids, attention_mask=full[:, :length], position_ids=positions,
-                       cache_position=torch.arange(length, device=device), use_cache=True,
+        output = model(input_ids=ids, attention_mask=full[:, :batch.length], position_ids=positions,
+                       cache_position=torch.arange(batch.length, device=device), use_cache=True,
                        **{name: cache})
     token = output.logits[:, -1].argmax(-1, keepdim=True)
     position = positions[:, -1:]
@@ -119,7 +120,7 @@ def generate_on_device(ctx: WorkerContext, x: torch.Tensor, length: int,
     sync(token, position, tokens, full)
     for step in range(1, new):
         position = position + 1
-        where = torch.tensor([length + step - 1], device=device)  # data: no recompile
+        where = torch.tensor([batch.length + step - 1], device=device)  # data: no recompile
         with ctx.autocast():
             output = model(input_ids=token, attention_mask=full, position_ids=position,
                            cache_position=where, use_cache=True, **{name: cache})

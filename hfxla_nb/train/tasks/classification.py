@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ..config import FineTuneConfig
     from ..kernel.preparation import Prepared, Splits, TaskContext
     from ..predict import PredictContext
+    from ..worker.batch import Batch
     from ..worker.context import WorkerContext
 
 
@@ -32,21 +33,21 @@ class Classification(Task):
     title = "classification"
     shows_labels = True
 
-    def train_loss(self, ctx: WorkerContext, x: torch.Tensor, length: int) -> torch.Tensor:
+    def train_loss(self, ctx: WorkerContext, batch: Batch) -> torch.Tensor:
         import torch
 
-        logits = ctx.logits(x, length)
-        return torch.nn.functional.cross_entropy(logits, x[:, -1].long())
+        logits = ctx.logits(batch)
+        return torch.nn.functional.cross_entropy(logits, batch.tokens[:, -1].long())
 
     outputs_per_batch = 3
 
-    def eval_outputs(self, ctx: WorkerContext, x: torch.Tensor,
-                     length: int) -> list[torch.Tensor]:
+    def eval_outputs(self, ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]:
         import torch
 
-        logits = ctx.logits(x, length)
-        weights = x[:, -1].float()
-        losses = torch.nn.functional.cross_entropy(logits, x[:, -2].long(), reduction="none")
+        logits = ctx.logits(batch)
+        weights = batch.weights.float()
+        labels = batch.tokens[:, -2].long()
+        losses = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
         # Filler rows weigh 0; `where` keeps a NaN of a filler row out of the sum.
         losses = torch.where(weights > 0, losses, torch.zeros_like(losses))
         return [logits.argmax(-1), losses, torch.softmax(logits, dim=-1)]

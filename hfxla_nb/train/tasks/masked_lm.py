@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..config import FineTuneConfig
     from ..kernel.preparation import Splits, TaskContext
     from ..predict import PredictContext
+    from ..worker.batch import Batch
     from ..worker.context import WorkerContext
 
 MASK_SHARE = 0.15
@@ -128,18 +129,18 @@ class MaskedLM(Task):
                 for m, candidates in enumerate(item["masks"]) for candidate in candidates]
         return rows, ["input", "mask", "score", "token", "token_str", "sequence"]
 
-    def _losses(self, ctx: WorkerContext, x: torch.Tensor, length: int,
+    def _losses(self, ctx: WorkerContext, batch: Batch,
                 labels: torch.Tensor) -> torch.Tensor:
         import torch
 
-        logits = ctx.logits(x, length)
+        logits = ctx.logits(batch)
         return torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE,
             reduction="none").view(labels.shape)
 
-    def train_loss(self, ctx: WorkerContext, x: torch.Tensor, length: int) -> torch.Tensor:
-        labels = x[:, -length:].long()
-        losses = self._losses(ctx, x, length, labels)
+    def train_loss(self, ctx: WorkerContext, batch: Batch) -> torch.Tensor:
+        labels = batch.tokens[:, -batch.length:].long()
+        losses = self._losses(ctx, batch, labels)
         counted = (labels != IGNORE).float()
         return (losses * counted).sum() / counted.sum().clamp(min=1.0)
 
@@ -156,16 +157,15 @@ class MaskedLM(Task):
 
         return decode(data, batches, fetched, self.per_batch)
 
-    def eval_outputs(self, ctx: WorkerContext, x: torch.Tensor,
-                     length: int) -> list[torch.Tensor]:
+    def eval_outputs(self, ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]:
         top_k = getattr(ctx.plan.data, "top_k", None)
         if top_k is not None:  # predict: each position's top tokens and their probabilities
             from .masked_lm_predict import top_tokens
 
-            return top_tokens(ctx, x, length, top_k)
-        labels = x[:, -length - 1:-1].long()
-        counted = (labels != IGNORE).float() * x[:, -1].float()[:, None]
-        losses = self._losses(ctx, x, length, labels)
+            return top_tokens(ctx, batch, top_k)
+        labels = batch.tokens[:, -batch.length - 1:-1].long()
+        counted = (labels != IGNORE).float() * batch.weights.float()[:, None]
+        losses = self._losses(ctx, batch, labels)
         return [(losses * counted).sum(-1), counted.sum(-1)]
 
     def eval_metrics(self, ctx: WorkerContext, batches: list, fetched: list) -> dict[str, float]:

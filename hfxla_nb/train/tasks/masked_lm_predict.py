@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..predict import PredictContext
+    from ..worker.batch import Batch
     from ..worker.context import WorkerContext
 
 #: Candidates per mask when `predict` is not told (the fill-mask pipeline's default).
@@ -108,13 +109,13 @@ def prepare(inputs: list[Any], context: PredictContext, max_length: int | None) 
                         host={"eval": rows}, top_k=top_k)
 
 
-def top_tokens(ctx: WorkerContext, x: torch.Tensor, length: int,
+def top_tokens(ctx: WorkerContext, batch: Batch,
                top_k: int) -> list[torch.Tensor]:
     """`[rows, length, top_k]` probabilities and token ids of every position (the host reads
     the mask positions): softmax over the vocabulary and `topk` in the graph."""
     import torch
 
-    probabilities = torch.softmax(ctx.logits(x, length), dim=-1)
+    probabilities = torch.softmax(ctx.logits(batch), dim=-1)
     scores, tokens = probabilities.topk(top_k, dim=-1)
     return [scores, tokens.int()]
 

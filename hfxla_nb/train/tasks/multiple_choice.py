@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ..config import FineTuneConfig
     from ..kernel.preparation import Splits, TaskContext
     from ..predict import PredictContext
+    from ..worker.batch import Batch
     from ..worker.context import WorkerContext
 
 ENDING = re.compile(r"^ending(\d+)$")
@@ -272,27 +273,28 @@ class MultipleChoice(Task):
 
     # -- worker side -----------------------------------------------------------------------
 
-    def _logits(self, ctx: WorkerContext, x: torch.Tensor, length: int) -> torch.Tensor:
+    def _logits(self, ctx: WorkerContext, batch: Batch) -> torch.Tensor:
         choices = len(ctx.plan.data.label_names)
+        length = batch.length
         width = choices * length
-        inputs = {name: x[:, k * width:(k + 1) * width].reshape(-1, choices, length)
+        inputs = {name: batch.tokens[:, k * width:(k + 1) * width].reshape(-1, choices, length)
                   for k, name in enumerate(ctx.plan.data.input_names)}
         with ctx.autocast():
             return ctx.model(**inputs).logits.float()  # [rows, choices]
 
-    def train_loss(self, ctx: WorkerContext, x: torch.Tensor, length: int) -> torch.Tensor:
+    def train_loss(self, ctx: WorkerContext, batch: Batch) -> torch.Tensor:
         import torch
 
-        logits = self._logits(ctx, x, length)
-        return torch.nn.functional.cross_entropy(logits, x[:, -1].long())
+        logits = self._logits(ctx, batch)
+        return torch.nn.functional.cross_entropy(logits, batch.tokens[:, -1].long())
 
-    def eval_outputs(self, ctx: WorkerContext, x: torch.Tensor,
-                     length: int) -> list[torch.Tensor]:
+    def eval_outputs(self, ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]:
         import torch
 
-        logits = self._logits(ctx, x, length)
-        weights = x[:, -1].float()
-        losses = torch.nn.functional.cross_entropy(logits, x[:, -2].long(), reduction="none")
+        logits = self._logits(ctx, batch)
+        weights = batch.weights.float()
+        labels = batch.tokens[:, -2].long()
+        losses = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
         losses = torch.where(weights > 0, losses, torch.zeros_like(losses))
         return [torch.softmax(logits, dim=-1), losses]
 

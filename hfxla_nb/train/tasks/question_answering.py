@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from ..config import FineTuneConfig
     from ..kernel.preparation import Splits, TaskContext
     from ..predict import PredictContext
+    from ..worker.batch import Batch
     from ..worker.context import WorkerContext
 
 N_BEST = 20
@@ -256,28 +257,27 @@ class QuestionAnswering(Task):
 
     # -- worker side -----------------------------------------------------------------------
 
-    def _logits(self, ctx: WorkerContext, x: torch.Tensor,
-                length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _logits(self, ctx: WorkerContext, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         with ctx.autocast():
-            output = ctx.model(**ctx.inputs(x, length))
+            output = ctx.model(**batch.inputs())
         return output.start_logits.float(), output.end_logits.float()
 
-    def train_loss(self, ctx: WorkerContext, x: torch.Tensor, length: int) -> torch.Tensor:
+    def train_loss(self, ctx: WorkerContext, batch: Batch) -> torch.Tensor:
         import torch
 
         cross_entropy = torch.nn.functional.cross_entropy
-        start, end = self._logits(ctx, x, length)
-        return (cross_entropy(start, x[:, -2].long()) + cross_entropy(end, x[:, -1].long())) / 2
+        start, end = self._logits(ctx, batch)
+        starts, ends = batch.tokens[:, -2].long(), batch.tokens[:, -1].long()
+        return (cross_entropy(start, starts) + cross_entropy(end, ends)) / 2
 
-    def eval_outputs(self, ctx: WorkerContext, x: torch.Tensor,
-                     length: int) -> list[torch.Tensor]:
+    def eval_outputs(self, ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]:
         import torch
 
         cross_entropy = torch.nn.functional.cross_entropy
-        start, end = self._logits(ctx, x, length)
-        weights = x[:, -1].float()
-        losses = (cross_entropy(start, x[:, -3].long(), reduction="none")
-                  + cross_entropy(end, x[:, -2].long(), reduction="none")) / 2
+        start, end = self._logits(ctx, batch)
+        weights = batch.weights.float()
+        losses = (cross_entropy(start, batch.tokens[:, -3].long(), reduction="none")
+                  + cross_entropy(end, batch.tokens[:, -2].long(), reduction="none")) / 2
         losses = torch.where(weights > 0, losses, torch.zeros_like(losses))
         return [start, end, losses]
 

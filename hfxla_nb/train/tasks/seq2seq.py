@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from ..batching import EncodedData
     from ..kernel.preparation import Splits, TaskContext
     from ..predict import PredictContext
+    from ..worker.batch import Batch
     from ..worker.context import WorkerContext
 
 #: The config attribute (saved with the model) that keeps the prefix and target length.
@@ -142,13 +143,14 @@ class Seq2Seq(Task):
 
     # -- worker side ---------------------------------------------------------------------------
 
-    def _parts(self, ctx: WorkerContext, x: torch.Tensor, length: int):
+    def _parts(self, ctx: WorkerContext, batch: Batch):
         width = ctx.plan.data.target_length
+        x, length = batch.tokens, batch.length  # [input_ids | attention_mask | labels]
         labels = x[:, 2 * length:2 * length + width].long()
         return x[:, :length], x[:, length:2 * length], labels
 
-    def _forward(self, ctx: WorkerContext, x: torch.Tensor, length: int, labels: bool = True):
-        input_ids, mask, targets = self._parts(ctx, x, length)
+    def _forward(self, ctx: WorkerContext, batch: Batch, labels: bool = True):
+        input_ids, mask, targets = self._parts(ctx, batch)
         with ctx.autocast():
             # The model makes the decoder inputs from the labels (shifted right, -100 turned
             # into padding, its decoder start token first), as in Hugging Face's notebooks.
@@ -156,19 +158,18 @@ class Seq2Seq(Task):
                                use_cache=False)
         return output, input_ids, mask, targets
 
-    def train_loss(self, ctx: WorkerContext, x: torch.Tensor, length: int) -> torch.Tensor:
-        return self._forward(ctx, x, length)[0].loss.float()
+    def train_loss(self, ctx: WorkerContext, batch: Batch) -> torch.Tensor:
+        return self._forward(ctx, batch)[0].loss.float()
 
-    def eval_outputs(self, ctx: WorkerContext, x: torch.Tensor,
-                     length: int) -> list[torch.Tensor]:
+    def eval_outputs(self, ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]:
         import torch
 
-        output, input_ids, mask, targets = self._forward(ctx, x, length)
+        output, input_ids, mask, targets = self._forward(ctx, batch)
         logits = output.logits.float()
         losses = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
             reduction="none").view(targets.shape)
-        weights = (targets != -100).float() * x[:, -1].float()[:, None]
+        weights = (targets != -100).float() * batch.weights.float()[:, None]
         sums, counts = (losses * weights).sum(-1), weights.sum(-1)
 
         first = [sums, counts]

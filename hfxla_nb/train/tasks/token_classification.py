@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from ..config import FineTuneConfig
     from ..kernel.preparation import Prepared, Splits, TaskContext
     from ..predict import PredictContext
+    from ..worker.batch import Batch
     from ..worker.context import WorkerContext
 
 
@@ -77,21 +78,20 @@ class TokenClassification(Task):
 
     # -- worker side -----------------------------------------------------------------------
 
-    def train_loss(self, ctx: WorkerContext, x: torch.Tensor, length: int) -> torch.Tensor:
+    def train_loss(self, ctx: WorkerContext, batch: Batch) -> torch.Tensor:
         import torch
 
-        logits = ctx.logits(x, length)
-        labels = x[:, -length:].long()
+        logits = ctx.logits(batch)
+        labels = batch.tokens[:, -batch.length:].long()
         return torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE)
 
-    def eval_outputs(self, ctx: WorkerContext, x: torch.Tensor,
-                     length: int) -> list[torch.Tensor]:
+    def eval_outputs(self, ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]:
         import torch
 
-        logits = ctx.logits(x, length)
-        labels = x[:, -length - 1:-1].long()
-        weights = x[:, -1].float()
+        logits = ctx.logits(batch)
+        labels = batch.tokens[:, -batch.length - 1:-1].long()
+        weights = batch.weights.float()
         losses = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE,
             reduction="none").view(labels.shape)

@@ -2,7 +2,8 @@
 
 Built once per launched worker by `WorkerContext.load` (training and `predict` alike): the
 plan, the task, where the worker runs (device, mesh, rank), the model on the device, and the
-few operations a task needs on a batch (`upload`, `inputs`, `logits`, `autocast`).
+few operations a task needs on a batch (`upload`, `logits`, `autocast`; the batch itself,
+`worker.batch.Batch`, names its inputs).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from ... import _xla
 from .. import lora
 from ..plan import TrainPlan, resolve_precision
 from ..tasks.registry import TASKS
+from .batch import Batch
 
 if TYPE_CHECKING:
     import torch
 
-    from ..batching import EncodedData, EncodedSplit
+    from ..batching import EncodedData, EncodedSplit, HostBatch
 
 
 class WorkerTask(Protocol):
@@ -31,11 +33,9 @@ class WorkerTask(Protocol):
     auto_class: str
     eval_ahead: bool
 
-    def train_loss(self, ctx: WorkerContext, x: torch.Tensor,
-                   length: int) -> torch.Tensor: ...
+    def train_loss(self, ctx: WorkerContext, batch: Batch) -> torch.Tensor: ...
 
-    def eval_outputs(self, ctx: WorkerContext, x: torch.Tensor,
-                     length: int) -> list[torch.Tensor]: ...
+    def eval_outputs(self, ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]: ...
 
     def eval_metrics(self, ctx: WorkerContext, batches: list,
                      fetched: list) -> dict[str, float]: ...
@@ -139,22 +139,19 @@ class WorkerContext:
 
     # -- the batches ---------------------------------------------------------------------------
 
-    def upload(self, array: np.ndarray) -> torch.Tensor:
-        """A `[..., rows, columns]` batch on the device; under SPMD, the rows split over the
-        mesh's batch axis."""
+    def upload(self, host: HostBatch) -> Batch:
+        """A batch on the device, every buffer in one transfer; under SPMD, the rows split
+        over the mesh's batch axis."""
         import torch
 
-        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        tensors = [torch.from_numpy(np.ascontiguousarray(array))
+                   for array in (host.tokens, *host.buffers)]
         if self.spmd:
-            spec = (None,) * (tensor.dim() - 2) + (self.axis, None)
-            return _xla.send_to_device(tensor, self.device, self.mesh, spec)
-        return _xla.send_to_device(tensor, self.device)
-
-    def inputs(self, x: torch.Tensor, length: int) -> dict[str, torch.Tensor]:
-        """The model inputs of batch `x` by name (`plan.data.input_names`), each
-        `[rows, length]`: slices of the uploaded tensor, traced into the step's graph."""
-        names = self.plan.data.input_names
-        return {name: x[:, k * length:(k + 1) * length] for k, name in enumerate(names)}
+            spec = (None,) * (tensors[0].dim() - 2) + (self.axis, None)
+            uploaded = _xla.send_to_device(tensors, self.device, self.mesh, spec)
+        else:
+            uploaded = _xla.send_to_device(tensors, self.device)
+        return Batch(host.length, uploaded, host.slots, self.plan.data.input_names)
 
     def autocast(self) -> AbstractContextManager:
         """bfloat16 autocast on XLA when the run's precision is "bf16"; else nothing."""
@@ -164,10 +161,10 @@ class WorkerContext:
             return torch.autocast("xla", dtype=torch.bfloat16)
         return nullcontext()
 
-    def logits(self, x: torch.Tensor, length: int) -> torch.Tensor:
-        """The model's float32 logits on batch `x`'s inputs (under `autocast`)."""
+    def logits(self, batch: Batch) -> torch.Tensor:
+        """The model's float32 logits on the batch's inputs (under `autocast`)."""
         with self.autocast():
-            output = self.model(**self.inputs(x, length))
+            output = self.model(**batch.inputs())
         return output.logits.float()
 
     def replicate(self, tensors: list[torch.Tensor]) -> None:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..batching import EncodedSplit
+    from .batch import Batch
     from .context import WorkerContext
 
 
@@ -48,11 +49,11 @@ def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None) -> tuple[lis
             bucket = split.buckets[bucket_index]
             # Uploaded as [rows, columns]: a `[0]` on the device would be a view the sync
             # returns too, one more output (a copy of the batch) in the evaluation graph.
-            x = ctx.upload(batching.eval_batch(bucket, positions, real)[0])
+            batch = ctx.upload(batching.eval_batch(bucket, positions, real))
             if ahead is not None and bucket_index in ahead.graphs:
-                outputs += ahead.run_batch(bucket_index, x)  # compiled while training ran
+                outputs += ahead.run_batch(bucket_index, batch)  # compiled while training ran
             else:
-                outputs += traced_outputs(ctx, x, bucket.length)
+                outputs += traced_outputs(ctx, batch)
                 _xla.sync()
             now = time.monotonic()
             if i + 1 == len(batches) or now - last_sent >= 0.2:
@@ -65,10 +66,10 @@ def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None) -> tuple[lis
     return batches, fetched
 
 
-def traced_outputs(ctx: WorkerContext, x: torch.Tensor, length: int) -> list[torch.Tensor]:
-    """The task's evaluation outputs of batch `x` (traced, not run), replicated over the mesh
+def traced_outputs(ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]:
+    """The task's evaluation outputs of `batch` (traced, not run), replicated over the mesh
     under SPMD: gathered in the graph, as fetching sharded results would compile per tensor."""
-    tensors = ctx.task.eval_outputs(ctx, x, length)
+    tensors = ctx.task.eval_outputs(ctx, batch)
     ctx.replicate(tensors)
     return tensors
 
@@ -90,7 +91,7 @@ class EvalAhead:
 
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
-        self.graphs: dict[int, tuple[bytes, list]] = {}  # bucket -> (key, inputs)
+        self.graphs: dict[int, tuple[bytes, list]] = {}  # bucket -> (key, slots)
         self.error: BaseException | None = None
         self._compiled: list[int] = []
         self._threads: list[threading.Thread] = []
@@ -125,18 +126,18 @@ class EvalAhead:
             with torch.no_grad():
                 for bucket_index, positions, real in first.values():
                     bucket = split.buckets[bucket_index]
-                    x = ctx.upload(batching.eval_batch(bucket, positions, real)[0])
-                    traced.append((bucket_index, x, traced_outputs(ctx, x, bucket.length)))
+                    batch = ctx.upload(batching.eval_batch(bucket, positions, real))
+                    traced.append((bucket_index, batch, traced_outputs(ctx, batch)))
         finally:
             ctx.model.train()
         lookups = _xla.graph_lookups()
         try:
-            for bucket_index, x, outputs in traced:
-                key, ids, inputs = _xla.graph_inputs(outputs, [*weights.values(), x])
-                x_id = _xla.tensor_id(x)
-                # The batch's slot is None; weights are read when run (they change); any
-                # other input is a constant of the traced graph, which holds its value.
-                slots = [None if i == x_id else weights.get(i, tensor)
+            for bucket_index, batch, outputs in traced:
+                key, ids, inputs = _xla.graph_inputs(outputs, [*weights.values(), *batch.tensors])
+                batch_slots = {_xla.tensor_id(t): k for k, t in enumerate(batch.tensors)}
+                # A batch tensor's slot is its index; weights are read when run (they change);
+                # any other input is a constant of the traced graph, which holds its value.
+                slots = [batch_slots[i] if i in batch_slots else weights.get(i, tensor)
                          for i, tensor in zip(ids, inputs, strict=True)]
                 thread = threading.Thread(target=self._compile, args=(outputs,),
                                           name="hfxla_nb-eval-compile", daemon=True)
@@ -167,11 +168,12 @@ class EvalAhead:
             self.graphs.clear()
         return len(self._compiled)
 
-    def run_batch(self, bucket_index: int, x: torch.Tensor) -> list[torch.Tensor]:
-        """The evaluation outputs of batch `x` of bucket `bucket_index`, on the current
+    def run_batch(self, bucket_index: int, batch: Batch) -> list[torch.Tensor]:
+        """The evaluation outputs of `batch` of bucket `bucket_index`, on the current
         weights, by the graph compiled ahead."""
         key, slots = self.graphs[bucket_index]
-        return _xla.run_compiled(key, [x if slot is None else slot for slot in slots])
+        return _xla.run_compiled(key, [batch.tensors[slot] if isinstance(slot, int) else slot
+                                       for slot in slots])
 
 
 def chance_accuracy(split: EncodedSplit | None) -> float | None:

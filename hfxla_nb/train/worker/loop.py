@@ -240,9 +240,9 @@ class TrainingLoop:
         _xla.add_step_closure(fetcher.close, (pending_log,))
         return steady
 
-    def batch(self, step: int) -> tuple[batching.Bucket, np.ndarray]:
+    def batch(self, step: int) -> tuple[batching.Bucket, batching.HostBatch]:
         """Step `step`'s bucket and this replica's rows of it, packed
-        (`[micro-batches, rows, columns]`)."""
+        (`[micro-batches, rows, columns]`; one micro-batch: `[rows, columns]`)."""
         plan = self.plan
         epoch, k = divmod(step, plan.steps_per_epoch)
         if epoch not in self._schedules:
@@ -262,12 +262,12 @@ class TrainingLoop:
         running loss), not run yet; returns its bucket, its batch and its learning rate."""
         ctx = self.ctx
         micro = self.plan.gradient_accumulation_steps
-        bucket, packed = self.batch(step)
-        # One micro-batch: uploaded as [rows, columns], no slicing op traced per step.
-        x = ctx.upload(packed[0] if micro == 1 else packed)
+        bucket, host = self.batch(step)
+        # One micro-batch is uploaded as [rows, columns]: no slicing op traced per step.
+        batch = ctx.upload(host)
         step_loss = None
         for m in range(micro):
-            loss = ctx.task.train_loss(ctx, x if micro == 1 else x[m], bucket.length)
+            loss = ctx.task.train_loss(ctx, batch if micro == 1 else batch.micro(m))
             scaled = loss / micro if micro > 1 else loss  # fewer ops to trace per step
             scaled.backward()
             detached = scaled.detach()
@@ -283,7 +283,7 @@ class TrainingLoop:
         for parameter in parameters:  # zero_grad(set_to_none=True), minus its wrapper
             parameter.grad = None
         self.loss_total = self.loss_total + step_loss
-        return bucket, x, lr
+        return bucket, batch.tensors[0], lr  # as uploaded: the panel reads its shape
 
     def log(self, step: int, loss_total: torch.Tensor, lr: float) -> None:
         """Records logging point `step`: the mean loss since the previous one.
@@ -308,7 +308,7 @@ class TrainingLoop:
         (checkpoint writing excluded); None when the run was too short to have any."""
         if steady is None:
             return {"samples_per_second": None, "executions_per_step": None,
-                    "transfers_per_step": None}
+                    "transfers_per_step": None, "uploads_per_step": None}
         steady_counts, steady_time, steady_steps = steady
         elapsed = train_end - steady_time - self._checkpoint_time_after(steady_time)
         delta = {k: counts_end[k] - steady_counts[k] - self._checkpoint_counts_after(k)
@@ -317,6 +317,7 @@ class TrainingLoop:
             "samples_per_second": steady_steps * self.plan.rows_per_step / max(elapsed, 1e-9),
             "executions_per_step": sum(delta[k] for k in EXECUTE) / steady_steps,
             "transfers_per_step": delta[_xla.TRANSFER_FROM_DEVICE_TIME] / steady_steps,
+            "uploads_per_step": delta[_xla.TRANSFER_TO_DEVICE_TIME] / steady_steps,
         }
 
     def _described(self) -> dict[str, Any]:
