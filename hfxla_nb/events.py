@@ -42,7 +42,11 @@ class Started(Event):
 @dataclass(frozen=True)
 class Progress(Event):
     """`step` of `total` done; `values` are plain floats (loss, lr, ...); `samples` counts the
-    samples seen so far; `label` names the bar ("train", a tqdm description, ...)."""
+    samples seen so far; `label` names the bar ("train", a tqdm description, ...).
+
+    `late` marks values fetched for an earlier step and sent later (the training loop's loss,
+    read on the fetcher's thread): they are not progress, so the bar keeps the values and
+    moves neither its step nor its clock (`observe.bars.advance`)."""
 
     step: int
     total: int | None
@@ -50,6 +54,7 @@ class Progress(Event):
     samples: int | None = None
     label: str = "train"
     time: float = field(default_factory=time.time)
+    late: bool = False
 
 
 @dataclass(frozen=True)

@@ -126,8 +126,9 @@ def test_status_is_the_launch_and_a_finished_bar_gives_overall_rates():
     _, final = run(range(1, 61), dt=0.1)
     assert text.status_line(final) == "✔ launch finished in 9.0 s"
     (final_bar,) = final.bars
+    # Once ended, the mean over the steps after the warm-up: what fine_tune's result counts.
     assert text.timing_parts(final_bar) == ["6.0 s elapsed",
-                                           "overall 10 it/s, 80 samples/s"]
+                                           "10 it/s, 80 samples/s after warm-up"]
 
 
 def test_the_status_line_says_which_attempt():
@@ -190,7 +191,7 @@ def test_a_report_bar_and_a_tqdm_bar_over_one_loop_count_the_same_time():
     # Both clocks start with the loop (not the rank's set-up): the same elapsed and rates.
     assert train.elapsed == bar.elapsed == pytest.approx(5.0)
     assert text.timing_parts(train) == text.timing_parts(bar) == [
-        "5.0 s elapsed", "overall 2 it/s"]
+        "5.0 s elapsed", "2 it/s after warm-up"]
     assert live["train"] == live["tqdm"] == ["3.0 s elapsed", "ETA 2.0 s", "2 it/s"]
     # Each figure says what it counts (tooltips in the HTML panel and the widget's parts).
     page = html.bars_html([train])

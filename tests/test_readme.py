@@ -3,7 +3,6 @@ kernel, with no network, and shows what the README says it shows."""
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
@@ -44,7 +43,7 @@ def test_the_quickstart_is_short():
 def test_the_quickstart_runs_as_printed_in_a_fresh_kernel(tmp_path):
     """One cell, exactly the README's block, in a new kernel whose working folder is empty
     (fine_tune's `output_dir="auto"` writes there). It prints the result's one line, and its
-    last line returns one dict per text: the label and its probabilities."""
+    last line shows the predictions as a table: a row per text, its label and score."""
     kernel = Kernel(**_offline())
     try:
         kernel.run_ok(f"import os; os.chdir({str(tmp_path)!r})")
@@ -53,10 +52,12 @@ def test_the_quickstart_runs_as_printed_in_a_fresh_kernel(tmp_path):
         assert re.search(r"<FineTuneResult: 40 steps, .*eval_accuracy=[\d.]+.*saved to ",
                          output.stdout), output.stdout
         (returned,) = [d["data"]["text/plain"] for d in output.displays if "execution_count" in d]
-        (prediction,) = ast.literal_eval(returned)
-        assert prediction["label"] == "positive", prediction
-        assert set(prediction["probabilities"]) == {"negative", "positive"}, prediction
-        assert prediction["score"] == max(prediction["probabilities"].values()), prediction
+        # The predictions show as a table: a heading, the columns, one row per text.
+        heading, columns, row, *_ = returned.splitlines()
+        assert heading.startswith("Predictions: 1 input (classification)"), returned
+        assert columns.split() == ["input", "label", "score"], returned
+        index, label, score = row.split()
+        assert (index, label) == ("0", "positive") and 0.5 < float(score) <= 1, returned
     finally:
         kernel.close()
 

@@ -74,19 +74,20 @@ def test_state_rates_eta_and_values():
     clock = Clock()
     state = LaunchState(2, clock=clock)
     assert state.view().state == "starting"
-    for event in train_events(steps=3, total=10):
+    for event in train_events(steps=6, total=10):
         state.handle(event)
-    clock.now = T0 + 1.5
+    clock.now = T0 + 3.0
     view = state.view()
     assert view.state == "running" and view.ranks == {0: "running", 1: "pending"}
     (bar,) = view.bars
-    assert (bar.name, bar.step, bar.total, bar.state) == ("train [rank 0]", 3, 10, "running")
+    assert (bar.name, bar.step, bar.total, bar.state) == ("train [rank 0]", 6, 10, "running")
+    # Rates and ETA over the steps after the warm-up (tests/test_bar_clock.py).
     assert bar.rate == pytest.approx(2.0) and bar.samples_rate == pytest.approx(16.0)
-    assert bar.eta == pytest.approx(3.5)
-    assert bar.elapsed == pytest.approx(1.5)
-    assert bar.values == {"loss": pytest.approx(1 / 3), "lr": 0.001}
-    assert bar.losses == [1.0, 0.5, pytest.approx(1 / 3)]
-    assert bar.step_times == [pytest.approx(0.5)] * 2
+    assert bar.eta == pytest.approx(2.0)
+    assert bar.elapsed == pytest.approx(3.0)
+    assert bar.values == {"loss": pytest.approx(1 / 6), "lr": 0.001}
+    assert bar.losses == [pytest.approx(1 / step) for step in range(1, 7)]
+    assert bar.step_times == [pytest.approx(0.5)] * 5
 
 
 def test_state_keeps_values_fetched_late_and_ignores_unknown_events():
@@ -115,10 +116,10 @@ def test_state_aggregates_large_worlds_and_shows_failure():
     clock = Clock()
     state = LaunchState(8, clock=clock)
     for rank in range(8):
-        for event in train_events(rank, steps=2 if rank == 5 else 4, total=8):
+        for event in train_events(rank, steps=5 if rank == 5 else 6, total=8):
             state.handle(event)
     (bar,) = state.view().bars
-    assert bar.rank is None and bar.ranks == 8 and bar.step == 2  # the slowest rank
+    assert bar.rank is None and bar.ranks == 8 and bar.step == 5  # the slowest rank
     assert bar.name == "train (8 ranks)"
     assert bar.samples_rate == pytest.approx(8 * 16.0)
     state.handle(Failed(5, "ValueError", "bad batch", "Traceback ..."))
@@ -226,13 +227,13 @@ def test_units_formats():
 
 def test_text_panel_lines():
     state = LaunchState(1, clock=Clock())
-    for event in train_events(steps=2, total=4):
+    for event in train_events(steps=5, total=10):
         state.handle(event)
     state.handle(MetricsSnapshot(0, 20, SNAPSHOT))
     line = text.bar_line(state.view().bars[0], width=4)
     # One rank: no "[rank 0]"; the mark's place is kept blank while it runs.
-    assert line.startswith("train   |██░░| 2/4 · ")
-    assert line.endswith(" · 2 it/s, 16 samples/s · loss=0.5 · lr=0.001")
+    assert line.startswith("train   |██░░| 5/10 · ")
+    assert line.endswith(" · 2 it/s, 16 samples/s · loss=0.2 · lr=0.001")
     whole = text.launch_text(state.view())
     assert ("XLA as of step 20: 2 compiles (3.0 s), 20 executions (1.0 s, 50 ms XLA per step), "
             "compile 75% / execute 25%\n") in whole

@@ -19,9 +19,11 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._words import plural
 from .config import FineTuneError
 from .kernel import sources
 from .plan import TrainPlan
+from .tasks.base import Task
 from .tasks.registry import AUTO, DEFAULT_TASK, TASKS
 
 if TYPE_CHECKING:
@@ -49,6 +51,9 @@ class PredictContext:
 class Predictions(list):
     """One prediction (a dict) per input, in order; `to_dataframe()` makes a table of them.
 
+    In a notebook it is drawn as that table, its values rounded (`hfxla_nb.ui.formatters`);
+    the dicts and `to_dataframe()` keep them exact.
+
     Attributes:
         task: the task that predicted.
         compiles: graphs compiled (one per length bucket, or none from the compile cache).
@@ -63,14 +68,37 @@ class Predictions(list):
     seconds: float = 0.0
     compile_seconds: float = 0.0
 
+    def table(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """The table's rows and columns, as the task makes them (`Task.prediction_table`: one
+        row per input; per entity for token classification, per candidate token for masked
+        LM). Plain data, values exact: what `to_dataframe()` and the notebook's table show.
+
+        Returns:
+            `(rows, columns)`: a dict per row, and the column names in order (the rows' keys
+            in the order they first appear when the task names none).
+        """
+        # A list made by hand (no task, or one since unregistered) still shows: the base
+        # table, one row per input.
+        task = TASKS[self.task] if self.task in TASKS else Task()
+        rows, columns = task.prediction_table(list(self))
+        if columns is None:  # every key of every row, as pandas would make the columns
+            columns = list(dict.fromkeys(key for row in rows for key in row))
+        return rows, list(columns)
+
     def to_dataframe(self):
         """A pandas DataFrame: one row per input, or as the task makes its table
         (`Task.prediction_table`: per entity for token classification, per candidate token
         for masked LM)."""
         import pandas as pd
 
-        rows, columns = TASKS[self.task].prediction_table(list(self))
+        rows, columns = self.table()
         return pd.DataFrame(rows, columns=columns)
+
+    def __repr__(self) -> str:
+        # One line of data, as `FineTuneResult`'s: the dicts' floats at 16 digits are no
+        # way to read predictions; the notebook draws the table (`ui.predictions_panel`).
+        return (f"<Predictions: {len(self)} from {self.task or 'no task'}, "
+                f"{plural(self.compiles, 'graph')} compiled; to_dataframe() for the table>")
 
 
 def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | None = None,

@@ -33,7 +33,7 @@ class FineTuneResult:
         epochs: passes over the training data (fractional when `max_steps` cut one short).
         samples_per_second: training throughput after the warm-up (compiling) steps.
         samples_per_second_overall: training throughput over the whole training loop,
-            compiling steps included (what the bar's final "overall" rate says).
+            compiling steps included (a bar too short for a warm-up shows it as "overall").
         train_seconds: wall time of the training loop (checkpoints left out).
         eval_seconds: wall time of the evaluation.
         launch_seconds: wall time of the whole launch: start-up, model loading, training,

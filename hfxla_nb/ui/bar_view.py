@@ -1,13 +1,14 @@
 """One progress bar as the panels draw it (`BarView`), made from the launch reader's bar.
 
-Rates, ETAs and elapsed times are computed here, once, so renderers only format.
+Rates, ETAs and elapsed times come from `observe.bars.bar_clock`, once, so renderers only
+format.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..observe.bars import BarTrack, bar_state
+from ..observe.bars import BarTrack, bar_clock, bar_state
 from ..states import BarState, RankState
 
 # Points kept per bar for the charts.
@@ -34,6 +35,9 @@ class BarView:
     show_rank: bool = True  # False in a one-rank launch: "[rank 0]" would say nothing
     first_step: int | None = None  # the first step reported (0: counted from 0)
     rank_name: str | None = None  # "host 1 rank 2" in a launch over several hosts
+    compiling: bool = False  # its first step still runs (see `observe.bars.BarClock`)
+    rate_over: str | None = None  # "steady" (after the warm-up) or "whole"; None: no rate
+    per_step: bool = False  # its rate reads as seconds per step (`seconds_per_step`)
 
     @property
     def name(self) -> str:
@@ -42,12 +46,6 @@ class BarView:
             return self.label if self.ranks == 1 else f"{self.label} ({self.ranks} ranks)"
         who = self.rank_name or f"rank {self.rank}"
         return f"{self.label} [{who}]" if self.show_rank else self.label
-
-    @property
-    def overall(self) -> bool:
-        """Whether `rate` and `samples_rate` are averages over the whole bar (once it ended),
-        rather than the current rates of the last few updates."""
-        return self.state != BarState.RUNNING
 
     @property
     def fraction(self) -> float | None:
@@ -59,8 +57,8 @@ class BarView:
 
 def bar_view(bar: BarTrack, now: float, rank: RankState, show_rank: bool,
              rank_name: str | None) -> BarView:
-    """`bar` as drawn at `now`: running, the rates of its last few updates; ended, the
-    averages over the whole bar.
+    """`bar` as drawn at `now`: its time and rates as `observe.bars.bar_clock` reads them
+    (the mean over its steps after the warm-up; the whole bar's for one too short for it).
 
     Args:
         bar: the reader's bar.
@@ -70,29 +68,14 @@ def bar_view(bar: BarTrack, now: float, rank: RankState, show_rank: bool,
         rank_name: "host 1 rank 2" where "rank R" is not enough, else None.
     """
     state = bar_state(bar, rank)
-    running = state == BarState.RUNNING
-    end = now if running else (bar.last or now)
-    elapsed = max(end - (bar.start if bar.start is not None else end), 0.0)
-    rate = samples_rate = None
-    if not running:  # ended: the averages over the whole bar
-        if elapsed > 0:
-            rate = bar.step / elapsed if bar.step else None
-            samples_rate = bar.samples / elapsed if bar.samples else None
-    elif len(bar.points) >= 2:  # running: the rate of the last few updates
-        (s0, t0, n0), (s1, t1, n1) = bar.points[0], bar.points[-1]
-        if t1 > t0:
-            rate = (s1 - s0) / (t1 - t0)
-            if n0 is not None and n1 is not None:
-                samples_rate = (n1 - n0) / (t1 - t0)
-    eta = None
-    if running and rate and bar.total is not None:
-        eta = max(bar.total - bar.step, 0) / rate
+    clock = bar_clock(bar, now, running=state == BarState.RUNNING)
     return BarView(
-        label=bar.label, rank=bar.rank, step=bar.step, total=bar.total, elapsed=elapsed,
-        eta=eta, rate=rate, samples_rate=samples_rate, values=dict(bar.values),
-        losses=bar.losses[-HISTORY:],
+        label=bar.label, rank=bar.rank, step=bar.step, total=bar.total, elapsed=clock.elapsed,
+        eta=clock.eta, rate=clock.rate, samples_rate=clock.samples_rate,
+        values=dict(bar.values), losses=bar.losses[-HISTORY:],
         step_times=[seconds for _, seconds in bar.step_times[-HISTORY:]],
         state=state, show_rank=show_rank, first_step=bar.first_step, rank_name=rank_name,
+        compiling=clock.compiling, rate_over=clock.over, per_step=clock.per_step,
     )
 
 
@@ -139,5 +122,9 @@ def aggregate(bars: list[BarView]) -> list[BarView]:
             ranks=len(group),
             first_step=min((b.first_step for b in group if b.first_step is not None),
                            default=None),
+            compiling=slowest.compiling,  # the merged bar's step is the slowest rank's
+            rate_over=next((b.rate_over for b in group if b.rate_over is not None), None),
+            # The lowest rank's unit, whichever rank is slowest: one bar, one unit for the run.
+            per_step=next((b.per_step for b in group if b.rate is not None), first.per_step),
         ))
     return merged

@@ -8,30 +8,18 @@ from typing import Any
 
 from .._words import plural
 from .html import COLORS, SERIES, sparkline_svg, text_color
+from .metric_table import (
+    evaluation_html,
+    evaluation_text,
+    metric_value,  # noqa: F401  (re-exported: its older import path)
+)
 from .plan_panel import plan_text
 from .units import duration, size
 
-# Metrics that count things (rows, tokens, samples): shown as whole numbers, never `719.0000`.
-COUNT_SUFFIXES = ("_rows", "_tokens", "_samples", "_steps", "_count", "_examples")
 # Loss entries shown in the text chart; longer histories are sampled down to this many.
 TEXT_CHART_WIDTH = 32
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 GIB = 2**30
-
-
-def metric_value(name: str, value: float) -> str:
-    """A metric for people: counts as integers (`719`, `12,480`), ratios and losses with 4
-    decimals (`0.0075`), large values with one (`1,234.5`)."""
-    if value != value or value in (float("inf"), float("-inf")):
-        return str(value)
-    if name.endswith(COUNT_SUFFIXES) and float(value).is_integer():
-        return f"{int(value):,}"
-    return f"{value:.4f}" if abs(value) < 1000 else f"{value:,.1f}"
-
-
-def evaluation_rows(result: Any) -> list[tuple[str, str]]:
-    """(metric name, value) rows of the evaluation: the small table of the panel."""
-    return [(name, metric_value(name, value)) for name, value in result.metrics.items()]
 
 
 def sampled(values: list[float], width: int) -> list[float]:
@@ -170,9 +158,7 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
                  if len(result.loss_history) > 1 else "")
         rows.append(("loss", f"{first:.4f} -> {last:.4f}{steps}"))
     if result.metrics:
-        width = max(len(name) for name in result.metrics)
-        rows.append(("evaluation", "\n".join(f"{name:<{width}}  {value}"
-                                              for name, value in evaluation_rows(result))))
+        rows.append(("evaluation", evaluation_text(result.metrics)))
     per_step = ""
     if result.executions_per_step is not None:
         per_step = (f"; per step after warm-up: {result.executions_per_step:.2f} executions, "
@@ -236,21 +222,21 @@ def loss_chart_html(result: Any) -> str:
         f'vertical-align:top">{max(points):.4f}</td><td rowspan="2" style="{cell}">{chart}'
         f'</td></tr><tr style="background:transparent"><td style="{cell}{_SCALE}'
         f'text-align:right;vertical-align:bottom">{min(points):.4f}</td></tr>'
-        f'<tr style="background:transparent"><td style="{cell}"></td><td style="{cell}{_SCALE}'
-        f'"><span>step {history[0][0]}</span><span style="float:right">step '
-        f"{history[-1][0]}</span></td></tr></tbody></table>"
+        f'<tr style="background:transparent"><td style="{cell}"></td><td style="{cell}">'
+        f"{step_axis_html(history[0][0], history[-1][0])}</td></tr></tbody></table>"
     )
 
 
-def evaluation_html(result: Any) -> str:
-    """The evaluation metrics as a small two-column table."""
-    cell = "border:none;padding:0 12px 0 0;background:transparent;text-align:left;"
-    rows = "".join(
-        f'<tr style="background:transparent"><td style="{cell}">{escape(name)}</td>'
-        f'<td style="{cell}text-align:right;font-variant-numeric:tabular-nums">'
-        f"{escape(value)}</td></tr>"
-        for name, value in evaluation_rows(result))
-    return f'<table style="border-collapse:collapse"><tbody>{rows}</tbody></table>'
+def step_axis_html(first: int, last: int) -> str:
+    """The chart's step axis: `step <first>` under its left end, `step <last>` under its right.
+
+    A row of two elements spread apart (flex, `space-between`, a gap), with a space between
+    them: where the styles are dropped (a sanitizer, a copy as text) the labels still read
+    `step 10 step 60`, never `step 10step 60`.
+    """
+    return (f'<div style="display:flex;justify-content:space-between;gap:12px;'
+            f'width:{CHART_WIDTH}px;{_SCALE}"><span>step {first}</span> '
+            f"<span>step {last}</span></div>")
 
 
 def result_html(result: Any) -> str:
@@ -259,7 +245,7 @@ def result_html(result: Any) -> str:
 
     def value_html(name: str, value: str) -> str:
         if name == "evaluation":
-            return evaluation_html(result)
+            return evaluation_html(result.metrics)
         # The code to type (`result.load_model()`, ...), as code.
         text = re.sub(r"(result\.\w+\([^)]*\))", r"<code>\1</code>", escape(value))
         return text + (chart if name == "loss" else "")

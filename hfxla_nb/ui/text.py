@@ -37,9 +37,13 @@ def counts_text(bar: BarView) -> str:
 # What each timing figure of a bar counts (the HTML panel's tooltips; the text says "wall").
 ELAPSED_MEANS = ("wall-clock time from the bar's first step (a tqdm bar's creation, or the "
                  "start of the loop it shares with one) to its latest update")
-RATE_MEANS = ("steps (or samples) per second of wall-clock time, the host's work included: "
-              "over the last updates while the bar runs, over the whole bar once it ended")
-ETA_MEANS = "the steps left at the current rate"
+COMPILING_MEANS = ("the bar's first step is still running: on XLA it compiles the step's "
+                   "graph first, which can take tens of seconds; the clock runs from the "
+                   "bar's start")
+RATE_MEANS = ("steps (or samples) per second of wall-clock time, the host's work included, "
+              "over the steps after the first few, which compile (the steps fine_tune's "
+              "samples_per_second counts); over the whole bar for one too short to have them")
+ETA_MEANS = "the steps left at the rate after the first few steps, which compile"
 STEP_TIME_MEANS = ("wall-clock time per step between two updates of the bar (the host's "
                    "work included); the XLA metrics' time per step is the device's execution")
 XLA_STEP_MEANS = ("XLA's execution time (torch_xla's ExecuteTime) per step reported: the "
@@ -50,26 +54,34 @@ def timing_pieces(bar: BarView) -> list[tuple[str, str]]:
     """`timing_parts`, each with what it counts (for tooltips)."""
     if bar.state == BarState.STOPPED:  # the time it ran says nothing about its own work
         return [(f"stopped after {clock(bar.elapsed)}", ELAPSED_MEANS)]
+    if bar.compiling:  # no rate or ETA yet: the only figure is how long the first step takes
+        return [(f"compiling the first step ({clock(bar.elapsed)} so far)", COMPILING_MEANS)]
     pieces = [(f"{clock(bar.elapsed)} elapsed", ELAPSED_MEANS)]
-    if bar.state == BarState.RUNNING and bar.total:
+    if bar.eta is not None:
         pieces.append((f"ETA {clock(bar.eta)}", ETA_MEANS))
     rates = []
-    if bar.rate is not None or not bar.overall:
-        rates.append(rate(bar.rate, "it"))
+    if bar.rate is not None:
+        rates.append(rate(bar.rate, "it", bar.per_step))
     if bar.samples_rate is not None:
         rates.append(rate(bar.samples_rate, "samples"))
     if rates:
         # What the rate counts (wall clock) is its tooltip: the bar's values stay on one line.
-        pieces.append((("overall " if bar.overall else "") + ", ".join(rates), RATE_MEANS))
+        words = ", ".join(rates)
+        if bar.state != BarState.RUNNING:  # an ended bar says which average it shows
+            words = f"overall {words}" if bar.rate_over == "whole" else f"{words} after warm-up"
+        pieces.append((words, RATE_MEANS))
     return pieces
 
 
 def timing_parts(bar: BarView) -> list[str]:
-    """What a bar's time and speed are, each a piece that reads on its own: while it runs
-    `12.0 s elapsed`, `ETA 18.0 s`, `3.3 it/s, 53.1 samples/s` (the current rates); once it
-    ended `7.3 s elapsed` and `overall 9.8 it/s, 53.1 samples/s` (averages over the bar).
-    Times are wall-clock times (the host's work included), not
-    XLA's: the metrics give XLA's execution time per step (`executions_text`)."""
+    """What a bar's time and speed are, each a piece that reads on its own: while its first
+    step runs `compiling the first step (12.0 s so far)`; then `32.0 s elapsed`,
+    `ETA 18.0 s`, `3.3 it/s, 53.1 samples/s` (rate and ETA once the first few steps, which
+    compile, are over); once it ended `37.3 s elapsed` and `9.8 it/s, 53.1 samples/s after
+    warm-up` (the mean over those steps, as `fine_tune`'s result counts it; `overall ...`
+    for a bar too short to have them). Times are wall-clock times (the host's work
+    included), not XLA's: the metrics give XLA's execution time per step
+    (`executions_text`)."""
     return [piece for piece, _ in timing_pieces(bar)]
 
 

@@ -7,6 +7,7 @@ functions of numbers, below the panels that use them.
 from __future__ import annotations
 
 from .._units import duration
+from ..observe.bars import seconds_per_step
 
 __all__ = ["duration", "number", "size", "rate", "clock"]
 
@@ -40,11 +41,19 @@ def size(count: int | None) -> str:
     return f"{value:.1f} GiB"  # pragma: no cover
 
 
-def rate(value: float | None, unit: str) -> str:
-    """`12.3 it/s`, or `1.20 s/it` for slow ones."""
+def rate(value: float | None, unit: str, per_step: bool | None = None) -> str:
+    """`12.3 it/s`, or `1.20 s/it` for slow steps.
+
+    Args:
+        value: per second.
+        unit: what is counted ("it": steps, which may read per step; "samples").
+        per_step: for steps, the unit the bar chose (`BarView.per_step`); None: the same rule
+            (`observe.bars.seconds_per_step`) for this value alone. The choice is never made
+            here, so a bar keeps one unit for its whole run.
+    """
     if value is None or value <= 0:
         return f"? {unit}/s"
-    if value < 1 and unit == "it":
+    if unit == "it" and (seconds_per_step(value) if per_step is None else per_step):
         return f"{1 / value:.2f} s/{unit}"
     return f"{value:.3g} {unit}/s"
 

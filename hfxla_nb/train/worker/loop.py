@@ -27,6 +27,7 @@ import numpy as np
 
 from ... import _xla
 from ...events import Progress, emit, worker_rank
+from ...observe.bars import WARMUP_STEPS
 from ...observe.reporting import MIN_INTERVAL, report
 from .. import batching, lora, patches
 from ..counts import COUNTED, EXECUTE
@@ -52,8 +53,8 @@ __all__ = ["STEADY_AFTER_STEPS", "Fetcher", "TrainingLoop", "counts", "train_wor
 BAR_INTERVAL = max(0.5, MIN_INTERVAL)
 
 #: Steps left out of the steady-state figures (samples/s, executions and transfers per step):
-#: the first two compile, the third still waits for them.
-STEADY_AFTER_STEPS = 3
+#: the first two compile, the third still waits for them. The bar's warm-up is the same one.
+STEADY_AFTER_STEPS = WARMUP_STEPS
 
 #: `(counts, time, steps left)` at the start of the steady part of the training.
 Steady = tuple[dict[str, int], float, int]
@@ -199,7 +200,8 @@ class TrainingLoop:
         What of ours runs per step is kept to a few lines (bench figure 12): `report` is
         called every BAR_INTERVAL seconds (its bar moves twice a second), at a new bucket (its
         input shapes) and at the last step; a logging point's loss is fetched one step later
-        on the fetcher's thread (`log`), whose event moves the bar to that step."""
+        on the fetcher's thread (`log`), whose event is marked late: it adds the loss, and never
+        moves the bar back."""
         plan = self.plan
         parameters = [p for p in self.ctx.model.parameters() if p.requires_grad]
         from .clipping import GradientClipper  # imports torch: only in the worker
@@ -290,7 +292,9 @@ class TrainingLoop:
 
         The graph that computed `loss_total` ran while the next step was traced; the fetch
         (one transfer) still waits for the execution just launched (torch_xla's device lock),
-        so it runs on the fetcher's thread, not the training loop's."""
+        so it runs on the fetcher's thread, not the training loop's. Its event is marked
+        `late`: it reaches the bar after the loop's reports of later steps, with a later time,
+        and must not move the bar's step or clock (the loop's own reports do that)."""
         plan = self.plan
         value = float(_xla.to_cpu([loss_total])[0])
         last_step, last_value = self.logged
@@ -298,7 +302,7 @@ class TrainingLoop:
         self.logged = (step, value)
         self.history.append((step, mean))
         emit(Progress(self._report_rank, step, plan.total_steps, {"loss": mean, "lr": lr},
-                      step * plan.rows_per_step, "train"))
+                      step * plan.rows_per_step, "train", late=True))
 
     # -- the result ----------------------------------------------------------------------------
 

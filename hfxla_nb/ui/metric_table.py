@@ -1,0 +1,118 @@
+"""The evaluation metrics of a result as people read them: counts whole, scores to 4 decimals,
+and the per-entity metrics of token classification as one grid (entity x precision, recall,
+F1, entities) rather than a long column.
+
+Plain functions of a `{name: value}` dict, shared by the result's text and HTML forms
+(`finetune_panel.py`).
+"""
+
+from __future__ import annotations
+
+import re
+from html import escape
+
+# The last word of a metric's name that says it counts things (`eval_rows`, `eval_tokens`,
+# `eval_LOC_entities`, seqeval's `support`). A count is shown whole, never `53.0000`.
+COUNT_WORDS = frozenset({"rows", "tokens", "samples", "steps", "count", "examples", "entities",
+                         "support", "number"})
+# The per-entity statistics of token classification (`eval_<TYPE>_<statistic>`), in the
+# grid's column order.
+ENTITY_COLUMNS = ("precision", "recall", "f1", "entities")
+# A kind gets a grid row only when it has these: QA's `eval_has_answer_f1` alone is no entity.
+ENTITY_REQUIRED = frozenset({"precision", "recall", "f1"})
+_ENTITY_NAME = re.compile(r"^eval_(?P<kind>.+)_(?P<stat>precision|recall|f1|entities)$")
+
+_CELL = "border:none;padding:0 12px 0 0;background:transparent;text-align:left;"
+_NUMBER = "text-align:right;font-variant-numeric:tabular-nums;"
+_TR = '<tr style="background:transparent">'
+
+
+def is_count(name: str, value: float) -> bool:
+    """Whether a metric counts things: the last word of its name is a count word
+    (`COUNT_WORDS`) and its value is whole. The one rule every form of the result uses.
+
+    Args:
+        name: the metric's name (`eval_rows`, `eval_LOC_entities`).
+        value: its value; a count that is not whole (a mean) is not shown as a count.
+    """
+    if value != value or value in (float("inf"), float("-inf")):
+        return False
+    return name.rsplit("_", 1)[-1].lower() in COUNT_WORDS and float(value).is_integer()
+
+
+def metric_value(name: str, value: float) -> str:
+    """A metric for people: counts as integers (`719`, `12,480`), ratios and losses with 4
+    decimals (`0.0075`), large values with one (`1,234.5`)."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    if is_count(name, value):
+        return f"{int(value):,}"
+    return f"{value:.4f}" if abs(value) < 1000 else f"{value:,.1f}"
+
+
+def split_entity_metrics(metrics: dict[str, float]
+                         ) -> tuple[list[tuple[str, str]], list[list[str]]]:
+    """The metrics as (name, value) rows, with the per-entity ones taken out into a grid.
+
+    Args:
+        metrics: the evaluation metrics, name -> value.
+
+    Returns:
+        `(rows, grid)`: the other metrics as (name, shown value), in their order; and the grid
+        as lists of strings, a header row (`entity`, `precision`, `recall`, `f1`, `entities`)
+        first, then one row per entity type in the metrics' order. `grid` is empty when no
+        entity type has a precision, a recall and an F1.
+    """
+    by_kind: dict[str, dict[str, str]] = {}
+    for name, value in metrics.items():
+        match = _ENTITY_NAME.match(name)
+        if match:
+            by_kind.setdefault(match["kind"], {})[match["stat"]] = metric_value(name, value)
+    kinds = [kind for kind, stats in by_kind.items() if ENTITY_REQUIRED <= stats.keys()]
+    gridded = {f"eval_{kind}_{stat}" for kind in kinds for stat in by_kind[kind]}
+    rows = [(name, metric_value(name, value)) for name, value in metrics.items()
+            if name not in gridded]
+    if not kinds:
+        return rows, []
+    grid = [["entity", *ENTITY_COLUMNS]]
+    grid += [[kind, *(by_kind[kind].get(stat, "") for stat in ENTITY_COLUMNS)]
+             for kind in kinds]
+    return rows, grid
+
+
+def evaluation_text(metrics: dict[str, float]) -> str:
+    """The metrics as lines of aligned text: `name  value` rows, then the entity grid (names
+    left, numbers right)."""
+    rows, grid = split_entity_metrics(metrics)
+    lines = []
+    if rows:
+        width = max(len(name) for name, _ in rows)
+        lines += [f"{name:<{width}}  {value}" for name, value in rows]
+    if grid:
+        widths = [max(len(row[i]) for row in grid) for i in range(len(grid[0]))]
+        lines += ["  ".join([row[0].ljust(widths[0])]
+                            + [cell.rjust(width) for cell, width in zip(row[1:], widths[1:],
+                                                                        strict=True)]).rstrip()
+                  for row in grid]
+    return "\n".join(lines)
+
+
+def evaluation_html(metrics: dict[str, float]) -> str:
+    """The metrics as a small two-column table, then the entity grid as a table of its own
+    with a header row."""
+    rows, grid = split_entity_metrics(metrics)
+    html = ""
+    if rows:
+        cells = "".join(f'{_TR}<td style="{_CELL}">{escape(name)}</td>'
+                        f'<td style="{_CELL}{_NUMBER}">{escape(value)}</td></tr>'
+                        for name, value in rows)
+        html += f'<table style="border-collapse:collapse"><tbody>{cells}</tbody></table>'
+    if grid:
+        head = "".join(f'<th style="{_CELL}font-weight:600;{_NUMBER if i else ""}">'
+                       f"{escape(cell)}</th>" for i, cell in enumerate(grid[0]))
+        body = "".join(_TR + "".join(f'<td style="{_CELL}{_NUMBER if i else ""}">'
+                                     f"{escape(cell)}</td>" for i, cell in enumerate(row))
+                       + "</tr>" for row in grid[1:])
+        html += ('<table style="border-collapse:collapse;margin-top:4px">'
+                 f"<thead>{_TR}{head}</tr></thead><tbody>{body}</tbody></table>")
+    return html

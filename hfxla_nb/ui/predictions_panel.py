@@ -1,0 +1,159 @@
+"""The `Predictions` panel: `predict`'s answers as a table, as HTML (notebooks) and as text.
+
+The rows and columns are the task's own (`Predictions.table()`, from `Task.prediction_table`:
+labels and scores, entities with their spans, answers, generated text); this module only
+rounds and shortens them for people. The first `MAX_ROWS` rows are shown, and a line says how
+many more there are. The dicts and `to_dataframe()` keep every value exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from html import escape
+from typing import Any
+
+from .._words import plural
+from .table_style import TABLE, TD, TR
+from .units import duration
+
+#: Rows shown; a longer table says how many more `to_dataframe()` has.
+MAX_ROWS = 20
+#: Significant digits of a float (scores, probabilities): `0.9876`, `1.235e-05`.
+FLOAT_DIGITS = 4
+#: Characters of a text cell (generated text, a masked LM's sequence) before it is cut.
+TEXT_CELL_CHARS = 48
+HTML_CELL_CHARS = 300
+#: The index column added when a task's table has none, so each row names its input.
+INPUT_COLUMN = "input"
+#: What an empty table says (token classification that found no entity in any input).
+NO_ROWS = "(no rows: nothing found)"
+
+
+def cell(value: Any, limit: int = TEXT_CELL_CHARS) -> str:
+    """One value of the table for people: floats to `FLOAT_DIGITS` significant digits, None
+    as an empty cell, texts cut at `limit` characters (`…` says so), lists item by item.
+
+    Args:
+        value: a value of a prediction's row (plain Python).
+        limit: the most characters a text keeps.
+    """
+    if value is None:
+        return ""
+    if value == "":  # an answer that is no answer (SQuAD v2): said, not an empty cell
+        return '""'
+    if isinstance(value, float):
+        return f"{value:.{FLOAT_DIGITS}g}"
+    if isinstance(value, (list, tuple)):
+        text = ", ".join(cell(item, limit) for item in value)
+    elif isinstance(value, dict):
+        text = ", ".join(f"{key}: {cell(item, limit)}" for key, item in value.items())
+    else:
+        text = str(value)
+    text = " ".join(text.split())  # a newline of a generated text would break the row
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+@dataclass
+class ShownTable:
+    """The shown part of the predictions' table, as strings.
+
+    Attributes:
+        columns: the column names (an `input` index first when the task's table has none).
+        rows: the first `MAX_ROWS` rows, as shown values.
+        more: how many rows are left out.
+        numeric: for each column, whether its values are numbers (aligned right).
+        per_input: whether the table has one row per input (else the task's own rows: one
+            per entity found, per candidate token, each naming its input).
+    """
+
+    columns: list[str]
+    rows: list[list[str]]
+    more: int
+    numeric: list[bool]
+    per_input: bool
+
+    @property
+    def total(self) -> int:
+        return len(self.rows) + self.more
+
+
+def shown_table(predictions: Any, limit: int = TEXT_CELL_CHARS) -> ShownTable:
+    """What the panel shows of `predictions.table()`: its first `MAX_ROWS` rows, rounded and
+    cut (`cell`), each row named by its input.
+
+    Args:
+        predictions: a `Predictions`.
+        limit: the most characters of a text cell.
+    """
+    rows, columns = predictions.table()
+    indexed = INPUT_COLUMN not in columns
+    names = [INPUT_COLUMN, *columns] if indexed else list(columns)
+    shown = [[str(i)] * indexed + [cell(row.get(name), limit) for name in columns]
+             for i, row in enumerate(rows[:MAX_ROWS])]
+    numeric = [True] * indexed + [_is_numeric([row.get(name) for row in rows[:MAX_ROWS]])
+                                  for name in columns]
+    return ShownTable(names, shown, max(len(rows) - MAX_ROWS, 0), numeric, indexed)
+
+
+def _is_numeric(values: list[Any]) -> bool:
+    """Whether a column holds numbers (None aside): it is aligned right, as numbers are."""
+    present = [value for value in values if value is not None]
+    return bool(present) and all(isinstance(value, (int, float)) and not isinstance(value, bool)
+                                 for value in present)
+
+
+def heading(predictions: Any, table: ShownTable) -> str:
+    """`Predictions: 3 inputs (classification), 1 graph compiled, 520 ms in the worker`; the
+    table's rows too when they are not one per input (one per entity found, ...)."""
+    what = plural(len(predictions), "input")
+    if not table.per_input:
+        what += f", {plural(table.total, 'row')}"
+    text = f"Predictions: {what} ({predictions.task or 'no task'})"
+    text += f", {plural(predictions.compiles, 'graph')} compiled"
+    if predictions.seconds:
+        text += f", {duration(predictions.seconds)} in the worker"
+    return text
+
+
+def footer(more: int) -> str:
+    """What the table leaves out, and where every value is whole and exact."""
+    left_out = f"... {plural(more, 'more row')}; " if more else ""
+    return f"{left_out}values rounded here; to_dataframe() has every row, exact"
+
+
+def predictions_text(predictions: Any) -> str:
+    """The predictions as aligned text (numbers right): the heading, the table, the footer."""
+    table = shown_table(predictions)
+    lines = [heading(predictions, table)]
+    if not table.rows:
+        return "\n".join([*lines, f"  {NO_ROWS}"])
+    grid = [table.columns, *table.rows]
+    widths = [max(len(row[i]) for row in grid) for i in range(len(table.columns))]
+    for row in grid:
+        cells = [text.rjust(width) if numeric else text.ljust(width)
+                 for text, width, numeric in zip(row, widths, table.numeric, strict=True)]
+        lines.append(("  " + "  ".join(cells)).rstrip())
+    lines.append(f"  {footer(table.more)}")
+    return "\n".join(lines)
+
+
+def predictions_html(predictions: Any) -> str:
+    """The predictions as an HTML table under their heading, the footer under it."""
+    table = shown_table(predictions, HTML_CELL_CHARS)
+
+    def style(numeric: bool) -> str:
+        align = "text-align:right;font-variant-numeric:tabular-nums;" if numeric else ""
+        return f"{TD}padding:2px 12px 2px 0;{align}"
+
+    head = "".join(f'<th style="{style(numeric)}font-weight:600">{escape(name)}</th>'
+                   for name, numeric in zip(table.columns, table.numeric, strict=True))
+    body = "".join(f'<tr style="{TR}">' + "".join(
+        f'<td style="{style(numeric)}">{escape(text)}</td>'
+        for text, numeric in zip(row, table.numeric, strict=True)) + "</tr>"
+        for row in table.rows)
+    html = (f'<table style="{TABLE}"><thead><tr style="{TR}">{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table>" if table.rows else f"<div>{NO_ROWS}</div>")
+    note = (f'<div style="font-size:11px;opacity:0.75">{escape(footer(table.more))}</div>'
+            if table.rows else "")
+    return ('<div style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">'
+            f"<b>{escape(heading(predictions, table))}</b>{html}{note}</div>")
