@@ -23,8 +23,7 @@ from .._words import plural
 from .config import FineTuneError
 from .kernel import sources
 from .plan import TrainPlan
-from .tasks.base import Task
-from .tasks.registry import AUTO, DEFAULT_TASK, TASKS
+from .tasks.registry import AUTO, DEFAULT_TASK, TASKS, plain_prediction_table
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -79,8 +78,10 @@ class Predictions(list):
         """
         # A list made by hand (no task, or one since unregistered) still shows: the base
         # table, one row per input.
-        task = TASKS[self.task] if self.task in TASKS else Task()
-        rows, columns = task.prediction_table(list(self))
+        if self.task in TASKS:
+            rows, columns = TASKS[self.task].prediction_table(list(self))
+        else:
+            rows, columns = plain_prediction_table(list(self))
         if columns is None:  # every key of every row, as pandas would make the columns
             columns = list(dict.fromkeys(key for row in rows for key in row))
         return rows, list(columns)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .registry import TASKS, register_task
+from .registry import TASKS, plain_prediction_table, register_task
 
 if TYPE_CHECKING:
     import torch
@@ -102,9 +102,7 @@ class Task:
                          ) -> tuple[list[dict[str, Any]], list[str] | None]:
         """`Predictions.to_dataframe`'s rows and columns (None: the rows' keys): one row per
         input, each prediction's "probabilities" left out."""
-        rows = [{key: value for key, value in item.items() if key != "probabilities"}
-                for item in predictions]
-        return rows, None
+        return plain_prediction_table(predictions)
 
     def prepare_predict(self, inputs: list[Any], context: PredictContext,
                         max_length: int | None) -> EncodedData:

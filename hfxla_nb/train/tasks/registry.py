@@ -88,3 +88,13 @@ def unregister_task(name: str) -> None:
 def task_choices() -> tuple[str, ...]:
     """What `task=` accepts: "auto" and every registered task name."""
     return (AUTO, *TASKS)
+
+
+def plain_prediction_table(predictions: list[dict[str, Any]]
+                           ) -> tuple[list[dict[str, Any]], list[str] | None]:
+    """The default `Task.prediction_table`: one row per input, each prediction's
+    "probabilities" left out; None for the columns (the rows' keys). Here, not in `base`, so
+    that `Predictions` can show a task-less list without importing the tasks."""
+    rows = [{key: value for key, value in item.items() if key != "probabilities"}
+            for item in predictions]
+    return rows, None
