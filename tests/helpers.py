@@ -310,3 +310,18 @@ def refuse_launches(monkeypatch: pytest.MonkeyPatch) -> None:
 def losses(result) -> np.ndarray:
     """The training losses of a `FineTuneResult`, in step order."""
     return np.array([loss for _, loss in result.loss_history])
+
+
+def formatted_by_a_shell(value: object) -> dict:
+    """`value`'s display bundle as a real IPython shell with hfxla_nb's formatters makes it."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from hfxla_nb.ui.formatters import register
+
+    shell = InteractiveShell.instance()
+    try:
+        assert register(shell)
+        bundle, _ = shell.display_formatter.format(value)
+    finally:
+        InteractiveShell.clear_instance()
+    return bundle

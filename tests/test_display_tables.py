@@ -15,6 +15,7 @@ from hfxla_nb.train.result import FineTuneResult
 from hfxla_nb.ui.finetune_panel import result_html, result_text, step_axis_html
 from hfxla_nb.ui.metric_table import is_count, metric_value, split_entity_metrics
 from hfxla_nb.ui.predictions_panel import MAX_ROWS, predictions_html, predictions_text
+from tests.helpers import formatted_by_a_shell
 
 SCORES = [0.987654321, 0.123456789, 0.5]
 
@@ -154,17 +155,8 @@ def test_long_predictions_show_the_first_20_rows_and_say_how_many_more():
 
 def test_a_shell_draws_predictions_as_their_table():
     # Registered by type name, as FineTuneResult is: train imports nothing from ui.
-    from IPython.core.interactiveshell import InteractiveShell
-
-    from hfxla_nb.ui.formatters import register
-
     predicted = classified()
-    shell = InteractiveShell.instance()
-    try:
-        assert register(shell)
-        bundle, _ = shell.display_formatter.format(predicted)
-    finally:
-        InteractiveShell.clear_instance()
+    bundle = formatted_by_a_shell(predicted)
     assert bundle["text/plain"] == predictions_text(predicted)
     assert bundle["text/html"] == predictions_html(predicted)
 

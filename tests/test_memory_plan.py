@@ -13,6 +13,7 @@ import hfxla_nb as hx
 from hfxla_nb.train.config import FineTuneError
 from hfxla_nb.train.memory_device import TPU_RESERVED_BYTES
 from hfxla_nb.train.memory_plan import MemoryPlan, MemoryPlanError, plan_memory
+from tests.helpers import formatted_by_a_shell
 
 transformers = pytest.importorskip("transformers")
 GIB = 2**30
@@ -292,18 +293,10 @@ def test_public_names_and_the_table():
 def test_a_shell_draws_the_plan_as_its_table():
     # IPython's own formatters, registered by type name (ui/formatters.py): train imports
     # nothing from ui, yet a plan as a cell's value shows the table, as text and as HTML.
-    from IPython.core.interactiveshell import InteractiveShell
-
-    from hfxla_nb.ui.formatters import register
     from hfxla_nb.ui.plan_panel import plan_table
 
     plan = plan_memory(gemma_2b(), hardware="v5e-1", batch_size=8, max_length=1024)
-    shell = InteractiveShell.instance()
-    try:
-        assert register(shell)
-        bundle, _ = shell.display_formatter.format(plan)
-    finally:
-        InteractiveShell.clear_instance()
+    bundle = formatted_by_a_shell(plan)
     assert bundle["text/plain"] == plan_table(plan)
     assert bundle["text/html"].startswith("<pre>Gemma on v5e-1 (1 device, 15.48 GiB each)")
 
