@@ -293,12 +293,15 @@ def test_public_names_and_the_table():
 def test_a_shell_draws_the_plan_as_its_table():
     # IPython's own formatters, registered by type name (ui/formatters.py): train imports
     # nothing from ui, yet a plan as a cell's value shows the table, as text and as HTML.
-    from hfxla_nb.ui.plan_panel import plan_table
+    # The HTML is the panel fine_tune draws before the fork, not monospaced text.
+    from hfxla_nb.ui.plan_panel import plan_html, plan_table
 
     plan = plan_memory(gemma_2b(), hardware="v5e-1", batch_size=8, max_length=1024)
     bundle = formatted_by_a_shell(plan)
     assert bundle["text/plain"] == plan_table(plan)
-    assert bundle["text/html"].startswith("<pre>Gemma on v5e-1 (1 device, 15.48 GiB each)")
+    assert plan_html(plan) in bundle["text/html"]
+    assert "<pre>" not in bundle["text/html"]
+    assert "LoRA r=16 on all linear layers (<code>lora=True</code>): 60.6" in bundle["text/html"]
 
 
 def tiny_bert():

@@ -142,7 +142,8 @@ def test_in_a_real_kernel_auto_draws_a_widget_and_the_saved_output_is_static():
 
 def test_in_a_real_kernel_a_plan_shows_its_table():
     """A `MemoryPlan` as a cell's value: the table as text (what IPython showed before the
-    table moved to ui) and the same text as HTML; `print()` gives the plan in words."""
+    table moved to ui) and, as HTML, the panel fine_tune shows before the fork; `print()`
+    gives the plan in words."""
     from tests.helpers import bundles_of, run_notebook, stdout_of
 
     code = """
@@ -158,5 +159,8 @@ def test_in_a_real_kernel_a_plan_shows_its_table():
     (bundle,) = bundles_of(outputs)
     assert bundle["text/plain"].startswith("Llama on v5e-1 (1 device, 15.48 GiB each): ")
     assert "  optimizer state      AdamW " in bundle["text/plain"]
-    assert bundle["text/html"].startswith("<pre>Llama on v5e-1 (1 device, 15.48 GiB each): ")
+    # The HTML is the panel fine_tune shows before the fork, not monospaced text.
+    assert bundle["text/html"].startswith("<div style=") and "<pre>" not in bundle["text/html"]
+    assert "<b>memory</b>" in bundle["text/html"] and "per device on v5e-1: fits" in (
+        bundle["text/html"])
     assert stdout_of(outputs).startswith("Llama on v5e-1 (1 device): ")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from .._words import ranks_were
 from ..observe.hbm import explain_hbm_exhaustion
 from ..observe.launch_reader import LaunchReader
 from ..observe.user_frames import is_library
@@ -33,7 +34,7 @@ def failure_message(reader: LaunchReader) -> str:
     if failed is None:
         return f"the launch ended without a result ({record.outcome})."
     others = [r.rank for r in record.ranks if r.exit_state == RankState.STOPPED]
-    stopped = f" Ranks {others} were stopped." if others else ""
+    stopped = f" {ranks_were(others, 'stopped')}" if others else ""
     error = failed.error or ""
     message = f"rank {failed.rank} failed: {error}{'' if error.endswith('.') else '.'}"
     message += stopped

@@ -140,6 +140,9 @@ class XlaSummary(XlaCounts):
     # total), and their seconds; None when no bar reached a total. Never rated per step.
     compiles_after_steps: int | None = None
     compile_seconds_after_steps: float = 0.0
+    # Whether `steps` is torch_xla's count of syncs (no step was reported, as in `predict`):
+    # then no graph is owed per step, and none can be said not to have run.
+    steps_from_syncs: bool = False
 
     def steps_only(self) -> XlaSummary:
         """The summary without the compilations after the last step (what the per-step rules
@@ -170,6 +173,16 @@ class XlaSummary(XlaCounts):
         if self.ranks > 1 and self.rank_steps:
             return count / self.rank_steps
         return count / self.steps if self.steps else None
+
+
+def xla_exceeds_wall(summary: XlaSummary | None, wall_seconds: float) -> bool:
+    """Whether XLA's execution time per step (`per_step(execute_seconds)`) is larger than
+    `wall_seconds`, a step's wall time: the two cover different stretches (every graph since
+    the start, against the latest steps), which a panel then says."""
+    if summary is None or not summary.executions:
+        return False
+    per_step = summary.per_step(summary.execute_seconds)
+    return per_step is not None and per_step > wall_seconds
 
 
 def _metric(data: dict[str, Any], *names: str) -> tuple[int, float, float]:
@@ -230,6 +243,7 @@ def summarize(
     added up}`; rates per step are then per step of each rank.
     """
     counters = data.get("counters", {})
+    from_syncs = steps is None
     if steps is None:
         steps = counters.get(_xla.MARK_STEP) or None
     compiles, compile_ns, max_compile_ns = _metric(data, _xla.COMPILE_TIME)
@@ -264,6 +278,7 @@ def summarize(
         input_shapes=dict(data.get("input_shapes") or {}),
     )
     summary.cache = _cache(counters, data.get("compile_cache"))
+    summary.steps_from_syncs = from_syncs and steps is not None
     process = data.get("process") or {}
     summary.ranks = max(len(process.get("ranks") or ()), 1)
     if summary.ranks > 1 and process.get("rank_steps"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from html import escape
 
 from ..observe.analyzer import Alert
-from ..observe.metrics import XlaSummary
+from ..observe.metrics import XlaSummary, xla_exceeds_wall
 from ..observe.shapes import shape_changes
 from ..states import BarState, PanelState
 from . import text, units
@@ -152,8 +152,9 @@ def bars_html(bars: list[BarView]) -> str:
     )
 
 
-def chart_html(bars: list[BarView]) -> str:
-    """Loss and step-time sparklines of the first bar that has them; '' when none has."""
+def chart_html(bars: list[BarView], summary: XlaSummary | None = None) -> str:
+    """Loss and step-time sparklines of the first bar that has them; '' when none has. With
+    the launch's `summary`, a wall time per step below XLA's time per step says why."""
     for bar in bars:
         parts = []
         if len(bar.losses) >= 2:
@@ -168,6 +169,7 @@ def chart_html(bars: list[BarView]) -> str:
                 "wall time per step</span> "
                 f"{sparkline_svg(bar.step_times, color=SERIES['step time'])} "
                 f"{escape(units.duration(bar.step_times[-1]))}"
+                + _above_wall_html(summary, bar.step_times[-1])
             )
         if parts:  # each chart wraps as a whole when the output is narrow
             return (
@@ -178,6 +180,15 @@ def chart_html(bars: list[BarView]) -> str:
                 + "</div>"
             )
     return ""
+
+
+def _above_wall_html(summary: XlaSummary | None, wall_seconds: float) -> str:
+    """` (below XLA's per step: ...)` with the whole reason as its tooltip, when XLA's time per
+    step is larger than the wall time per step; '' otherwise."""
+    if not xla_exceeds_wall(summary, wall_seconds):
+        return ""
+    return (f' <span style="{MUTED}" title="{escape(text.XLA_ABOVE_WALL_MEANS)}">'
+            f"({escape(text.XLA_ABOVE_WALL)})</span>")
 
 
 def _row(name: str, value: str, means: str | None = None) -> str:
@@ -274,7 +285,8 @@ def view_metrics_html(view: LaunchView) -> str:
 def launch_html(view: LaunchView) -> str:
     """The whole launch panel: status, bars, chart, errors, metrics and alerts (what the live
     widget panel shows too, part by part)."""
-    parts = [status_html(view), bars_html(view.bars), chart_html(view.bars) + notes_html(view),
+    parts = [status_html(view), bars_html(view.bars),
+             chart_html(view.bars, view.metrics) + notes_html(view),
              view_metrics_html(view)]
     return f'<div class="hfxla-launch" style="{PANEL}">{"".join(parts)}</div>'
 

@@ -2,7 +2,8 @@
 line shown in the cell before the fork.
 
 `hx.plan_memory` returns a `MemoryPlan` (plain data, `train.memory_plan`); `ui/formatters.py`
-tells IPython to draw it with `plan_table` (text) and `plan_table_html`. `fine_tune` checks its
+tells IPython to draw it with `plan_table` (text) and `plan_table_html` (the panel shown
+before the fork, and the changes that would make it fit). `fine_tune` checks its
 plan in the kernel; the launch layer hands it to `show_memory_plan`, which draws one line in the
 mode the launch panel uses: an ipywidgets `HTML` widget (replaced by static HTML when the launch
 ends, like the launch panel, so a saved notebook holds no widget view), an HTML output, or a
@@ -23,6 +24,8 @@ from .units import size
 
 GIB = 2**30
 LABEL = "memory"
+# The launch panel's font, so the plan reads as part of it (not as monospaced output).
+_FONT = "font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;line-height:1.4"
 
 
 class PlanChange(Protocol):
@@ -111,8 +114,18 @@ def plan_table(plan: Plan) -> str:
 
 
 def plan_table_html(plan: Plan) -> str:
-    """`plan_table` as HTML: the same monospaced text a notebook shows for plain text."""
-    return f"<pre>{escape(plan_table(plan))}</pre>"
+    """A `MemoryPlan` as a cell's value, as HTML: the panel `fine_tune` shows before the fork
+    (`plan_html`, the launch panel's font), then the changes that would make it fit, one line
+    each in the same font (the text form, `plan_table`, keeps every figure in columns)."""
+    if not plan.changes:
+        return plan_html(plan)
+    changes = "".join(
+        f"<li>{escape(change.change)} (<code>{escape(change.argument)}</code>): "
+        f"{escape(_gib(change.total_gib))} per device{', fits' if change.fits else ''}</li>"
+        for change in plan.changes)
+    return (f'<div class="hfxla-plan" style="{_FONT}">{plan_html(plan)}'
+            "What would make it fit, cheapest first (each on top of the ones before):"
+            f'<ol style="margin:0;padding-left:2em">{changes}</ol></div>')
 
 
 def _count(number: int) -> str:
@@ -150,8 +163,7 @@ def plan_line(plan: Plan | Mapping[str, Any]) -> str:
 
 def plan_html(plan: Plan | Mapping[str, Any]) -> str:
     """`plan_line` as one HTML line, labelled like the result panel's rows."""
-    return ('<div style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;'
-            f'line-height:1.4"><b>{LABEL}</b>&nbsp;&nbsp;{escape(plan_line(plan))}</div>')
+    return f'<div style="{_FONT}"><b>{LABEL}</b>&nbsp;&nbsp;{escape(plan_line(plan))}</div>'
 
 
 class PlanNotice:

@@ -47,7 +47,17 @@ ETA_MEANS = "the steps left at the rate after the first few steps, which compile
 STEP_TIME_MEANS = ("wall-clock time per step between two updates of the bar (the host's "
                    "work included); the XLA metrics' time per step is the device's execution")
 XLA_STEP_MEANS = ("XLA's execution time (torch_xla's ExecuteTime) per step reported: the "
-                  "device's share of a step, without tracing, data loading or waiting")
+                  "device's share of a step, without tracing, data loading or waiting; every "
+                  "graph executed since the start (the first, slower steps, evaluation and "
+                  "saving too) divided by the steps, so it can be larger than the latest wall "
+                  "time per step")
+# Said beside the wall time per step when XLA's time per step is the larger (`xla_exceeds_wall`).
+XLA_ABOVE_WALL = "less than XLA's per step, which counts every graph since the start"
+XLA_ABOVE_WALL_MEANS = ("XLA's time per step is every graph's execution time since the start "
+                        "(the first, slower steps, and any evaluation or saving graph) divided "
+                        "by the steps; the wall time is that of the latest steps. The device "
+                        "runs a step's graph while the host traces the next, so neither time "
+                        "is part of the other")
 
 
 def timing_pieces(bar: BarView) -> list[tuple[str, str]]:
@@ -176,8 +186,10 @@ def executions_text(summary: XlaSummary, live: bool = False) -> str:
     said: `4 (120 ms) for 5 steps reported: the last step's graph did not run`."""
     text = f"{summary.executions} ({duration(summary.execute_seconds)}"
     per_step = summary.per_step(summary.execute_seconds) if summary.executions else None
+    # Only steps that were reported owe a graph each: syncs counted in their place (no
+    # step reported, as in `predict`) are not steps, and need not each run one.
     short = (not live and summary.ranks == 1 and summary.steps is not None
-             and 0 < summary.executions < summary.steps)
+             and not summary.steps_from_syncs and 0 < summary.executions < summary.steps)
     if (per_step is not None and (summary.steps or 0) > 1 and not summary.compiles_after_steps
             and not short):
         text += f", {duration(per_step)} XLA per step"

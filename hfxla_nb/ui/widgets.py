@@ -76,7 +76,7 @@ class WidgetDisplay(PanelDisplay):
         parts = (
             (self.status, html.status_html(view)),
             (self.bars, html.bars_html(view.bars)),
-            (self.chart, html.chart_html(view.bars) + html.notes_html(view)),
+            (self.chart, html.chart_html(view.bars, view.metrics) + html.notes_html(view)),
             (self.metrics, html.view_metrics_html(view)),
         )
         for widget, value in parts:

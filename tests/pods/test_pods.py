@@ -121,10 +121,10 @@ def test_failures_on_host_1_stop_every_host_and_max_restarts_relaunches_them(
     assert frozen.ranks[2].reason == "froze"
     out, err = capfd.readouterr()
     assert ("hfxla_nb: attempt 1 of 3 failed (host 1 (127.0.0.1) rank 2 failed: ValueError: "
-            "bad batch on host 1. Ranks [0, 1, 3] were stopped.); stopping every host and "
+            "bad batch on host 1. Ranks 0, 1 and 3 were stopped.); stopping every host and "
             "relaunching (max_restarts=2): attempt 2 of 3.") in err
     assert re.search(r"hfxla_nb: attempt 2 of 3 failed \(host 1 \(127\.0\.0\.1\) rank 2 "
-                     r"failed: no heartbeat for 1\ds: the process is frozen\. Ranks \[0, 1, 3\] "
+                     r"failed: no heartbeat for 1\ds: the process is frozen\. Ranks 0, 1 and 3 "
                      r"were stopped\.\); stopping every host and relaunching", err), err
     # Attempt 3: the gloo group spans both hosts; every rank holds the same parameters.
     assert value["sum"] == 1 + 2 + 3 + 4
@@ -181,7 +181,7 @@ def test_a_host_whose_actor_dies_is_named_and_the_other_host_stopped(cluster, tm
     message = str(caught.value)
     assert message.startswith(
         "host 1 (127.0.0.1) rank 2 failed: its host left the cluster or the host's Ray actor "
-        "died (ActorDiedError); its processes died with it. Ranks [0, 1] were stopped.")
+        "died (ActorDiedError); its processes died with it. Ranks 0 and 1 were stopped.")
     assert message.endswith("Not relaunched: a host left the cluster, and a launch is "
                             "relaunched on the hosts it started on.")
     record = caught.value.record

@@ -30,10 +30,11 @@ def evaluate(ctx: WorkerContext, ahead: EvalAhead | None = None) -> dict[str, fl
     return ctx.task.eval_metrics(ctx, batches, fetched)
 
 
-def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None) -> tuple[list, list]:
+def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None,
+                bar: str = "eval") -> tuple[list, list]:
     """The task's `eval_outputs` of every batch of the plan's evaluation split, on the host:
     `(batches, fetched)` (evaluation and `predict` both); `ahead`'s graphs run the buckets
-    they were compiled for."""
+    they were compiled for; `bar` names the progress bar ("eval", or "predict")."""
     import torch
 
     plan = ctx.plan
@@ -43,7 +44,7 @@ def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None) -> tuple[lis
     ctx.model.eval()
     outputs = []
     # The bar's clock starts with the evaluation (step 0: no batch done yet).
-    emit(Progress(worker_rank(), 0, len(batches), {}, None, "eval"))
+    emit(Progress(worker_rank(), 0, len(batches), {}, None, bar))
     with torch.no_grad():
         for i, (bucket_index, positions, real) in enumerate(batches):
             bucket = split.buckets[bucket_index]
@@ -60,7 +61,7 @@ def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None) -> tuple[lis
                 # Sent directly, not through report(): its metrics snapshots would make
                 # the panel's per-step figures count evaluation batches as steps.
                 last_sent = now
-                emit(Progress(worker_rank(), i + 1, len(batches), {}, None, "eval"))
+                emit(Progress(worker_rank(), i + 1, len(batches), {}, None, bar))
     fetched = _xla.to_cpu(outputs)  # one transfer for every batch
     ctx.model.train()
     return batches, fetched

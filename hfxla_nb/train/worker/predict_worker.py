@@ -22,7 +22,7 @@ def predict_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
         ctx = WorkerContext.load(plan, train=False)
         before, _ = _xla.compile_times()
         start = time.perf_counter()
-        batches, fetched = run_batches(ctx)
+        batches, fetched = run_batches(ctx, bar="predict")  # the bar says what runs
         predictions = ctx.task.decode(plan.data, batches, fetched)
         seconds = time.perf_counter() - start
         count, times = _xla.compile_times()

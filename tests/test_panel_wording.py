@@ -1,0 +1,112 @@
+"""Panel wording that must match what it counts (issue #28): the predict bar's name and its
+step accounting, the memory plan drawn as a panel, rank lists in sentences, and XLA's time
+per step above the wall time per step."""
+
+from __future__ import annotations
+
+import contextlib
+from html import escape
+from types import SimpleNamespace
+
+from hfxla_nb._words import ranks_were, series
+from hfxla_nb.observe.metrics import summarize, xla_exceeds_wall
+from hfxla_nb.states import BarState, Outcome, RankState
+from hfxla_nb.ui import html, text
+from hfxla_nb.ui.bar_view import BarView
+
+MS = 1_000_000  # nanoseconds, as torch_xla's timing metrics count them
+
+
+def predict_snapshot() -> dict:
+    """What `predict`'s process sends at its end: no step reported, three syncs (loading the
+    model, the one batch, the fetch) and one graph executed."""
+    return {"counters": {"MarkStep": 3, "ExecuteComputation": 1},
+            "metrics": {"ExecuteTime": {"count": 1, "total": 40 * MS, "samples": []}}}
+
+
+def test_predict_runs_its_batches_under_a_bar_named_predict(monkeypatch):
+    from hfxla_nb.train.worker import evaluate, predict_worker
+
+    calls = []
+    ctx = SimpleNamespace(task=SimpleNamespace(decode=lambda data, batches, fetched: []))
+    monkeypatch.setattr(predict_worker, "_xla",
+                        SimpleNamespace(is_spmd=lambda: True, compile_times=lambda: (0, [])))
+    monkeypatch.setattr(predict_worker, "patches",
+                        SimpleNamespace(applied=contextlib.nullcontext))
+    monkeypatch.setattr(predict_worker, "WorkerContext",
+                        SimpleNamespace(load=lambda plan, train: ctx))
+    monkeypatch.setattr(predict_worker, "run_batches",
+                        lambda ctx, **options: calls.append(options) or ([], []))
+    predict_worker.predict_worker(0, SimpleNamespace(data=None))
+    assert calls == [{"bar": "predict"}]
+
+    # run_batches emits its Progress under the bar it is given.
+    sent = []
+    monkeypatch.setattr(evaluate, "emit", sent.append)
+    monkeypatch.setattr(evaluate.batching, "eval_batches", lambda split, size: [])
+    monkeypatch.setattr(evaluate._xla, "to_cpu", lambda outputs: [])
+    model = SimpleNamespace(eval=lambda: None, train=lambda: None)
+    plan = SimpleNamespace(data=SimpleNamespace(eval=None), batch_size=1)
+    evaluate.run_batches(SimpleNamespace(plan=plan, model=model), bar="predict")
+    evaluate.run_batches(SimpleNamespace(plan=plan, model=model))
+    assert [event.label for event in sent] == ["predict", "eval"]
+
+
+def test_syncs_counted_as_steps_are_never_said_to_have_not_run():
+    # predict reports no step: the 3 "steps" are torch_xla's syncs, 1 graph ran, none is owed.
+    summary = summarize(predict_snapshot())
+    assert summary.steps == 3 and summary.steps_from_syncs
+    assert "did not run" not in text.executions_text(summary)
+    assert "did not run" not in "\n".join(text.summary_lines(summary))
+    # Steps that were reported still say so: 3 steps reported, 1 graph ran to its end.
+    reported = summarize(predict_snapshot(), steps=3)
+    assert not reported.steps_from_syncs
+    assert text.executions_text(reported).endswith(
+        "for 3 steps reported: the graphs of the last 2 steps did not run")
+
+
+def test_rank_lists_are_worded_in_english():
+    assert series([]) == "" and series([0]) == "0" and series([0, 1]) == "0 and 1"
+    assert series([0, 1, 2]) == "0, 1 and 2"
+    assert ranks_were([0], "stopped") == "Rank 0 was stopped."
+    assert ranks_were([0, 1], "stopped") == "Ranks 0 and 1 were stopped."
+    assert ranks_were([0, 1, 2], "stopped") == "Ranks 0, 1 and 2 were stopped."
+
+
+def test_a_failing_launch_names_its_stopped_ranks_in_a_sentence():
+    from hfxla_nb.launch.failure import failure_message
+
+    def rank(number, state, error=None):
+        return SimpleNamespace(rank=number, exit_state=state, error=error, traceback=None,
+                               last_step=None)
+
+    for stopped, words in (([0], "Rank 0 was stopped."),
+                           ([0, 2], "Ranks 0 and 2 were stopped.")):
+        failed = rank(1, RankState.FAILED, "boom")
+        record = SimpleNamespace(outcome=Outcome.FAILED,
+                                 ranks=[failed, *(rank(r, RankState.STOPPED) for r in stopped)])
+        message = failure_message(SimpleNamespace(record=record, failure=failed, timeout=None))
+        assert message == f"rank 1 failed: boom. {words}"
+        assert "[" not in message
+
+
+def bar_with_step_times(*seconds: float) -> BarView:
+    return BarView(label="train", rank=None, step=10, total=20, elapsed=3.0, eta=3.0,
+                   rate=4.0, samples_rate=None, values={}, losses=[], step_times=list(seconds),
+                   state=BarState.RUNNING)
+
+
+def test_xla_time_per_step_above_the_wall_time_per_step_says_why():
+    # 3.65 s of executions over 10 steps: 365 ms XLA per step beside a 246 ms wall step.
+    data = {"counters": {"ExecuteComputation": 12},
+            "metrics": {"ExecuteTime": {"count": 12, "total": 3650 * MS, "samples": []}}}
+    summary = summarize(data, steps=10)
+    assert "365 ms XLA per step" in text.executions_text(summary)
+    assert xla_exceeds_wall(summary, 0.246)
+    chart = html.chart_html([bar_with_step_times(0.25, 0.246)], summary)
+    assert "246 ms" in chart and escape(text.XLA_ABOVE_WALL) in chart
+    assert "every graph" in text.XLA_ABOVE_WALL_MEANS and "divided" in text.XLA_STEP_MEANS
+    # A wall time above XLA's, or no metrics yet, needs no word.
+    assert not xla_exceeds_wall(summary, 0.5) and not xla_exceeds_wall(None, 0.1)
+    assert text.XLA_ABOVE_WALL not in html.chart_html([bar_with_step_times(0.6, 0.5)], summary)
+    assert text.XLA_ABOVE_WALL not in html.chart_html([bar_with_step_times(0.25, 0.246)])
