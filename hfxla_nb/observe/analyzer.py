@@ -107,8 +107,18 @@ def _compile_alerts(summary: XlaSummary, warmup_steps: int) -> list[Alert]:
     changed = shape_changes(summary.input_shapes)
     compile_rate = summary.per_step(summary.compiles)
     every_step = compiles_every_step(summary)
-    if steps and ((steps > warmup_steps and compile_rate > MAX_COMPILES_PER_STEP) or every_step):
-        return [_frequent_compiles(summary, warmup_steps, _unit(summary), every_step)]
+    fires = bool(steps) and ((steps > warmup_steps and compile_rate > MAX_COMPILES_PER_STEP)
+                             or every_step)
+    row = recompiling_row(summary)
+    many = {name: info for name, info in changed.items() if info.distinct > MAX_QUIET_SHAPES}
+    if fires or (many and row is not None and row.graphs >= 2):
+        # An input of many shapes and the line that compiled a graph per shape are settled facts:
+        # from the first snapshot that shows both, the alert stays this one, its numbers
+        # updated, whatever the rate does (#28: the live panel switched between two alerts
+        # as the rate crossed torch_xla's threshold, and its height jumped each time).
+        severity = "warning" if fires else cost_severity(summary)
+        return [_frequent_compiles(summary, warmup_steps, _unit(summary), every_step,
+                                   severity)]
     if summary.compiles_after_warmup and summary.steps_after_warmup and changed:
         cause, fix = compile_cause(summary)
         return [Alert(
@@ -120,7 +130,6 @@ def _compile_alerts(summary: XlaSummary, warmup_steps: int) -> list[Alert]:
             f"{share_text(summary)} {cause}",
             fix,
         )]
-    many = {name: info for name, info in changed.items() if info.distinct > MAX_QUIET_SHAPES}
     return [_shape_changes_alert(summary, many, warmup_steps)] if many else []
 
 
@@ -223,7 +232,7 @@ def recompiling_row(summary: XlaSummary) -> CompileRow | None:
 
 
 def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
-                       every_step: bool) -> Alert:
+                       every_step: bool, severity: str = "warning") -> Alert:
     steps = summary.steps
     rate = summary.per_step(summary.compiles) or 0.0
     if steps <= warmup_steps:  # no warm-up words for a run no longer than the warm-up
@@ -241,7 +250,7 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
     row = recompiling_row(summary)
     if row is None or row.graphs < 2:
         cause, fix = compile_cause(summary)
-        return Alert("frequent-compiles", "warning",
+        return Alert("frequent-compiles", severity,
                      f"Recompiling: {plural(summary.compiles, 'compile')} in "
                      f"{plural(steps or 0, 'step')}", f"{numbers} {cause}", fix)
     place = row.place()
@@ -262,7 +271,7 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
         fix = ("keep shapes and Python control flow the same in every step: pad to fixed "
                f"shapes (or a few buckets){last_batch_fix(summary)}.")
     return Alert(
-        "frequent-compiles", "warning",
+        "frequent-compiles", severity,
         f"Recompiling: {place} compiled {row.graphs} different graphs in "
         f"{plural(steps or 0, 'step')}",
         f"{numbers} {row.compiles} of the {summary.compiles} graphs end at {place} "

@@ -1,0 +1,58 @@
+"""The live panel's compile alert holds still (issue #28, item 2): an SPMD loop whose input
+changes shape for its first five steps, then keeps it, read snapshot by snapshot as the panel
+reads it. Once the changing input and the line that compiled a graph per shape are known,
+every snapshot shows the same alert, whatever the compile rate does."""
+
+from __future__ import annotations
+
+from hfxla_nb.observe.analyzer import analyze
+from hfxla_nb.observe.compile_records import CompileRecord, Frame
+from hfxla_nb.observe.metrics import XlaSummary
+from hfxla_nb.observe.trace_log import TraceLog
+
+LINE = Frame("train", "/tmp/ipykernel_1/27.py", 27, cell=2)
+CHANGING = 6  # steps 1-6 see a new shape of x; the later ones the last shape again
+
+
+def snapshot(step: int, changing: int = CHANGING) -> XlaSummary:
+    """What the panel has at `step`: one compile per new shape at LINE, the shapes seen."""
+    compiles = min(step, changing)
+    trace = TraceLog()
+    trace.add([CompileRecord(i, "user torch_xla.sync", f"hash{i}", where=LINE)
+               for i in range(1, compiles + 1)])
+    shapes = [{"shape": [8 + i, 8], "first": i, "last": i if i < changing else step}
+              for i in range(1, compiles + 1)]
+    return XlaSummary(steps=step, compiles=compiles, compile_seconds=2.0 * compiles,
+                      executions=step, execute_seconds=0.01 * step, input_shapes={"x": shapes},
+                      compiles_after_warmup=max(0, compiles - 3) if step > 3 else None,
+                      steps_after_warmup=step - 3 if step > 3 else None, trace=trace)
+
+
+def compile_alerts(step: int, changing: int = CHANGING) -> list[tuple[str, str]]:
+    return [(a.code, a.title.split(" compiled ")[0]) for a in analyze(snapshot(step, changing))
+            if a.code in {"frequent-compiles", "recompiled", "shape-changes"}]
+
+
+def test_the_compile_alert_is_one_and_the_same_from_first_to_last_snapshot():
+    # From step 3 (3 graphs in 3 steps: a new graph every step) to the end.
+    seen = [compile_alerts(step) for step in range(3, 40)]
+    assert all(len(alerts) == 1 for alerts in seen), seen
+    assert {alerts[0] for alerts in seen} == {
+        ("frequent-compiles", "Recompiling: `train` in cell 2, line 27")}
+
+
+def test_its_numbers_follow_the_run_and_it_still_names_the_input():
+    (late,) = [a for a in analyze(snapshot(39)) if a.code == "frequent-compiles"]
+    assert late.title == ("Recompiling: `train` in cell 2, line 27 compiled 6 different graphs "
+                          "in 39 steps")
+    assert "input 'x' had 6 different shapes" in late.explanation
+    assert late.fix.startswith("At `train` in cell 2, line 27: ")
+    # While torch_xla's rate rule fires it is a warning; after, its cost decides.
+    (early,) = [a for a in analyze(snapshot(5)) if a.code == "frequent-compiles"]
+    assert early.severity == "warning"
+
+
+def test_a_few_buckets_compiled_in_the_warm_up_raise_no_alert():
+    # Three length buckets (fine_tune's most), each compiled once in the first steps: the
+    # steady alert is for inputs of many shapes only.
+    assert all(compile_alerts(step, changing=3) == [] for step in range(7, 40))
