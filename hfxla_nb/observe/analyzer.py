@@ -34,7 +34,6 @@ from .alert_words import (
     shapes_listed,
     share_text,
 )
-from .compile_records import cause_text
 from .metrics import WARMUP_STEPS, XlaSummary
 from .shapes import MAX_QUIET_SHAPES, InputShapes, shape_changes
 from .trace_log import CompileRow
@@ -275,7 +274,7 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
         f"Recompiling: {place} compiled {row.graphs} different graphs in "
         f"{plural(steps or 0, 'step')}",
         f"{numbers} {row.compiles} of the {summary.compiles} graphs end at {place} "
-        f"({cause_text(row.cause)}), {row.graphs} of them different: what changes is in the "
+        f"({row.cause_words()}), {row.graphs} of them different: what changes is in the "
         f"step's code that runs before that line. {cause}",
         f"At {place}: {fix}",
     )

@@ -12,7 +12,14 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .compile_records import FETCH_CAUSE, MAX_HASHES, CompileRecord, ExecutionSite, Frame
+from .compile_records import (
+    FETCH_CAUSE,
+    MAX_HASHES,
+    CompileRecord,
+    ExecutionSite,
+    Frame,
+    cause_text,
+)
 
 # Compile records kept for `records` (the rows keep counting past it).
 MAX_RECORDS = 2000
@@ -52,11 +59,22 @@ class CompileRow:
         return self.cause.startswith(FETCH_CAUSE)
 
     def place(self) -> str:
-        """"`train` in cell 5, line 12 (via masking_utils.py:123 `f`)", or "library code"."""
-        text = self.where.text() if self.where is not None else "library code"
+        """"`train` in cell 5, line 12 (via masking_utils.py:123 `f`)"; for a graph no line of
+        the user's made, the library line: "library: evaluate.py:57 `run_batches`" (or
+        "library code" when even that is unknown)."""
+        if self.where is None:
+            return f"library: {self.via.short()}" if self.via is not None else "library code"
+        text = self.where.text()
         if self.via is not None:
             text += f" (via {self.via.short()})"
         return text
+
+    def cause_words(self) -> str:
+        """The most frequent cause in a few words (`cause_text`); a value a library fetched
+        is not blamed on `.item()` or print, which the user did not write (#28, item 9)."""
+        if self.where is None and self.fetched:
+            return "value fetched by the library"
+        return cause_text(self.cause)
 
     def add(self, record: CompileRecord) -> None:
         self.compiles += 1

@@ -12,7 +12,6 @@ from __future__ import annotations
 from html import escape
 
 from .._words import plural
-from ..observe.compile_records import cause_text
 from ..observe.metrics import XlaSummary
 from ..observe.trace_log import CompileRow, TraceLog
 from .table_style import TABLE, TD, TR
@@ -27,7 +26,7 @@ _GIB = 1024**3
 def row_cells(row: CompileRow) -> tuple[str, str, str, str, str]:
     """(line, graphs, different, compile time, cause) of one row, as text."""
     return (row.place(), plural(row.compiles, "graph"), f"{row.graphs} different",
-            duration(row.compile_time), cause_text(row.cause))
+            duration(row.compile_time), row.cause_words())
 
 
 def memory_text(summary: XlaSummary) -> str | None:
@@ -91,9 +90,12 @@ def compilation_lines(summary: XlaSummary) -> list[str]:
     return lines
 
 
-def _cell(value: str, header: bool = False) -> str:
+def _cell(value: str, header: bool = False, wraps: bool = False) -> str:
     tag = "th" if header else "td"
-    style = f"{TD}padding:1px 10px 1px 0;"
+    style = f"{TD}padding:1px 10px 1px 0;text-align:left;"
+    # Only the place and the cause may wrap: at 1024 px a long place squeezed the counts into
+    # "1 / graph" (#28, item 9).
+    style += "" if wraps else "white-space:nowrap;"
     if header:
         style += "font-weight:normal;opacity:0.75;"
     return f'<{tag} style="{style}">{escape(value)}</{tag}>'
@@ -111,8 +113,9 @@ def compilations_html(summary: XlaSummary) -> str:
         header = "".join(_cell(name, True) for name in (
             "compiled at", "graphs", "different", "compile time", "cause"))
         rows = trace.rows()
-        body = "".join(f'<tr style="{TR}">' + "".join(_cell(value) for value in row_cells(row))
-                       + "</tr>" for row in rows[:MAX_ROWS])
+        body = "".join(f'<tr style="{TR}">' + "".join(
+            _cell(value, wraps=column in (0, 4)) for column, value in enumerate(row_cells(row)))
+            + "</tr>" for row in rows[:MAX_ROWS])
         more = ""
         if len(rows) > MAX_ROWS:
             rest = plural(len(rows) - MAX_ROWS, "more line")

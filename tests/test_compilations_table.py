@@ -1,0 +1,47 @@
+"""The compilations table (issue #28, item 9): a graph that only library code made names the
+library line, not "library code"; a value the library fetched is not blamed on `.item()`;
+and in HTML the counts never wrap, only the place and the cause may."""
+
+from __future__ import annotations
+
+import re
+
+from hfxla_nb.observe.compile_records import FETCH_CAUSE, CompileRecord, Frame
+from hfxla_nb.observe.metrics import XlaSummary
+from hfxla_nb.observe.trace_log import TraceLog
+from hfxla_nb.ui.compilations import compilations_html, row_cells
+
+LIBRARY = Frame("run_batches", "/work/hfxla_nb/train/worker/evaluate.py", 57)
+USER = Frame("train", "/tmp/ipykernel_1/27.py", 12, cell=3)
+
+
+def trace_of(*records: CompileRecord) -> TraceLog:
+    trace = TraceLog()
+    trace.add(records)
+    return trace
+
+
+def test_a_library_graph_names_its_line_and_is_not_blamed_on_item():
+    trace = trace_of(CompileRecord(1, FETCH_CAUSE + " before torch_xla.sync", "h1", via=LIBRARY))
+    (row,) = trace.rows()
+    place, graphs, different, _, cause = row_cells(row)
+    assert place == "library: evaluate.py:57 `run_batches`"
+    assert (graphs, different, cause) == ("1 graph", "1 different", "value fetched by the library")
+
+
+def test_a_users_fetch_keeps_its_item_words():
+    trace = trace_of(CompileRecord(1, FETCH_CAUSE + " before torch_xla.sync", "h1", where=USER))
+    (row,) = trace.rows()
+    assert row_cells(row)[0] == "`train` in cell 3, line 12"
+    assert row_cells(row)[4].startswith("value fetched (.item()")
+
+
+def test_only_the_place_and_the_cause_may_wrap():
+    long_place = Frame("a_very_long_training_function_name", "/tmp/ipykernel_1/27.py", 12, 3)
+    trace = trace_of(CompileRecord(1, "user torch_xla.sync", "h1", where=long_place),
+                     CompileRecord(2, "user torch_xla.sync", "h2", where=long_place))
+    html = compilations_html(XlaSummary(steps=2, compiles=2, trace=trace))
+    (row,) = [r for r in re.findall(r"<tr[^>]*>(.*?)</tr>", html) if "<td" in r]
+    styles = re.findall(r'<td style="([^"]*)"', row)
+    assert len(styles) == 5
+    assert ["white-space:nowrap" in style for style in styles] == [False, True, True, True, False]
