@@ -143,6 +143,9 @@ class BaseLaunchRecord:
         max_attempts: how many attempts the call allowed (`max_restarts + 1`).
         stopped_processes: what the launch left running outside its process group and had
             to stop, each as "sleep 600 (pid 1234)".
+        notes: what the launch's checks wanted said (XLA:CPU's replicated ranks are threads
+            of one process, ...), shown under the bars: words about the launch, not a
+            Python warning at a line of the cell.
 
     Raises:
         ValueError: `outcome` is not an `Outcome` word.
@@ -157,6 +160,7 @@ class BaseLaunchRecord:
     attempt: int = 1
     max_attempts: int = 1
     stopped_processes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.outcome)

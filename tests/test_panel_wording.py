@@ -110,3 +110,22 @@ def test_xla_time_per_step_above_the_wall_time_per_step_says_why():
     assert not xla_exceeds_wall(summary, 0.5) and not xla_exceeds_wall(None, 0.1)
     assert text.XLA_ABOVE_WALL not in html.chart_html([bar_with_step_times(0.6, 0.5)], summary)
     assert text.XLA_ABOVE_WALL not in html.chart_html([bar_with_step_times(0.25, 0.246)])
+
+
+def _no_collectives() -> int:
+    return 1
+
+
+def test_the_replicated_cpu_note_is_on_the_panel_not_a_warning_at_a_temporary_file(capsys):
+    # Issue #28, item 12: it was a red UserWarning pointing at ipykernel's file for the cell.
+    import warnings
+
+    import hfxla_nb as hx
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning in the kernel fails the test
+        assert hx.notebook_launcher(_no_collectives, num_processes=2,
+                                    progress="console") == 1
+    (note,) = hx.last_launch().notes
+    assert note.startswith("XLA on the CPU runs the 2 replicated ranks as threads")
+    assert note in capsys.readouterr().out.replace("\n", " ")

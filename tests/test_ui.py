@@ -656,7 +656,7 @@ def test_launch_panels_in_a_kernel_end_as_static_html_with_final_metrics():
         _, final = panel_outputs(threads)
         lines = final["text/plain"].splitlines()
         assert lines[0].startswith("✔ launch of 4 ranks finished in ")
-        (xla,) = [line for line in lines if line.startswith("XLA ")]
+        (xla,) = [line for line in lines if line.startswith("XLA (")]
         # One process's counters, all 4 rank threads' work (30 executions each), named so.
         assert xla.startswith("XLA (process of ranks 0-3) in 30 steps: ")
         assert " 120 executions " in xla

@@ -249,8 +249,6 @@ def _local_plan(strategy: str, num_processes: int | None, mixed_precision: str,
     plan = preflight.plan_launch(strategy, num_processes, mixed_precision,
                                  info.accelerator.kind, info.accelerator.devices,
                                  info.environment)
-    for message in plan.warnings:
-        warnings.warn(message, UserWarning, stacklevel=4)
     env = dict(plan.env)
     env.update(_cache_env(compile_cache, info, strategy))
     env[tracing.SWITCH] = "1" if trace_compiles else "0"
@@ -310,7 +308,10 @@ class _Attempts:
         record = LaunchRecord(plan.strategy, plan.world,
                               [RankRecord(rank) for rank in range(plan.world)],
                               attempt=len(earlier) + 1, max_attempts=options.max_attempts,
-                              previous_attempts=list(earlier))
+                              previous_attempts=list(earlier),
+                              # Under the bars, not as a red UserWarning at ipykernel's file
+                              # for the cell (#28, item 12).
+                              notes=list(plan.warnings))
         reader = LaunchReader(record, self.timeout, self.heartbeat_timeout)
         # "attempt 2 of 4" in the panel's status line; only passed with restarts
         shown = {"attempt": record.attempt_text} if record.attempt_text else {}

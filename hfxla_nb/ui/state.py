@@ -125,7 +125,8 @@ class LaunchState:
         if not self.per_rank:
             bars = aggregate(bars)
         bars.sort(key=lambda b: (b.rank is None, b.rank or 0, b.label != "train", b.label))
-        notes = [note for bar in bars if (note := short_bar_note(bar))]
+        notes = list(reader.record.notes)
+        notes += [note for bar in bars if (note := short_bar_note(bar))]
         if self.outcome is None:
             notes += self._silent_notes(ranks, now)
         metrics_ranks = reader.metrics.process_ranks()
