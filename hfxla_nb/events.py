@@ -94,6 +94,18 @@ class Log(Event):
 
 
 @dataclass(frozen=True)
+class LibraryWarning(Event):
+    """A Python warning whose reported location is a library's, not the user's code
+    (`launch.library_warnings`): the notebook folds these into one line per kind."""
+
+    category: str  # "FutureWarning"
+    message: str
+    filename: str
+    lineno: int
+    package: str  # "transformers"; "Python" for the standard library
+
+
+@dataclass(frozen=True)
 class Finished(Event):
     result: Any
     duration: float = 0.0

@@ -12,6 +12,7 @@ from typing import Any
 
 from .._units import duration
 from .._words import plural
+from ..events import LibraryWarning
 from ..observe.rank_metrics import RankMetrics, dataframe
 from ..states import BaseLaunchRecord, BaseRankRecord
 
@@ -55,6 +56,9 @@ class LaunchRecord(BaseLaunchRecord):
             the launcher returns; `leftover_processes()` lists any that are not).
         native_log: every XLA C++ log line the launch's processes wrote, verbatim (the cell
             shows each repeated one once, with its count).
+        warnings: every warning located in a library's code (site-packages, the standard
+            library) that the launch's ranks issued, in order, each a `LibraryWarning` event
+            (the cell shows one line per kind, with its count).
         attempt: which attempt this launch was (1, then 2... after `max_restarts=`
             relaunched the function following a failure; `BaseLaunchRecord`'s).
         max_attempts: how many attempts the call allowed (`max_restarts + 1`).
@@ -69,6 +73,7 @@ class LaunchRecord(BaseLaunchRecord):
 
     ranks: list[RankRecord]  # the same field: ranks with their metrics
     native_log: list[str] = field(default_factory=list)
+    warnings: list[LibraryWarning] = field(default_factory=list)
     previous_attempts: list[LaunchRecord] = field(default_factory=list, repr=False)
     hosts: list[dict] = field(default_factory=list)
 

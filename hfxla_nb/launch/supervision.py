@@ -14,11 +14,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..events import Channel, Event, Log, OutputPipes
+from ..events import Channel, Event, LibraryWarning, Log, OutputPipes
 from ..observe.launch_reader import LaunchReader
 from ..runtime import compile_cache
 from ..states import Outcome
 from .failure import failure_message
+from .library_warnings import print_folded
 from .native_output import NativeRelay
 from .processes import stop_group
 from .watching import LaunchWatch, end_launch, shows
@@ -171,6 +172,8 @@ class Supervision(LaunchWatch):
         self.reader.handle(event)
         if isinstance(event, Log):
             self._print_log(event)
+        elif isinstance(event, LibraryWarning):
+            self.record.warnings.append(event)  # said, folded, at the end of the launch
         elif isinstance(event, OutputPipes):
             self.native.add_process(event)
         else:
@@ -196,6 +199,11 @@ class Supervision(LaunchWatch):
             text = "".join(prefix + line for line in text.splitlines(keepends=True))
         stream.write(text)
         stream.flush()
+
+    def _print_library_warnings(self) -> None:
+        """One muted line per kind of library warning, with its count (`folded_lines`)."""
+        print_folded(self.record.warnings,
+                     lambda rank: self._shown([] if rank is None else [rank]))
 
     # -- stopping ----------------------------------------------------------------------------
 
@@ -245,6 +253,7 @@ class Supervision(LaunchWatch):
         try:
             for event in channel.receive():  # what was sent while the launch was stopped
                 self._handle(event)
+            self._print_library_warnings()
             self.native.close()
         finally:
             channel.close()

@@ -41,7 +41,7 @@ from ..events import (
 )
 from ..observe import reporting, tracing, user_frames
 from ..runtime import compile_cache
-from . import rank_env
+from . import library_warnings, rank_env
 from .accelerate_state import gloo_world_for_accelerate
 from .event_stream import EventStream, drain_output
 from .heartbeat import rank_ended, rank_started, start_heartbeat
@@ -94,6 +94,7 @@ def run_rank(
     """Run the user's function as `rank`, reporting its start and its outcome."""
     route_this_process(channel)
     attach_worker(channel, rank)
+    library_warnings.install(channel)  # after attach: each warning names its rank
     start_heartbeat(channel)
     rank_started(rank)
     compile_cache.start_in_worker(rank)  # before the function's first compilation

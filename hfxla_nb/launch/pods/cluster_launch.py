@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ...events import Event, Log
+from ...events import Event, LibraryWarning, Log
 from ...observe import tracing
 from ...observe.launch_reader import LaunchReader
 from ...runtime import detect
@@ -27,6 +27,7 @@ from ...ui import LaunchDisplay, launch_display
 from .. import preflight as local_preflight
 from ..errors import launch_error
 from ..failure import failure_message
+from ..library_warnings import print_folded
 from ..preflight import LaunchPlan, LaunchRefusedError
 from ..record import LaunchRecord, RankRecord
 from ..watching import LaunchWatch, end_launch, shows
@@ -300,6 +301,8 @@ class _Watch(LaunchWatch):
             outcome = Outcome.INTERRUPTED
             raise
         finally:
+            print_folded(self.record.warnings,
+                         lambda rank: shows(self.shown_ranks, [] if rank is None else [rank]))
             # The hosts' processes are stopped by the caller (`_stop_hosts`, `_release`).
             end_launch(self.reader, self.display, outcome, began,
                        interrupted_line=("hfxla_nb: interrupted; every host's worker "
@@ -346,6 +349,8 @@ class _Watch(LaunchWatch):
         self.reader.handle(event)
         if isinstance(event, Log):
             self._print(host, event)
+        elif isinstance(event, LibraryWarning):
+            self.record.warnings.append(event)  # said, folded, at the end of the launch
         else:
             self.display.handle(event)
 
