@@ -325,3 +325,17 @@ def formatted_by_a_shell(value: object) -> dict:
     finally:
         InteractiveShell.clear_instance()
     return bundle
+
+
+#: Where a `Clock` starts: any fixed wall time.
+T0 = 1_000_000.0
+
+
+class Clock:
+    """A wall clock the test moves by hand (`clock.now += 2.0`), for readers and panels."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now

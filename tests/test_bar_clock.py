@@ -19,18 +19,11 @@ from hfxla_nb.observe import bars
 from hfxla_nb.train.worker import loop
 from hfxla_nb.ui import html, text, units
 from hfxla_nb.ui.state import BarView, LaunchState
+from tests.helpers import T0, Clock
 
-T0 = 1_000_000.0
 ROWS = 32  # samples per step
 STEPS = 60
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def fine_tune_events(step_seconds: tuple[float, ...] = (0.33, 0.41), compile_seconds=19.0,

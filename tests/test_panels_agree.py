@@ -24,18 +24,10 @@ from hfxla_nb.train.result import FineTuneResult
 from hfxla_nb.ui import html, launch_display, text
 from hfxla_nb.ui.finetune_panel import result_html
 from hfxla_nb.ui.state import LaunchState
-from tests.helpers import run_python
+from tests.helpers import T0, Clock, run_python
 
-T0 = 1_000_000.0
 NS = 1e9
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def panel(world: int = 1, clock: Clock | None = None, **record) -> LaunchState:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 
 from hfxla_nb.train.result import FineTuneResult
-from hfxla_nb.ui.finetune_panel import loss_text_chart, metric_value, result_html, result_text
+from hfxla_nb.ui.finetune_panel import loss_text_chart, result_html, result_text
+from hfxla_nb.ui.metric_table import metric_value
 
 
 def result(**changes) -> FineTuneResult:

@@ -26,17 +26,7 @@ from hfxla_nb.ui.html_display import HtmlDisplay
 from hfxla_nb.ui.metrics_panel import MetricsPanel
 from hfxla_nb.ui.state import LaunchState
 from hfxla_nb.ui.widgets import WidgetDisplay, widget_state
-from tests.helpers import bundles_of, error_of, run_notebook, stdout_of
-
-T0 = 1_000_000.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.helpers import T0, Clock, bundles_of, error_of, run_notebook, stdout_of
 
 
 def record(ok=True, **ranks):

@@ -19,7 +19,6 @@ from ..observe.launch_reader import LaunchReader
 from ..runtime import compile_cache
 from ..states import Outcome
 from .failure import failure_message
-from .library_warnings import print_folded
 from .native_output import NativeRelay
 from .processes import stop_group
 from .watching import LaunchWatch, end_launch, shows
@@ -200,11 +199,6 @@ class Supervision(LaunchWatch):
         stream.write(text)
         stream.flush()
 
-    def _print_library_warnings(self) -> None:
-        """One muted line per kind of library warning, with its count (`folded_lines`)."""
-        print_folded(self.record.warnings,
-                     lambda rank: self._shown([] if rank is None else [rank]))
-
     # -- stopping ----------------------------------------------------------------------------
 
     def _supervisor_exited(self) -> int | None:
@@ -253,7 +247,7 @@ class Supervision(LaunchWatch):
         try:
             for event in channel.receive():  # what was sent while the launch was stopped
                 self._handle(event)
-            self._print_library_warnings()
+            self._say_library_warnings()
             self.native.close()
         finally:
             channel.close()

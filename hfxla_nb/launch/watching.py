@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..observe.launch_reader import LaunchReader
 from ..states import Outcome, RankState
+from .library_warnings import print_folded
 from .record import LaunchRecord
 
 if TYPE_CHECKING:
@@ -49,6 +50,12 @@ class LaunchWatch:
         self.shown_ranks = shown_ranks
         self.timeout = timeout
         self._last_refresh = 0.0
+
+    def _say_library_warnings(self) -> None:
+        """One muted line per kind of library warning the launch kept (`print_folded`),
+        counting the ranks whose lines reach the cell: on one host and on a cluster alike."""
+        print_folded(self.record.warnings,
+                     lambda rank: shows(self.shown_ranks, [] if rank is None else [rank]))
 
     def _turn_end(self, began: float, exited: Callable[[], int | None]) -> Outcome | None:
         """After a turn of the watch loop applied what arrived: redraw the panel (at most every

@@ -116,8 +116,7 @@ def _compile_alerts(summary: XlaSummary, warmup_steps: int) -> list[Alert]:
         # updated, whatever the rate does (#28: the live panel switched between two alerts
         # as the rate crossed torch_xla's threshold, and its height jumped each time).
         severity = "warning" if fires else cost_severity(summary)
-        return [_frequent_compiles(summary, warmup_steps, _unit(summary), every_step,
-                                   severity)]
+        return [_frequent_compiles(summary, warmup_steps, _unit(summary), row, severity)]
     if summary.compiles_after_warmup and summary.steps_after_warmup and changed:
         cause, fix = compile_cause(summary)
         return [Alert(
@@ -231,7 +230,9 @@ def recompiling_row(summary: XlaSummary) -> CompileRow | None:
 
 
 def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
-                       every_step: bool, severity: str = "warning") -> Alert:
+                       row: CompileRow | None, severity: str) -> Alert:
+    """The recompile alert; `row` is the traced line that compiled the most different graphs
+    (`recompiling_row`), None without a trace."""
     steps = summary.steps
     rate = summary.per_step(summary.compiles) or 0.0
     if steps <= warmup_steps:  # no warm-up words for a run no longer than the warm-up
@@ -246,7 +247,6 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
                      f"{warmup_steps}")
     numbers = (f"XLA compiled {rate:.2f} graphs per {unit} ({rule}), taking "
                f"{duration(summary.compile_seconds)}.{share_text(summary)}")
-    row = recompiling_row(summary)
     if row is None or row.graphs < 2:
         cause, fix = compile_cause(summary)
         return Alert("frequent-compiles", severity,

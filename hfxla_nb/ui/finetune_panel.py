@@ -8,12 +8,9 @@ from typing import Any
 
 from .._words import plural
 from .html import COLORS, SERIES, sparkline_svg, text_color
-from .metric_table import (
-    evaluation_html,
-    evaluation_text,
-    metric_value,  # noqa: F401  (re-exported: its older import path)
-)
+from .metric_table import evaluation_html, evaluation_text
 from .plan_panel import plan_text
+from .table_style import FONT
 from .units import duration, size
 
 # Loss entries shown in the text chart; longer histories are sampled down to this many.
@@ -257,7 +254,7 @@ def result_html(result: Any) -> str:
                 f"{value_html(name, value)}</td></tr>")
 
     cells = "".join(row(name, value) for name, value in result_rows(result))
-    return ('<div style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">'
+    return (f'<div style="{FONT}">'
             '<b>FineTuneResult</b><table style="border-collapse:collapse;margin-top:4px;'
             'font-size:13px;table-layout:auto;color:inherit"><tbody>'
             f"{cells}</tbody></table></div>")

@@ -20,7 +20,7 @@ from ..states import BarState, PanelState
 from . import text, units
 from .compilations import compilations_html
 from .state import BarView, LaunchView
-from .table_style import TABLE, TD, TR
+from .table_style import FONT, TABLE, TD, TR
 
 # Mid-tone colours, readable on light and dark backgrounds.
 BLUE, GREY, GREEN, AMBER, RED = "#1f77b4", "#7f7f7f", "#2ca02c", "#e6a700", "#d62728"
@@ -43,7 +43,7 @@ _THEME_TEXT = {
     AMBER: "--jp-warn-color1",
     GREY: "--jp-ui-font-color2",
 }
-_BOX = "font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;line-height:1.4;"
+_BOX = FONT + "line-height:1.4;"
 # Secondary text: the theme's text colour, dimmed, so it reads on light and dark backgrounds.
 MUTED = "opacity:0.75;"
 # The empty part of a progress bar: grey at a quarter strength shows on any background.
@@ -183,7 +183,7 @@ def chart_html(bars: list[BarView], summary: XlaSummary | None = None) -> str:
 
 
 def _above_wall_html(summary: XlaSummary | None, wall_seconds: float) -> str:
-    """` (below XLA's per step: ...)` with the whole reason as its tooltip, when XLA's time per
+    """` (less than XLA's per step, ...)` with the whole reason as its tooltip, when XLA's time per
     step is larger than the wall time per step; '' otherwise."""
     if not xla_exceeds_wall(summary, wall_seconds):
         return ""

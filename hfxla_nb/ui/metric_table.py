@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from html import escape
 
+from .table_style import aligned_lines
+
 # The last word of a metric's name that says it counts things (`eval_rows`, `eval_tokens`,
 # `eval_LOC_entities`, seqeval's `support`). A count is shown whole, never `53.0000`.
 COUNT_WORDS = frozenset({"rows", "tokens", "samples", "steps", "count", "examples", "entities",
@@ -88,12 +90,8 @@ def evaluation_text(metrics: dict[str, float]) -> str:
     if rows:
         width = max(len(name) for name, _ in rows)
         lines += [f"{name:<{width}}  {value}" for name, value in rows]
-    if grid:
-        widths = [max(len(row[i]) for row in grid) for i in range(len(grid[0]))]
-        lines += ["  ".join([row[0].ljust(widths[0])]
-                            + [cell.rjust(width) for cell, width in zip(row[1:], widths[1:],
-                                                                        strict=True)]).rstrip()
-                  for row in grid]
+    if grid:  # entity names left, numbers right
+        lines += aligned_lines(grid, [False] + [True] * (len(grid[0]) - 1))
     return "\n".join(lines)
 
 

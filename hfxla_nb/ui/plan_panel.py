@@ -20,12 +20,15 @@ from types import SimpleNamespace
 from typing import Any, Protocol
 
 from .html_display import HtmlBlock
+from .table_style import FONT
 from .units import size
 
 GIB = 2**30
 LABEL = "memory"
+# What introduces the changes of a plan that does not fit (text and HTML).
+FIT_HEADING = "What would make it fit, cheapest first (each on top of the ones before):"
 # The launch panel's font, so the plan reads as part of it (not as monospaced output).
-_FONT = "font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;line-height:1.4"
+_FONT = FONT + "line-height:1.4"
 
 
 class PlanChange(Protocol):
@@ -106,7 +109,7 @@ def plan_table(plan: Plan) -> str:
     ]
     lines += [f"  note: {note}" for note in plan.notes]
     if plan.changes:
-        lines.append("What would make it fit, cheapest first (each on top of the ones before):")
+        lines.append(FIT_HEADING)
         lines += [f"  {number}. {change.change} ({change.argument}): "
                   f"{change.total_gib:.2f} GiB per device{', fits' if change.fits else ''}"
                   for number, change in enumerate(plan.changes, start=1)]
@@ -124,7 +127,7 @@ def plan_table_html(plan: Plan) -> str:
         f"{escape(_gib(change.total_gib))} per device{', fits' if change.fits else ''}</li>"
         for change in plan.changes)
     return (f'<div class="hfxla-plan" style="{_FONT}">{plan_html(plan)}'
-            "What would make it fit, cheapest first (each on top of the ones before):"
+            f"{FIT_HEADING}"
             f'<ol style="margin:0;padding-left:2em">{changes}</ol></div>')
 
 

@@ -13,7 +13,7 @@ from html import escape
 from typing import Any
 
 from .._words import plural
-from .table_style import TABLE, TD, TR
+from .table_style import FONT, TABLE, TD, TR, aligned_lines
 from .units import duration
 
 #: Rows shown; a longer table says how many more `to_dataframe()` has.
@@ -127,12 +127,8 @@ def predictions_text(predictions: Any) -> str:
     lines = [heading(predictions, table)]
     if not table.rows:
         return "\n".join([*lines, f"  {NO_ROWS}"])
-    grid = [table.columns, *table.rows]
-    widths = [max(len(row[i]) for row in grid) for i in range(len(table.columns))]
-    for row in grid:
-        cells = [text.rjust(width) if numeric else text.ljust(width)
-                 for text, width, numeric in zip(row, widths, table.numeric, strict=True)]
-        lines.append(("  " + "  ".join(cells)).rstrip())
+    lines += [("  " + line).rstrip()
+              for line in aligned_lines([table.columns, *table.rows], table.numeric)]
     lines.append(f"  {footer(table.more)}")
     return "\n".join(lines)
 
@@ -155,5 +151,5 @@ def predictions_html(predictions: Any) -> str:
             f"<tbody>{body}</tbody></table>" if table.rows else f"<div>{NO_ROWS}</div>")
     note = (f'<div style="font-size:11px;opacity:0.75">{escape(footer(table.more))}</div>'
             if table.rows else "")
-    return ('<div style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">'
+    return (f'<div style="{FONT}">'
             f"<b>{escape(heading(predictions, table))}</b>{html}{note}</div>")

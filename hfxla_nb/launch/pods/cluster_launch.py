@@ -27,7 +27,6 @@ from ...ui import LaunchDisplay, launch_display
 from .. import preflight as local_preflight
 from ..errors import launch_error
 from ..failure import failure_message
-from ..library_warnings import print_folded
 from ..preflight import LaunchPlan, LaunchRefusedError
 from ..record import LaunchRecord, RankRecord
 from ..watching import LaunchWatch, end_launch, shows
@@ -301,8 +300,7 @@ class _Watch(LaunchWatch):
             outcome = Outcome.INTERRUPTED
             raise
         finally:
-            print_folded(self.record.warnings,
-                         lambda rank: shows(self.shown_ranks, [] if rank is None else [rank]))
+            self._say_library_warnings()
             # The hosts' processes are stopped by the caller (`_stop_hosts`, `_release`).
             end_launch(self.reader, self.display, outcome, began,
                        interrupted_line=("hfxla_nb: interrupted; every host's worker "

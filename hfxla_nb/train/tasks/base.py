@@ -6,8 +6,8 @@ A batch (`worker.batch.Batch`) is a set of named tensors: `batch.tokens`, one in
 holding the token inputs side by side, then the label columns (one for a class id, `length`
 for a label per token, two for a span), then (evaluation) a weight column (`batch.weights`, 0
 for filler rows); and fields of any dtype by name (`batch["pixel_values"]`) from
-`Bucket.fields`. `batch.inputs()` gives the model inputs by name. Every tensor of a batch is
-uploaded in one transfer.
+`Bucket.fields`. `batch.inputs()` gives the model inputs by name. Every tensor of a batch goes
+up in one call: one transfer (under SPMD, one per array: `worker/batch.py`).
 """
 
 from __future__ import annotations
