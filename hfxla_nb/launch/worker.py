@@ -226,11 +226,23 @@ def supervise(
         code = 1
     finally:
         # The notebook stops the launch's group (SIGTERM) as soon as it learns of a failure,
-        # which is while this process stops its leftovers: it must not die before naming them.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        # which is while this process stops its leftovers: it must not die before naming them
+        # (its SIGKILL follows). Ignored for the whole process: a mask is per thread, and a
+        # signal sent to the process goes to any thread that does not block it (torch_xla's,
+        # the relays'), which then ends the process (the CI flake of stop 36).
+        _ignore_sigterm()
         _stop_leftovers(channel)
         drain_output()
         os._exit(code)
+
+
+def _ignore_sigterm() -> None:
+    """Ignore SIGTERM in every thread of this process (a mask where this is not the main
+    thread, which cannot set a handler)."""
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
 def _stop_leftovers(channel: Channel) -> None:
