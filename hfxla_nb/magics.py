@@ -51,9 +51,12 @@ class XlaMagics(Magics):
         """
         _parse(self.xla_info, line)
         from . import runtime
+        from .runtime.stopped_launches import forget
         from .ui.runtime_panel import RuntimePanel
 
-        _display(RuntimePanel(runtime.detect()))
+        info = runtime.detect()
+        _display(RuntimePanel(info))
+        forget(info.stopped_launches)  # each is shown once
 
     @magic_arguments()
     @argument("--device", choices=("auto", "tpu", "cpu"), default="auto",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import types
 from pathlib import Path
 
@@ -694,3 +695,24 @@ def test_package_versions_are_what_pip_says():
     for key in ("torch", "torch_xla", "transformers", "datasets", "ipykernel"):
         assert versions[key] == importlib.metadata.version(key)
     assert environment._distribution_version(("no-such-package-hfxla",)) is None
+
+
+def test_a_stopped_launch_note_is_a_warning_once(tmp_path, monkeypatch):
+    """A note the supervisor of a dead kernel wrote is a warning of `detect()` until `forget`;
+    an old or broken note is not shown; a fake /sys tree reads none of this machine's notes."""
+    from hfxla_nb.runtime import stopped_launches
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the notes' folder: the test's
+    now = time.time()
+    stopped_launches.record(stopped_launches.StoppedLaunch(
+        111, 222, now, ["python -m ipykernel_launcher (pid 222)", "sleep 600 (pid 333)"]))
+    stopped_launches.record(stopped_launches.StoppedLaunch(1, 2, now - 8 * 24 * 3600))
+    (stopped_launches.notes_folder() / "broken.json").write_text("{")
+    info = detect()
+    warnings = [p.title for p in info.problems if "kernel that died" in p.title]
+    assert len(warnings) == 1 and "(pid 111)" in warnings[0], warnings
+    assert "sleep 600 (pid 333)" in warnings[0]
+    assert [launch.kernel_pid for launch in info.stopped_launches] == [111]
+    assert not any("kernel that died" in p.title for p in detect(sys_root=str(tmp_path)).problems)
+    stopped_launches.forget(info.stopped_launches)
+    assert not any("kernel that died" in p.title for p in detect().problems)

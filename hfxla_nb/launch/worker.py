@@ -46,6 +46,7 @@ from .accelerate_state import gloo_world_for_accelerate
 from .event_stream import EventStream, drain_output
 from .heartbeat import rank_ended, rank_started, start_heartbeat
 from .native_output import route_this_process
+from .parent_watch import die_with_parent, exit_process, watch_kernel
 from .processes import LEFTOVER_GRACE, become_subreaper, stop_descendants
 from .script_mode import cell_numbers, leave_the_notebook
 
@@ -160,7 +161,9 @@ _replicated_job: tuple | None = None
 
 
 def _replicated_entry(index: int) -> None:
-    channel, world, function, args, pass_index = _replicated_job
+    channel, world, function, args, pass_index, supervisor = _replicated_job
+    if os.getpid() != supervisor:  # a pool process of xmp.spawn, not the supervisor itself
+        die_with_parent()  # the supervisor stops its ranks; this is for a supervisor killed
     variables = rank_env.tpu_rank_variables(os.environ)  # torch_xla's, in a TPU process
     if _xla.process_device_count() == 1:
         rank_env.set_process_variables(
@@ -198,6 +201,7 @@ def supervise(
         # Orphans of the launch become this process's children, whatever session they moved
         # to, so that the end of the launch stops them too (processes.py says why here).
         become_subreaper()
+        watch_kernel()  # a kernel that dies takes its launch with it (parent_watch.py)
         prepare_process(channel, output_fds, env)
         if strategy == "spmd":
             _xla.use_spmd()
@@ -205,7 +209,7 @@ def supervise(
             run_rank(channel, 0, world, function, args, pass_index)
         elif strategy == "replicated":
             global _replicated_job
-            _replicated_job = (channel, world, function, args, pass_index)
+            _replicated_job = (channel, world, function, args, pass_index, os.getpid())
             child_reported = _watch_children(channel)
             _xla.spawn(_replicated_entry)
         else:
@@ -233,7 +237,7 @@ def supervise(
         _ignore_sigterm()
         _stop_leftovers(channel)
         drain_output()
-        os._exit(code)
+        exit_process(code)
 
 
 def _ignore_sigterm() -> None:
@@ -334,6 +338,7 @@ def _run_debug(
         if pid == 0:
             code = 0
             try:
+                die_with_parent()
                 set_rank_variables(rank, rank, world)
                 route_this_process(channel, rank)  # gloo's own messages carry the rank too
                 _init_gloo(rank, world, port)

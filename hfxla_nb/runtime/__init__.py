@@ -28,6 +28,7 @@ _EXPORTS = {
                     "hardware"),
     **dict.fromkeys(("RuntimeInfo", "detect"), "info"),
     **dict.fromkeys(("CHECKS", "Problem", "find_problems"), "problems"),
+    **dict.fromkeys(("StoppedLaunch",), "stopped_launches"),
 }
 
 __all__ = sorted(_EXPORTS)

@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import _xla
 from .._words import plural
-from . import compile_cache
+from . import compile_cache, stopped_launches
 from .environment import (
     colab_installed,
     detect_environment,
@@ -26,6 +26,7 @@ from .environment import (
 from .hardware import Accelerator, detect_accelerator
 from .hosts import host_name, launch_plan
 from .problems import Problem, find_problems
+from .stopped_launches import StoppedLaunch
 
 
 @dataclass(repr=False)
@@ -43,6 +44,8 @@ class RuntimeInfo:
         host: which host this is ("Colab TPU v5e-1", "Kaggle TPU v5e-8", ...).
         launch_plan: what `notebook_launcher` and `fine_tune` will do here.
         compile_cache: where launches keep compiled programs, or why they do not.
+        stopped_launches: launches whose kernel died, stopped by their supervisor since the
+            last `%xla_info` (each also a warning in `problems`).
     """
 
     accelerator: Accelerator
@@ -54,6 +57,7 @@ class RuntimeInfo:
     host: str = ""
     launch_plan: str = ""
     compile_cache: str = ""
+    stopped_launches: list[StoppedLaunch] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -84,6 +88,11 @@ class RuntimeInfo:
 
     def __repr__(self) -> str:
         return f"<RuntimeInfo: {self.summary()}>"
+
+
+STOPPED_LAUNCH_FIX = (
+    "Nothing of that launch is left running and its results are lost: run its cell again. A "
+    "kernel that dies mid-launch is most often out of memory (docs/memory.md).")
 
 
 def _torch_xla_importable() -> bool:
@@ -133,6 +142,9 @@ def detect(*, sys_root: str = "/", environ: Mapping[str, str] | None = None) -> 
         runtime_initialized=initialized,
         environ=environ,
     )
+    stopped = stopped_launches.read() if sys_root == "/" else []
+    problems += [Problem("warning", launch.sentence() + ".", STOPPED_LAUNCH_FIX)
+                 for launch in stopped]
     return RuntimeInfo(
         accelerator=accelerator,
         environment=environment,
@@ -144,4 +156,5 @@ def detect(*, sys_root: str = "/", environ: Mapping[str, str] | None = None) -> 
         launch_plan=launch_plan(accelerator, environment),
         compile_cache=compile_cache.describe(accelerator=accelerator, environment=environment,
                                              versions=versions, environ=environ),
+        stopped_launches=stopped,
     )

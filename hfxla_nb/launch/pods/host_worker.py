@@ -12,9 +12,7 @@ whose actor is killed, or a node that leaves the cluster, leaves no process behi
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -22,16 +20,7 @@ from collections.abc import Callable
 from ...events import Channel, Failed, ProcessExited
 from .. import worker
 from ..native_output import route_this_process
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """SIGKILL this process when its parent exits (Linux); a no-op elsewhere."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+from ..parent_watch import die_with_parent
 
 
 def supervise_host(strategy: str, channel: Channel, output_fds: tuple[int, int],
