@@ -63,8 +63,7 @@ def _shape_changes_alert(summary: XlaSummary, many: dict[str, InputShapes],
     listed = shapes_listed(many, opening="Input")
     compiled = ""
     if summary.compiles:
-        during = (f", all in the first {warmup_steps} steps"
-                  if summary.compiles_after_warmup == 0 else "")
+        during = _compiled_during(many, warmup_steps) if summary.compiles_after_warmup == 0 else ""
         compiled = (f" This run compiled {plural(summary.compiles, 'graph')}{during}."
                     f"{share_text(summary)}")
     return Alert(
@@ -75,6 +74,18 @@ def _shape_changes_alert(summary: XlaSummary, many: dict[str, InputShapes],
         "batch, an evaluation batch) compiles again.",
         shapes_fix(many, summary),
     )
+
+
+def _compiled_during(many: dict[str, InputShapes], warmup_steps: int) -> str:
+    """`, in steps 1-6, as each new shape first appeared`: the steps the shapes' first
+    appearances span, when every shape is listed with its step; else the warm-up's bound
+    (#28: "all in the first 10 steps" was said of compiles made in steps 1-6)."""
+    steps = [step for info in many.values() for step in info.first_steps]
+    if steps and None not in steps and all(info.more == 0 for info in many.values()):
+        low, high = min(steps), max(steps)
+        span = f"step {low}" if low == high else f"steps {low}-{high}"
+        return f", in {span}, as each new shape first appeared"
+    return f", none after step {warmup_steps}"
 
 
 def analyze(summary: XlaSummary, *, warmup_steps: int = WARMUP_STEPS) -> list[Alert]:
