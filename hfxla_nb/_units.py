@@ -1,6 +1,7 @@
-"""The one duration format (`40 µs`, `3.2 s`, `4 min 05 s`), below every layer that writes
-one: the panels (`ui.units` gives it to them with the other units) and the analyzer's alerts,
-so a compile time reads the same in the table and in the alert.
+"""The one duration format (`40 µs`, `3.2 s`, `4 min 05 s`) and the one size format
+(`82.5 KiB`), below every layer that writes one: the panels (`ui.units` gives them to them
+with the other units) and the analyzer's alerts, so a compile time or a transfer's size
+reads the same in the table and in the alert.
 """
 
 from __future__ import annotations
@@ -27,3 +28,15 @@ def duration(seconds: float | None) -> str:
         return f"{minutes} min {secs:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min"
+
+
+def data_size(count: float | None) -> str:
+    """Bytes in B, KiB, MiB, GiB (`512 B`, `82.5 KiB`); 'n/a' for None."""
+    if count is None:
+        return "n/a"
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"  # pragma: no cover

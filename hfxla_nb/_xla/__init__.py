@@ -125,6 +125,7 @@ from .sharding import (  # noqa: E402
     send_to_device,
     sharding_spec,
     share_sharding,
+    watch_mark_sharding,
 )
 
 __all__ = [
@@ -148,6 +149,7 @@ __all__ = [
     # sharding
     "checkpoint_layers", "data_parallel_mesh", "fsdp_v2", "mark_sharding", "replicate",
     "replicate_unsharded", "send_to_device", "share_sharding", "sharding_spec",
+    "watch_mark_sharding",
     # metrics
     "compile_times", "graphs_ran", "metric_counts", "metrics_snapshot",
 ]

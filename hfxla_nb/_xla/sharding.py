@@ -4,7 +4,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .loader import require_torch_xla
+from .names import TRANSFER_FROM_DEVICE_TIME
 from .process import global_device_count
 
 
@@ -96,6 +99,47 @@ def mark_sharding(tensor, mesh, spec: tuple) -> None:
     import torch_xla.distributed.spmd as xs
 
     xs.mark_sharding(tensor, mesh, spec)
+
+
+_watched: Callable | None = None  # the wrapper `watch_mark_sharding` installed
+
+
+def watch_mark_sharding(on_copy: Callable[[int], None]) -> None:
+    """Call `on_copy(transfers)` after each `xs.mark_sharding` that copied its tensor to the
+    host, in this process, from now on (a worker's; starts nothing).
+
+    `xs.mark_sharding(x, ...)` on a tensor that an operation already used makes torch_xla
+    copy `x` to the host and back, sharded (its `ReplicateShardedData` counter), at every
+    step that does so, without a line in its own analysis (#28: the transfer alert blamed
+    `.item()`). The wrapper counts device-to-host transfers around each call; the call
+    itself is unchanged. Calls through `xs.mark_sharding` (the module attribute, as
+    torch_xla's docs write it) are seen; a `from ... import mark_sharding` made earlier is not.
+    """
+    require_torch_xla()
+    import functools
+
+    import torch_xla.debug.metrics as met
+    import torch_xla.distributed.spmd as xs
+
+    global _watched
+    original = xs.mark_sharding
+    if original is _watched:
+        return  # already wrapped in this process (or inherited from the forking one)
+
+    def transfers() -> int:
+        data = met.metric_data(TRANSFER_FROM_DEVICE_TIME)
+        return int(data[0]) if data else 0
+
+    @functools.wraps(original)
+    def mark_sharding(*args, **kwargs):
+        before = transfers()
+        result = original(*args, **kwargs)
+        copied = transfers() - before
+        if copied > 0:
+            on_copy(copied)
+        return result
+
+    xs.mark_sharding = _watched = mark_sharding
 
 
 def replicate_unsharded(tensors, mesh) -> None:

@@ -171,17 +171,73 @@ def plan_launch(
         if count > MAX_DEBUG_PROCESSES:
             raise LaunchRefusedError(
                 f"num_processes={count} CPU processes is more than this launcher allows "
-                f"({MAX_DEBUG_PROCESSES}); the debug strategy is for rehearsing multi-process "
-                "code with a few processes."
+                f"({MAX_DEBUG_PROCESSES}) on this machine's {_host_cores()}; the debug "
+                "strategy is for rehearsing multi-process code with a few processes: pass "
+                "num_processes=2 to 8."
             )
         env.update(PJRT_DEVICE="CPU", ACCELERATE_USE_CPU="true")
         return LaunchPlan(strategy, count, env, tuple(warnings))
+    # The world size first: everything after it (the CPU's replicated note) depends on it.
+    count = launch_devices(num_processes, accelerator_kind, device_count)
     if accelerator_kind == "tpu":
-        count = _tpu_count(num_processes, device_count, environment, env)
+        _tpu_env(environment, env)
     else:
-        count = _cpu_count(strategy, num_processes, env, warnings)
+        _cpu_env(strategy, count, env, warnings)
     world = 1 if strategy == "spmd" else count
     return LaunchPlan(strategy, world, env, tuple(warnings))
+
+
+def launch_devices(num_processes: int | None, accelerator_kind: str, device_count: int) -> int:
+    """The XLA devices a launch of `num_processes` gets on this host, refused when that is
+    more devices than the host has (on a TPU host, any other number than all of them).
+
+    The one decision of the world size, for `notebook_launcher`, `fine_tune` and `predict`:
+    checked before anything that depends on it (a batch split over the devices). Nothing is
+    started: the devices are counted from the hardware scan and the environment.
+
+    Args:
+        num_processes: what the user asked for: None (every TPU device; on the CPU,
+            `CPU_NUM_DEVICES`, default 1) or a positive integer.
+        accelerator_kind: "tpu", "cpu" or "gpu" (`Accelerator.kind`).
+        device_count: a TPU host's XLA devices (`Accelerator.devices`: chips x cores per chip).
+            Without a TPU, XLA runs on the CPU with `num_processes` virtual devices.
+
+    Returns:
+        The number of XLA devices.
+
+    Raises:
+        LaunchRefusedError: `num_processes` is not a positive integer, or asks for more
+            devices than this host has.
+    """
+    _check_num_processes(num_processes)
+    if accelerator_kind == "tpu":
+        if num_processes not in (None, device_count):
+            asked = ("asks for more devices than this TPU host has"
+                     if num_processes > device_count else "is not possible here")
+            raise LaunchRefusedError(
+                f"num_processes={num_processes} {asked}: this TPU host has {device_count} "
+                "cores, and PyTorch/XLA always uses all of them (xmp.spawn accepts only all "
+                f"devices). Pass num_processes=None or {device_count}."
+            )
+        return device_count
+    configured = cpu_device_count(os.environ) or 1
+    count = num_processes or configured
+    if count > MAX_CPU_VIRTUAL_DEVICES:
+        setting = os.environ.get("CPU_NUM_DEVICES")
+        now = f"CPU_NUM_DEVICES={setting}" if setting else "CPU_NUM_DEVICES is unset"
+        raise LaunchRefusedError(
+            f"num_processes={count} asks for more XLA devices than this machine has: "
+            f"without a TPU, XLA runs on its {_host_cores()} as virtual devices ({configured} "
+            f"now: {now}), at most {MAX_CPU_VIRTUAL_DEVICES} of them. Pass num_processes=8 "
+            "or fewer (4 or 8 rehearse a TPU host), or run on a TPU."
+        )
+    return count
+
+
+def _host_cores() -> str:
+    """This host's CPU cores, for a message ("2 CPU cores")."""
+    cores = os.cpu_count()
+    return f"{cores} CPU core{'s' if cores != 1 else ''}" if cores else "CPU cores"
 
 
 def _check_plan_arguments(strategy: str, num_processes: int | None, mixed_precision: str,
@@ -198,6 +254,14 @@ def _check_plan_arguments(strategy: str, num_processes: int | None, mixed_precis
             f"mixed_precision={mixed_precision!r} is not one of "
             f"{', '.join(map(repr, MIXED_PRECISIONS))}."
         )
+    _check_num_processes(num_processes)
+    if mixed_precision == "fp16" and accelerator_kind == "tpu":
+        raise LaunchRefusedError(
+            "TPUs have no fast float16; use mixed_precision='bf16' (bfloat16) instead."
+        )
+
+
+def _check_num_processes(num_processes: int | None) -> None:
     if num_processes is not None and (
         isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1
     ):
@@ -205,41 +269,22 @@ def _check_plan_arguments(strategy: str, num_processes: int | None, mixed_precis
             "num_processes must be a positive integer or None (all devices), "
             f"got {num_processes!r}."
         )
-    if mixed_precision == "fp16" and accelerator_kind == "tpu":
-        raise LaunchRefusedError(
-            "TPUs have no fast float16; use mixed_precision='bf16' (bfloat16) instead."
-        )
 
 
-def _tpu_count(num_processes: int | None, device_count: int, environment: str,
-               env: dict[str, str | None]) -> int:
-    """The devices a TPU host runs (all of them), with its variables added to `env`."""
+def _tpu_env(environment: str, env: dict[str, str | None]) -> None:
+    """A TPU host's variables, added to `env`."""
     env["PJRT_DEVICE"] = "TPU"
     if environment == "kaggle":
         # Kaggle's TPU VM presets these for a multi-host setup it does not have; pytorch/xla's
         # own Kaggle notebook removes them before xmp.spawn.
         env.update(TPU_PROCESS_ADDRESSES=None, CLOUD_TPU_TASK_ID=None)
-    if num_processes not in (None, device_count):
-        raise LaunchRefusedError(
-            f"num_processes={num_processes} is not possible here: this TPU host has "
-            f"{device_count} cores, and PyTorch/XLA always uses all of them "
-            f"(xmp.spawn accepts only all devices). Pass num_processes=None or "
-            f"{device_count}."
-        )
-    return device_count
 
 
-def _cpu_count(strategy: str, num_processes: int | None, env: dict[str, str | None],
-               warnings: list[str]) -> int:
-    """The virtual devices of XLA:CPU, with its variables added to `env` (and a word in
+def _cpu_env(strategy: str, count: int, env: dict[str, str | None],
+             warnings: list[str]) -> None:
+    """XLA:CPU's variables for `count` virtual devices, added to `env` (and a word in
     `warnings` where replicated ranks cannot reduce)."""
     env["PJRT_DEVICE"] = "CPU"
-    count = num_processes or cpu_device_count(os.environ) or 1
-    if count > MAX_CPU_VIRTUAL_DEVICES:
-        raise LaunchRefusedError(
-            f"num_processes={count} virtual CPU devices is more than XLA:CPU handles well "
-            f"(at most {MAX_CPU_VIRTUAL_DEVICES}); use 4 or 8 to rehearse a TPU host."
-        )
     env["CPU_NUM_DEVICES"] = str(count)
     if strategy == "replicated" and count > 1:
         warnings.append(
@@ -248,4 +293,3 @@ def _cpu_count(strategy: str, num_processes: int | None, env: dict[str, str | No
             "reduction) hang or abort upstream (pytorch/xla #5005, #9089). Code without "
             "collectives runs; for data-parallel training use strategy='spmd'."
         )
-    return count

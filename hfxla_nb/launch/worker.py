@@ -39,7 +39,7 @@ from ..events import (
     Started,
     attach_worker,
 )
-from ..observe import reporting, tracing, user_frames
+from ..observe import reporting, reshards, tracing, user_frames
 from ..runtime import compile_cache
 from . import library_warnings, rank_env
 from .accelerate_state import gloo_world_for_accelerate
@@ -205,6 +205,7 @@ def supervise(
         prepare_process(channel, output_fds, env)
         if strategy == "spmd":
             _xla.use_spmd()
+            reshards.watch(_cells)  # a tensor sharded after use: named by its line
             set_rank_variables(0, 0, 1)
             run_rank(channel, 0, world, function, args, pass_index)
         elif strategy == "replicated":

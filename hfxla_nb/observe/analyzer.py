@@ -20,7 +20,7 @@ tokenizer, other tensors by the code that builds them.
 
 from __future__ import annotations
 
-from .._units import duration
+from .._units import data_size, duration
 from .._words import plural
 from .alert_words import (
     INPUTS_HINT,
@@ -147,6 +147,8 @@ def _transfers_alert(summary: XlaSummary) -> Alert | None:
     transfer_rate = summary.per_step(transfers)
     if not (steps and steps >= MIN_RATE_STEPS and transfer_rate > MAX_TRANSFERS_PER_STEP):
         return None
+    if summary.reshards:
+        return _reshard_alert(summary)
     items = f", {summary.item_calls} of them .item() calls" if summary.item_calls else ""
     title, where, fix = _fetch_sites(summary)
     if _mask_check(summary):
@@ -174,6 +176,32 @@ def _transfers_alert(summary: XlaSummary) -> Alert | None:
         f"{fix}{'f' if fix else 'F'}etch values only every N steps: "
         "hfxla_nb.report(loss=loss, log_every=N) or "
         "xm.add_step_closure; log less often; keep decisions on the host.",
+    )
+
+
+def _reshard_alert(summary: XlaSummary) -> Alert:
+    """The transfers made by `xs.mark_sharding` on tensors already used (`observe.reshards`
+    counted each by its line): found, not guessed (#28 item 3)."""
+    steps, transfers = summary.steps, summary.transfers_from_device
+    copies = sum(count for _, count in summary.reshards)
+    first = summary.reshards[0][0].text()
+    listed = "; ".join(f"{frame.text()} ({plural(count, 'time')})"
+                       for frame, count in summary.reshards[:3])
+    size = ""
+    if summary.bytes_from_device and steps:
+        size = f", {data_size(summary.bytes_from_device / steps)} a step"
+    rest = transfers - copies
+    others = (f" The other {plural(rest, 'transfer')} came from elsewhere (value reads)."
+              if rest > 0 else "")
+    return Alert(
+        "frequent-transfers", "warning",
+        f"Device-to-host transfers: {transfers} in {steps} steps, by mark_sharding at {first}",
+        f"{copies} of the {plural(transfers, 'transfer')} were made by xs.mark_sharding on a "
+        "tensor that an operation had already used, so torch_xla copied the tensor to the "
+        f"host and back to shard it{size}: {listed}. Each copy waits for the device.{others}",
+        f"At {first}: call xs.mark_sharding on the tensor right after it is created or moved "
+        "to the device, before any operation uses it (or upload it sharded: "
+        "MpDeviceLoader's input_sharding).",
     )
 
 

@@ -25,6 +25,8 @@ from typing import Any
 
 from .. import _xla
 from .._xla import FALLBACK_PREFIX, ITEM_OP
+from .compile_records import Frame
+from .reshards import sites as reshard_sites
 
 # PyTorch/XLA's own debug analysis (PT_XLA_DEBUG_LEVEL) judges rates only after 10 steps.
 WARMUP_STEPS = 10
@@ -134,6 +136,9 @@ class XlaSummary(XlaCounts):
     # Where the code calls `.item()` ("cell 4, line 10"), read from its source: named when
     # the trace does not (a value read after its graph ran runs no graph of its own).
     item_lines: list[str] = field(default_factory=list)
+    # `xs.mark_sharding` calls that copied their tensor to the host (a tensor sharded after it
+    # was used), per user line, most first (`observe.reshards`; SPMD launches only).
+    reshards: list[tuple[Frame, int]] = field(default_factory=list)
     # Whether the code iterates a DataLoader (None: not known); fixes that need one depend on it.
     dataloader: bool | None = None
     # Compilations after the last step (saving, evaluation: once the main bar reached its
@@ -278,6 +283,7 @@ def summarize(
         input_shapes=dict(data.get("input_shapes") or {}),
     )
     summary.cache = _cache(counters, data.get("compile_cache"))
+    summary.reshards = reshard_sites(data.get("reshards"))
     summary.steps_from_syncs = from_syncs and steps is not None
     process = data.get("process") or {}
     summary.ranks = max(len(process.get("ranks") or ()), 1)

@@ -16,6 +16,7 @@ from typing import Any
 from .. import _xla, events
 from ..events import MetricsSnapshot
 from ..runtime import compile_cache
+from . import reshards
 from .metrics import WARMUP_STEPS
 from .shapes import ShapeTracker
 
@@ -104,6 +105,7 @@ def send_snapshot(process: ProcessState, send) -> None:
             last_step = dict(process.last_step) if process.last_step else None
         data = _xla.metrics_snapshot()
         data["input_shapes"] = process.shapes.data()
+        data["reshards"] = reshards.data()
         data["process"] = {"pid": os.getpid(), "ranks": ranks, "rank_steps": progress}
         if last_step is not None:
             data["process"]["last_step"] = last_step

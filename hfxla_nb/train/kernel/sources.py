@@ -9,7 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ...runtime import cpu_device_count, detect_accelerator
+from ...launch.preflight import LaunchRefusedError, launch_devices
+from ...runtime import detect_accelerator
 from ..config import FineTuneError
 from ..tasks.registry import AUTO, DEFAULT_TASK, TASKS
 from ..worker import checkpoint as ckpt
@@ -22,24 +23,22 @@ def _fail(message: str) -> FineTuneError:
 def model_source(model: Any) -> tuple[Any, Any, int | None, str]:
     """(what the worker loads, its config, the fixed head size or None, a short name)."""
     if isinstance(model, (str, os.PathLike)):
-        source = os.fspath(model)
-        path = os.path.expanduser(source)
-        if os.path.isdir(path):
-            if not os.path.isfile(os.path.join(path, "config.json")):
-                raise _fail(
-                    f"model folder {path} has no config.json; pass a folder written by "
-                    "save_pretrained (config.json and weights) or a model name on the Hub."
-                )
-            source = path
+        source = local_folder(os.fspath(model))
         from transformers import AutoConfig
 
         try:
             config = AutoConfig.from_pretrained(source)
         except Exception as error:  # noqa: BLE001 - say what to do, whatever failed
+            reason = str(error).rstrip(". ")
+            if os.path.isdir(source):
+                raise _fail(f"could not load the config of model folder "
+                            f"{os.path.abspath(source)}: {reason}. Pass a folder written by "
+                            "save_pretrained.") from None
             raise _fail(
-                f"could not load the config of model {source!r}: {error}. Pass a local folder "
-                "written by save_pretrained, or check the name and the network (no Hub "
-                "access: download the model on a machine that has it and copy the folder)."
+                f"could not load the config of Hub model id {source!r}: {reason}. Check the "
+                f"id (no folder {os.path.abspath(source)} here either) and the network (no "
+                "Hub access: download the model on a machine that has it and copy the "
+                "folder), or pass a local folder written by save_pretrained."
             ) from None
         return source, config, None, Path(source.rstrip("/")).name or "model"
     config = getattr(model, "config", None)
@@ -65,6 +64,36 @@ def model_source(model: Any) -> tuple[Any, Any, int | None, str]:
         )
     name = Path(str(getattr(config, "_name_or_path", "") or "").rstrip("/")).name
     return model, config, int(config.num_labels), name or type(model).__name__
+
+
+def local_folder(name: str) -> str:
+    """`name` as given when it reads as a Hub model id (`org/name`, `name`), else the local
+    folder it names (`~` expanded), refused when that is not a model folder.
+
+    A Hub id has at most one "/" and never starts with ".", "/" or "~", so a missing folder
+    like "./my-model" is named as a folder, not sent to the Hub as an invalid id.
+    """
+    path = os.path.expanduser(name)
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise _fail(
+                f"model folder {os.path.abspath(path)} has no config.json; pass a folder "
+                "written by save_pretrained (config.json and weights) or a model name on the "
+                "Hub."
+            )
+        return path
+    hub_like = (not name.startswith((".", "~", "/", os.sep)) and name.count("/") <= 1
+                and "\\" not in name)
+    if hub_like and not os.path.exists(path):
+        return name
+    what = "is a file, not a folder" if os.path.exists(path) else "does not exist"
+    given = (f"model={name!r}" if os.path.isabs(path)
+             else f"model={name!r}, relative to the working directory {os.getcwd()}")
+    raise _fail(
+        f"model folder {os.path.abspath(path)} {what} ({given}). Pass the folder that "
+        "save_pretrained wrote (config.json and weights), or a model id on the Hub such as "
+        "'bert-base-cased' or 'org/name'."
+    )
 
 
 def _task_heads(picking: bool = False) -> dict[str, tuple[str, ...]]:
@@ -182,9 +211,10 @@ def on_tpu() -> bool:
 
 
 def device_count(num_processes: int | None) -> int:
+    """The XLA devices the run gets, decided as the launcher decides them (refused when
+    `num_processes` asks for more than this machine has), without starting the runtime."""
     accelerator = detect_accelerator()
-    if accelerator.kind == "tpu":
-        return int(accelerator.devices)
-    if num_processes:
-        return int(num_processes)
-    return cpu_device_count(os.environ) or 1
+    try:
+        return launch_devices(num_processes, accelerator.kind, accelerator.devices)
+    except LaunchRefusedError as error:
+        raise _fail(str(error)) from None

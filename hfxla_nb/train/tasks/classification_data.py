@@ -99,7 +99,29 @@ def read_columns(splits: Splits, config: FineTuneConfig, context: TaskContext) -
             model_names=model_names, model_num_labels=context.fixed_labels)
     except data.DataError as error:
         raise FineTuneError(str(error)) from None
+    check_classes(label_ids["train"], raw_labels["train"], label_names, config.label_column)
     return Texts(texts, pairs, list(label_names), label_ids)
+
+
+def check_classes(ids: np.ndarray, raw: list, label_names: list[str], column: str) -> None:
+    """Refuse training labels of a single class: a classifier learns nothing from them (its
+    loss falls to 0 by always answering that class), whatever the batch size or the head.
+
+    Args:
+        ids: the training split's class ids.
+        raw: its labels as given (the class named in the message).
+        label_names: the class names, by id.
+        column: the label column, for the message.
+    """
+    if len(np.unique(ids)) > 1:
+        return
+    value, name = raw[0], label_names[int(ids[0])]
+    shown = repr(value) if name in (str(value), f"LABEL_{value}") else f"{value!r} ({name!r})"
+    raise FineTuneError(
+        f"the training labels (column {column!r}) hold only one class, {shown}, in all "
+        f"{len(ids)} rows: classification needs at least two classes. Pass training data with "
+        "rows of two classes or more (a filter or a split may have kept only one)."
+    )
 
 
 def head_kwargs(model_config: Any, fixed_labels: int | None, label_names: list[str],
