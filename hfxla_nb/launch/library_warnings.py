@@ -72,7 +72,7 @@ def install(channel: Channel) -> None:
     warnings.showwarning = showwarning
 
 
-def _first_line(message: str) -> str:
+def first_line(message: str) -> str:
     """The message's first line, cut at a space to `MESSAGE_WIDTH` characters (a cell line
     that the browser need not wrap)."""
     lines = message.strip().splitlines()
@@ -98,7 +98,7 @@ def folded_lines(caught: Sequence[LibraryWarning],
         if shown(warning.rank):
             key = (warning.package, warning.category, warning.message)
             counts[key] = counts.get(key, 0) + 1
-    return [f"{package} {category} ×{count}: {_first_line(message)} "
+    return [f"{package} {category} ×{count}: {first_line(message)} "
             "(hx.last_launch().warnings has them all)"
             for (package, category, message), count in counts.items()]
 

@@ -8,11 +8,16 @@ supervisor, xmp.spawn's own messages), fds 1 and 2 go to the launch's shared pip
 
 Notebook side: `NativeRelay` reads every pipe, keeps stdout on stdout and stderr on stderr,
 and writes whole lines tagged with the ranks of the writing process, filtered like Python
-output (`output=`). XLA's C++ log lines (absl/TSL `W ... file.cc:123] text`) that repeat are
-folded: the first is written once, wrapped at spaces (JupyterLab breaks a long stream line
-anywhere, mid-word), and the end of the launch says how many more times it came; every such
-line is kept, verbatim, on `kept` (`hx.last_launch().native_log`). What is written at all is
-still XLA's to decide (`TF_CPP_MIN_LOG_LEVEL`).
+output (`output=`). XLA's C++ log lines (absl/TSL `W ... file.cc:123] text`) are folded:
+- its notices and warnings (`I`, `W`: the GSPMD deprecation notice at every SPMD compilation,
+  with its raw timestamp) are said at the end of the launch, one muted line per kind with its
+  count, as library warnings are (`library_warnings.print_folded`); a user need not know
+  `TF_CPP_MIN_LOG_LEVEL` to keep them out of the way (#28 item 4);
+- its errors (`E`, `F`) are written at once, the first of a kind wrapped at spaces
+  (JupyterLab breaks a long stream line anywhere, mid-word), and the end of the launch says
+  how many more times each came.
+Every such line is kept, verbatim, on `kept` (`hx.last_launch().native_log`). What is written
+at all is still XLA's to decide (`TF_CPP_MIN_LOG_LEVEL`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..events import Channel, OutputPipes
+from .library_warnings import MUTED, PLAIN, first_line
 
 _routed_pid: int | None = None
 
@@ -39,6 +45,8 @@ XLA_LOG_LINE = re.compile(
     r"|(?P<absl>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ )"
     r"(?P<source>\S+:\d+)\] (?P<text>.*)$")
 SEVERITY_WORDS = {"I": "message", "W": "warning", "E": "error", "F": "fatal error"}
+# Severities said at the launch's end, one folded line per kind; errors are written at once.
+HELD = ("I", "W")
 # Width at which a folded log line is wrapped (at spaces only), so the browser never has to.
 WRAP_WIDTH = 100
 # Lines kept verbatim on the record (a runaway logger must not fill the kernel's memory).
@@ -143,14 +151,24 @@ class NativeRelay:
 
     def close(self) -> None:
         """Read what is left in every pipe, write it (a last partial line too), close them;
-        then say how many more times each folded XLA log line came."""
+        then say each XLA notice and warning once, muted, with its count, and how many more
+        times each XLA error came."""
         for fd in list(self.pipes):
             self.read(fd)
             if fd in self.pipes:
                 self._close(fd)
-        for (severity, _, _), (count, stream, tags) in self.repeats.items():
+        for (severity, source, text), (count, stream, tags) in self.repeats.items():
             tag = tags[0] if len(tags) == 1 else ""  # several processes: none is the one
-            if count > 1:
+            if severity in HELD:
+                source_file = source.rsplit("/", 1)[-1]
+                line = (f"{tag} " if tag else "") + (
+                    f"XLA {SEVERITY_WORDS[severity]} ×{count} ({source_file}): "
+                    f"{first_line(text)} (hx.last_launch().native_log has them all)")
+                # Wrapped at spaces, as an error is: the browser would break it mid-word.
+                wrapped = textwrap.wrap(line, WRAP_WIDTH, subsequent_indent="    ",
+                                        break_long_words=False, break_on_hyphens=False)
+                self._emit("stderr", "".join(f"{MUTED}{part}{PLAIN}\n" for part in wrapped))
+            elif count > 1:
                 more = "time" if count == 2 else "times"
                 line = (f"(the same XLA {SEVERITY_WORDS[severity]} {count - 1} more {more}; "
                         "all on hx.last_launch().native_log)\n")
@@ -185,8 +203,9 @@ class NativeRelay:
             self._emit(pipe.stream, text)
 
     def _fold(self, line: str, stream: str, tag: str) -> str:
-        """What to write for one line: an XLA log line the first time, wrapped at spaces;
-        nothing when it repeats (counted); any other line as it is. Tagged when `tag`."""
+        """What to write for one line: nothing for an XLA notice or warning (counted, said at
+        the end); an XLA error the first time, wrapped at spaces, nothing when it repeats
+        (counted); any other line as it is. Tagged when `tag`."""
         match = XLA_LOG_LINE.match(line.rstrip("\n"))
         if match is None:
             return f"{tag} {line}" if tag else line
@@ -201,6 +220,8 @@ class NativeRelay:
                 seen[2].append(tag)
             return ""
         self.repeats[key] = [1, stream, [tag]]
+        if severity in HELD:
+            return ""  # said once, folded, at the launch's end (`close`)
         indent = " " * (len(tag) + 5) if tag else "    "
         wrapped = textwrap.wrap(line.rstrip("\n"), WRAP_WIDTH, subsequent_indent=indent,
                                 break_long_words=False, break_on_hyphens=False)
