@@ -62,6 +62,9 @@ class FineTuneConfig:
             earlier fine_tune output.
         save_steps: write a checkpoint every this many steps (model, optimizer, scheduler,
             step, random states) under `output_dir/checkpoints/`.
+        fallback_dir: where the trained model goes when writing `output_dir` fails (a full
+            disk, a quota, permissions): a folder `hfxla_nb-rescued-...` in it; None
+            (default): in the system's temporary folder. `result.save(folder)` copies it.
         resume_from_checkpoint: True (the latest checkpoint in `output_dir`), or a checkpoint
             folder; training continues exactly as if it had not stopped. Pass the same data
             and settings as the interrupted run.
@@ -163,6 +166,7 @@ class FineTuneConfig:
     target_lang: str | None = None
     source_prefix: str | None = None
     max_target_length: int | None = None
+    fallback_dir: str | os.PathLike | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.metrics, str) or callable(self.metrics):

@@ -67,7 +67,10 @@ def fine_tune(
 
     Raises:
         FineTuneError: before anything is forked or written, for any argument or data that
-            cannot work (the message says what to change).
+            cannot work (the message says what to change); `DiskSpaceError` when
+            `output_dir`'s disk has less free space than the run would write. A final save
+            that fails anyway raises nothing: the model goes to a fallback folder (else stays
+            in the result), `result.save_error` says so, `result.save(folder)` writes it.
         hfxla_nb.LaunchError: when the worker failed (with its traceback).
 
     Example:
@@ -94,6 +97,9 @@ def fine_tune(
         if notice is not None:
             notice.close()
     result = FineTuneResult.from_dict(raw)
+    raw.pop("held_model", None)  # weights in memory: the result's, not hx.last_launch()'s too
+    if result.save_error:  # the run ended, its model elsewhere: said first, in one line
+        print(result.save_error, flush=True)
     result.memory_plan = memory
     # what the launch panel showed, as data on the result: this launch's record
     result.launch_seconds = record.duration

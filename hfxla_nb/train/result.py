@@ -5,11 +5,13 @@ It is drawn by `hfxla_nb.ui.finetune_panel` (HTML in a notebook, text elsewhere)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .held_model import HeldModel, save_model
 from .learning import (  # re-exported: read with the result
     CHANCE_MARGIN,  # noqa: F401
     MIN_LOSS_DROP,  # noqa: F401
@@ -25,7 +27,13 @@ class FineTuneResult:
     """What a `fine_tune` run did and where its model is.
 
     Attributes:
-        output_dir: the folder with the trained model and tokenizer (`from_pretrained`-ready).
+        output_dir: the folder with the trained model and tokenizer (`from_pretrained`-ready):
+            the one asked for, or, when writing it failed, the fallback folder the model went
+            to instead; None when nothing was saved or the model is `held_model`.
+        save_error: when the final save failed: one line that says why, and where the model
+            is instead (the result's first note too); None when it went where asked.
+        held_model: the trained model in memory (`HeldModel`), when the final save failed in
+            the fallback folder too; `save(folder)` writes it.
         loss_history: `(step, mean training loss since the previous entry)` pairs.
         metrics: evaluation metrics (`eval_accuracy`, `eval_loss`, ...); empty without
             evaluation data.
@@ -115,6 +123,8 @@ class FineTuneResult:
     generates: bool | None = None
     predict_example: str | None = None
     uploads_per_step: float | None = None
+    save_error: str | None = None
+    held_model: HeldModel | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         task = TASKS.get(self.task)
@@ -131,6 +141,8 @@ class FineTuneResult:
         known = {name for name in cls.__dataclass_fields__}
         values = {key: value for key, value in data.items() if key in known}
         values["loss_history"] = [tuple(pair) for pair in values.get("loss_history", [])]
+        if isinstance(values.get("held_model"), dict):  # as the worker returns it
+            values["held_model"] = HeldModel(**values["held_model"])
         return cls(**values)
 
     @classmethod
@@ -139,7 +151,28 @@ class FineTuneResult:
         return cls.from_dict(ckpt.read_json(Path(output_dir) / ckpt.RUN_FILE))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The result as plain data (a model held in memory left out)."""
+        return asdict(dataclasses.replace(self, held_model=None))
+
+    def save(self, folder: str | os.PathLike) -> str:
+        """Write the trained model, its tokenizer and the run summary to `folder` (new or
+        empty): from wherever the model is (the output folder, a fallback folder, or memory).
+        The result then points there (`output_dir`), and a model held in memory is let go.
+
+        Args:
+            folder: where the model goes.
+
+        Returns:
+            The folder, absolute.
+
+        Raises:
+            FileNotFoundError: this run saved no model (output_dir was None).
+            FileExistsError: `folder` exists and is not empty.
+        """
+        target = save_model(folder, self.to_dict(), TASKS[self.task].auto_class,
+                            self.output_dir, self.held_model)
+        self.output_dir, self.held_model = str(target), None
+        return str(target)
 
     def figures(self) -> dict[str, Any]:
         """The run's numbers as one flat dict: throughput, times, graphs, evaluation metrics,
@@ -180,11 +213,13 @@ class FineTuneResult:
             kwargs: passed to `from_pretrained` of the task's Auto class (`Task.auto_class`:
                 `AutoModelForSequenceClassification`, `AutoModelForCausalLM`, ...).
         """
+        auto_class = TASKS[self.task].auto_class  # the task's own model class
+        if self.held_model is not None and merge:
+            return self.held_model.model(auto_class)
         if self.output_dir is None:
             raise FileNotFoundError("this run saved no model (output_dir was None).")
         import transformers
 
-        auto_class = TASKS[self.task].auto_class  # the task's own model class
         with quiet_loading():  # no "Loading weights 100% 21/21" bar left in the cell
             if self.lora and not merge:
                 from .lora import load_adapter_model
@@ -244,6 +279,8 @@ class FineTuneResult:
 
     def load_tokenizer(self, **kwargs: Any):
         """The tokenizer saved next to the model."""
+        if self.held_model is not None and self.held_model.tokenizer is not None:
+            return self.held_model.tokenizer
         if self.output_dir is None:
             raise FileNotFoundError("this run saved no tokenizer (output_dir was None).")
         from transformers import AutoTokenizer
@@ -255,4 +292,8 @@ class FineTuneResult:
         metrics = ", ".join(f"{k}={int(v)}" if float(v).is_integer() else f"{k}={v:.4g}"
                             for k, v in self.metrics.items())
         return (f"<FineTuneResult: {self.steps} steps, {metrics or 'no evaluation'}, "
-                f"saved to {self.output_dir}>")
+                f"saved to {self.output_dir or self._unsaved()}>")
+
+    def _unsaved(self) -> str:
+        return "memory (result.save(folder) writes it)" if self.held_model else "None"
+

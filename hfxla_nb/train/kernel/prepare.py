@@ -7,7 +7,8 @@
    columns), the model for the task, `lora=` for the task, no empty split;
 4. the task's `prepare` (its module in `tasks/`): the encoded data and what the plan needs
    besides (a `preparation.Prepared`);
-5. the plan: steps per epoch and in total, the output folder, the checkpoint to resume.
+5. the plan: steps per epoch and in total, the output folder (with room for what the run
+   writes: `disk.py`), the checkpoint to resume.
 
 Runs in the notebook kernel without starting the XLA runtime. Writes nothing; any refusal is
 a `FineTuneError` that says what to change.
@@ -23,7 +24,7 @@ from ..config import FineTuneConfig, FineTuneError
 from ..plan import TrainPlan
 from ..tasks.base import Task
 from ..tasks.registry import AUTO, DEFAULT_TASK, TASKS
-from . import data, sources, steps
+from . import data, disk, sources, steps
 from .preparation import Prepared, Splits, TaskContext
 
 
@@ -124,6 +125,7 @@ def build_plan(config: FineTuneConfig, context: TaskContext, task: Task,
     if prepared.lora:  # a resume with other LoRA settings is refused
         fingerprint["lora"] = prepared.lora
     resume = steps.checkpoint_to_resume(config, output_dir, fingerprint)
+    disk.check_output_space(context, task, prepared, output_dir, total, config.save_steps, resume)
     sharding = prepared.sharding or ("data" if config.sharding == "auto" else config.sharding)
     return TrainPlan(
         model=context.source,

@@ -1,12 +1,17 @@
 """Checkpoints and the final save, from the worker: state fetched to the host in one transfer,
 written to a temporary folder and renamed into place (`checkpoint.py`). With LoRA a checkpoint
 holds the adapter (`PeftModel.save_pretrained`) and the final save the adapter and the merged
-model (`lora.py`)."""
+model (`lora.py`). A final save that cannot be written (a full disk) goes to a fallback folder,
+else stays in the result, so the trained model is never lost."""
 
 from __future__ import annotations
 
 import random
+import re
+import shutil
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -14,7 +19,7 @@ import numpy as np
 
 from ... import _xla
 from ..counts import COUNTED
-from ..lora import save_adapter, save_final_lora
+from ..lora import host_copy, merged_state, save_adapter, save_final_lora
 from ..plan import TrainPlan
 from . import checkpoint as ckpt
 
@@ -131,13 +136,96 @@ def save_checkpoint(loop: TrainingState, step: int) -> None:
     )
 
 def save_final(loop: TrainingState, result: dict[str, Any]) -> None:
-    """The trained model, tokenizer and run summary, published atomically in `output_dir`."""
+    """The trained model, tokenizer and run summary, published atomically in `output_dir`.
+
+    When writing there fails (a full disk, a quota, permissions), the same files go to a
+    fallback folder (`fallback_dir`, default the system's temporary folder); when that fails
+    too, the model's state stays in `result` (`held_model`), which the kernel receives. Either
+    way `result` says what happened (`save_error`, its first note) and the run ends normally.
+
+    Raises:
+        Exception: any failure other than a failed write (a bug), as it came.
+    """
     cpu_model, _, _ = cpu_state(loop)
     ctx, plan = loop.ctx, loop.plan
-    with ckpt.atomic_folder(plan.output_dir, keep=(ckpt.CHECKPOINTS,)) as tmp:
+
+    def write(folder: Path) -> None:
         if plan.lora:
-            save_final_lora(ctx.base_model, plan.lora, tmp, cpu_model)  # and the merged model
+            save_final_lora(ctx.base_model, plan.lora, folder, cpu_model)  # and the merged model
         else:
-            ctx.base_model.save_pretrained(tmp, state_dict=cpu_model)
-        plan.tokenizer.save_pretrained(tmp)
-        ckpt.write_json(tmp / ckpt.RUN_FILE, result)
+            ctx.base_model.save_pretrained(folder, state_dict=cpu_model)
+        plan.tokenizer.save_pretrained(folder)
+        ckpt.write_json(folder / ckpt.RUN_FILE, result)
+
+    try:
+        with ckpt.atomic_folder(plan.output_dir, keep=(ckpt.CHECKPOINTS,)) as tmp:
+            write(tmp)
+    except Exception as error:  # noqa: BLE001 - a failed write must not cost the model
+        reason = write_failure(error)
+        if reason is None:
+            raise
+        save_elsewhere(loop, result, cpu_model, write, reason)
+
+
+def save_elsewhere(loop: TrainingState, result: dict[str, Any], cpu_model: dict,
+                   write: Callable[[Path], None], reason: str) -> None:
+    """After `output_dir` failed: `write` into a new fallback folder, else keep the model's
+    state (merged with LoRA) and config in `result["held_model"]`; says so in `result`."""
+    plan = loop.plan
+    where = f"could not save to {plan.output_dir}: {reason}"
+    notes = list(result.get("notes", []))
+    folder = None
+    try:
+        folder = rescue_folder(plan.fallback_dir, Path(plan.output_dir).name)
+        said = (f"hfxla_nb: {where}; the trained model was saved to {folder} instead "
+                "(result.save(folder) writes it where you want)")
+        # Set before the write: the run summary written there says where the model is.
+        result.update(output_dir=str(folder), save_error=said, notes=[said, *notes])
+        write(folder)
+    except Exception as error:  # noqa: BLE001 - the last resort must not fail either
+        second = write_failure(error)
+        if second is None:
+            raise
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        target = folder or plan.fallback_dir or tempfile.gettempdir()
+        said = (f"hfxla_nb: {where}, nor to {target}: {second}; the trained model is held in "
+                "memory in the result (result.save(folder) writes it where you want)")
+        result.update(output_dir=None, save_error=said, notes=[said, *notes],
+                      held_model=held_model(loop, cpu_model))
+
+
+def rescue_folder(fallback_dir: str | None, name: str) -> Path:
+    """A new folder `hfxla_nb-rescued-<name>-<time>-<random>` in `fallback_dir` (made when
+    missing), or in the system's temporary folder."""
+    base = Path(fallback_dir).expanduser() if fallback_dir else Path(tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(tempfile.mkdtemp(prefix=f"hfxla_nb-rescued-{name}-{stamp}-", dir=base))
+
+
+def held_model(loop: TrainingState, cpu_model: dict) -> dict[str, Any]:
+    """What the kernel needs to write the model later (`FineTuneResult.save`): the model's
+    CPU state (LoRA's merged into the base), its config, and the tokenizer."""
+    ctx, plan = loop.ctx, loop.plan
+    if plan.lora:
+        state = merged_state(host_copy(ctx.base_model, plan.lora, cpu_model))
+        config = ctx.base_model.get_base_model().config
+    else:
+        state, config = cpu_model, ctx.base_model.config
+    return {"state_dict": state, "config": config, "tokenizer": plan.tokenizer}
+
+
+#: safetensors reports a failed write as its own error, not an OSError ("... No space left on
+#: device (os error 28) at path ...").
+_OS_ERROR = re.compile(r"([^:]*\(os error \d+\))")
+
+
+def write_failure(error: BaseException) -> str | None:
+    """Why a write failed, in a few words ("No space left on device (os error 28)"), or None
+    when `error` is no failed write."""
+    if isinstance(error, OSError):
+        return (f"{error.strerror} (os error {error.errno})" if error.strerror
+                else str(error) or type(error).__name__)
+    found = _OS_ERROR.search(str(error))
+    return found.group(1).strip() if found and type(error).__name__ == "SafetensorError" else None
