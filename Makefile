@@ -8,7 +8,7 @@ export PJRT_DEVICE ?= CPU
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: setup test test-fast lint demo bench lab clean test-browser test-stacks test-notebooks \
-	test-pods strip-notebooks test-binder
+	test-pods strip-notebooks test-binder test-stress
 
 $(STAMP): pyproject.toml requirements-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,15 @@ test-fast: setup
 UNSHARE := $(shell test "$$(id -u)" = 0 && echo unshare -n || echo unshare -rn)
 test-pods: setup
 	$(UNSHARE) sh -c 'ip link set lo up && $(PY) -m pytest -q -p no:cacheprovider tests/pods'
+
+# The launcher, panels, kernel-death, fine_tune and pods tests while a busy process takes each
+# core (tests/under_load.py: stress-ng where installed): timing assumptions break here first.
+STRESS_TESTS := tests/test_launch.py tests/test_process_hygiene.py tests/test_supervision.py \
+	tests/test_kernel_death.py tests/test_events.py tests/test_panels_agree.py tests/test_ui.py \
+	tests/test_finetune.py
+test-stress: setup
+	$(PY) tests/under_load.py $(PY) -m pytest -q -p no:cacheprovider $(STRESS_TESTS)
+	$(PY) tests/under_load.py $(MAKE) --no-print-directory test-pods
 
 # The tutorials, top to bottom in real kernels (nbval, lax: cells fail on errors; the checks are
 # the notebooks' own assert cells). They are stored without outputs: `make strip-notebooks`.
