@@ -129,3 +129,22 @@ def test_the_replicated_cpu_note_is_on_the_panel_not_a_warning_at_a_temporary_fi
     (note,) = hx.last_launch().notes
     assert note.startswith("XLA on the CPU runs the 2 replicated ranks as threads")
     assert note in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_the_steps_of_rank_threads_at_different_steps_are_said_to_be_the_slowest_ranks():
+    # Two rank threads of one process (replicated on XLA:CPU): its counters are shared and its
+    # step is the slowest rank's, while rank 0's bar may be ahead (#28 item 12: "in 8 steps"
+    # beside rank 0's bar at step 9).
+    snapshot = {"counters": {"MarkStep": 17},
+                "metrics": {"ExecuteTime": {"count": 16, "total": 160 * MS, "samples": []}},
+                "process": {"pid": 1, "ranks": [0, 1], "rank_steps": 17}}
+    summary = summarize(snapshot, steps=8)
+    assert summary.ranks == 2
+    assert text.summary_lines(summary)[0].startswith("XLA in 8 steps of its slowest rank: ")
+    assert text.summary_lines(summary, live=True)[0].startswith(
+        "XLA as of step 8 of its slowest rank: ")
+    level = summarize({**snapshot, "process": {"pid": 1, "ranks": [0, 1], "rank_steps": 16}},
+                      steps=8)
+    assert text.summary_lines(level)[0].startswith("XLA in 8 steps: ")  # both at step 8
+    one = summarize({**snapshot, "process": {"pid": 1, "ranks": [0]}}, steps=8)
+    assert text.summary_lines(one)[0].startswith("XLA in 8 steps: ")

@@ -142,10 +142,16 @@ def status_line(view: LaunchView) -> str:
 
 
 def steps_phrase(summary: XlaSummary, live: bool = False) -> str:
-    """`in 60 steps` (a finished stretch of work) or `as of step 41` (a launch that runs)."""
+    """`in 60 steps` (a finished stretch of work) or `as of step 41` (a launch that runs);
+    `... of its slowest rank` for rank threads sharing a process's counters that are at
+    different steps: the process's step is the slowest's (#28 item 12: "in 8 steps" beside a
+    bar of rank 0 at step 9)."""
     if not summary.steps:
         return ""
-    return f"as of step {summary.steps}" if live else f"in {plural(summary.steps, 'step')}"
+    phrase = f"as of step {summary.steps}" if live else f"in {plural(summary.steps, 'step')}"
+    if summary.ranks > 1 and summary.rank_steps not in (None, summary.steps * summary.ranks):
+        phrase += " of its slowest rank"
+    return phrase
 
 
 def nothing_ran(summary: XlaSummary) -> bool:
