@@ -20,6 +20,7 @@ from hfxla_nb.train import FineTuneError, FineTuneResult, batching, patches, pre
 from hfxla_nb.train.kernel import data
 from hfxla_nb.train.worker import checkpoint
 from hfxla_nb.train.worker.evaluate import compute_metrics
+from hfxla_nb.ui.finetune_panel import result_text
 from tests.helpers import refuse_launches
 
 ROWS = 1200  # 960 train, 120 validation (the last evaluation batch of 32 is partly filler)
@@ -84,6 +85,11 @@ def test_compile_contract(trained):
     assert trained.compiles == 1
     assert trained.eval_compiles == 1
     assert trained.bucket_lengths == [48]  # demo texts are short: one length for all
+    # The graph that makes AdamW's first state before step 1: counted, so that the result and
+    # the XLA metrics add up (#28 item 9: the metrics said 3 where the result said 1 + 1).
+    assert trained.setup_compiles == 1
+    assert trained.xla["compiles"] == 3
+    assert "; and 1 before step 1 (AdamW's first state), 3 in all" in result_text(trained)
 
 
 def test_transfer_contract(trained):

@@ -13,6 +13,7 @@ import pytest
 from hfxla_nb.train.memory_plan import plan_memory
 from hfxla_nb.ui.finetune_panel import memory_row
 from hfxla_nb.ui.plan_panel import as_plan, plan_line, plan_table, plan_text, show_memory_plan
+from hfxla_nb.ui.table_style import BOX, heading
 from hfxla_nb.ui.widgets import widget_state
 
 transformers = pytest.importorskip("transformers")
@@ -91,7 +92,7 @@ def test_html_mode_shows_html_and_text(monkeypatch):
     bundle = shown.calls[0][1]
     assert set(bundle) == {"text/html", "text/plain"}
     assert bundle["text/plain"] == f"memory  {plan_line(plan)}"
-    assert "<b>memory</b>" in bundle["text/html"]
+    assert heading("memory") in bundle["text/html"]
     assert "lora=&#x27;auto&#x27; chose LoRA" in bundle["text/html"]
 
 
@@ -160,7 +161,8 @@ def test_in_a_real_kernel_a_plan_shows_its_table():
     assert bundle["text/plain"].startswith("Llama on v5e-1 (1 device, 15.48 GiB each): ")
     assert "  optimizer state      AdamW " in bundle["text/plain"]
     # The HTML is the panel fine_tune shows before the fork, not monospaced text.
-    assert bundle["text/html"].startswith("<div style=") and "<pre>" not in bundle["text/html"]
-    assert "<b>memory</b>" in bundle["text/html"] and "per device on v5e-1: fits" in (
+    assert bundle["text/html"].startswith(f'<div class="hfxla-plan" style="{BOX}">')
+    assert "<pre>" not in bundle["text/html"]
+    assert heading("memory") in bundle["text/html"] and "per device on v5e-1: fits" in (
         bundle["text/html"])
     assert stdout_of(outputs).startswith("Llama on v5e-1 (1 device): ")

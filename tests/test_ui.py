@@ -25,6 +25,7 @@ from hfxla_nb.ui.console import ConsoleDisplay
 from hfxla_nb.ui.html_display import HtmlDisplay
 from hfxla_nb.ui.metrics_panel import MetricsPanel
 from hfxla_nb.ui.state import LaunchState
+from hfxla_nb.ui.table_style import BORDER, PADDING
 from hfxla_nb.ui.widgets import WidgetDisplay, widget_state
 from tests.helpers import T0, Clock, bundles_of, error_of, run_notebook, stdout_of
 
@@ -286,7 +287,8 @@ def test_html_colours_read_on_light_and_dark_themes():
     for match in re.finditer(r"(?<![-\w])color:(#[0-9a-f]{6});", page):
         assert page[match.end():].startswith("color:var(--jp-"), page[match.start():][:80]
     assert "color:var(--jp-error-color1,#d62728)" in page
-    assert "opacity:0.75" in page  # secondary text: the theme's colour, dimmed
+    # Secondary text: JupyterLab's secondary text colour, a mid grey where it has none.
+    assert "color:var(--jp-ui-font-color2,#7f7f7f)" in page and "opacity" not in page
     assert f"background:{html.TRACK}" in page
 
 
@@ -394,7 +396,10 @@ def test_live_parts_are_the_final_panels_parts():
     final = html.launch_html(display.view)
     parts = "".join(child.value for child in display.widget.children)
     assert final == f'<div class="hfxla-launch" style="{html.PANEL}">{parts}</div>'
-    assert display.widget.layout.padding == "0px 20px 0px 0px"
+    # The live box is the final one: the same border and padding, JupyterLab's 20 px outside.
+    assert display.widget.layout.margin == "0px 20px 0px 0px"
+    assert display.widget.layout.padding == PADDING and display.widget.layout.border == BORDER
+    assert f"border:{BORDER};" in html.PANEL and f"padding:{PADDING};" in html.PANEL
     assert all(child.layout.margin == "0px" for child in display.widget.children)
 
 

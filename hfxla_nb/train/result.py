@@ -50,6 +50,8 @@ class FineTuneResult:
         eval_compiles: graphs compiled for evaluation.
         eval_compiled_ahead: of those, how many compiled while training ran (beside the first
             step's compile), so that evaluation started with its graphs ready.
+        setup_compiles: graphs compiled before step 1 (AdamW's first state, made by one small
+            graph so that step 1 traces the steady graph); the XLA metrics count them too.
         executions_per_step: graph executions per training step after the warm-up.
         transfers_per_step: device-to-host transfers per training step after the warm-up
             (the loss fetch once per logging interval).
@@ -123,6 +125,7 @@ class FineTuneResult:
     generates: bool | None = None
     predict_example: str | None = None
     uploads_per_step: float | None = None
+    setup_compiles: int = 0
     save_error: str | None = None
     held_model: HeldModel | None = field(default=None, repr=False, compare=False)
 

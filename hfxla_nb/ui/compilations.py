@@ -14,7 +14,7 @@ from html import escape
 from .._words import plural
 from ..observe.metrics import XlaSummary
 from ..observe.trace_log import CompileRow, TraceLog
-from .table_style import TABLE, TD, TR
+from .table_style import HEAD, HEAD_NUMBER, MUTED, NUMBER, TD, cell, heading, row, table
 from .units import duration, size
 
 # Rows shown; the rest are counted in one last line.
@@ -90,15 +90,16 @@ def compilation_lines(summary: XlaSummary) -> list[str]:
     return lines
 
 
-def _cell(value: str, header: bool = False, wraps: bool = False) -> str:
-    tag = "th" if header else "td"
-    style = f"{TD}padding:1px 10px 1px 0;text-align:left;"
-    # Only the place and the cause may wrap: at 1024 px a long place squeezed the counts into
-    # "1 / graph" (#28, item 9).
-    style += "" if wraps else "white-space:nowrap;"
+# The columns that are counts (graphs, different, compile time): right-aligned, never wrapped.
+_NUMBERS = (1, 2, 3)
+
+
+def _cell(value: str, column: int, header: bool = False) -> str:
+    """One cell of column `column`. Only the place and the cause may wrap: at 1024 px a long
+    place squeezed the counts into "1 / graph" (#28, item 9)."""
     if header:
-        style += "font-weight:normal;opacity:0.75;"
-    return f'<{tag} style="{style}">{escape(value)}</{tag}>'
+        return cell(escape(value), HEAD_NUMBER if column in _NUMBERS else HEAD, "th")
+    return cell(escape(value), NUMBER if column in _NUMBERS else TD)
 
 
 def compilations_html(summary: XlaSummary) -> str:
@@ -106,27 +107,26 @@ def compilations_html(summary: XlaSummary) -> str:
     parts = []
     trace: TraceLog | None = summary.trace
     if trace is not None and trace.note:
-        parts.append(f'<div style="opacity:0.75">{escape(trace.note)}</div>')
+        parts.append(f'<div style="{MUTED}">{escape(trace.note)}</div>')
     elif trace is not None and not trace.compiles:
-        parts.append(f'<div style="opacity:0.75">{escape(NONE_COMPILED)}</div>')
+        parts.append(f'<div style="{MUTED}">{escape(NONE_COMPILED)}</div>')
     elif trace is not None:
-        header = "".join(_cell(name, True) for name in (
-            "compiled at", "graphs", "different", "compile time", "cause"))
+        # The header row in the body: JupyterLab's rendered HTML rules a <thead>, the live
+        # widget does not, and the two must keep one geometry.
+        header = row(_cell(name, column, header=True) for column, name in enumerate((
+            "compiled at", "graphs", "different", "compile time", "cause")))
         rows = trace.rows()
-        body = "".join(f'<tr style="{TR}">' + "".join(
-            _cell(value, wraps=column in (0, 4)) for column, value in enumerate(row_cells(row)))
-            + "</tr>" for row in rows[:MAX_ROWS])
-        more = ""
+        body = [row(_cell(value, column) for column, value in enumerate(row_cells(line)))
+                for line in rows[:MAX_ROWS]]
         if len(rows) > MAX_ROWS:
             rest = plural(len(rows) - MAX_ROWS, "more line")
-            more = f'<tr style="{TR}">{_cell(f"... and {rest}")}</tr>'
+            body.append(row([cell(escape(f"... and {rest}"), TD)]))
         parts.append(
-            f"<div><b>compilations by line</b> ({escape(plural(trace.compiles, 'graph'))} "
-            f'traced)<table style="{TABLE}"><tbody>'
-            f'<tr style="{TR}">{header}</tr>{body}{more}</tbody></table></div>')
+            f"<div>{heading('compilations by line')} "
+            f"({escape(plural(trace.compiles, 'graph'))} traced){table([header, *body])}</div>")
     for name, value in (("graph memory", memory_text(summary)),
                         ("compile cache", cache_text(summary))):
         if value:
-            parts.append(f'<div><span style="opacity:0.75">{escape(name)}</span> '
+            parts.append(f'<div><span style="{MUTED}">{escape(name)}</span> '
                          f"{escape(value)}</div>")
     return "".join(parts)

@@ -7,10 +7,23 @@ from html import escape
 from typing import Any
 
 from .._words import plural
-from .html import COLORS, SERIES, sparkline_svg, text_color
+from .html import COLORS, SERIES, sparkline_svg
 from .metric_table import evaluation_html, evaluation_text
 from .plan_panel import plan_text
-from .table_style import FONT
+from .sharding_words import sharding_words
+from .table_style import (
+    LABEL,
+    SMALL,
+    TABLE,
+    TD,
+    TR,
+    cell,
+    heading,
+    panel,
+    row,
+    table,
+    text_color,
+)
 from .units import duration, size
 
 # Loss entries shown in the text chart; longer histories are sampled down to this many.
@@ -140,6 +153,12 @@ def _task_text(result: Any) -> str:
     return text
 
 
+def mesh_axis(result: Any) -> str:
+    """The mesh axis a sharded parameter lies on: the worker's SPMD mesh is `(devices, 1)`,
+    its first axis named "fsdp" for FSDPv2 and "data" otherwise (`WorkerContext.axis`)."""
+    return "fsdp" if result.sharding == "fsdp" else "data"
+
+
 def result_rows(result: Any) -> list[tuple[str, str]]:
     """(label, text) rows of a `FineTuneResult`; warnings first."""
     rows = [("warning", warning) for warning in result.warnings]
@@ -160,8 +179,12 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
     if result.executions_per_step is not None:
         per_step = (f"; per step after warm-up: {result.executions_per_step:.2f} executions, "
                     f"{result.transfers_per_step:.2f} device-to-host transfers")
+    setup = ""
+    if result.setup_compiles:  # the metrics count them: say which they are (#28 item 9)
+        setup = (f"; and {result.setup_compiles} before step 1 (AdamW's first state), "
+                 f"{result.compiles + result.eval_compiles + result.setup_compiles} in all")
     rows.append(("XLA", f"{result.compiles} training + {result.eval_compiles} evaluation graphs "
-                 f"compiled{per_step}"))
+                 f"compiled{per_step}{setup}"))
     what = _task_text(result)
     rows.append(("setup", f"{result.strategy} over {plural(result.devices, 'device')}, "
                  f"{result.precision}, batch {result.batch_size}, lengths "
@@ -174,7 +197,7 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
         rows.append(("memory", memory))
     for name, spec in list(result.parameter_sharding.items())[:2]:
         if not result.shows_labels or "devices=" in spec:
-            rows.append(("layout", f"{name}: {spec}"))
+            rows.append(("layout", f"{name}: {sharding_words(spec, mesh_axis(result))}"))
     if result.resumed_from:
         rows.append(("resumed from", result.resumed_from))
     if result.output_dir:
@@ -201,7 +224,8 @@ def result_text(result: Any) -> str:
 
 
 CHART_WIDTH, CHART_HEIGHT = 240, 40
-_SCALE = "font-size:11px;opacity:0.75;line-height:1;"
+# The chart's scale: small secondary text, on one line.
+_SCALE = SMALL + "line-height:1;"
 
 
 def loss_chart_html(result: Any) -> str:
@@ -212,14 +236,15 @@ def loss_chart_html(result: Any) -> str:
     chart = sparkline_svg(points, width=CHART_WIDTH, height=CHART_HEIGHT, color=SERIES["loss"])
     if not chart:
         return ""
-    cell = "border:none;padding:0 4px 0 0;background:transparent;"
+    # The one table, its cells tight around the chart: the scale sits against the line.
+    edge = "border:none;padding:0 4px 0 0;background:transparent;"
     return (
-        '<table style="border-collapse:collapse;margin-top:2px"><tbody>'
-        f'<tr style="background:transparent"><td style="{cell}{_SCALE}text-align:right;'
-        f'vertical-align:top">{max(points):.4f}</td><td rowspan="2" style="{cell}">{chart}'
-        f'</td></tr><tr style="background:transparent"><td style="{cell}{_SCALE}'
+        f'<table style="{TABLE}"><tbody>'
+        f'<tr style="{TR}"><td style="{edge}{_SCALE}text-align:right;'
+        f'vertical-align:top">{max(points):.4f}</td><td rowspan="2" style="{edge}">{chart}'
+        f'</td></tr><tr style="{TR}"><td style="{edge}{_SCALE}'
         f'text-align:right;vertical-align:bottom">{min(points):.4f}</td></tr>'
-        f'<tr style="background:transparent"><td style="{cell}"></td><td style="{cell}">'
+        f'<tr style="{TR}"><td style="{edge}"></td><td style="{edge}">'
         f"{step_axis_html(history[0][0], history[-1][0])}</td></tr></tbody></table>"
     )
 
@@ -237,8 +262,9 @@ def step_axis_html(first: int, last: int) -> str:
 
 
 def result_html(result: Any) -> str:
+    """The result in the one box: its heading, then a row per `result_rows` entry (the loss
+    with its chart, the evaluation as its own table, warnings in the warning colour)."""
     chart = loss_chart_html(result)
-    cell = "text-align:left;vertical-align:top;line-height:1.4;border:none;"
 
     def value_html(name: str, value: str) -> str:
         if name == "evaluation":
@@ -247,14 +273,10 @@ def result_html(result: Any) -> str:
         text = re.sub(r"(result\.\w+\([^)]*\))", r"<code>\1</code>", escape(value))
         return text + (chart if name == "loss" else "")
 
-    def row(name: str, value: str) -> str:
+    def line(name: str, value: str) -> str:
         warn = text_color(COLORS["warning"]) + "font-weight:600;" if name == "warning" else ""
-        return (f'<tr style="background:transparent"><th style="{cell}padding:2px 12px 2px 0;'
-                f'{warn}">{escape(name)}</th><td style="{cell}padding:2px 0;{warn}">'
-                f"{value_html(name, value)}</td></tr>")
+        return row([cell(escape(name), LABEL + warn, "th"),
+                    cell(value_html(name, value), TD + warn)])
 
-    cells = "".join(row(name, value) for name, value in result_rows(result))
-    return (f'<div style="{FONT}">'
-            '<b>FineTuneResult</b><table style="border-collapse:collapse;margin-top:4px;'
-            'font-size:13px;table-layout:auto;color:inherit"><tbody>'
-            f"{cells}</tbody></table></div>")
+    rows = [line(name, value) for name, value in result_rows(result)]
+    return panel(heading("FineTuneResult") + table(rows), "hfxla-result")

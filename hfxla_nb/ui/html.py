@@ -3,10 +3,10 @@
 Every function takes the data of `ui.state` / `metrics` and returns a string of HTML with
 inline styles, so it renders the same in Jupyter, Colab, Kaggle, VS Code and nbconvert output.
 
-Colours read on light and dark themes alike: text keeps the theme's own colour (secondary
-text is the same colour, dimmed with `opacity`); coloured text takes JupyterLab's theme
-variable of the same meaning (`--jp-error-color1`, ...), with a fixed colour for notebooks
-without them; fills, borders and chart lines use mid-tone colours that show on both.
+The chrome (the panel's box, its heading, the tables, the colours) is `table_style`'s, the one
+style every panel shares: colours are JupyterLab's theme variables of the same meaning
+(`--jp-error-color1`, `--jp-ui-font-color2` for secondary text, ...), each with a mid-tone
+fallback for notebooks without them; only the chart lines are plain mid-tone colours.
 """
 
 from __future__ import annotations
@@ -20,10 +20,24 @@ from ..states import BarState, PanelState
 from . import text, units
 from .compilations import compilations_html
 from .state import BarView, LaunchView
-from .table_style import FONT, TABLE, TD, TR
+from .table_style import (
+    AMBER,
+    BLUE,
+    BOX,
+    GREEN,
+    GREY,
+    MUTED,
+    PURPLE,
+    RED,
+    TEXT,
+    TRACK,
+    heading,
+    label_row,
+    table,
+    text_color,
+    themed,
+)
 
-# Mid-tone colours, readable on light and dark backgrounds.
-BLUE, GREY, GREEN, AMBER, RED = "#1f77b4", "#7f7f7f", "#2ca02c", "#e6a700", "#d62728"
 STATUS_COLORS = {PanelState.STARTING: GREY, PanelState.RUNNING: BLUE,
                  PanelState.FINISHED: GREEN, PanelState.FAILED: RED}
 BAR_COLORS = {BarState.RUNNING: BLUE, BarState.DONE: GREEN, BarState.SHORT: AMBER,
@@ -34,30 +48,11 @@ SEVERITY_COLORS = {"error": RED, "warning": AMBER, "info": BLUE}
 COLORS: dict[str, str] = {**STATUS_COLORS, **BAR_COLORS, **SEVERITY_COLORS}
 # One colour per chart series, in every panel (live, final, FineTuneResult): the loss is never
 # drawn in the colour of a failure.
-SERIES = {"loss": BLUE, "step time": "#9467bd"}
-# JupyterLab's theme colour for text of each meaning (light and dark themes define them).
-_THEME_TEXT = {
-    BLUE: "--jp-brand-color1",
-    GREEN: "--jp-success-color1",
-    RED: "--jp-error-color1",
-    AMBER: "--jp-warn-color1",
-    GREY: "--jp-ui-font-color2",
-}
-_BOX = FONT + "line-height:1.4;"
-# Secondary text: the theme's text colour, dimmed, so it reads on light and dark backgrounds.
-MUTED = "opacity:0.75;"
-# The empty part of a progress bar: grey at a quarter strength shows on any background.
-TRACK = "rgba(128,128,128,0.25)"
+SERIES = {"loss": BLUE, "step time": PURPLE}
+# A part of the panel (a line, the bars, a chart): its text, no box of its own.
+_BOX = TEXT
 BAR_WIDTH = 150
 MONO = "font-family:var(--jp-code-font-family,monospace);font-size:12px;"
-
-
-def text_color(color: str) -> str:
-    """CSS for text in `color`: JupyterLab's theme colour of the same meaning when the page
-    has one (readable on its light and dark themes), else `color` itself. Two declarations,
-    so a sanitizer that drops `var()` (untrusted notebooks) keeps the plain one."""
-    variable = _THEME_TEXT.get(color)
-    return f"color:{color};" + (f"color:var({variable},{color});" if variable else "")
 
 
 def sparkline_svg(values: list[float], width: int = 180, height: int = 36,
@@ -89,7 +84,8 @@ def status_html(view: LaunchView) -> str:
     """The launch's one-line status, colored by state (green finished, red failed)."""
     color = STATUS_COLORS[view.state]
     return (
-        f'<div class="hfxla-status" style="{_BOX}padding:4px 8px;border-left:4px solid {color};'
+        f'<div class="hfxla-status" style="{_BOX}padding:4px 8px;border-left:4px solid;'
+        f'{themed("border-left-color", color)}'
         f'{text_color(color)}font-weight:600">{escape(text.status_line(view))}</div>'
     )
 
@@ -107,7 +103,7 @@ def progress_bar_html(bar: BarView, width: int = BAR_WIDTH) -> str:
         f'min-width:{width}px;height:12px;background:{TRACK};border-radius:3px;'
         f'vertical-align:middle;overflow:hidden">'
         f'<span style="display:block;width:{fraction * 100:.1f}%;height:100%;'
-        f'background:{color}"></span></span>'
+        f'{themed("background", color)}"></span></span>'
     )
 
 
@@ -193,11 +189,7 @@ def _above_wall_html(summary: XlaSummary | None, wall_seconds: float) -> str:
 
 def _row(name: str, value: str, means: str | None = None) -> str:
     """A row of the metrics table; `means` (what the figure counts) as the value's tooltip."""
-    title = f' title="{escape(means)}"' if means else ""
-    return (
-        f'<tr style="{TR}"><td style="{TD}padding:1px 10px 1px 0;{MUTED}">{escape(name)}</td>'
-        f'<td style="{TD}padding:1px 0"{title}>{escape(value)}</td></tr>'
-    )
+    return label_row(name, escape(value), means, tag="td")
 
 
 def summary_html(summary: XlaSummary | None, title: str = "XLA metrics",
@@ -206,10 +198,10 @@ def summary_html(summary: XlaSummary | None, title: str = "XLA metrics",
     one line when nothing was compiled or executed."""
     if summary is None:
         return f'<div style="{_BOX}{MUTED}">{escape(title)}: none yet</div>'
-    heading = f"{title} {text.steps_phrase(summary, live)}".rstrip()
+    title_line = f"{title} {text.steps_phrase(summary, live)}".rstrip()
     if text.nothing_ran(summary):
-        return (f'<div style="{_BOX}"><b>{escape(heading)}</b>: nothing compiled or executed'
-                + (" yet" if live else "") + "</div>")
+        return (f'<div style="{_BOX}">{heading(escape(title_line))}: nothing compiled or '
+                "executed" + (" yet" if live else "") + "</div>")
     share = summary.compile_share
     rows = [
         _row("compiles", text.compiles_text(summary)),
@@ -234,8 +226,7 @@ def summary_html(summary: XlaSummary | None, title: str = "XLA metrics",
     for name, info in shape_changes(summary.input_shapes).items():
         rows.append(_row(f"input '{name}'", text.shapes_text(info)))
     return (
-        f'<div style="{_BOX}"><b>{escape(heading)}</b>'
-        f'<table style="{TABLE}"><tbody>{"".join(rows)}</tbody></table>'
+        f'<div style="{_BOX}">{heading(escape(title_line))}{table(rows)}'
         f"{compilations_html(summary)}</div>"
     )
 
@@ -247,7 +238,8 @@ def alerts_html(alerts: list[Alert]) -> str:
     for alert in alerts:
         color = SEVERITY_COLORS.get(alert.severity, AMBER)
         boxes.append(
-            f'<div style="{_BOX}border-left:4px solid {color};padding:2px 8px;margin:4px 0">'
+            f'<div style="{_BOX}border-left:4px solid;{themed("border-left-color", color)}'
+            'padding:2px 8px;margin:4px 0">'
             f'<b><span style="{text_color(color)}">'
             f"{escape(text.SEVERITY.get(alert.severity, '!'))}</span> "
             f"{escape(alert.title)}</b><br>{escape(alert.explanation)}<br>"
@@ -291,6 +283,6 @@ def launch_html(view: LaunchView) -> str:
     return f'<div class="hfxla-launch" style="{PANEL}">{"".join(parts)}</div>'
 
 
-# The panel's own box: the right margin JupyterLab's rendered HTML keeps (the live widget
-# panel keeps the same, so both lay out in the same width).
-PANEL = _BOX + "margin:0;padding:0;"
+# The panel's own box, every panel's (`table_style.BOX`); the live widget panel draws the same
+# border and padding around its parts (`widgets.PANEL_LAYOUT`), so both lay out alike.
+PANEL = BOX

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from html import escape
 
-from .table_style import aligned_lines
+from .table_style import HEAD, HEAD_NUMBER, NAME, NUMBER, aligned_lines, cell, row, table
 
 # The last word of a metric's name that says it counts things (`eval_rows`, `eval_tokens`,
 # `eval_LOC_entities`, seqeval's `support`). A count is shown whole, never `53.0000`.
@@ -24,9 +24,6 @@ ENTITY_COLUMNS = ("precision", "recall", "f1", "entities")
 ENTITY_REQUIRED = frozenset({"precision", "recall", "f1"})
 _ENTITY_NAME = re.compile(r"^eval_(?P<kind>.+)_(?P<stat>precision|recall|f1|entities)$")
 
-_CELL = "border:none;padding:0 12px 0 0;background:transparent;text-align:left;"
-_NUMBER = "text-align:right;font-variant-numeric:tabular-nums;"
-_TR = '<tr style="background:transparent">'
 
 
 def is_count(name: str, value: float) -> bool:
@@ -97,20 +94,15 @@ def evaluation_text(metrics: dict[str, float]) -> str:
 
 def evaluation_html(metrics: dict[str, float]) -> str:
     """The metrics as a small two-column table, then the entity grid as a table of its own
-    with a header row."""
+    with a header row (the one table style: names left, numbers right)."""
     rows, grid = split_entity_metrics(metrics)
     html = ""
     if rows:
-        cells = "".join(f'{_TR}<td style="{_CELL}">{escape(name)}</td>'
-                        f'<td style="{_CELL}{_NUMBER}">{escape(value)}</td></tr>'
-                        for name, value in rows)
-        html += f'<table style="border-collapse:collapse"><tbody>{cells}</tbody></table>'
+        html += table(row([cell(escape(name), NAME), cell(escape(value), NUMBER)])
+                      for name, value in rows)
     if grid:
-        head = "".join(f'<th style="{_CELL}font-weight:600;{_NUMBER if i else ""}">'
-                       f"{escape(cell)}</th>" for i, cell in enumerate(grid[0]))
-        body = "".join(_TR + "".join(f'<td style="{_CELL}{_NUMBER if i else ""}">'
-                                     f"{escape(cell)}</td>" for i, cell in enumerate(row))
-                       + "</tr>" for row in grid[1:])
-        html += ('<table style="border-collapse:collapse;margin-top:4px">'
-                 f"<thead>{_TR}{head}</tr></thead><tbody>{body}</tbody></table>")
+        head = row(cell(escape(text), HEAD_NUMBER if i else HEAD, "th")
+                   for i, text in enumerate(grid[0]))
+        html += table((row(cell(escape(text), NUMBER if i else NAME)
+                           for i, text in enumerate(line)) for line in grid[1:]), head)
     return html

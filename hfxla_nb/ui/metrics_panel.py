@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..observe.analyzer import Alert
 from ..observe.metrics import XlaSummary
 from . import html, text
+from .table_style import panel
 
 
 class MetricsPanel:
@@ -22,7 +23,9 @@ class MetricsPanel:
 
     def _repr_html_(self) -> str:
         note = html.note_html(f"ℹ {self.note}", html.BLUE) if self.note else ""
-        return html.metrics_html(self.summary, self.alerts, self.title) + note
+        # The one box around the table the launch panel holds without one of its own.
+        return panel(html.metrics_html(self.summary, self.alerts, self.title) + note,
+                     "hfxla-metrics-panel")
 
     def __repr__(self) -> str:
         note = f"\nℹ {self.note}" if self.note else ""

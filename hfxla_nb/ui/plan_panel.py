@@ -20,15 +20,15 @@ from types import SimpleNamespace
 from typing import Any, Protocol
 
 from .html_display import HtmlBlock
-from .table_style import FONT
+from .table_style import TEXT, heading, panel
 from .units import size
 
 GIB = 2**30
 LABEL = "memory"
 # What introduces the changes of a plan that does not fit (text and HTML).
 FIT_HEADING = "What would make it fit, cheapest first (each on top of the ones before):"
-# The launch panel's font, so the plan reads as part of it (not as monospaced output).
-_FONT = FONT + "line-height:1.4"
+# The plan's class, on its box: the line alone (the cell before the fork) or with its changes.
+PLAN_CLASS = "hfxla-plan"
 
 
 class PlanChange(Protocol):
@@ -117,18 +117,17 @@ def plan_table(plan: Plan) -> str:
 
 
 def plan_table_html(plan: Plan) -> str:
-    """A `MemoryPlan` as a cell's value, as HTML: the panel `fine_tune` shows before the fork
-    (`plan_html`, the launch panel's font), then the changes that would make it fit, one line
-    each in the same font (the text form, `plan_table`, keeps every figure in columns)."""
+    """A `MemoryPlan` as a cell's value, as HTML, in the one box: the line `fine_tune` shows
+    before the fork (`plan_html`), then the changes that would make it fit, one line each in
+    the same font (the text form, `plan_table`, keeps every figure in columns)."""
     if not plan.changes:
-        return plan_html(plan)
+        return plan_panel_html(plan)
     changes = "".join(
         f"<li>{escape(change.change)} (<code>{escape(change.argument)}</code>): "
         f"{escape(_gib(change.total_gib))} per device{', fits' if change.fits else ''}</li>"
         for change in plan.changes)
-    return (f'<div class="hfxla-plan" style="{_FONT}">{plan_html(plan)}'
-            f"{FIT_HEADING}"
-            f'<ol style="margin:0;padding-left:2em">{changes}</ol></div>')
+    return panel(f"{plan_html(plan)}{FIT_HEADING}"
+                 f'<ol style="margin:0;padding-left:2em">{changes}</ol>', PLAN_CLASS)
 
 
 def _count(number: int) -> str:
@@ -165,8 +164,17 @@ def plan_line(plan: Plan | Mapping[str, Any]) -> str:
 
 
 def plan_html(plan: Plan | Mapping[str, Any]) -> str:
-    """`plan_line` as one HTML line, labelled like the result panel's rows."""
-    return f'<div style="{_FONT}"><b>{LABEL}</b>&nbsp;&nbsp;{escape(plan_line(plan))}</div>'
+    """`plan_line` as one HTML line, under its heading `memory` (no box: the panels that show
+    it put it in theirs, `plan_panel_html` and `plan_table_html`)."""
+    # The panels' font, so the plan reads as one of them (not as monospaced output).
+    return (f'<div style="{TEXT}">{heading(LABEL)}&nbsp;&nbsp;'
+            f"{escape(plan_line(plan))}</div>")
+
+
+def plan_panel_html(plan: Plan | Mapping[str, Any]) -> str:
+    """The plan's line as a panel of its own, in the one box: what the cell shows before the
+    fork."""
+    return panel(plan_html(plan), PLAN_CLASS)
 
 
 class PlanNotice:
@@ -181,7 +189,7 @@ class PlanNotice:
     def __init__(self, plan: Plan | Mapping[str, Any], mode: str) -> None:
         self.mode = mode
         self.text = f"{LABEL}  {plan_line(plan)}"
-        self.html = plan_html(plan)
+        self.html = plan_panel_html(plan)
         self.widget: Any = None
         self._handle: Any = None
         if mode == "console":

@@ -13,7 +13,8 @@ from html import escape
 from typing import Any
 
 from .._words import plural
-from .table_style import FONT, TABLE, TD, TR, aligned_lines
+from . import table_style as style
+from .table_style import aligned_lines
 from .units import duration
 
 #: Rows shown; a longer table says how many more `to_dataframe()` has.
@@ -134,22 +135,17 @@ def predictions_text(predictions: Any) -> str:
 
 
 def predictions_html(predictions: Any) -> str:
-    """The predictions as an HTML table under their heading, the footer under it."""
-    table = shown_table(predictions, HTML_CELL_CHARS)
-
-    def style(numeric: bool) -> str:
-        align = "text-align:right;font-variant-numeric:tabular-nums;" if numeric else ""
-        return f"{TD}padding:2px 12px 2px 0;{align}"
-
-    head = "".join(f'<th style="{style(numeric)}font-weight:600">{escape(name)}</th>'
-                   for name, numeric in zip(table.columns, table.numeric, strict=True))
-    body = "".join(f'<tr style="{TR}">' + "".join(
-        f'<td style="{style(numeric)}">{escape(text)}</td>'
-        for text, numeric in zip(row, table.numeric, strict=True)) + "</tr>"
-        for row in table.rows)
-    html = (f'<table style="{TABLE}"><thead><tr style="{TR}">{head}</tr></thead>'
-            f"<tbody>{body}</tbody></table>" if table.rows else f"<div>{NO_ROWS}</div>")
-    note = (f'<div style="font-size:11px;opacity:0.75">{escape(footer(table.more))}</div>'
-            if table.rows else "")
-    return (f'<div style="{FONT}">'
-            f"<b>{escape(heading(predictions, table))}</b>{html}{note}</div>")
+    """The predictions as an HTML table under their heading, the footer under it, in the one
+    box (numbers right-aligned)."""
+    shown = shown_table(predictions, HTML_CELL_CHARS)
+    head = style.row(
+        style.cell(escape(name), style.HEAD_NUMBER if numeric else style.HEAD, "th")
+        for name, numeric in zip(shown.columns, shown.numeric, strict=True))
+    body = [style.row(style.cell(escape(text), style.NUMBER if numeric else style.TD)
+                      for text, numeric in zip(line, shown.numeric, strict=True))
+            for line in shown.rows]
+    html = style.table(body, head) if shown.rows else f"<div>{NO_ROWS}</div>"
+    note = (f'<div style="{style.SMALL}">{escape(footer(shown.more))}</div>'
+            if shown.rows else "")
+    title = style.heading(escape(heading(predictions, shown)))
+    return style.panel(title + html + note, "hfxla-predictions")

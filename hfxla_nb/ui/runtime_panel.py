@@ -11,11 +11,25 @@ import textwrap
 from typing import TYPE_CHECKING
 
 from ..runtime.hosts import host_name, launch_plan
+from .table_style import (
+    AMBER,
+    BLUE,
+    GREEN,
+    MUTED,
+    RED,
+    heading,
+    label_row,
+    panel,
+    strong_fill,
+    table,
+    themed,
+)
 
 if TYPE_CHECKING:
     from ..runtime import Problem, RuntimeInfo
 
-_COLORS = {"error": "#c62828", "warning": "#e65100", "info": "#1565c0", "ok": "#2e7d32"}
+# The palette every panel shares (JupyterLab's theme colours, these as their fallbacks).
+_COLORS = {"error": RED, "warning": AMBER, "info": BLUE, "ok": GREEN}
 _TEXT_WIDTH = 100
 _LABEL_WIDTH = 13
 # Joins "name version" pairs so that text wrapping never splits one.
@@ -128,38 +142,33 @@ def runtime_text(info: RuntimeInfo) -> str:
 
 
 def _badge(text: str, color: str) -> str:
+    # White on the darker tone of the colour's meaning: readable on light and dark themes.
     return (
-        f'<span style="background:{color};color:#fff;border-radius:3px;padding:1px 6px;'
-        f'font-size:0.85em;font-weight:600">{html.escape(text)}</span>'
+        f'<span style="{strong_fill(color)}color:#fff;border-radius:3px;'
+        f'padding:1px 6px;font-size:0.85em;font-weight:600">{html.escape(text)}</span>'
     )
 
 
 def _html_problem(problem: Problem) -> str:
     color = _COLORS.get(problem.severity, _COLORS["info"])
     return (
-        f'<li style="list-style:none;margin:4px 0;padding:4px 8px;border-left:4px solid {color}">'
+        '<li style="list-style:none;margin:4px 0;padding:4px 8px;border-left:4px solid;'
+        f'{themed("border-left-color", color)}">'
         f"{_badge(problem.severity, color)} {html.escape(problem.title)}"
-        f'<div style="margin-top:2px;opacity:0.85"><b>Fix:</b> {html.escape(problem.fix)}</div>'
+        f'<div style="margin-top:2px;{MUTED}"><b>Fix:</b> {html.escape(problem.fix)}</div>'
         "</li>"
     )
 
 
 def runtime_html(info: RuntimeInfo) -> str:
-    """An HTML panel of `info` (inline styles only, readable on light and dark themes)."""
+    """An HTML panel of `info`: the one box and table every panel uses (`table_style`)."""
     status = status_line(info)
     if status == "OK":
         status_color = _COLORS["ok"]
     else:
         status_color = _COLORS["warning" if info.ok else "error"]
-    cell = 'style="text-align:left;padding:1px 12px 1px 0;vertical-align:top"'
-    rows = "".join(
-        f"<tr><th {cell}>{html.escape(label)}</th><td {cell}>{html.escape(value)}</td></tr>"
-        for label, value in _facts(info)
-    )
-    rows += (
-        f"<tr><th {cell}>versions</th><td {cell}>"
-        f"{html.escape(' · '.join(_versions(info)))}</td></tr>"
-    )
+    rows = [label_row(label, html.escape(value)) for label, value in _facts(info)]
+    rows.append(label_row("versions", html.escape(" · ".join(_versions(info)))))
     if info.env:
         env = "<br>".join(
             f"<code>{html.escape(name)}={html.escape(value)}</code>"
@@ -167,7 +176,7 @@ def runtime_html(info: RuntimeInfo) -> str:
         )
     else:
         env = "(none set)"
-    rows += f"<tr><th {cell}>env</th><td {cell}>{env}</td></tr>"
+    rows.append(label_row("env", env))
     problems = ""
     if info.problems:
         problems = (
@@ -175,13 +184,10 @@ def runtime_html(info: RuntimeInfo) -> str:
             + "".join(_html_problem(problem) for problem in info.problems)
             + "</ul>"
         )
-    return (
-        '<div class="hfxla-nb-runtime" style="border:1px solid rgba(128,128,128,0.5);'
-        'border-radius:4px;padding:6px 10px;font-family:sans-serif;font-size:13px">'
-        f'<div style="margin-bottom:4px"><b>hfxla_nb runtime</b> {_badge(status, status_color)}'
-        "</div>"
-        f'<table style="border-collapse:collapse;margin:0">{rows}</table>'
-        f"{problems}</div>"
+    return panel(
+        f'<div style="margin-bottom:4px">{heading("hfxla_nb runtime")} '
+        f"{_badge(status, status_color)}</div>{table(rows)}{problems}",
+        "hfxla-nb-runtime",
     )
 
 

@@ -21,10 +21,13 @@ from . import html, text
 from .base import PanelDisplay
 from .html_display import HtmlBlock
 from .state import LaunchView
+from .table_style import BORDER, PADDING
 
-# JupyterLab's rendered HTML (where the final panel goes) keeps 20 px free on the right; the
-# live panel keeps the same, and no widget margins, so both lay out in the same box.
-PANEL_LAYOUT = {"margin": "0px", "padding": "0px 20px 0px 0px"}
+# The final panel is the one box (`table_style.BOX`: border, padding) inside JupyterLab's
+# rendered HTML, which keeps 20 px free on the right. The live panel draws the same border and
+# padding, 20 px of margin on its right and no other, so both lay out in the same box
+# (ipywidgets' layout has no corner radius: the live panel's corners are square).
+PANEL_LAYOUT = {"margin": "0px 20px 0px 0px", "padding": PADDING, "border": BORDER}
 PART_LAYOUT = {"margin": "0px"}
 
 

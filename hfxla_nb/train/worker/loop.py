@@ -149,6 +149,9 @@ class TrainingLoop:
             - ahead_compiles,
             "eval_compiles": eval_compiles,
             "eval_compiled_ahead": ahead_compiles,
+            # Before step 1: loading the model, AdamW's first state (make_first_step_steady);
+            # counted so that the result and the XLA metrics add up (#28 item 9).
+            "setup_compiles": counts_start[_xla.COMPILE_TIME],
             "checkpoints": list(self.checkpoints),
             "notes": list(self.notes),
             "samples_per_second_overall": trained / max(train_seconds, 1e-9),
