@@ -90,6 +90,9 @@ def unload_ipython_extension(ipython) -> None:
 def _warm_up_in_a_kernel() -> None:
     import sys
 
+    from .launch.processes import keep_compile_pool_cold
+
+    keep_compile_pool_cold()  # no inductor pool in an XLA notebook's kernel (processes.py)
     if "ipykernel" in sys.modules:
         from .launch import warm_up
 

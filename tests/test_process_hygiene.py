@@ -136,10 +136,13 @@ def test_the_kernel_gains_no_process_from_a_launch(kernel):
         """, timeout=300)
     assert any(line.startswith("torch only True") for line in first.stdout.splitlines()), (
         first.stdout)
-    # Then as an accelerate notebook leaves it: torch and accelerate imported (accelerate
-    # imports torch's inductor), a launch whose function imports torch_xla and accelerate.
+    # Then as accelerate's example notebook (simple_nlp_example.ipynb) leaves it: torch,
+    # accelerate and transformers' model classes imported (accelerate imports torch's
+    # inductor), a launch whose function imports torch_xla and accelerate.
     output = run_ok(kernel, """
         import torch, accelerate
+        from accelerate import Accelerator
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
         def group_of(pid):
             with open(f"/proc/{pid}/stat") as file:
                 return int(file.read().rsplit(")", 1)[1].split()[2])
@@ -167,7 +170,18 @@ def test_the_kernel_gains_no_process_from_a_launch(kernel):
     assert any(line.startswith("children True") for line in lines), output.stdout
     assert "group True" in lines
     assert "warm pool in the workers 0" in lines  # no compile-worker pool warmed in a worker
-    assert "warm pool in the kernel None" in lines  # the kernel's variable put back
+    # `import hfxla_nb` (the kernel's first cell) set it, before accelerate was imported: on
+    # torch 2.8 that import would warm inductor's pool in the kernel (#29); a launch keeps it.
+    assert "warm pool in the kernel 0" in lines
+
+
+def test_importing_hfxla_nb_first_keeps_inductors_pool_cold_unless_told_otherwise():
+    code = ("import json, os\nos.environ.pop('TORCH_WARM_POOL', None)\n{before}"
+            "import hfxla_nb\nprint(json.dumps(os.environ.get('TORCH_WARM_POOL')))")
+    assert run_python(code.format(before="")) == "0"
+    assert run_python(code.format(before="os.environ['TORCH_WARM_POOL'] = '1'\n")) == "1"
+    # torch's warm-up already ran (async_compile imported first): nothing to keep cold.
+    assert run_python(code.format(before="import torch._inductor.async_compile\n")) is None
 
 
 def test_a_compile_worker_pool_started_during_a_launch_is_shut_down():

@@ -44,6 +44,7 @@ TERMINATE_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
 LEFTOVER_GRACE = TERMINATE_GRACE / 3
 KILL_WAIT = 10.0  # how long a SIGKILLed process may take to be gone (a loaded machine)
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+WARM_POOL = "TORCH_WARM_POOL"  # torch: "0" keeps inductor's compile-worker pool cold
 
 
 def become_subreaper() -> bool:
@@ -179,18 +180,34 @@ def kernel_gains_no_process() -> Iterator[None]:
     it), unless the kernel already had compile workers before the launch (the user's own).
     """
     before = set(children_of(os.getpid()))
-    saved = os.environ.get("TORCH_WARM_POOL")
+    saved = os.environ.get(WARM_POOL)
     if saved is None:
-        os.environ["TORCH_WARM_POOL"] = "0"
+        os.environ[WARM_POOL] = "0"
     try:
         yield
     finally:
         if saved is None:
-            os.environ.pop("TORCH_WARM_POOL", None)
+            os.environ.pop(WARM_POOL, None)
         _shut_down_new_compile_workers(before)
 
 
 COMPILE_WORKER = "torch/_inductor/compile_worker"
+
+
+def keep_compile_pool_cold() -> bool:
+    """At `import hfxla_nb`: set `TORCH_WARM_POOL=0` unless it is set; whether it was set here.
+
+    torch 2.8 warms inductor's compile-worker pool when `torch._inductor.async_compile` is
+    first imported, which `import accelerate` does: a sidecar process at once, and its workers
+    a few seconds later, often while the next cell (a launch) runs, so they look like the
+    launch's (#29, Kaggle's stack). An XLA notebook compiles with XLA, not inductor. With
+    hfxla_nb imported before accelerate, the kernel starts no pool; torch still makes one
+    when a `torch.compile` needs it. Set TORCH_WARM_POOL=1 first to keep torch's warm-up.
+    """
+    if WARM_POOL in os.environ or "torch._inductor.async_compile" in sys.modules:
+        return False
+    os.environ[WARM_POOL] = "0"
+    return True
 
 
 def _shut_down_new_compile_workers(before: set[int]) -> None:
