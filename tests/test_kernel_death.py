@@ -44,11 +44,30 @@ def alive(pid: int) -> bool:
         return False
 
 
-def wait_for(check, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
+def wait_for(check, seconds: float, what: str, kernel: Kernel | None = None) -> None:
+    """Wait until `check()`; fail after `seconds`, with what the running cell printed (its
+    error too: a cell that failed would otherwise only show as a timeout)."""
+    deadline, printed = time.monotonic() + seconds, []
     while not check():
-        assert time.monotonic() < deadline, f"{what} after {seconds:g} s"
+        if kernel is not None:
+            printed += cell_text(kernel)
+        assert time.monotonic() < deadline, f"{what} after {seconds:g} s:\n{''.join(printed)}"
         time.sleep(0.1)
+
+
+def cell_text(kernel: Kernel) -> list[str]:
+    """The text the kernel sent since the last call (streams, errors), without waiting."""
+    texts = []
+    while True:
+        try:
+            message = kernel.client.get_iopub_msg(timeout=0.01)
+        except Exception:  # noqa: BLE001 - queue.Empty: nothing more now
+            return texts
+        content = message["content"]
+        if message["msg_type"] == "stream":
+            texts.append(content["text"])
+        elif message["msg_type"] == "error":
+            texts.append("\n".join(content["traceback"]))
 
 
 def kill_and_check(kernel: Kernel, pids: list[int]) -> float:
@@ -94,7 +113,8 @@ def test_a_killed_kernel_takes_its_launch_with_it(tmp_path, strategy, ranks):
             hx.notebook_launcher(forever, args=({str(folder)!r},), strategy={strategy!r}
                                  {processes})
             """))
-        wait_for(lambda: len(list(folder.iterdir())) == ranks, 120, "the ranks did not start")
+        wait_for(lambda: len(list(folder.iterdir())) == ranks, 180, "the ranks did not start",
+                 kernel)
         time.sleep(0.2)  # each file is written whole
         pids = [int(word) for path in folder.iterdir() for word in path.read_text().split()]
         supervisors = [pid for pid in _children(kernel.pid)]
@@ -122,11 +142,13 @@ import hfxla_nb as hx
 from hfxla_nb import demo
 model, data = demo.demo_model_dir(cache={str(tmp_path / 'cache')!r}), demo.demo_dataset(n=400)
 """)
+        # Long enough to be killed mid-run at its second checkpoint; not so long that the
+        # disk check refuses its checkpoints (1000 steps: 500 of them, about 0.6 GB).
         kernel.client.execute(
-            f"hx.fine_tune(model, data, output_dir={str(output_dir)!r}, max_steps=100000, "
+            f"hx.fine_tune(model, data, output_dir={str(output_dir)!r}, max_steps=1000, "
             "save_steps=2, batch_size=8, progress=False)")
         checkpoint = output_dir / "checkpoints" / "checkpoint-2"
-        wait_for(checkpoint.exists, 240, "no checkpoint was written")
+        wait_for(checkpoint.exists, 300, "no checkpoint was written", kernel)
         supervisors = _children(kernel.pid)
         assert supervisors
         took = kill_and_check(kernel, supervisors)

@@ -10,12 +10,14 @@ busy (pytorch/xla #1731, #1217).
   is gone it stops every process below it (`stop_descendants`: the ranks, and what they
   started in other sessions, which a subreaper keeps below it), writes down what it stopped
   (`runtime.stopped_launches`, shown by the next `%xla_info`) and exits.
-- Every other process of the launch asks the kernel for SIGKILL when its parent dies
-  (`die_with_parent`), for a supervisor that is itself killed.
+- Every other process of the launch asks the kernel for a signal when its parent dies
+  (`die_with_parent`), for a supervisor that is itself killed: SIGTERM for a rank below the
+  one-host supervisor (the notebook's SIGKILL follows its grace time), SIGKILL on a Ray host.
 
 What this cannot catch: a supervisor killed at the same moment as its kernel (then a rank
-whose parent died still gets its SIGKILL, but a process in another session goes to init),
-and a main thread that holds the GIL for minutes in native code (the watch thread needs it).
+whose parent died still gets its SIGTERM, but a rank that ignores SIGTERM and a process in
+another session go on, adopted by init), and a main thread that holds the GIL for minutes in
+native code (the watch thread needs it).
 """
 
 from __future__ import annotations
@@ -35,15 +37,20 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 POLL_INTERVAL = 0.5  # seconds between looks at the parent where there is no pidfd
 
 
-def die_with_parent() -> None:
-    """SIGKILL this process when its parent exits (Linux); a no-op elsewhere.
+def die_with_parent(number: int = signal.SIGKILL) -> None:
+    """Have the kernel send signal `number` to this process when its parent exits (Linux); a
+    no-op elsewhere.
 
-    The parent-death signal fires when the thread that forked this process ends, so call it
-    only in processes forked from their parent's main thread (every fork of a launch is).
+    A rank below a one-host supervisor asks for SIGTERM: the notebook stops a launch with
+    SIGTERM to its whole group and SIGKILL after a grace time, and a supervisor that dies of
+    that SIGTERM first must not cut a rank's grace short (a rank may handle SIGTERM to save
+    its state). The parent-death signal fires when the thread that forked this process ends,
+    so call it only in processes forked from their parent's main thread (every fork of a
+    launch is).
     """
     parent = os.getppid()
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, number)
     except (OSError, AttributeError):
         return
     if os.getppid() != parent:  # the parent died before the request: nobody to signal it

@@ -163,7 +163,7 @@ _replicated_job: tuple | None = None
 def _replicated_entry(index: int) -> None:
     channel, world, function, args, pass_index, supervisor = _replicated_job
     if os.getpid() != supervisor:  # a pool process of xmp.spawn, not the supervisor itself
-        die_with_parent()  # the supervisor stops its ranks; this is for a supervisor killed
+        die_with_parent(signal.SIGTERM)  # for a supervisor killed (parent_watch.py)
     variables = rank_env.tpu_rank_variables(os.environ)  # torch_xla's, in a TPU process
     if _xla.process_device_count() == 1:
         rank_env.set_process_variables(
@@ -339,7 +339,7 @@ def _run_debug(
         if pid == 0:
             code = 0
             try:
-                die_with_parent()
+                die_with_parent(signal.SIGTERM)
                 set_rank_variables(rank, rank, world)
                 route_this_process(channel, rank)  # gloo's own messages carry the rank too
                 _init_gloo(rank, world, port)
