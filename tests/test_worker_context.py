@@ -61,6 +61,7 @@ def test_what_the_worker_calls_on_a_task_is_what_task_defines():
 def test_tasks_say_whether_evaluation_compiles_ahead_and_their_chance_accuracy():
     ahead = {name for name in TASKS if TASKS[name].eval_ahead}
     assert ahead == {"classification", "causal-lm", "token-classification",
-                     "question-answering", "masked-lm", "multiple-choice"}
+                     "question-answering", "masked-lm", "multiple-choice",
+                     "image-classification", "audio-classification"}
     assert TASKS["seq2seq"].chance_accuracy(None) is None
     assert TASKS["classification"].chance_accuracy(None) is None

@@ -187,7 +187,7 @@ def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
     inputs = list(inputs)
     if not inputs:
         raise FineTuneError("inputs is empty: pass at least one input.")
-    context = PredictContext(model_config, sources.load_tokenizer(tokenizer, model, source),
+    context = PredictContext(model_config, TASKS[task].load_processor(tokenizer, model, source),
                              allow_no_answer, max_new_tokens, top_k)
     encoded = TASKS[task].prepare_predict(inputs, context, max_length)
     devices = sources.device_count(num_processes)

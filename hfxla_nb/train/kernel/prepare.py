@@ -40,12 +40,14 @@ def prepare_fine_tune(
     config = FineTuneConfig.build(config, options)
     source, model_config, fixed_labels, model_name = sources.model_source(model)
     head = sources.resolve_task(config.task, model, model_config)
-    tokenizer = sources.load_tokenizer(config.tokenizer, model, source)
-    context = TaskContext(source, model_config, fixed_labels, tokenizer, model_name,
-                          steps.devices(config))
     splits = pick_splits(dataset, config)
     picked = task_from_columns(splits.train, config) if head is None else None
     task = TASKS[head or picked or DEFAULT_TASK]
+    # The task loads what its data is encoded with: a tokenizer, or (audio) a feature
+    # extractor (`Task.load_processor`).
+    tokenizer = task.load_processor(config.tokenizer, model, source)
+    context = TaskContext(source, model_config, fixed_labels, tokenizer, model_name,
+                          steps.devices(config))
     check(config, task, context, splits)
     prepared = task.prepare(splits, config, context)
     if picked:

@@ -35,6 +35,9 @@ class Task:
     Kernel side (before the fork; may import transformers, writes nothing):
         check_model(model_config, names): refuse a model the task cannot train (default:
             none refused); `names` are its class or architecture names.
+        load_processor(given, model, source): what encodes the inputs (default: the
+            tokenizer; an audio or image task: its feature extractor or image processor),
+            carried as `plan.tokenizer` and saved with the model.
         prepare(splits, config, context) -> Prepared: read and check the picked splits
             (`kernel.preparation.Splits`, none empty; refusing with `FineTuneError` and what
             to do), tokenize them into fixed-shape buckets (`batching.Bucket`; labels of any
@@ -93,6 +96,15 @@ class Task:
 
     def check_model(self, model_config: Any, names: list[str]) -> None:
         """Refuse, with `FineTuneError`, a model this task cannot train (none by default)."""
+
+    def load_processor(self, given: Any, model: Any, source: Any) -> Any:
+        """What the data is encoded with (`TaskContext.tokenizer`, saved next to the model),
+        loaded in the kernel: by default the tokenizer (`given`: `tokenizer=`, else the
+        model's own, `kernel.sources.load_tokenizer`). An audio or image task loads its
+        feature extractor or image processor here instead."""
+        from ..kernel import sources
+
+        return sources.load_tokenizer(given, model, source)
 
     def prepare(self, splits: Splits, config: FineTuneConfig,
                 context: TaskContext) -> Prepared:

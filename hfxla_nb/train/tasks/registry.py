@@ -37,6 +37,8 @@ TASK_MODULES: dict[str, str] = {
     "masked-lm": ".masked_lm",
     "multiple-choice": ".multiple_choice",
     "seq2seq": ".seq2seq",
+    "audio-classification": ".audio_classification",
+    "image-classification": ".image_classification",
 }
 
 
