@@ -47,18 +47,10 @@ from hfxla_nb.ui.table_style import (
     heading,
 )
 from tests.helpers import T0, Clock
+from tests.test_ui import SNAPSHOT  # one snapshot of a loop that compiled twice
 
 transformers = pytest.importorskip("transformers")
 
-SNAPSHOT = {
-    "counters": {"MarkStep": 20, "CachedCompile": 18, "aten::nonzero": 3},
-    "metrics": {
-        "CompileTime": {"count": 2, "total": 3e9, "samples": [(1, 2e9), (2, 1e9)]},
-        "ExecuteTime": {"count": 20, "total": 1e9, "samples": []},
-        "TransferFromDeviceTime": {"count": 21, "total": 2e6, "samples": []},
-    },
-    "fallback_ops": ["aten::nonzero"],
-}
 # What torch_xla's `_get_xla_sharding_spec` returns for the demo LM's embedding under FSDPv2
 # over 4 devices, and for a parameter on one device (tests/test_causal_lm.py).
 FSDP_4 = "{devices=[4,1]0,1,2,3}"

@@ -150,41 +150,57 @@ def bars_html(bars: list[BarView]) -> str:
 
 def chart_html(bars: list[BarView], summary: XlaSummary | None = None) -> str:
     """Loss and step-time sparklines of the first bar that has them; '' when none has. With
-    the launch's `summary`, a wall time per step below XLA's time per step says why."""
+    the launch's `summary`, a wall time per step below XLA's time per step says why.
+
+    A bar's chart line is drawn from its first value on, its sparklines blank boxes of their
+    size until two points exist: the line appearing a few steps in moved the panel's height
+    (#28 item 2: the live panel grew by 36 px at step 10)."""
     for bar in bars:
+        if not (bar.losses or bar.step_times):
+            continue
         parts = []
-        if len(bar.losses) >= 2:
+        if bar.losses:
             parts.append(
                 f'<span style="{MUTED}">loss</span> '
-                f"{sparkline_svg(bar.losses, color=SERIES['loss'])} "
+                f"{_sparkline_or_blank(bar.losses, SERIES['loss'])} "
                 f"{escape(units.number(bar.losses[-1]))}"
             )
-        if len(bar.step_times) >= 2:
+        if bar.step_times:
             parts.append(  # wall clock: the metrics' "XLA per step" is the device's share
                 f'<span style="{MUTED}" title="{escape(text.STEP_TIME_MEANS)}">'
                 "wall time per step</span> "
-                f"{sparkline_svg(bar.step_times, color=SERIES['step time'])} "
+                f"{_sparkline_or_blank(bar.step_times, SERIES['step time'])} "
                 f"{escape(units.duration(bar.step_times[-1]))}"
                 + _above_wall_html(summary, bar.step_times[-1])
             )
-        if parts:  # each chart wraps as a whole when the output is narrow
-            return (
-                f'<div class="hfxla-chart" style="{_BOX}"><span style="{MUTED}">'
-                f"{escape(bar.name)}:</span> "
-                + " &nbsp; ".join(f'<span style="display:inline-block;white-space:nowrap">'
-                                  f"{part}</span>" for part in parts)
-                + "</div>"
-            )
+        # each chart wraps as a whole when the output is narrow
+        return (
+            f'<div class="hfxla-chart" style="{_BOX}"><span style="{MUTED}">'
+            f"{escape(bar.name)}:</span> "
+            + " &nbsp; ".join(f'<span style="display:inline-block;white-space:nowrap">'
+                              f"{part}</span>" for part in parts)
+            + "</div>"
+        )
     return ""
 
 
+def _sparkline_or_blank(values: list[float], color: str, width: int = 180,
+                        height: int = 36) -> str:
+    """`sparkline_svg`, or an empty box of its size while there are fewer than 2 points."""
+    return sparkline_svg(values, width, height, color) or (
+        f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" '
+        f'style="vertical-align:middle;width:{width}px;height:{height}px;max-width:none"></svg>')
+
+
 def _above_wall_html(summary: XlaSummary | None, wall_seconds: float) -> str:
-    """` (less than XLA's per step, ...)` with the whole reason as its tooltip, when XLA's time per
-    step is larger than the wall time per step; '' otherwise."""
-    if not xla_exceeds_wall(summary, wall_seconds):
-        return ""
-    return (f' <span style="{MUTED}" title="{escape(text.XLA_ABOVE_WALL_MEANS)}">'
-            f"({escape(text.XLA_ABOVE_WALL)})</span>")
+    """A muted ` ⓘ` after the wall time per step, always there: its tooltip says what the
+    wall time counts, and, when XLA's time per step is the larger, why (`XLA_ABOVE_WALL`).
+    Words that came and went beside it made the live chart line wrap and the panel grow by a
+    line while they were shown (#28 items 2 and 14)."""
+    means = text.STEP_TIME_MEANS
+    if xla_exceeds_wall(summary, wall_seconds):
+        means = f"{text.XLA_ABOVE_WALL}: {text.XLA_ABOVE_WALL_MEANS}"
+    return f' <span style="{MUTED}" title="{escape(means)}">ⓘ</span>'
 
 
 def _row(name: str, value: str, means: str | None = None) -> str:

@@ -51,8 +51,9 @@ XLA_STEP_MEANS = ("XLA's execution time (torch_xla's ExecuteTime) per step repor
                   "graph executed since the start (the first, slower steps, evaluation and "
                   "saving too) divided by the steps, so it can be larger than the latest wall "
                   "time per step")
-# Said beside the wall time per step when XLA's time per step is the larger (`xla_exceeds_wall`).
-XLA_ABOVE_WALL = "less than XLA's per step, which counts every graph since the start"
+# The tooltip of the wall time per step when XLA's time per step is the larger
+# (`xla_exceeds_wall`), then why (`XLA_ABOVE_WALL_MEANS`).
+XLA_ABOVE_WALL = "less than XLA's time per step, which counts every graph since the start"
 XLA_ABOVE_WALL_MEANS = ("XLA's time per step is every graph's execution time since the start "
                         "(the first, slower steps, and any evaluation or saving graph) divided "
                         "by the steps; the wall time is that of the latest steps. The device "

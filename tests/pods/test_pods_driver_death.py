@@ -12,6 +12,8 @@ import sys
 import textwrap
 import time
 
+from tests.pods.test_pods import _alive
+
 GONE_WITHIN = 20.0  # seconds: Ray notices a dead driver through its GCS connection
 
 DRIVER = """
@@ -27,14 +29,6 @@ DRIVER = """
     hx.notebook_launcher(forever, (sys.argv[2],), cluster=sys.argv[1], strategy="debug",
                          num_processes=2, hosts=2, progress=False)
     """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            return file.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def test_a_killed_driver_takes_its_launch_on_every_host_with_it(cluster, tmp_path):

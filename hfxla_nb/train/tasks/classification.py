@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..worker.evaluate import chance_accuracy, compute_metrics
+from ..worker.evaluate import chance_accuracy, compute_metrics, row_losses
 from . import classification_data
 from .base import Task
 from .registry import register_task
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..predict import PredictContext
     from ..worker.batch import Batch
     from ..worker.context import WorkerContext
+
 
 
 class Classification(Task):
@@ -45,11 +46,7 @@ class Classification(Task):
         import torch
 
         logits = ctx.logits(batch)
-        weights = batch.weights.float()
-        labels = batch.tokens[:, -2].long()
-        losses = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
-        # Filler rows weigh 0; `where` keeps a NaN of a filler row out of the sum.
-        losses = torch.where(weights > 0, losses, torch.zeros_like(losses))
+        losses = row_losses(logits, batch)
         return [logits.argmax(-1), losses, torch.softmax(logits, dim=-1)]
 
     def _by_row(self, split: Any, batches: list, fetched: list, index: int,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..config import FineTuneError
-from ..worker.evaluate import chance_accuracy, compute_metrics
+from ..worker.evaluate import chance_accuracy, compute_metrics, row_losses
 from . import image_data
 from .base import Task
 from .registry import register_task
@@ -83,13 +83,8 @@ class ImageClassification(Task):
         import torch
 
         logits = ctx.logits(batch)
-        weights = batch.weights.float()
-        labels = batch.tokens[:, -2].long()
-        losses = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
-        # Filler rows weigh 0; `where` keeps a NaN of a filler row out of the sum.
-        losses = torch.where(weights > 0, losses, torch.zeros_like(losses))
         # The probabilities hold the prediction and the top-k: argmax and top-k on the host.
-        return [losses, torch.softmax(logits, dim=-1)]
+        return [row_losses(logits, batch), torch.softmax(logits, dim=-1)]
 
     def chance_accuracy(self, split: EncodedSplit | None) -> float | None:
         """Always predicting `split`'s most frequent label (`evaluate.chance_accuracy`)."""

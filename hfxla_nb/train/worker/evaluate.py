@@ -220,3 +220,14 @@ def compute_metrics(
         elif metric == "f1":
             values["eval_f1"] = float(f1[present].mean())
     return values
+
+
+def row_losses(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Each row's cross-entropy against its class id (the batch's last label column before
+    the weights), 0 for filler rows: a NaN of a filler row stays out of the sum."""
+    import torch
+
+    weights = batch.weights.float()
+    losses = torch.nn.functional.cross_entropy(logits, batch.tokens[:, -2].long(),
+                                               reduction="none")
+    return torch.where(weights > 0, losses, torch.zeros_like(losses))
