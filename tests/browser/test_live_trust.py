@@ -3,7 +3,8 @@ JupyterLab + Chromium, in both themes, poll by poll while the run is live: the b
 time never goes back, the panel keeps its height from the first step to the end, its final
 rate is within 10% of the result's, no library or XLA native warning text reaches the cell,
 predictions are a table, and the compilations table keeps its numbers on one line at 1024 px.
-Each poll's figures are saved as `trust-<theme>.json` beside the screenshots."""
+Each poll's figures are saved as `trust-<theme>.json` beside the screenshots, which show every
+kind of panel in both themes."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ result = hx.fine_tune(folder, data, epochs=2, batch_size=32, learning_rate=4e-3,
 PREDICT = 'result.predict(["a great little product", "awful, it broke at once"])'
 COMPILATIONS = """\
 %load_ext hfxla_nb
+%xla_info
 """
+PLAN = 'hx.plan_memory(folder, batch_size=32, max_length=64, hardware="v5e-1")'  # one panel more
 METRICS = """\
 %%xla_metrics
 import torch, torch_xla
@@ -68,7 +71,7 @@ def test_a_live_fine_tune_panel_can_be_trusted(browser_lab):
         if len(samples) == 1 or step in (10, 40):
             nb.screenshot(browser_lab.artifacts, f"trust-live-{browser_lab.theme}-{step}", [2])
 
-    cells = [SETUP, "import os", TRAIN, "result", PREDICT, COMPILATIONS, METRICS]
+    cells = [SETUP, "import os", TRAIN, "result", PREDICT, COMPILATIONS, METRICS, PLAN]
     with browser_lab.notebook("trust", cells, timeout=500, poll=poll) as nb:
         (final,) = nb.measure(2, FINAL + PARTS["stats"])[:1]
         cell_text = nb.output_text(2)
@@ -76,7 +79,10 @@ def test_a_live_fine_tune_panel_can_be_trusted(browser_lab):
         predictions = nb.measure(4, ".hfxla-predictions table")
         prediction_text = nb.output_text(4)
         compilations = nb.measure(6, "td")  # the metrics panel and its compilations table
-        nb.screenshot(browser_lab.artifacts, f"trust-final-{browser_lab.theme}", [2, 3, 4, 6])
+        # Every kind of panel, in this theme: launch, result, predictions, %xla_info, metrics
+        # with its compilations, the memory plan (the failure view: test_panels_browser.py).
+        nb.screenshot(browser_lab.artifacts, f"trust-final-{browser_lab.theme}",
+                      [2, 3, 4, 5, 6, 7])
         assert_settled(nb)
     (browser_lab.artifacts / f"trust-{browser_lab.theme}.json").write_text(
         json.dumps({"samples": samples, "final": final["text"], "result": result_text},
