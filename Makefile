@@ -89,8 +89,11 @@ test-browser: setup $(BROWSER_STAMP) $(CHROMIUM)
 # `make demo` fine-tunes the tiny BERT; `make demo TASK=causal-lm` the tiny Llama with FSDPv2;
 # TASK=token-classification or question-answering: the tiny BERT's NER or QA head, then predict.
 # TASK=seq2seq: a tiny BART learns word-list translations (BLEU, fixed-shape generation).
+# TASK=image-classification: a tiny ViT learns drawn images; TASK=audio-classification: a tiny
+# wav2vec2 learns made-up clips; each then predicts new ones.
 TASK ?= classification
-DEMO_TASKS := token-classification question-answering multiple-choice
+DEMO_TASKS := token-classification question-answering multiple-choice image-classification \
+	audio-classification
 demo: setup
 	$(PY) -m hfxla_nb.demo$(if $(filter causal-lm,$(TASK)),.lm,$(if $(filter seq2seq,$(TASK)),.seq2seq,$(if $(filter $(DEMO_TASKS),$(TASK)),.tasks --task $(TASK),)))
 

@@ -24,7 +24,7 @@ from tests.helpers import ROOT, error_of, run_notebook, stdout_of, subprocess_en
 NOTEBOOKS = ROOT / "notebooks"
 TUTORIALS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 EXPECTED = ["01_runtime", "02_fine_tune", "03_your_own_loop", "04_why_is_it_slow", "05_trainer",
-            "06_causal_lm", "07_lora", "08_beyond_classification"]
+            "06_causal_lm", "07_lora", "08_beyond_classification", "09_images_and_speech"]
 SANITIZE = NOTEBOOKS / "nbval_sanitize.cfg"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -105,8 +105,12 @@ def test_the_first_cell_installs_only_what_is_missing(path):
             assert line.startswith("    %pip install --quiet "), line
     assert not any(re.search(r"^\s*[%!]\s*pip\b", cell.source, re.M) for cell in cells[1:])
     # torch, torch_xla and transformers come with hfxla_nb's extras only where torch_xla is
-    # missing: a TPU runtime (Colab, Kaggle) keeps its own.
-    assert 'extras = "" if importlib.util.find_spec("torch_xla") else "[train,xla]"' in first
+    # missing: a TPU runtime (Colab, Kaggle) keeps its own. A tutorial may add an extra of its
+    # own on both (tutorial 9: vision, Pillow).
+    extras = re.search(r'extras = "(\[(\w+)\])?" if importlib.util.find_spec\("torch_xla"\) '
+                       r'else "\[train,xla(,(\w+))?\]"', first)
+    assert extras is not None, first
+    assert extras.group(2) == extras.group(4)
 
 
 FAKE_PIP = """

@@ -55,6 +55,25 @@ def test_auto_picks_the_task_of_the_models_head(cache):
     assert plan.task == "multiple-choice"
 
 
+def test_a_head_ending_text_and_audio_share_goes_to_the_models_kind(cache):
+    """wav2vec2's ...ForSequenceClassification is an audio classifier, BERT's a text one: the
+    audio task claims the model by its config's type."""
+    from transformers import AutoConfig
+
+    from hfxla_nb.demo.audio import demo_audio_model_dir
+    from hfxla_nb.demo.tasks import classifier_model_dir
+    from hfxla_nb.train.kernel import sources
+
+    audio = demo_audio_model_dir(cache=cache)
+    assert AutoConfig.from_pretrained(audio).architectures == [
+        "Wav2Vec2ForSequenceClassification"]
+    assert sources.head_task(audio, AutoConfig.from_pretrained(audio)) == "audio-classification"
+    text = classifier_model_dir(cache=cache)
+    assert AutoConfig.from_pretrained(text).architectures[0].endswith(
+        "ForSequenceClassification")
+    assert sources.head_task(text, AutoConfig.from_pretrained(text)) == "classification"
+
+
 def test_auto_picks_the_task_from_the_columns_and_says_so(headless_dir):
     plan = prepare_fine_tune(headless_dir, ner_rows(16), batch_size=4, output_dir=None)
     assert plan.task == "token-classification"

@@ -1,4 +1,5 @@
-"""The embedded defaults for token classification and question answering, offline.
+"""The embedded defaults for token classification, question answering, multiple choice,
+image and audio classification, offline (`make demo TASK=...`).
 
 ```python
 from hfxla_nb.demo.tasks import ner_dataset, ner_model_dir, qa_dataset, qa_model_dir
@@ -29,6 +30,8 @@ from . import (
     demo_tokenizer,
     save_seeded_model,
 )
+from .audio import demo_audio_dataset, demo_audio_model_dir, demo_audio_rows
+from .images import demo_image_dataset, demo_images, demo_vit_model_dir
 
 if TYPE_CHECKING:
     import datasets
@@ -249,7 +252,18 @@ def mc_model_dir(cache: str | os.PathLike | None = None, seed: int = 0) -> str:
     return _head_model_dir("MultipleChoice", None, cache, seed, _mc_words(), layers=2)
 
 
-#: `python -m hfxla_nb.demo.tasks --task ...`: what each demo runs and predicts on.
+def _new_images() -> list:
+    """Three drawn images not in the demo's splits (seed 7), as HWC uint8 arrays."""
+    return list(demo_images(3, seed=7)[0])
+
+
+def _new_clips() -> list[dict]:
+    """Three made-up clips not in the demo's splits (seed 7), one of each class."""
+    return [row["audio"] for row in demo_audio_rows(3, seed=7)]
+
+
+#: `python -m hfxla_nb.demo.tasks --task ...`: what each demo runs and predicts on (the
+#: model and data makers, fine_tune's options, predict's inputs or a function making them).
 DEMOS = {
     "multiple-choice": (mc_model_dir, mc_dataset, {"epochs": 6, "learning_rate": 5e-3},
                         [{"sent1": "it rained all day in oslo .", "sent2": "so emma stone",
@@ -264,6 +278,11 @@ DEMOS = {
                              "context": "grace lee lives in oslo . bob jones works for nasa ."},
                             {"question": "what is the capital of oslo ?",
                              "context": "grace lee lives in oslo . bob jones works for nasa ."}]),
+    "image-classification": (demo_vit_model_dir, demo_image_dataset,
+                             {"max_steps": 100, "learning_rate": 3e-3}, _new_images),
+    "audio-classification": (demo_audio_model_dir, demo_audio_dataset,
+                             {"epochs": 2, "learning_rate": 1e-2, "batch_size": 16},
+                             _new_clips),
 }
 
 
@@ -281,12 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model_dir, dataset, options, inputs = DEMOS[args.task]
     devices = args.devices or (None if os.environ.get("PJRT_DEVICE") == "TPU" else 4)
-    result = fine_tune(model_dir(), dataset(), task=args.task, batch_size=32,
-                          num_processes=devices,
-                          **options)
+    result = fine_tune(model_dir(), dataset(), task=args.task, num_processes=devices,
+                       **{"batch_size": 32, **options})
     print(result)
-    for item in result.predict(inputs):
-        print(item.get("entities", item))
+    rows, _ = result.predict(inputs() if callable(inputs) else inputs).table()
+    for row in rows:
+        print(row)
     return 0
 
 

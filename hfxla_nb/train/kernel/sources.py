@@ -111,9 +111,13 @@ def head_task(model: Any, model_config: Any, every_head: bool = False) -> str | 
         names = [type(model).__name__]
     heads = _task_heads(picking=not every_head)
     for name in names:
-        for task, suffixes in heads.items():
-            if any(name.endswith(suffix) for suffix in suffixes):
-                return task
+        matching = [task for task, suffixes in heads.items()
+                    if any(name.endswith(suffix) for suffix in suffixes)]
+        # A head ending several tasks share (...ForSequenceClassification: text or audio) goes
+        # to the task that claims the model's config, else to the first.
+        claimed = [task for task in matching if TASKS[task].claims_model(model_config)]
+        if matching:
+            return (claimed or matching)[0]
     return None
 
 

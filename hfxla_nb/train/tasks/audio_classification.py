@@ -73,14 +73,23 @@ class AudioClassification(Classification):
 
     name = "audio-classification"
     auto_class = "AutoModelForAudioClassification"
-    # wav2vec2, HuBERT, WavLM name their audio head ...ForSequenceClassification: with
-    # task="auto" that is a text classifier (its entry comes first), so they pass
-    # task="audio-classification".
+    # wav2vec2, HuBERT, WavLM name their audio head ...ForSequenceClassification, as text
+    # models do: `claims_model` tells them apart by the config's model type.
     head_suffixes = ("ForAudioClassification", "ForSequenceClassification")
     columns = (audio_data.AUDIO_COLUMN,)
     peft_task_type = None
     title = "audio classification"
     predict_example = '[{"array": samples, "sampling_rate": 16000}]'
+
+    def claims_model(self, model_config: Any) -> bool:
+        """An audio model (its model type one of transformers' audio classifiers): task="auto"
+        picks audio classification for its `...ForSequenceClassification` head."""
+        from transformers.models.auto.modeling_auto import (
+            MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES,
+        )
+
+        return getattr(model_config, "model_type", None) in (
+            MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES)
 
     def load_processor(self, given: Any, model: Any, source: Any) -> Any:
         """The model's feature extractor (`tokenizer=` passes another), not a tokenizer."""

@@ -97,6 +97,13 @@ class Task:
     def check_model(self, model_config: Any, names: list[str]) -> None:
         """Refuse, with `FineTuneError`, a model this task cannot train (none by default)."""
 
+    def claims_model(self, model_config: Any) -> bool:
+        """Whether task="auto" picks this task for a model of this config before the other
+        tasks whose head endings its class name also has (wav2vec2's
+        `...ForSequenceClassification` is an audio classifier, not a text one). False by
+        default: the first task whose ending matches is picked."""
+        return False
+
     def load_processor(self, given: Any, model: Any, source: Any) -> Any:
         """What the data is encoded with (`TaskContext.tokenizer`, saved next to the model),
         loaded in the kernel: by default the tokenizer (`given`: `tokenizer=`, else the
