@@ -159,3 +159,28 @@ def test_without_pillow_the_error_names_the_install_line(cache, monkeypatch):
     # The task's first kernel step (datasets itself reads no images without Pillow).
     with pytest.raises(FineTuneError, match=r'pip install "hfxla_nb\[vision\]"'):
         TASKS["image-classification"].load_processor(None, model, model)
+
+
+def test_augmentation_keeps_the_graphs_and_still_learns(vit, cache):
+    """augment=True: every training image cropped and flipped on the host, each step; the
+    values change (another loss history), the shapes do not (the same two graphs)."""
+    plain, data, _ = vit
+    result = hx.fine_tune(demo_vit_model_dir(cache=cache), data, batch_size=32, max_steps=100,
+                          learning_rate=3e-3, num_processes=4, output_dir=None,
+                          progress=False, augment=True)
+    assert result.compiles == 1 and result.eval_compiles == 1
+    assert result.metrics["eval_accuracy"] >= 0.9  # chance: 1/3
+    assert [step for step, _ in result.loss_history] == [s for s, _ in plain.loss_history]
+    assert result.loss_history != plain.loss_history
+
+
+def test_augment_is_refused_for_a_task_without_it(cache, tmp_path):
+    from hfxla_nb.demo import demo_dataset
+    from hfxla_nb.demo.tasks import classifier_model_dir
+
+    with pytest.raises(FineTuneError, match="augment=True is for image classification"):
+        prepare_fine_tune(classifier_model_dir(cache=cache), demo_dataset(n=40), batch_size=8,
+                          augment=True, output_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(FineTuneError, match="augment must be True or False"):
+        hx.FineTuneConfig(augment="yes")

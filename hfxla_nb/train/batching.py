@@ -17,7 +17,7 @@ one call per step (`worker.batch.Batch`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -300,15 +300,20 @@ def host_batch(length: int, tokens: np.ndarray, fields: Mapping[str, np.ndarray]
                      [b.reshape(*lead, -1, b.shape[-1]) for b in buffers], slots)
 
 
-def train_batch(bucket: Bucket, positions: np.ndarray, micro_batches: int) -> HostBatch:
+def train_batch(bucket: Bucket, positions: np.ndarray, micro_batches: int,
+                transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
+                ) -> HostBatch:
     """Step's batch: tokens `[micro_batches, batch, width + k]` int32 (inputs side by side,
     then the `k` label columns), the bucket's fields likewise `[micro_batches, batch, ...]`;
-    one micro-batch drops the leading axis."""
+    one micro-batch drops the leading axis. `transform` (augmentation) changes the picked
+    rows' fields, not their shapes."""
     packed = np.concatenate(
         [bucket.inputs[positions], _label_columns(bucket, positions)], axis=1
     )
     lead = (micro_batches,) if micro_batches > 1 else ()
     fields = {name: values[positions] for name, values in bucket.fields.items()}
+    if transform is not None:
+        fields = transform(fields)
     return host_batch(bucket.length, packed, fields, lead)
 
 

@@ -68,7 +68,11 @@ class FineTuneConfig:
         resume_from_checkpoint: True (the latest checkpoint in `output_dir`), or a checkpoint
             folder; training continues exactly as if it had not stopped. Pass the same data
             and settings as the interrupted run.
-        seed: seeds data order, head initialization and dropout.
+        seed: seeds data order, head initialization, dropout and augmentation.
+        augment: image classification: each training image randomly cropped (60-100% of
+            its area), resized back and flipped left to right, on the host, a pure function
+            of the seed and the step (the same on every rerun); the shapes do not change, so
+            neither do the graphs. Other tasks refuse it.
         metrics: classification: "accuracy", "f1", "precision", "recall" (macro averages), or
             functions `f(predictions, labels) -> float | dict`; seq2seq: "rouge", "bleu". The
             other tasks report their own (loss and perplexity for a causal or masked LM,
@@ -143,6 +147,7 @@ class FineTuneConfig:
     save_steps: int | None = None
     resume_from_checkpoint: bool | str | os.PathLike | None = None
     seed: int = 0
+    augment: bool = False
     metrics: Sequence[str | Callable] = ("accuracy",)
     weight_decay: float = 0.0
     warmup_steps: int = 0
@@ -208,6 +213,8 @@ class FineTuneConfig:
         _check_int("max_target_length", self.max_target_length, minimum=2, allow_none=True)
         _check_int("warmup_steps", self.warmup_steps, minimum=0)
         _check_int("seed", self.seed, minimum=0)
+        if not isinstance(self.augment, bool):
+            raise FineTuneError(f"augment must be True or False, got {self.augment!r}.")
         _check_numbers(self)
         for metric in self.metrics:
             if not callable(metric) and metric not in METRICS:

@@ -42,6 +42,7 @@ class TrainPlan:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     save: bool = True
     fallback_dir: str | None = None  # where the final save goes when output_dir fails
+    augment: bool = False  # the task's `augment` on each training batch (image classification)
     task: str = "classification"  # a registered task's name (tasks/registry.py)
     sharding: str = "data"  # or "fsdp": FSDPv2, parameters sharded over the devices
     gradient_checkpointing: bool = False

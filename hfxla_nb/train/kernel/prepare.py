@@ -90,6 +90,9 @@ def check(config: FineTuneConfig, task: Task, context: TaskContext, splits: Spli
              else list(getattr(context.model_config, "architectures", None) or []))
     task.check_model(context.model_config, names)
     check_lora_task(config, task)
+    if config.augment and not task.augments:
+        raise FineTuneError(f"augment=True is for image classification; this is a {task.name!r} "
+                            "fine-tune: drop augment=.")
     for split, ds in splits.named.items():
         if len(ds) == 0:
             raise FineTuneError(f"the {split} data is empty: it needs at least one row.")
@@ -124,6 +127,8 @@ def build_plan(config: FineTuneConfig, context: TaskContext, task: Task,
         "labels": list(encoded.label_names),
         "train_digest": steps.digest(encoded.train),
     }
+    if config.augment:  # other images each step: a resume without it is refused
+        fingerprint["augment"] = True
     if prepared.lora:  # a resume with other LoRA settings is refused
         fingerprint["lora"] = prepared.lora
     resume = steps.checkpoint_to_resume(config, output_dir, fingerprint)

@@ -133,6 +133,7 @@ def config_fields(config: FineTuneConfig, output_dir: str | None,
         log_every=int(config.log_every),
         save=output_dir is not None,
         fallback_dir=None if config.fallback_dir is None else str(config.fallback_dir),
+        augment=bool(config.augment),
     )
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .registry import TASKS, plain_prediction_table, register_task
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from ..batching import EncodedData, EncodedSplit
@@ -61,6 +62,8 @@ class Task:
             batch's `eval_outputs`, in order, on the host.
         decode(data, batches, fetched) -> one plain-Python prediction per input row (or
             example); evaluation's metrics and `predict` both go through it.
+        augment(fields, rng) -> fields: a training batch's fields changed on the host
+            (`augment=True`; a task with `augments`), shapes kept.
     """
 
     name = ""
@@ -93,6 +96,8 @@ class Task:
     continues_prompts = False
     #: What the result's "next" row passes to `result.predict(...)`.
     predict_example = '["a text"]'
+    #: Whether `augment=True` is taken (its `augment` changes training batches).
+    augments = False
 
     def check_model(self, model_config: Any, names: list[str]) -> None:
         """Refuse, with `FineTuneError`, a model this task cannot train (none by default)."""
@@ -136,6 +141,12 @@ class Task:
     def eval_metrics(self, ctx: WorkerContext, batches: list,
                      fetched: list) -> dict[str, float]:
         raise NotImplementedError
+
+    def augment(self, fields: dict[str, np.ndarray],
+                rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """A training batch's fields changed on the host, their shapes kept (`augment=True`,
+        only for a task with `augments`); draws from `rng` only. By default: unchanged."""
+        return fields
 
     def chance_accuracy(self, split: EncodedSplit | None) -> float | None:
         """The evaluation accuracy of a guess that ignores the input (the result's

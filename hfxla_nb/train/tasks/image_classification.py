@@ -10,7 +10,7 @@ import numpy as np
 
 from ..config import FineTuneError
 from ..worker.evaluate import chance_accuracy, compute_metrics, row_losses
-from . import image_data
+from . import image_augment, image_data
 from .base import Task
 from .registry import register_task
 
@@ -58,6 +58,7 @@ class ImageClassification(Task):
     shows_labels = True
     predict_example = "[PIL.Image.open('cat.jpg')]"
     outputs_per_batch = 2
+    augments = True
 
     def check_model(self, model_config: Any, names: list[str]) -> None:
         """Refuse a model that does not take RGB images: the images are made RGB."""
@@ -72,6 +73,12 @@ class ImageClassification(Task):
         return image_data.load_processor(given, model, source)
 
     # -- worker side -------------------------------------------------------------------------
+
+    def augment(self, fields: dict[str, np.ndarray],
+                rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """A random resized crop and flip of each image (`image_augment.augment_pixels`)."""
+        return {**fields, "pixel_values": image_augment.augment_pixels(fields["pixel_values"],
+                                                                       rng)}
 
     def train_loss(self, ctx: WorkerContext, batch: Batch) -> torch.Tensor:
         import torch

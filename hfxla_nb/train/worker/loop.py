@@ -259,7 +259,12 @@ class TrainingLoop:
         per_rank = plan.rows_per_step // self.ctx.world
         rank = self.ctx.rank
         positions = positions[rank * per_rank:(rank + 1) * per_rank]
-        return bucket, batching.train_batch(bucket, positions, plan.gradient_accumulation_steps)
+        transform = None
+        if plan.augment:  # a pure function of (seed, step, rank): reruns see the same images
+            rng = np.random.default_rng([plan.seed, step, rank])
+            transform = lambda fields: self.ctx.task.augment(fields, rng)  # noqa: E731
+        return bucket, batching.train_batch(bucket, positions, plan.gradient_accumulation_steps,
+                                            transform)
 
     def step(self, step: int, parameters: list, clip: GradientClipper | None
              ) -> tuple[batching.Bucket, torch.Tensor, float]:
