@@ -184,3 +184,25 @@ def test_augment_is_refused_for_a_task_without_it(cache, tmp_path):
     assert not (tmp_path / "out").exists()
     with pytest.raises(FineTuneError, match="augment must be True or False"):
         hx.FineTuneConfig(augment="yes")
+
+
+def test_an_imagefolder_dataset_is_read_as_load_dataset_gives_it(cache, tmp_path):
+    """`load_dataset("imagefolder", data_dir=...)`, the layout of the image notebook's own data
+    (a folder per split, a folder per class): its ClassLabel names become the labels."""
+    import datasets
+
+    images = demo_image_dataset(40)
+    for split in ("train", "validation"):
+        for k, row in enumerate(images[split]):
+            folder = tmp_path / "pictures" / split / IMAGE_LABELS[row["label"]].replace(" ", "_")
+            folder.mkdir(parents=True, exist_ok=True)
+            row["image"].save(folder / f"{k}.png")
+    loaded = datasets.load_dataset("imagefolder", data_dir=str(tmp_path / "pictures"),
+                                   cache_dir=str(tmp_path / "hf-cache"))
+    assert set(loaded) == {"train", "validation"}
+    plan = prepare_fine_tune(demo_vit_model_dir(cache=cache), loaded, batch_size=8,
+                             output_dir=None)
+    assert plan.task == "image-classification"
+    assert plan.data.label_names == sorted(name.replace(" ", "_") for name in IMAGE_LABELS)
+    assert plan.data.train.num_rows == len(images["train"])
+    assert plan.data.train.buckets[0].fields["pixel_values"].shape[1:] == (3, 32, 32)
