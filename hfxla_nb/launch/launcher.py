@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-import socket
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -301,10 +300,10 @@ class _Attempts:
         """Run one attempt to its end (every process of it gone)."""
         plan, options = self.plan, self.options
         env = dict(plan.env)
-        if plan.strategy == "debug":  # a fresh free port for each attempt (the last may linger)
+        if plan.strategy == "debug":  # 0: the supervisor binds a free port (`rendezvous.py`)
             address, port = options.rendezvous
             env["MASTER_ADDR"] = address
-            env["MASTER_PORT"] = str(port or _free_port())
+            env["MASTER_PORT"] = str(port or 0)
         record = LaunchRecord(plan.strategy, plan.world,
                               [RankRecord(rank) for rank in range(plan.world)],
                               attempt=len(earlier) + 1, max_attempts=options.max_attempts,
@@ -355,7 +354,3 @@ def _parse_output(output: str | Iterable[int]) -> set[int] | str:
         ) from None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

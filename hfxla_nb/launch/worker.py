@@ -41,7 +41,7 @@ from ..events import (
 )
 from ..observe import reporting, reshards, tracing, user_frames
 from ..runtime import compile_cache
-from . import library_warnings, rank_env
+from . import library_warnings, rank_env, rendezvous
 from .accelerate_state import gloo_world_for_accelerate
 from .event_stream import EventStream, drain_output
 from .heartbeat import rank_ended, rank_started, start_heartbeat
@@ -331,8 +331,14 @@ def _run_debug(
     pass_index: bool,
     env: dict[str, str],
 ) -> int:
-    """Fork `world` CPU processes joined by a gloo process group; wait for all of them."""
-    port = env["MASTER_PORT"]
+    """Fork `world` CPU processes joined by a gloo process group; wait for all of them.
+
+    The group's store is this process's (`rendezvous.py`), bound before the first fork on
+    the port asked for (`MASTER_PORT`; 0: a free one) and held until the ranks are gone."""
+    address = os.environ.get("MASTER_ADDR", "127.0.0.1")  # master_addr / rdzv_endpoint
+    store = rendezvous.open_store(int(env["MASTER_PORT"]))
+    port = int(store.port)
+    os.environ["MASTER_PORT"] = str(port)  # the ranks' (and accelerate's) view of it
     pids = {}
     for rank in range(world):
         pid = os.fork()
@@ -342,7 +348,7 @@ def _run_debug(
                 die_with_parent(signal.SIGTERM)
                 set_rank_variables(rank, rank, world)
                 route_this_process(channel, rank)  # gloo's own messages carry the rank too
-                _init_gloo(rank, world, port)
+                rendezvous.join_gloo(rank, world, address, port)
                 gloo_world_for_accelerate()  # PartialState(): this group, not XLA's 1 process
                 run_rank(channel, rank, world, function, args, pass_index)
             except BaseException as error:  # noqa: BLE001
@@ -364,10 +370,3 @@ def _run_debug(
     return worst
 
 
-def _init_gloo(rank: int, world: int, port: str) -> None:
-    import torch.distributed as dist
-
-    address = os.environ.get("MASTER_ADDR", "127.0.0.1")  # master_addr / rdzv_endpoint
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://{address}:{port}", rank=rank, world_size=world
-    )

@@ -194,7 +194,7 @@ def _host_envs(ray: Any, actors: list[Any], described: list[dict], plan: Any, st
                reservation: placement.Reservation) -> list[dict[str, str | None]]:
     """Each host's worker variables: the local plan's, the rendezvous at host 0, and on a TPU
     slice the multi-host PJRT variables (`slice_env.pjrt_env`)."""
-    port = use_port or ray.get(actors[0].free_port.remote(), timeout=30)
+    port = ray.get(actors[0].open_rendezvous.remote(use_port or 0), timeout=30)
     envs = []
     for info in described:
         env = dict(plan.env)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import select
-import socket
 import threading
 from collections.abc import Callable
 from importlib import metadata
@@ -21,6 +20,7 @@ from typing import Any
 
 from ...events import Channel, Event, Log, OutputPipes, Started
 from ...runtime import compile_cache
+from .. import rendezvous
 from ..native_output import NativeRelay
 from ..processes import stop_group
 from .host_worker import supervise_host
@@ -72,6 +72,7 @@ class HostLaunch:
         self._pid_ranks: dict[int, list[int]] = {}
         self._pump: threading.Thread | None = None
         self._attempt = 0  # which start() the relay thread serves (a relaunch starts again)
+        self._store: Any = None  # host 0's gloo rendezvous (`open_rendezvous`)
 
     def describe(self) -> dict[str, Any]:
         """Where this host is and what it runs: address, versions, TPU slice figures.
@@ -94,11 +95,22 @@ class HostLaunch:
             info["tpu"] = None
         return info
 
-    def free_port(self) -> int:
-        """A free TCP port on this host (the gloo rendezvous, on host 0)."""
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return sock.getsockname()[1]
+    def open_rendezvous(self, port: int = 0) -> int:
+        """The gloo group's store on this host (host 0), listening on `port` (0: a free one)
+        until `close_rendezvous()`; returns its port.
+
+        The store is bound here, before any process is forked, and stays bound. A port
+        picked free, closed, and bound again seconds later by rank 0 can be taken in between
+        (as the source port of another connection, on a busy host): the gloo mesh of one
+        loaded two-host run failed to connect so (#29; `rendezvous.py`). A fresh store for
+        each attempt: a relaunch must not read the last group's keys."""
+        self.close_rendezvous()
+        self._store = rendezvous.open_store(port)
+        return int(self._store.port)
+
+    def close_rendezvous(self) -> None:
+        """Stop the store `open_rendezvous` started (none: nothing to do)."""
+        self._store = None
 
     def start(self, host: int, strategy: str, env: dict[str, str | None], local_world: int,
               world: int, function: Callable, args: tuple, pass_index: bool) -> int:
@@ -151,6 +163,7 @@ class HostLaunch:
             self._reap(pid, block=True)
         if self._pump is not None:
             self._pump.join(10)
+        self.close_rendezvous()
 
     # -- the relay thread ----------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable
 
 from ...events import Channel, Failed, ProcessExited
-from .. import worker
+from .. import rendezvous, worker
 from ..native_output import route_this_process
 from ..parent_watch import die_with_parent
 
@@ -65,7 +65,9 @@ def _run_ranks(channel: Channel, host: int, local_world: int, world: int, functi
                 worker.set_rank_variables(rank, local_rank, world)
                 os.environ["LOCAL_WORLD_SIZE"] = str(local_world)
                 route_this_process(channel, rank)
-                _init_gloo(rank, world, f"{address}:{port}")
+                # Through host 0's store (`HostLaunch.open_rendezvous`), held since before
+                # any host forked.
+                rendezvous.join_gloo(rank, world, address, int(port))
                 worker.run_rank(channel, rank, world, function, args, pass_index)
             except BaseException as error:  # noqa: BLE001
                 channel.send(Failed(rank, type(error).__name__, str(error),
@@ -86,10 +88,3 @@ def _run_ranks(channel: Channel, host: int, local_world: int, world: int, functi
                                        exitcode=code if code > 0 else None))
             worst = 1
     return worst
-
-
-def _init_gloo(rank: int, world: int, address: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://{address}", rank=rank,
-                            world_size=world)

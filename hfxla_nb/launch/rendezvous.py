@@ -1,0 +1,37 @@
+"""The gloo group's rendezvous (`strategy="debug"`, on one host and on a cluster's hosts): one
+`torch.distributed.TCPStore` server, bound before any rank is forked, that every rank joins as
+a client.
+
+Why not a port picked free and bound later by rank 0 (`init_method="tcp://..."`): the port is
+closed in between, and on a busy host another connection can take it as its source port
+before rank 0 binds it again; rank 0 then fails to listen and the other ranks fail to connect
+(one loaded two-host run did, #29). The server is held by the process that forks the ranks
+(the supervisor, or host 0's Ray actor), from before the fork until the ranks are gone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def open_store(port: int = 0) -> Any:
+    """A store server listening on `port` of every interface (0: a free port, chosen as it is
+    bound); its `port` attribute is the port. Kept alive by the caller for the launch.
+
+    Raises:
+        RuntimeError: `port` is taken (the message names it).
+    """
+    import torch.distributed as dist
+    from torch.distributed.constants import default_pg_timeout
+
+    return dist.TCPStore("127.0.0.1", port, None, True, timeout=default_pg_timeout,
+                         wait_for_workers=False)
+
+
+def join_gloo(rank: int, world: int, address: str, port: int) -> None:
+    """Join the gloo group of `world` ranks as `rank`, through the store at `address:port`."""
+    import torch.distributed as dist
+    from torch.distributed.constants import default_pg_timeout
+
+    store = dist.TCPStore(address, int(port), world, False, timeout=default_pg_timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
