@@ -4,6 +4,7 @@
 %load_ext hfxla_nb
 import hfxla_nb as hx
 hx.detect()                                    # what hardware, what runtime, what is wrong
+hx.doctor()                                    # check it end to end, a report for an issue
 hx.configure(cores=8)                          # before any device use
 results = hx.notebook_launcher(train, args=(cfg,))
 result = hx.fine_tune("bert-base-cased", dataset)
@@ -24,6 +25,8 @@ from ._version import __version__
 _EXPORTS = {
     "detect": "runtime.info",
     "RuntimeInfo": "runtime.info",
+    "doctor": "diagnosis",
+    "DoctorReport": "runtime.doctor_report",
     "configure": "runtime.configure",
     "RuntimeAlreadyStartedError": "runtime.configure",
     "TpuNotFoundError": "runtime.configure",

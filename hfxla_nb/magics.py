@@ -1,4 +1,4 @@
-"""`%load_ext hfxla_nb`: the `%xla_info`, `%xla_config` and `%%xla_metrics` magics.
+"""`%load_ext hfxla_nb`: the `%xla_info`, `%xla_doctor`, `%xla_config` and `%%xla_metrics` magics.
 
 The magics only parse arguments and call the API (`hfxla_nb.detect`, `hfxla_nb.configure`,
 `hfxla_nb.observe`); panels come from `hfxla_nb.ui`. Bad arguments raise `UsageError`, which
@@ -57,6 +57,31 @@ class XlaMagics(Magics):
         info = runtime.detect()
         _display(RuntimePanel(info))
         forget(info.stopped_launches)  # each is shown once
+
+    @magic_arguments()
+    @argument("--steps", default=None,
+              help="the steps to run, comma-separated (default: every step of hx.doctor)")
+    @argument("--markdown", action="store_true",
+              help="print the report as markdown, to paste into an issue")
+    @line_magic
+    def xla_doctor(self, line: str = "") -> None:
+        """Check this host end to end in at most 90 s and show the report (`hfxla_nb.doctor`).
+
+        Every step that runs XLA runs in launched workers: the kernel's runtime stays
+        unstarted. `%xla_doctor --markdown` prints a report to paste into an issue.
+        """
+        args = _parse(self.xla_doctor, line)
+        from .diagnosis import doctor
+
+        steps = tuple(s.strip() for s in args.steps.split(",")) if args.steps else None
+        try:
+            report = doctor(steps=steps)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        if args.markdown:
+            print(report.to_markdown())
+        else:
+            _display(report)
 
     @magic_arguments()
     @argument("--device", choices=("auto", "tpu", "cpu"), default="auto",
@@ -184,7 +209,8 @@ def load_ipython_extension(ipython: Any) -> None:
 def unload_ipython_extension(ipython: Any) -> None:
     """Remove the magics again (`%unload_ext hfxla_nb`)."""
     manager = ipython.magics_manager
-    for kind, names in (("line", ("xla_info", "xla_config")), ("cell", ("xla_metrics",))):
+    for kind, names in (("line", ("xla_info", "xla_config", "xla_doctor")),
+                        ("cell", ("xla_metrics",))):
         for name in names:
             manager.magics[kind].pop(name, None)
     manager.registry.pop("XlaMagics", None)

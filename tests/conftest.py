@@ -32,7 +32,7 @@ KERNEL_NAMES = frozenset({"Kernel", "started_kernel", "kernel_fixture", "run_not
                           "NotebookClient", "KernelManager"})
 LAUNCH_CALLS = frozenset({"notebook_launcher", "fine_tune", "predict", "generate", "run_demo",
                           "run_demo_lm", "run_demo_seq2seq", "run_demo_task", "main",
-                          "launched"})
+                          "launched", "doctor"})
 PROCESS_NAMES = frozenset({"subprocess", "Popen", "run_python", "fork", "multiprocessing",
                            "ProcessPoolExecutor", "spawn", "system",
                            "write_results"})  # bench's: `uname -p` names the CPU

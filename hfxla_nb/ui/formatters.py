@@ -1,8 +1,9 @@
 """Rich display of the data objects of the lower layers, through IPython's own formatters.
 
-`RuntimeInfo`, `FineTuneResult`, `Predictions` and `MemoryPlan` are plain data and import
-nothing from `ui`; IPython is told here, by type name, how to draw them (HTML, and text for
-nbconvert and terminals). The package's entry points call `register()` when a shell is running.
+`RuntimeInfo`, `DoctorReport`, `FineTuneResult`, `Predictions` and `MemoryPlan` are plain
+data and import nothing from `ui`; IPython is told here, by type name, how to draw them (HTML,
+and text for nbconvert and terminals). The package's entry points call `register()` when a
+shell is running.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .doctor_panel import doctor_html, doctor_text
 from .finetune_panel import result_html, result_text
 from .plan_panel import plan_table, plan_table_html
 from .predictions_panel import predictions_html, predictions_text
@@ -19,6 +21,7 @@ from .runtime_panel import runtime_html, runtime_text
 # (module, class name) -> (html, text) renderers
 RENDERERS: dict[tuple[str, str], tuple[Callable[[Any], str], Callable[[Any], str]]] = {
     ("hfxla_nb.runtime.info", "RuntimeInfo"): (runtime_html, runtime_text),
+    ("hfxla_nb.runtime.doctor_report", "DoctorReport"): (doctor_html, doctor_text),
     ("hfxla_nb.train.result", "FineTuneResult"): (result_html, result_text),
     ("hfxla_nb.train.memory_plan", "MemoryPlan"): (plan_table_html, plan_table),
     ("hfxla_nb.train.predict", "Predictions"): (predictions_html, predictions_text),

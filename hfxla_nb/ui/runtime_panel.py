@@ -17,10 +17,10 @@ from .table_style import (
     GREEN,
     MUTED,
     RED,
+    badge,
     heading,
     label_row,
     panel,
-    strong_fill,
     table,
     themed,
 )
@@ -141,20 +141,12 @@ def runtime_text(info: RuntimeInfo) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _badge(text: str, color: str) -> str:
-    # White on the darker tone of the colour's meaning: readable on light and dark themes.
-    return (
-        f'<span style="{strong_fill(color)}color:#fff;border-radius:3px;'
-        f'padding:1px 6px;font-size:0.85em;font-weight:600">{html.escape(text)}</span>'
-    )
-
-
 def _html_problem(problem: Problem) -> str:
     color = _COLORS.get(problem.severity, _COLORS["info"])
     return (
         '<li style="list-style:none;margin:4px 0;padding:4px 8px;border-left:4px solid;'
         f'{themed("border-left-color", color)}">'
-        f"{_badge(problem.severity, color)} {html.escape(problem.title)}"
+        f"{badge(problem.severity, color)} {html.escape(problem.title)}"
         f'<div style="margin-top:2px;{MUTED}"><b>Fix:</b> {html.escape(problem.fix)}</div>'
         "</li>"
     )
@@ -186,7 +178,7 @@ def runtime_html(info: RuntimeInfo) -> str:
         )
     return panel(
         f'<div style="margin-bottom:4px">{heading("hfxla_nb runtime")} '
-        f"{_badge(status, status_color)}</div>{table(rows)}{problems}",
+        f"{badge(status, status_color)}</div>{table(rows)}{problems}",
         "hfxla-nb-runtime",
     )
 

@@ -121,6 +121,13 @@ def heading(text: str) -> str:
     return f'<b style="{HEADING}">{text}</b>'
 
 
+def badge(text: str, color: str) -> str:
+    """A status badge beside a heading: `text` (words) in white on the darker tone of
+    `color`'s meaning, readable on light and dark themes."""
+    return (f'<span style="{strong_fill(color)}color:#fff;border-radius:3px;'
+            f'padding:1px 6px;font-size:0.85em;font-weight:600">{escape(text)}</span>')
+
+
 # -- tables --------------------------------------------------------------------------------------
 
 TABLE = ("border-collapse:collapse;border:none;margin:2px 0;table-layout:auto;"
