@@ -14,13 +14,13 @@ from ..runtime.info import RuntimeInfo
 from ..runtime.problems import Facts, Problem
 
 #: The packages the versions step names, in this order (None: not installed).
-PACKAGES = ("python", "torch", "torch_xla", "libtpu", "jax", "transformers", "accelerate",
-            "peft", "datasets", "ipywidgets", "ipykernel", "hfxla_nb")
+PACKAGES = ("python", "torch", "torch_xla", "torch_tpu", "libtpu", "jax", "transformers",
+            "accelerate", "peft", "datasets", "ipywidgets", "ipykernel", "hfxla_nb")
 ProblemCheck = Callable[[Facts], Iterator[Problem]]
 #: The checks of `runtime/problems.py` each step reports (the environment step: the rest).
 _VERSION_CHECKS: tuple[ProblemCheck, ...] = (
-    known.torch_missing, known.torch_xla_missing, known.versions_mismatch,
-    known.libtpu_missing)
+    known.torch_missing, known.torch_xla_missing, known.torch_tpu_too,
+    known.versions_mismatch, known.libtpu_missing)
 _DEVICE_CHECKS: tuple[ProblemCheck, ...] = (known.device_files_hidden,
                                             known.tpu_held_elsewhere)
 _HOST_CHECKS: tuple[ProblemCheck, ...] = (

@@ -243,6 +243,7 @@ def _local_plan(strategy: str, num_processes: int | None, mixed_precision: str,
     """The checks and the plan of a launch on this host: its world and the workers'
     variables (the compile cache's and the compile trace's switch included)."""
     preflight.check_runtime_not_started()
+    preflight.check_backend(strategy)
     info = detect()
     preflight.check_environment(info.accelerator, os.environ)
     plan = preflight.plan_launch(strategy, num_processes, mixed_precision,

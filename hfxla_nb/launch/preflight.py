@@ -110,6 +110,24 @@ def check_runtime_not_started() -> None:
         )
 
 
+def check_backend(strategy: str) -> None:
+    """Refuse, before anything is read or forked, work that needs torch_xla where it is not
+    installed, saying what to install; on a host with TorchTPU instead, what of hfxla_nb works
+    there. `strategy="debug"` runs on the CPU with gloo: it needs no torch_xla."""
+    if strategy == "debug" or _xla.is_installed():
+        return
+    from ..runtime.environment import package_versions
+    from ..runtime.problems import TORCH_TPU_FIX, TORCH_TPU_ONLY
+
+    torch_tpu = package_versions().get("torch_tpu")
+    if torch_tpu is not None:
+        raise LaunchRefusedError(f"{TORCH_TPU_ONLY.format(version=torch_tpu)} {TORCH_TPU_FIX}")
+    raise LaunchRefusedError(
+        "torch_xla is not installed, and every worker needs it. Install the torch_xla of "
+        "torch's minor version (pip install 'torch_xla==2.9.*' for torch 2.9; on a TPU VM "
+        "'torch_xla[tpu]==2.9.*'), or launch with strategy='debug' to run on the CPU with gloo.")
+
+
 def check_environment(accelerator: Any, environ: Mapping[str, str]) -> None:
     """Refuse environments in which every worker would fail, before anything is forked.
 

@@ -45,10 +45,15 @@ HIDDEN = "<hidden>"
 _PACKAGES: dict[str, tuple[str, ...]] = {
     "torch": ("torch",),
     "torch_xla": ("torch_xla",),
+    # TorchTPU, torch_xla's successor: found by its distribution's name, never by importing
+    # `torch_tpu` (another project may install a module of that name).
+    "torch_tpu": ("torch-tpu",),
     "libtpu": ("libtpu", "libtpu-nightly"),
     "transformers": ("transformers",),
     "datasets": ("datasets",),
     "accelerate": ("accelerate",),
+    "peft": ("peft",),
+    "jax": ("jax",),
     "ipywidgets": ("ipywidgets",),
     "ipykernel": ("ipykernel",),
     "IPython": ("ipython",),

@@ -87,6 +87,10 @@ def torch_missing(facts: Facts) -> Iterator[Problem]:
 def torch_xla_missing(facts: Facts) -> Iterator[Problem]:
     if facts.versions.get("torch_xla") is not None:
         return
+    if facts.versions.get("torch_tpu") is not None:
+        yield Problem("error", TORCH_TPU_ONLY.format(version=facts.versions["torch_tpu"]),
+                      TORCH_TPU_FIX)
+        return
     fix = f"pip install '{facts.matching_xla}'"
     if facts.torch_minor:
         fix += f" to match torch {'.'.join(map(str, facts.torch_minor))}"
@@ -94,6 +98,27 @@ def torch_xla_missing(facts: Facts) -> Iterator[Problem]:
         fix += (". On Colab choose Runtime > Change runtime type > TPU: its image ships "
                 "matching torch and torch_xla; do not reinstall torch there")
     yield Problem("error", "torch_xla is not installed.", fix + ".")
+
+
+#: What `%xla_info`, the doctor and every entry point that needs torch_xla say on a host that
+#: has TorchTPU (`torch-tpu`) and no torch_xla.
+TORCH_TPU_ONLY = (
+    "TorchTPU (torch-tpu {version}) is installed, and torch_xla is not: hfxla_nb launches, "
+    "trains and predicts with torch_xla only so far (docs/torchtpu.md: the design of a "
+    "TorchTPU backend). TorchTPU's own distributed code cannot run inside a notebook kernel.")
+TORCH_TPU_FIX = (
+    "To launch from this notebook, use an environment with torch and torch_xla of the same "
+    "minor version (a new venv: TorchTPU needs torch 2.11 to 2.13, torch_xla 2.9 needs torch "
+    "2.9): pip install 'torch==2.9.*' 'torch_xla[tpu]==2.9.*'. hx.detect(), %xla_info, "
+    "hx.doctor() and hx.plan_memory() work here as they are.")
+
+
+def torch_tpu_too(facts: Facts) -> Iterator[Problem]:
+    """TorchTPU beside torch_xla: said, since launches use torch_xla and not TorchTPU."""
+    if facts.versions.get("torch_tpu") is not None and facts.versions.get("torch_xla"):
+        yield Problem("info", f"TorchTPU (torch-tpu {facts.versions['torch_tpu']}) is installed "
+                      "too: hfxla_nb's launches use torch_xla, and nothing of TorchTPU.",
+                      "Nothing to do; do not mix the two in one launched function.")
 
 
 def versions_mismatch(facts: Facts) -> Iterator[Problem]:
@@ -240,6 +265,7 @@ def gpu_unused(facts: Facts) -> Iterator[Problem]:
 CHECKS: tuple[Check, ...] = (
     torch_missing,
     torch_xla_missing,
+    torch_tpu_too,
     versions_mismatch,
     runtime_started,
     libtpu_missing,

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..launch import LaunchOptions, launch
 from ..launch.notices import show_memory_plan
+from ..launch.preflight import check_backend
 from .config import FineTuneConfig
 from .kernel.prepare import prepare_fine_tune
 from .result import FineTuneResult
@@ -84,6 +85,7 @@ def fine_tune(
     ```
     """
     config = FineTuneConfig.build(config, options)
+    check_backend(config.strategy)  # no torch_xla (TorchTPU only): refused before any work
     plan = prepare_fine_tune(model, dataset, config)  # refuses lora= for tasks without it
     progress = "auto" if config.progress is True else config.progress
     memory = dataclasses.asdict(plan.memory) if plan.memory is not None else None

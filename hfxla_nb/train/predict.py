@@ -145,7 +145,9 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
         FineTuneError: before anything is forked, for inputs or options that cannot work.
     """
     from ..launch import notebook_launcher
+    from ..launch.preflight import check_backend
 
+    check_backend("spmd")  # no torch_xla (TorchTPU only): refused before any work
     if type(model).__name__ == "FineTuneResult":
         if model.output_dir is None:
             raise FineTuneError("this run saved no model (output_dir was None): fine-tune "
