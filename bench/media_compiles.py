@@ -112,12 +112,7 @@ def run_recipe(task: str, folder: str, train: Any, evaluation: Any) -> dict[str,
         disable_tqdm=True, seed=0, remove_unused_columns=collate is None)
     trainer = Trainer(model, arguments, train_dataset=train_set, eval_dataset=eval_set,
                       data_collator=collate, processing_class=processor)
-    start = workloads.counters()["CompileTime"]
-    trainer.train()
-    trained = workloads.counters()["CompileTime"]
-    trainer.evaluate()
-    return {"train": int(trained - start),
-            "eval": int(workloads.counters()["CompileTime"] - trained)}
+    return task_compiles.trainer_compiles(trainer)
 
 
 def _recipes_worker(config: dict) -> dict[str, dict[str, int]]:

@@ -204,8 +204,6 @@ def run_recipe(task: str, folder: str, train: Any, evaluation: Any) -> dict[str,
         TrainingArguments,
     )
 
-    from . import workloads
-
     tokenizer = AutoTokenizer.from_pretrained(folder)
     positions = int(getattr(AutoConfig.from_pretrained(folder), "max_position_embeddings", 512))
     recipes = {"token-classification": lambda: _token_classification(tokenizer, train,
@@ -234,13 +232,19 @@ def run_recipe(task: str, folder: str, train: Any, evaluation: Any) -> dict[str,
         trainer = Trainer(model, TrainingArguments(**options), train_dataset=train_set,
                           eval_dataset=eval_set, data_collator=collator,
                           processing_class=tokenizer)
+    # The QA notebook predicts on the validation features, then post-processes.
+    return trainer_compiles(trainer, (lambda: trainer.predict(eval_set)) if predicts else None)
+
+
+def trainer_compiles(trainer: Any, evaluate: Any = None) -> dict[str, int]:
+    """Graphs `trainer.train()` compiled, then its evaluation (`evaluate`, default
+    `trainer.evaluate`), in this (worker) process."""
+    from . import workloads
+
     start = workloads.counters()["CompileTime"]
     trainer.train()
     trained = workloads.counters()["CompileTime"]
-    if predicts:  # the QA notebook predicts on the validation features, then post-processes
-        trainer.predict(eval_set)
-    else:
-        trainer.evaluate()
+    (evaluate or trainer.evaluate)()
     return {"train": int(trained - start),
             "eval": int(workloads.counters()["CompileTime"] - trained)}
 

@@ -41,6 +41,9 @@ REFUSES = frozenset({"refuse_launches", "no_launch"})
 # Tests that start no process but take seconds each here (2 shared cores, measured under load):
 # not in the fast set.
 SLOW = frozenset({
+    # Load transformers for the memory plan (about 20 s here), as tests/test_memory_plan.py does.
+    "tests/test_tpu_runs.py::test_the_memory_plan_has_the_hbm_xla_reported_on_the_recorded_hosts",
+    "tests/test_tpu_runs.py::test_gemma_7b_does_not_fit_a_16_gib_device_as_xla_said",
     "tests/test_lora.py::test_bad_lora_input_is_refused_before_anything_happens",  # imports peft:
     "tests/test_lora.py::test_lora_auto_and_the_plan_decide_before_the_fork",  # 15 s, for 2
     "tests/test_lora_classifier.py::test_lora_on_a_task_without_it_is_refused_before_anything_happens",

@@ -61,6 +61,8 @@ class DoctorReport:
         created: when it ran (UTC, ISO 8601).
         version: hfxla_nb's version.
         env: the environment variables that matter, secrets replaced by "<hidden>".
+        source: where a recorded report's facts come from (public issues, docs), and which
+            are derived; empty for a report the doctor made.
     """
 
     checks: list[Check]
@@ -68,6 +70,7 @@ class DoctorReport:
     created: str
     version: str
     env: dict[str, str] = field(default_factory=dict)
+    source: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
