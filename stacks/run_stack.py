@@ -48,6 +48,10 @@ KERNEL_TESTS = [
     "tests/test_demo.py",
     "tests/test_trainer.py",
     "tests/test_fidelity.py",
+    # torch_xla's private names that `_xla` uses, probed on the stack's torch_xla (2.8 on
+    # Kaggle), and the doctor end to end there.
+    "tests/test_xla_private_names.py",
+    "tests/test_doctor.py",
 ]
 NOTEBOOKS_DIR = ROOT / "notebooks"
 # Real pretrained weights for test_finetune, as in the Makefile; --no-deps keeps
