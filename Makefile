@@ -90,10 +90,11 @@ test-browser: setup $(BROWSER_STAMP) $(CHROMIUM)
 # TASK=token-classification or question-answering: the tiny BERT's NER or QA head, then predict.
 # TASK=seq2seq: a tiny BART learns word-list translations (BLEU, fixed-shape generation).
 # TASK=image-classification: a tiny ViT learns drawn images; TASK=audio-classification: a tiny
-# wav2vec2 learns made-up clips; each then predicts new ones.
+# wav2vec2 learns made-up clips; TASK=speech-recognition: a tiny wav2vec2 CTC model learns
+# made-up spoken letters (word error rate); each then predicts new ones.
 TASK ?= classification
 DEMO_TASKS := token-classification question-answering multiple-choice image-classification \
-	audio-classification
+	audio-classification speech-recognition
 demo: setup
 	$(PY) -m hfxla_nb.demo$(if $(filter causal-lm,$(TASK)),.lm,$(if $(filter seq2seq,$(TASK)),.seq2seq,$(if $(filter $(DEMO_TASKS),$(TASK)),.tasks --task $(TASK),)))
 

@@ -145,6 +145,7 @@ def test_make_demo_shows_what_the_run_uses_and_no_setup_noise(tmp_path):
     ("seq2seq", "-m hfxla_nb.demo.seq2seq"),
     ("image-classification", "-m hfxla_nb.demo.tasks --task image-classification"),
     ("audio-classification", "-m hfxla_nb.demo.tasks --task audio-classification"),
+    ("speech-recognition", "-m hfxla_nb.demo.tasks --task speech-recognition"),
 ])
 def test_make_demo_runs_each_tasks_default(task, command):
     """`make demo TASK=<task>` runs that task's demo module (the same embedded data and tiny

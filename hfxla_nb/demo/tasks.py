@@ -1,5 +1,5 @@
 """The embedded defaults for token classification, question answering, multiple choice,
-image and audio classification, offline (`make demo TASK=...`).
+image and audio classification and speech recognition, offline (`make demo TASK=...`).
 
 ```python
 from hfxla_nb.demo.tasks import ner_dataset, ner_model_dir, qa_dataset, qa_model_dir
@@ -32,6 +32,7 @@ from . import (
 )
 from .audio import demo_audio_dataset, demo_audio_model_dir, demo_audio_rows
 from .images import demo_image_dataset, demo_images, demo_vit_model_dir
+from .speech import demo_speech_dataset, demo_speech_model_dir, demo_speech_rows
 
 if TYPE_CHECKING:
     import datasets
@@ -262,6 +263,11 @@ def _new_clips() -> list[dict]:
     return [row["audio"] for row in demo_audio_rows(3, seed=7)]
 
 
+def _new_speech() -> list[dict]:
+    """Three made-up spoken clips not in the demo's splits (seed 7)."""
+    return [row["audio"] for row in demo_speech_rows(3, seed=7)]
+
+
 #: `python -m hfxla_nb.demo.tasks --task ...`: what each demo runs and predicts on (the
 #: model and data makers, fine_tune's options, predict's inputs or a function making them).
 DEMOS = {
@@ -283,6 +289,9 @@ DEMOS = {
     "audio-classification": (demo_audio_model_dir, demo_audio_dataset,
                              {"epochs": 2, "learning_rate": 1e-2, "batch_size": 16},
                              _new_clips),
+    "speech-recognition": (demo_speech_model_dir, demo_speech_dataset,
+                           {"max_steps": 300, "learning_rate": 3e-3, "batch_size": 16},
+                           _new_speech),
 }
 
 

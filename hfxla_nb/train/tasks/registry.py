@@ -39,6 +39,7 @@ TASK_MODULES: dict[str, str] = {
     "seq2seq": ".seq2seq",
     "audio-classification": ".audio_classification",
     "image-classification": ".image_classification",
+    "speech-recognition": ".speech_recognition",
 }
 
 

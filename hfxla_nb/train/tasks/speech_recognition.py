@@ -1,0 +1,191 @@
+"""`fine_tune(task="speech-recognition")`: transcripts of clips with CTC models (wav2vec2,
+HuBERT, WavLM, Data2VecAudio `...ForCTC`) and their processor; word error rate.
+
+```python
+result = hx.fine_tune(folder, common_voice, task="speech-recognition")
+result.metrics["eval_wer"]
+result.predict([{"array": samples, "sampling_rate": 16000}])   # [{"text": "..."}]
+```
+
+Kernel side (`speech_data.py`): clips bucketed by duration as audio classification buckets
+them, transcripts checked and tokenized into labels padded to one length. Worker side: the
+CTC loss on the device at fixed shapes (`ctc_loss.py`; torch_xla has no CTC kernel), one
+training and one evaluation graph per bucket; evaluation keeps each frame's most probable
+token on the device, and the host decodes them greedily (repeats merged, blanks dropped) with
+the tokenizer, as `pipeline("automatic-speech-recognition")` does, and scores them with
+jiwer's word error rate.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..config import FineTuneError
+from . import speech_data
+from .audio_classification import weight_norm_traced
+from .base import Task
+from .ctc_loss import ctc_losses, reduced
+from .registry import register_task
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..batching import EncodedData
+    from ..config import FineTuneConfig
+    from ..kernel.preparation import Prepared, Splits, TaskContext
+    from ..predict import PredictContext
+    from ..worker.batch import Batch
+    from ..worker.context import WorkerContext
+
+#: The metrics the task reports (word and character error rate, jiwer's, as `evaluate`'s).
+SPEECH_METRICS = ("wer", "cer")
+DEFAULT_METRICS = ("accuracy",)  # FineTuneConfig's default: "pick for the task" here
+INSTALL = 'pip install jiwer (or pip install "hfxla_nb[audio]")'
+
+
+def metric_names(config: Any) -> tuple[str, ...]:
+    """The metrics to report: those asked for, else word error rate; refused without jiwer."""
+    asked = tuple(config.metrics)
+    names = ("wer",) if asked == DEFAULT_METRICS else asked
+    wrong = [m for m in names if callable(m) or m not in SPEECH_METRICS]
+    if wrong:
+        raise FineTuneError(
+            f"task='speech-recognition' reports {' and '.join(map(repr, SPEECH_METRICS))} "
+            f"(and the loss); metrics={asked!r} has {', '.join(map(repr, wrong))}. Pass "
+            "metrics=('wer',), ('cer',) or both.")
+    if importlib.util.find_spec("jiwer") is None:
+        raise FineTuneError(f"the word error rate needs jiwer: {INSTALL}.")
+    return names
+
+
+def error_rates(names: Sequence[str], references: list[str],
+                predictions: list[str]) -> dict[str, float]:
+    """`eval_wer` (word error rate: substitutions, deletions and insertions over the
+    reference words, summed over rows, as `evaluate.load("wer")`) and `eval_cer` as asked."""
+    import jiwer
+
+    measures = {"wer": jiwer.wer, "cer": jiwer.cer}
+    return {f"eval_{name}": float(measures[name](references, predictions)) for name in names}
+
+
+class SpeechRecognition(Task):
+    """Speech recognition with CTC: a transcript per clip; word error rate."""
+
+    name = "speech-recognition"
+    auto_class = "AutoModelForCTC"
+    head_suffixes = ("ForCTC",)
+    outputs_per_batch = 2
+    eval_ahead = True  # one graph per bucket that syncs nothing itself
+    title = "speech recognition"
+    predict_example = '[{"array": samples, "sampling_rate": 16000}]'
+
+    # -- kernel side (speech_data.py) --------------------------------------------------------
+
+    def check_model(self, model_config: Any, names: list[str]) -> None:
+        """Refuse a model without a convolutional waveform front end (CTC's frames)."""
+        if speech_data.output_frames(model_config, 16_000) is None or getattr(
+                model_config, "is_encoder_decoder", False):
+            what = names[0] if names else getattr(model_config, "model_type", "this model")
+            raise FineTuneError(
+                f"task='speech-recognition' trains CTC models that take the waveform "
+                f"(wav2vec2, HuBERT, WavLM, Data2VecAudio ...ForCTC), and {what} is not one "
+                "(encoder-decoder speech models such as Whisper are not supported yet). Pass "
+                "such a model (or its pretrained encoder's folder or name: the CTC head is "
+                "added) with its processor.")
+
+    def load_processor(self, given: Any, model: Any, source: Any) -> Any:
+        """The model's processor: its CTC tokenizer and feature extractor."""
+        return speech_data.load_processor(given, model, source)
+
+    def prepare(self, splits: Splits, config: FineTuneConfig,
+                context: TaskContext) -> Prepared:
+        """Clips bucketed by duration, transcripts checked and padded (`speech_data.py`)."""
+        names = metric_names(config)
+        prepared = speech_data.prepare(splits, config, context)
+        prepared.data.text_metrics = names
+        return prepared
+
+    def prepare_predict(self, inputs: list[Any], context: PredictContext,
+                        max_length: int | None) -> EncodedData:
+        """Clips, bucketed by duration like evaluation rows."""
+        return speech_data.prepare_predict(inputs, context, max_length)
+
+    # -- worker side -------------------------------------------------------------------------
+
+    def _losses(self, ctx: WorkerContext, batch: Batch) -> tuple[Any, Any, Any]:
+        """Each row's CTC loss, its labels, and the logits."""
+        import torch
+
+        data, config = ctx.plan.data, ctx.model.config
+        inputs = batch.inputs()
+        with weight_norm_traced(), ctx.autocast():
+            logits = ctx.model(**inputs).logits
+        # Labels after the token inputs (an attention mask when the extractor makes one).
+        start = batch.length * sum(1 for name in inputs if name not in batch)
+        labels = batch.tokens[:, start:start + data.label_length].long()
+        mask = inputs.get("attention_mask")
+        lengths = None if mask is None else speech_data.output_frames(config,
+                                                                      mask.sum(-1).long())
+        losses = ctc_losses(torch.log_softmax(logits.float(), dim=-1), labels,
+                            int(config.pad_token_id), lengths,
+                            bool(getattr(config, "ctc_zero_infinity", False)))
+        return losses, labels, logits
+
+    def train_loss(self, ctx: WorkerContext, batch: Batch) -> torch.Tensor:
+        losses, labels, _ = self._losses(ctx, batch)
+        return reduced(losses, labels, getattr(ctx.model.config, "ctc_loss_reduction", "mean"))
+
+    def eval_outputs(self, ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]:
+        losses, labels, logits = self._losses(ctx, batch)
+        per_label = losses / (labels >= 0).sum(-1).clamp(min=1)
+        return [per_label, logits.argmax(-1).int()]
+
+    def eval_metrics(self, ctx: WorkerContext, batches: list, fetched: list) -> dict[str, float]:
+        """Loss (each row's CTC loss per label, averaged over rows), word error rate (and
+        character error rate when asked) of the greedy transcripts."""
+        data = ctx.plan.data
+        predictions = [item["text"] for item in self.decode(data, batches, fetched)]
+        total = 0.0
+        for (_, _, real), (losses, _) in self.per_batch(batches, fetched):
+            total += float(losses.double().numpy()[:real].sum())
+        values = {"eval_loss": total / max(data.eval.num_rows, 1)}
+        values.update(error_rates(data.text_metrics, references(data), predictions))
+        values["eval_rows"] = float(data.eval.num_rows)
+        return values
+
+    def decode(self, data: Any, batches: list, fetched: list) -> list[dict[str, str]]:
+        """`{"text": ...}` for every clip of `data.eval`, in its order: the most probable
+        token of each of its frames, repeats merged and blanks dropped by the tokenizer
+        (`decode`, special tokens kept: as the ASR pipeline decodes CTC)."""
+        split, tokenizer = data.eval, data.host
+        texts = [""] * split.num_rows
+        for (bucket_index, positions, real), (_, ids) in self.per_batch(batches, fetched):
+            rows = split.buckets[bucket_index].rows[positions[:real]]
+            for row, row_ids in zip(rows, ids[:real].numpy(), strict=True):
+                # Frames of padding after a clip are not part of what it says.
+                frames = (len(row_ids) if data.eval_frames is None
+                          else int(data.eval_frames[row]))
+                texts[row] = tokenizer.decode(row_ids[:frames].tolist(),
+                                              skip_special_tokens=False)
+        return [{"text": text} for text in texts]
+
+
+def references(data: Any) -> list[str]:
+    """The transcript of every row of `data.eval`, decoded from its labels without merging
+    repeats (as Hugging Face's CTC fine-tuning decodes its references)."""
+    tokenizer, split = data.host, data.eval
+    texts = [""] * split.num_rows
+    for bucket in split.buckets:
+        labels = np.where(bucket.labels < 0, tokenizer.pad_token_id, bucket.labels)
+        for row, text in zip(bucket.rows, tokenizer.batch_decode(labels.tolist(),
+                                                                 group_tokens=False),
+                             strict=True):
+            texts[row] = text
+    return texts
+
+
+register_task(SpeechRecognition())
