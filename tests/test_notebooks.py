@@ -106,9 +106,9 @@ def test_the_first_cell_installs_only_what_is_missing(path):
     assert not any(re.search(r"^\s*[%!]\s*pip\b", cell.source, re.M) for cell in cells[1:])
     # torch, torch_xla and transformers come with hfxla_nb's extras only where torch_xla is
     # missing: a TPU runtime (Colab, Kaggle) keeps its own. A tutorial may add an extra of its
-    # own on both (tutorial 9: vision, Pillow).
-    extras = re.search(r'extras = "(\[(\w+)\])?" if importlib.util.find_spec\("torch_xla"\) '
-                       r'else "\[train,xla(,(\w+))?\]"', first)
+    # own on both (tutorial 9: vision and audio, Pillow and jiwer).
+    extras = re.search(r'extras = "(\[([\w,]+)\])?" if importlib.util.find_spec\("torch_xla"\) '
+                       r'else "\[train,xla(,([\w,]+))?\]"', first)
     assert extras is not None, first
     assert extras.group(2) == extras.group(4)
 
