@@ -144,3 +144,24 @@ def unstable(module: str) -> bool:
 
 def private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
+
+
+def test_a_missing_private_name_with_a_public_fallback_degrades_and_says_so(monkeypatch):
+    """A torch_xla without `_xla_runtime_is_initialized` (a fake module: only its `_XLAC` is
+    read): the check answers "not started", and says once what that means."""
+    import types
+    import warnings
+
+    from hfxla_nb._xla import loader
+
+    fake = types.SimpleNamespace(__version__="2.99.0", _XLAC=types.SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "torch_xla", fake)
+    monkeypatch.setattr(loader, "_said_missing", set())
+    with pytest.warns(RuntimeWarning, match=r"torch_xla 2\.99\.0 has no "
+                      r"torch_xla\._XLAC\._xla_runtime_is_initialized .*takes it as not started"):
+        assert loader.runtime_is_initialized() is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per process, not at every check
+        assert loader.runtime_is_initialized() is False
+    with pytest.warns(RuntimeWarning, match="compile cache is set up without checking"):
+        assert loader.computation_cache_initialized() is False

@@ -8,7 +8,22 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import warnings
 from types import ModuleType
+
+# The private names whose absence was said in this process (`degraded`): once each.
+_said_missing: set[str] = set()
+
+
+def degraded(name: str, instead: str) -> None:
+    """Say once per process that the installed torch_xla lacks the private `name` (of
+    `PRIVATE_NAMES`) and what hfxla_nb does `instead` (a public fallback)."""
+    if name in _said_missing:
+        return
+    _said_missing.add(name)
+    version = getattr(sys.modules.get("torch_xla"), "__version__", "of this version")
+    warnings.warn(f"torch_xla {version} has no {name} (hfxla_nb was checked on torch_xla 2.8 "
+                  f"and 2.9): {instead}.", RuntimeWarning, stacklevel=3)
 
 
 class XlaUnavailableError(ImportError):
@@ -52,7 +67,12 @@ def runtime_is_initialized() -> bool:
         return False
     xlac = getattr(sys.modules["torch_xla"], "_XLAC", None)
     check = getattr(xlac, "_xla_runtime_is_initialized", None)
-    return bool(check()) if check is not None else False
+    if check is None:
+        degraded("torch_xla._XLAC._xla_runtime_is_initialized", "hfxla_nb cannot tell whether "
+                 "this process started the XLA runtime, and takes it as not started; keep "
+                 "every device use inside the launched function")
+        return False
+    return bool(check())
 
 
 def computation_cache_initialized() -> bool:
@@ -60,8 +80,13 @@ def computation_cache_initialized() -> bool:
     persistent cache must be set up before it)."""
     if not is_imported():
         return False
-    check = getattr(sys.modules["torch_xla"]._XLAC, "_xla_computation_cache_is_initialized", None)
-    return bool(check()) if check is not None else False
+    xlac = getattr(sys.modules["torch_xla"], "_XLAC", None)
+    check = getattr(xlac, "_xla_computation_cache_is_initialized", None)
+    if check is None:
+        degraded("torch_xla._XLAC._xla_computation_cache_is_initialized", "the persistent "
+                 "compile cache is set up without checking that no graph was compiled before")
+        return False
+    return bool(check())
 
 
 def is_spmd() -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .loader import require_torch_xla, runtime_is_initialized
+from .loader import degraded, require_torch_xla, runtime_is_initialized
 
 
 def use_spmd() -> None:
@@ -111,7 +111,9 @@ def to_cpu(tensors: list) -> list:
     """
     torch_xla = require_torch_xla()
     get_cpu_tensors = getattr(torch_xla._XLAC, "_xla_get_cpu_tensors", None)
-    if get_cpu_tensors is None:  # pragma: no cover - other torch_xla versions
+    if get_cpu_tensors is None:  # other torch_xla versions: public, one transfer per tensor
+        degraded("torch_xla._XLAC._xla_get_cpu_tensors", "each value is fetched by itself "
+                 "(`tensor.cpu()`: one transfer per tensor, not one for all)")
         return [tensor.cpu() for tensor in tensors]
     return list(get_cpu_tensors(list(tensors)))
 
