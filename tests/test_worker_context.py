@@ -62,6 +62,6 @@ def test_tasks_say_whether_evaluation_compiles_ahead_and_their_chance_accuracy()
     ahead = {name for name in TASKS if TASKS[name].eval_ahead}
     assert ahead == {"classification", "causal-lm", "token-classification",
                      "question-answering", "masked-lm", "multiple-choice",
-                     "image-classification", "audio-classification"}
+                     "image-classification", "audio-classification", "speech-recognition"}
     assert TASKS["seq2seq"].chance_accuracy(None) is None
     assert TASKS["classification"].chance_accuracy(None) is None
