@@ -224,3 +224,22 @@ def test_the_launcher_is_imported_while_the_kernel_is_idle_after_import_hfxla_nb
         assert loaded == [True, True, True, False, False]
     finally:
         kernel.close()
+
+
+def test_a_backward_pass_in_the_kernel_leaves_launches_able_to_train(kernel):
+    # A quick model trained on the CPU in the notebook starts autograd's device threads in the
+    # kernel, sized for the devices it sees (no XLA). Forked workers inherited that engine and
+    # failed their first backward on an XLA device (INTERNAL ASSERT, device_ready_queues_, #29).
+    output = run_ok(kernel, """
+        import torch
+        weight = torch.ones(3, requires_grad=True)
+        (weight * 2).sum().backward()
+        def train(index):
+            import torch
+            import torch_xla.core.xla_model as xm
+            x = torch.ones(4, 4, device=xm.xla_device(), requires_grad=True)
+            (x * x).sum().backward()
+            return float(x.grad.sum().cpu())
+        print("gradients", hx.notebook_launcher(train, num_processes=2), float(weight.grad.sum()))
+        """, timeout=300)
+    assert "gradients 32.0 6.0" in output.stdout.splitlines(), output.stdout  # rank 0's

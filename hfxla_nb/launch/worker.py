@@ -89,6 +89,21 @@ def _avoid_forked_openmp_pool() -> None:
         torch.set_num_threads(1)
 
 
+def _run_backward_on_this_thread() -> None:
+    """Run autograd's backward passes on the thread that calls them, not on its device threads.
+
+    A backward pass in the notebook before the launch (a quick model trained on the CPU) starts
+    the autograd engine's device threads there, with one queue per device the kernel sees: none
+    for XLA, whose runtime the kernel never starts. A forked worker inherits that engine, and
+    its first backward on an XLA device fails (INTERNAL ASSERT, `device_ready_queues_`, #29).
+    Without the engine's threads the backward runs on the caller's thread: the same graph for
+    XLA, which only traces it. The setting is per thread, so each rank's thread makes it.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.autograd.set_multithreading_enabled(False)
+
+
 def run_rank(
     channel: Channel, rank: int, world: int, function: Callable, args: tuple, pass_index: bool
 ) -> Any:
@@ -97,6 +112,7 @@ def run_rank(
     attach_worker(channel, rank)
     library_warnings.install(channel)  # after attach: each warning names its rank
     start_heartbeat(channel)
+    _run_backward_on_this_thread()
     rank_started(rank)
     compile_cache.start_in_worker(rank)  # before the function's first compilation
     tracing.start_in_worker(channel, rank, _cells)
