@@ -46,7 +46,11 @@ class Progress(Event):
 
     `late` marks values fetched for an earlier step and sent later (the training loop's loss,
     read on the fetcher's thread): they are not progress, so the bar keeps the values and
-    moves neither its step nor its clock (`observe.bars.advance`)."""
+    moves neither its step nor its clock (`observe.bars.advance`).
+
+    `waiting` announces a bar that starts later (the evaluation after training): the panels
+    draw it from now on, so they keep their height when it starts; its clock starts with its
+    next event."""
 
     step: int
     total: int | None
@@ -55,6 +59,7 @@ class Progress(Event):
     label: str = "train"
     time: float = field(default_factory=time.time)
     late: bool = False
+    waiting: bool = False
 
 
 @dataclass(frozen=True)

@@ -241,3 +241,36 @@ def test_one_rule_with_hysteresis_decides_the_unit():
     assert units.rate(0.5, "it", per_step=True) == "2.00 s/it"
     assert units.rate(1.1, "it", per_step=True) == "0.91 s/it"
     assert units.rate(0.9, "it", per_step=False) == "0.9 it/s"
+
+
+# -- the evaluation's bar, drawn from the start (#28 item 2) ------------------------------------
+
+
+def test_the_evaluation_bar_is_drawn_from_the_start_and_its_clock_starts_with_it():
+    clock = Clock()
+    state = LaunchState(1, clock=clock)
+    state.handle(Progress(0, 0, STEPS, {}, 0, "train", time=T0))
+    state.handle(Progress(0, 0, 4, label="eval", time=T0, waiting=True))
+    clock.now = T0 + 30.0
+    state.handle(Progress(0, 10, STEPS, {}, 10 * ROWS, "train", time=T0 + 30.0))
+    train, evaluation = state.view().bars  # the same rows while training runs as after
+    assert (train.label, evaluation.label) == ("train", "eval")
+    assert (evaluation.step, evaluation.total, evaluation.elapsed) == (0, 4, 0.0)
+    assert text.timing_parts(evaluation) == ["after training"]
+    assert "after training" in text.bar_line(evaluation)
+    # Its clock starts with the evaluation, 40 s after it was announced, not before.
+    state.handle(Progress(0, STEPS, STEPS, {}, STEPS * ROWS, "train", time=T0 + 40.0))
+    state.handle(Progress(0, 0, 4, label="eval", time=T0 + 40.0))
+    clock.now = T0 + 41.0
+    state.handle(Progress(0, 4, 4, label="eval", time=T0 + 41.0))
+    bar = [bar for bar in state.view().bars if bar.label == "eval"][0]
+    assert (bar.step, bar.state, bar.waiting) == (4, "done", False)
+    assert bar.elapsed == pytest.approx(1.0)
+    # A launch that failed before its evaluation says it did not run.
+    failed = LaunchState(1, clock=Clock())
+    failed.handle(Progress(0, 0, 4, label="eval", time=T0, waiting=True))
+    failed.handle(Finished(0, None))
+    failed.close(None)
+    (bar,) = failed.view().bars
+    assert text.timing_parts(bar) == ["not run"]
+

@@ -95,6 +95,11 @@ class BarTrack:
     step_times: list[tuple[int, float]] = field(default_factory=list)
 
     @property
+    def waiting(self) -> bool:
+        """Whether the bar was announced and has not started (`Progress.waiting`)."""
+        return self.start is None and self.last is None
+
+    @property
     def reached_total(self) -> bool:
         """Whether the bar got to the total it announced."""
         return self.total is not None and self.step >= self.total

@@ -118,9 +118,14 @@ class LaunchReader:
     def _progress(self, rank_record: BaseRankRecord, event: Progress) -> None:
         key = (event.rank, event.label)
         bar = self.bars.get(key)
-        if bar is None:
-            others = self.rank_bars(event.rank)
-            bar = BarTrack(event.label, event.rank, first_step=event.step)
+        if event.waiting:  # drawn from now on, started by its next event
+            if bar is None:
+                self.bars[key] = BarTrack(event.label, event.rank, total=event.total)
+            return
+        if bar is None or bar.waiting:
+            others = [other for other in self.rank_bars(event.rank) if other is not bar]
+            bar = bar or BarTrack(event.label, event.rank)
+            bar.first_step = event.step
             bar.start = bar_start(event, others, rank_record.exit_state,
                                   self.rank_start.get(rank_record.rank))
             self.bars[key] = bar

@@ -38,6 +38,7 @@ class BarView:
     compiling: bool = False  # its first step still runs (see `observe.bars.BarClock`)
     rate_over: str | None = None  # "steady" (after the warm-up) or "whole"; None: no rate
     per_step: bool = False  # its rate reads as seconds per step (`seconds_per_step`)
+    waiting: bool = False  # announced, not started (the evaluation while training runs)
 
     @property
     def name(self) -> str:
@@ -76,6 +77,7 @@ def bar_view(bar: BarTrack, now: float, rank: RankState, show_rank: bool,
         step_times=[seconds for _, seconds in bar.step_times[-HISTORY:]],
         state=state, show_rank=show_rank, first_step=bar.first_step, rank_name=rank_name,
         compiling=clock.compiling, rate_over=clock.over, per_step=clock.per_step,
+        waiting=bar.waiting,
     )
 
 
@@ -126,5 +128,6 @@ def aggregate(bars: list[BarView]) -> list[BarView]:
             rate_over=next((b.rate_over for b in group if b.rate_over is not None), None),
             # The lowest rank's unit, whichever rank is slowest: one bar, one unit for the run.
             per_step=next((b.per_step for b in group if b.rate is not None), first.per_step),
+            waiting=all(b.waiting for b in group),
         ))
     return merged

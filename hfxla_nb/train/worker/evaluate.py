@@ -30,6 +30,15 @@ def evaluate(ctx: WorkerContext, ahead: EvalAhead | None = None) -> dict[str, fl
     return ctx.task.eval_metrics(ctx, batches, fetched)
 
 
+def announce_bar(ctx: WorkerContext) -> None:
+    """Announce the evaluation's bar before training (`Progress.waiting`): the panel draws it
+    while training runs, so it keeps its height when the evaluation starts (#28)."""
+    split = ctx.plan.data.eval
+    if split is not None:
+        batches = len(batching.eval_batches(split, ctx.plan.batch_size))
+        emit(Progress(worker_rank(), 0, batches, label="eval", waiting=True))
+
+
 def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None,
                 bar: str = "eval") -> tuple[list, list]:
     """The task's `eval_outputs` of every batch of the plan's evaluation split, on the host:

@@ -35,7 +35,7 @@ from ..learning import learning_warnings
 from ..plan import TrainPlan
 from . import checkpoint as ckpt
 from .context import WorkerContext
-from .evaluate import EvalAhead, evaluate
+from .evaluate import EvalAhead, announce_bar, evaluate
 from .fetcher import Fetcher
 from .optimizer import make_first_step_steady, make_optimizer
 from .saving import save_checkpoint, save_final
@@ -216,6 +216,7 @@ class TrainingLoop:
         # The bar's clock starts here, with the loop (step 0: nothing done yet).
         emit(Progress(self._report_rank, start_step, plan.total_steps, {},
                       start_step * plan.rows_per_step, "train"))
+        announce_bar(self.ctx)  # after the train bar: a rank's first bar is its main one
         fetcher = Fetcher(self.log)
         pending_log = None
         last_report, last_length = float("-inf"), None
