@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import textwrap
 import urllib.request
 import zipfile
@@ -138,6 +139,10 @@ def test_the_wheel_and_sdist_pass_twine_and_hold_the_package(dist):
     assert "hfxla_nb/py.typed" in inside
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in inside), sorted(inside)[-8:]
     assert not any(n.startswith("tests/") for n in inside)
+    with tarfile.open(dist["sdist"]) as archive:
+        carried = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    assert {"LICENSE", "README.md", "pyproject.toml", "hfxla_nb/py.typed"} <= carried
+    assert not [name for name in carried if name.startswith("tests")]  # not half of them
 
     metadata = _metadata(dist["wheel"])
     assert metadata["Name"] == "hfxla_nb" and metadata["License-Expression"] == "Apache-2.0"
