@@ -184,10 +184,14 @@ def test_the_wheel_alone_imports_and_says_what_to_install(dist, pip_env, tmp_pat
     pip install line of torch and torch_xla."""
     python = _fresh_venv(tmp_path / "venv")
     # The versions this environment has, which pip's cache holds: no download where it does.
-    pins = [f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
-            if d.metadata["Name"] and d.metadata["Name"].lower() not in ("hfxla_nb", "hfxla-nb")]
+    versions: dict[str, set[str]] = {}
+    for found in importlib.metadata.distributions():
+        name = (found.metadata["Name"] or "").lower().replace("_", "-")
+        versions.setdefault(name, set()).add(found.version)
+    pins = [f"{name}=={version}" for name, (version, *more) in sorted(versions.items())
+            if name and name != "hfxla-nb" and not more]  # a stale second copy: no pin
     constraints = tmp_path / "constraints.txt"
-    constraints.write_text("\n".join(sorted(set(pins))) + "\n")
+    constraints.write_text("\n".join(pins) + "\n")
     _run_or_skip([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
                   "-c", str(constraints), str(dist["wheel"])], pip_env,
                  "installing the wheel's base dependencies (numpy, IPython, ipywidgets)")
