@@ -8,7 +8,7 @@ export PJRT_DEVICE ?= CPU
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: setup test test-fast lint demo bench lab clean test-browser test-stacks test-notebooks \
-	test-pods strip-notebooks test-binder test-stress
+	test-pods strip-notebooks test-binder test-stress dist
 
 $(STAMP): pyproject.toml requirements-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -115,5 +115,12 @@ STACKS ?=
 test-stacks:
 	$(PYTHON) stacks/run_stack.py $(STACKS)
 
+# The wheel and the sdist, into dist/ (git-ignored), then twine's check of their metadata (the
+# README renders on PyPI). tests/test_wheel.py installs such a wheel in fresh venvs.
+dist: setup
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(PY) -m twine check --strict dist/*
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache build dist *.egg-info

@@ -124,10 +124,13 @@ def pip(line):
 """
 
 
-def test_the_setup_cells_install_nothing_here_and_only_hfxla_nb_where_it_is_missing():
+def test_the_setup_cells_install_nothing_here_and_only_hfxla_nb_where_it_is_missing(tmp_path):
     """Run each tutorial's first cell in a real kernel with `%pip` recorded instead of run:
     here nothing is installed; where hfxla_nb and accelerate are missing but torch_xla is there
-    (a TPU runtime), only those two are, from the source the user set."""
+    (a TPU runtime), only those two are: from the source the user set, else from the package
+    index where it has hfxla_nb, and the cell says which; with neither, it says to set
+    HFXLA_NB_SOURCE. The package index is a local folder (`pip index` reads it, no network):
+    empty, then holding a hfxla_nb wheel's name."""
     setups = {path.stem: code_cells(read(path))[0].source for path in TUTORIALS}
     outputs = run_notebook([FAKE_PIP, *setups.values(), "print(pip_calls)"], timeout=180)
     for name, cell_outputs in zip(setups, outputs[1:-1], strict=True):
@@ -135,22 +138,37 @@ def test_the_setup_cells_install_nothing_here_and_only_hfxla_nb_where_it_is_miss
         assert stdout_of(cell_outputs).startswith(f"hfxla_nb 0.1.0 from {ROOT / 'hfxla_nb'}")
     assert stdout_of(outputs[-1]).strip() == "[]"
 
-    missing = textwrap.dedent("""
+    empty, published = tmp_path / "empty", tmp_path / "published"
+    empty.mkdir()
+    published.mkdir()
+    (published / "hfxla_nb-0.1.0-py3-none-any.whl").write_bytes(b"")  # pip reads only the name
+    missing = textwrap.dedent(f"""
         import importlib.util, os
         real_find_spec = importlib.util.find_spec
         missing = ("hfxla_nb", "accelerate")
         importlib.util.find_spec = (
             lambda name, *a: None if name in missing else real_find_spec(name, *a))
-        os.environ["HFXLA_NB_SOURCE"] = "/content/hfxla_nb"
+        os.environ.update(PIP_NO_INDEX="1", PIP_FIND_LINKS={str(empty)!r},
+                          HFXLA_NB_SOURCE="/content/hfxla_nb")
         """)
     unset = 'os.environ.pop("HFXLA_NB_SOURCE")'
+    publish = f'os.environ["PIP_FIND_LINKS"] = {str(published)!r}; pip_calls.clear()'
     setup = setups["03_your_own_loop"]
-    outputs = run_notebook([FAKE_PIP, missing, setup, "print(pip_calls)", unset, setup],
-                           timeout=120)
+    outputs = run_notebook([FAKE_PIP, missing, setup, "print(pip_calls)", unset, setup,
+                            publish, setup, "print(pip_calls)"], timeout=180)
+    assert stdout_of(outputs[2]).startswith(
+        "hfxla_nb is not installed: installing hfxla_nb @ file:///content/hfxla_nb from "
+        "HFXLA_NB_SOURCE\n"), stdout_of(outputs[2])
     assert eval(stdout_of(outputs[3])) == [  # noqa: S307 - a list of str printed by the kernel
         'install --quiet "hfxla_nb @ file:///content/hfxla_nb"', "install --quiet accelerate"]
     refused = error_of(outputs[5])
     assert refused is not None and "set HFXLA_NB_SOURCE" in refused["evalue"], refused
+    assert "the package index does not have it" in refused["evalue"], refused
+    assert error_of(outputs[7]) is None, error_of(outputs[7])
+    assert stdout_of(outputs[7]).startswith(
+        "hfxla_nb is not installed: installing hfxla_nb from the package index (PyPI)\n")
+    assert eval(stdout_of(outputs[8])) == [  # noqa: S307
+        'install --quiet "hfxla_nb"', "install --quiet accelerate"]
 
 
 def test_tutorial_3_imports_tqdm_at_the_top_and_uses_it_in_the_launched_function():
