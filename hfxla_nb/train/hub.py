@@ -16,12 +16,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .hub_card import FineTuneRun, model_card
 from .worker import checkpoint as ckpt
-
-if TYPE_CHECKING:
-    from .result import FineTuneResult
 
 #: What the refusals say to do when there is no token.
 LOGIN = ("log in once with `hf auth login` (formerly `huggingface-cli login`) in a terminal, "
@@ -184,15 +182,13 @@ def push_folder(target: HubTarget, folder: str | os.PathLike, card: str,
     return target.url
 
 
-def push_result(result: FineTuneResult, target: HubTarget) -> str:
+def push_result(result: FineTuneRun, target: HubTarget) -> str:
     """Push `result`'s saved folder with its model card to `target`; the result then has the
     repository's address (`hub_url`).
 
     Raises:
         HubError: the result has no saved folder, or the push failed.
     """
-    from .hub_card import model_card
-
     if result.output_dir is None or not Path(result.output_dir).is_dir():
         where = ("it is held in memory: result.save(folder) writes it first"
                  if result.held_model is not None else "this run saved no model "
@@ -204,7 +200,7 @@ def push_result(result: FineTuneResult, target: HubTarget) -> str:
     return result.hub_url
 
 
-def push_after_training(result: FineTuneResult, target: HubTarget) -> None:
+def push_after_training(result: FineTuneRun, target: HubTarget) -> None:
     """`fine_tune`'s push after the launch: a failure costs nothing of the result; it is said
     in one line and in the result's notes, with how to try again."""
     try:

@@ -11,15 +11,40 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._version import __version__
-from .._words import is_count
+from .._words import is_count, plural
 from .tasks.registry import TASKS
 
 if TYPE_CHECKING:
     from .config import FineTuneConfig
-    from .result import FineTuneResult
+
+
+class FineTuneRun(Protocol):
+    """What the card and the push read of a `FineTuneResult` (a Protocol, so that this module
+    and `hub.py` do not import `result.py`, which imports them)."""
+
+    output_dir: str | None
+    held_model: Any
+    hub_url: str | None
+    provenance: dict[str, Any]
+    task: str
+    task_title: str | None
+    metrics: dict[str, float]
+    steps: int
+    epochs: float
+    devices: int
+    strategy: str
+    precision: str
+    sharding: str
+    compiles: int
+    eval_compiles: int
+    setup_compiles: int
+    bucket_lengths: list[int]
+    train_seconds: float
+    samples_per_second: float | None
+    lora: dict[str, Any] | None
 
 #: The settings of `FineTuneConfig` that the card lists (plain values only).
 SETTINGS = ("learning_rate", "epochs", "max_steps", "batch_size", "gradient_accumulation_steps",
@@ -61,7 +86,7 @@ def provenance(model: Any, dataset: Any, config: FineTuneConfig, columns: list[s
     }
 
 
-def _metadata(result: FineTuneResult, repo_id: str) -> dict[str, Any]:
+def _metadata(result: FineTuneRun, repo_id: str) -> dict[str, Any]:
     """The card's own block of the YAML metadata (`hfxla_nb:`): what ran and how."""
     facts = result.provenance
     return {
@@ -86,7 +111,7 @@ def _metadata(result: FineTuneResult, repo_id: str) -> dict[str, Any]:
     }
 
 
-def card_data(result: FineTuneResult, repo_id: str) -> Any:
+def card_data(result: FineTuneRun, repo_id: str) -> Any:
     """The card's `ModelCardData`: base model, data, task, metrics (as `model-index`), tags,
     and hfxla_nb's block."""
     from huggingface_hub import EvalResult, ModelCardData
@@ -110,7 +135,7 @@ def card_data(result: FineTuneResult, repo_id: str) -> Any:
         hfxla_nb=_metadata(result, repo_id))
 
 
-def model_card(result: FineTuneResult, repo_id: str) -> str:
+def model_card(result: FineTuneRun, repo_id: str) -> str:
     """README.md of the repository: the YAML metadata (`card_data`) and a short text."""
     from huggingface_hub import ModelCard
 
@@ -119,18 +144,20 @@ def model_card(result: FineTuneResult, repo_id: str) -> str:
     base = facts.get("base_model") or "a local model"
     dataset = facts.get("dataset") or "local data"
     settings = facts.get("settings", {})
+    title = result.task_title or result.task
     lines = [
         f"# {repo_id.split('/')[-1]}", "",
-        f"{result.task_title or result.task} fine-tune of {base} on {dataset}, trained with "
+        f"{title[:1].upper() + title[1:]} fine-tune of {base} on {dataset}, trained with "
         f"hfxla_nb {facts.get('hfxla_nb_version', __version__)}"
-        f" (PyTorch/XLA) on {facts.get('hardware') or f'{result.devices} XLA devices'}.", "",
-        "## Evaluation", "",
-        *(_table(result.metrics) if result.metrics else ["No evaluation data."]), "",
+        f" (PyTorch/XLA) on {facts.get('hardware') or plural(result.devices, 'XLA device')}.",
+        "", "## Evaluation", "",
+        *(_table({name: _shown(name, value) for name, value in result.metrics.items()},
+                 "metric") if result.metrics else ["No evaluation data."]), "",
         "## Training", "",
         *_table({"steps": result.steps, "epochs": round(result.epochs, 4),
                  **{name: value for name, value in settings.items() if value is not None},
                  "graphs compiled (training, evaluation)":
-                     f"{result.compiles}, {result.eval_compiles}"}), "",
+                     f"{result.compiles}, {result.eval_compiles}"}, "setting"), "",
         "## Use", "",
         "```python", f"from transformers import {_auto_class(result)}", "",
         f"model = {_auto_class(result)}.from_pretrained({repo_id!r})", "```",
@@ -141,11 +168,17 @@ def model_card(result: FineTuneResult, repo_id: str) -> str:
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n"))
 
 
-def _auto_class(result: FineTuneResult) -> str:
+def _auto_class(result: FineTuneRun) -> str:
     task = TASKS.get(result.task)
     return task.auto_class if task is not None and task.auto_class else "AutoModel"
 
 
-def _table(values: Mapping[str, Any]) -> list[str]:
-    """A two-column markdown table."""
-    return ["| | |", "|---|---|", *(f"| {name} | {value} |" for name, value in values.items())]
+def _shown(name: str, value: float) -> str:
+    """A metric as the result's panel shows it: a count whole, a score to 4 decimals."""
+    return f"{int(value):,}" if is_count(name, value) else f"{value:.4f}"
+
+
+def _table(values: Mapping[str, Any], heading: str) -> list[str]:
+    """A two-column markdown table: `heading` and value."""
+    return [f"| {heading} | value |", "|---|---|",
+            *(f"| {name} | {value} |" for name, value in values.items())]
