@@ -97,9 +97,9 @@ def hub_target(repo_id: str | None, private: bool | None, default_name: str) -> 
     from huggingface_hub import constants, get_token
 
     if constants.is_offline_mode():
-        raise HubError("pushing to the Hub needs the network, and HF_HUB_OFFLINE is set: unset "
-                       "it (and TRANSFORMERS_OFFLINE), or push later with "
-                       "result.push_to_hub(repo_id).")
+        raise HubError("pushing to the Hub needs the network, and HF_HUB_OFFLINE is set: "
+                       "unset it (and TRANSFORMERS_OFFLINE) and restart the kernel: "
+                       "huggingface_hub reads it when it is imported.")
     if get_token() is None:
         raise HubError(f"pushing to the Hub needs a Hugging Face token, and none is set: {LOGIN}.")
     user = _whoami(constants.ENDPOINT)
@@ -121,12 +121,11 @@ def _whoami(endpoint: str) -> str:
             raise HubError(f"the Hub at {endpoint} refused the token (401: invalid or expired): "
                            f"{LOGIN}.") from None
         raise HubError(f"the Hub at {endpoint} answered {status}: {_reason(error)}. Try again "
-                       "later, or push later with result.push_to_hub(repo_id).") from None
+                       "later.") from None
     except Exception as error:  # noqa: BLE001 - a network failure of any kind: say so
         raise HubError(
             f"the Hub at {endpoint} cannot be reached ({type(error).__name__}: "
-            f"{_reason(error)}). Check the network (and HF_ENDPOINT, if set), or train without "
-            "push_to_hub and push later with result.push_to_hub(repo_id).") from None
+            f"{_reason(error)}). Check the network, and HF_ENDPOINT if it is set.") from None
     role = ((answer.get("auth") or {}).get("accessToken") or {}).get("role")
     if role == "read":
         raise HubError("the Hugging Face token can only read, and a push writes: make a token "

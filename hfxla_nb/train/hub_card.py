@@ -32,6 +32,7 @@ class FineTuneRun(Protocol):
     task: str
     task_title: str | None
     metrics: dict[str, float]
+    notes: list[str]
     steps: int
     epochs: float
     devices: int

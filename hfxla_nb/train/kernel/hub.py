@@ -28,4 +28,5 @@ def check_hub(config: FineTuneConfig, output_dir: str | None) -> HubTarget | Non
     try:
         return hub_target(config.hub_model_id, config.hub_private_repo, name)
     except HubError as error:
-        raise FineTuneError(f"push_to_hub=True: {error}") from None
+        raise FineTuneError(f"push_to_hub=True: {error} Or train without push_to_hub and push "
+                            "the result later: result.push_to_hub(repo_id).") from None
