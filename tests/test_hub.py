@@ -190,6 +190,17 @@ def test_the_hub_is_checked_before_anything_is_forked_or_written(
         assert len(standin.requests) == before
 
 
+def test_a_result_without_a_saved_folder_says_why_there_is_nothing_to_push(pushed, standin,
+                                                                          tmp_path):
+    result, _ = pushed
+    with hub_at(standin.url, TOKEN):
+        for output_dir, why in ((None, "saved no model"), (tmp_path / "gone", "not on this")):
+            unsaved = dataclasses.replace(result, output_dir=output_dir and str(output_dir))
+            with pytest.raises(HubError, match=f"nothing to push: .*{why}"):
+                unsaved.push_to_hub("unsaved")
+    assert "tester/unsaved" not in standin.repos
+
+
 def test_a_read_only_token_is_refused(model_dir, tmp_path):
     reader = HubStandIn(TOKEN, role="read").start()
     try:

@@ -189,9 +189,12 @@ def push_result(result: FineTuneRun, target: HubTarget) -> str:
         HubError: the result has no saved folder, or the push failed.
     """
     if result.output_dir is None or not Path(result.output_dir).is_dir():
-        where = ("it is held in memory: result.save(folder) writes it first"
-                 if result.held_model is not None else "this run saved no model "
-                 "(output_dir was None)")
+        if result.held_model is not None:
+            where = "the model is held in memory: result.save(folder) writes it first"
+        elif result.output_dir is None:
+            where = "this run saved no model (output_dir was None)"
+        else:
+            where = f"the saved folder {result.output_dir} is not on this machine"
         raise HubError(f"nothing to push: {where}.")
     card = model_card(result, target.repo_id)
     message = f"hfxla_nb fine_tune: {result.task}, {result.steps} steps"
