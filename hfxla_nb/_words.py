@@ -1,4 +1,5 @@
-"""Counted nouns written as a person would ("1 step", "2 steps"), for every layer."""
+"""Counted nouns written as a person would ("1 step", "2 steps"), and which metrics count
+things (`is_count`), for every layer."""
 
 from __future__ import annotations
 
@@ -23,3 +24,23 @@ def ranks_were(ranks: list[int], what: str) -> str:
     subject = "Rank" if len(ranks) == 1 else "Ranks"
     verb = "was" if len(ranks) == 1 else "were"
     return f"{subject} {series(ranks)} {verb} {what}."
+
+
+# The last word of a metric's name that says it counts things (`eval_rows`, `eval_tokens`,
+# `eval_LOC_entities`, seqeval's `support`). A count is shown whole, never `53.0000`.
+COUNT_WORDS = frozenset({"rows", "tokens", "samples", "steps", "count", "examples", "entities",
+                         "support", "number"})
+
+
+def is_count(name: str, value: float) -> bool:
+    """Whether a metric counts things: the last word of its name is a count word
+    (`COUNT_WORDS`) and its value is whole. The one rule every form of the result uses (its
+    panels, its model card).
+
+    Args:
+        name: the metric's name (`eval_rows`, `eval_LOC_entities`).
+        value: its value; a count that is not whole (a mean) is not shown as a count.
+    """
+    if value != value or value in (float("inf"), float("-inf")):
+        return False
+    return name.rsplit("_", 1)[-1].lower() in COUNT_WORDS and float(value).is_integer()

@@ -4,7 +4,7 @@ base frozen bit for bit, the full classifier fine-tune's compile contract (1 tra
 evaluation graph for the one bucket, from torch_xla's metrics in the worker), the adapter
 folder and the merged folder give the same logits on the CPU, `result.predict` on the devices;
 the memory plan in the cell before the fork and beside XLA's measured graph memory in the
-result; tasks without LoRA refused.
+result; the merged model and the adapter pushed to a stand-in Hub; tasks without LoRA refused.
 
 One fine-tune and one predict launch in all; the pytest process never starts XLA.
 """
@@ -171,3 +171,26 @@ def test_lora_on_a_task_without_it_is_refused_before_anything_happens(model_dir,
     with pytest.raises(FineTuneError, match="match no linear layer"):
         prepare_fine_tune(model_dir, demo_dataset(n=100), output_dir=None,
                           lora={"target_modules": ["q_proj"]})
+
+
+def test_a_lora_result_pushes_the_merged_model_and_the_adapter(lora_classifier):
+    from tests.hub_standin import HubStandIn, card_metadata, hub_at
+
+    token = "hf_LoraStandInToken"
+    hub = HubStandIn(token).start()
+    try:
+        with hub_at(hub.url, token):
+            url = lora_classifier.push_to_hub("lora-bert", private=False)
+    finally:
+        hub.stop()
+    assert url == f"{hub.url}/tester/lora-bert" == lora_classifier.hub_url
+    repo = hub.repos["tester/lora-bert"]
+    folder = Path(lora_classifier.output_dir)
+    assert repo.private is False
+    for name in ("model.safetensors", "config.json", "adapter/adapter_config.json",
+                 "adapter/adapter_model.safetensors"):
+        assert repo.files[name] == (folder / name).read_bytes(), name
+    card = card_metadata(repo.files["README.md"])
+    assert {"lora", "peft"} <= set(card["tags"])
+    assert card["hfxla_nb"]["lora"] == lora_classifier.lora
+    assert 'subfolder="adapter"' in repo.files["README.md"].decode()

@@ -124,6 +124,14 @@ class FineTuneConfig:
         max_target_length: seq2seq: the target length in tokens (end-of-text included) that
             training pads to and evaluation generates; default: the longest target. Targets
             longer than it are refused, not cut.
+        push_to_hub: after the run, upload the saved folder (the model, tokenizer and, for
+            LoRA, `adapter/`; not the checkpoints) with a model card to the Hugging Face Hub,
+            from the notebook process. The token (`hf auth login`, or `HF_TOKEN`) and the Hub
+            are checked before training starts; a push that fails after training keeps the
+            result and says so (`result.push_to_hub(repo_id)` tries again).
+        hub_model_id: the repository: "namespace/name", or "name" in the token's own
+            namespace; default: the output folder's name there.
+        hub_private_repo: make a new repository private (None: the namespace's default).
     Raises:
         FineTuneError: on construction, for a value that cannot work (the message says what
             to change).
@@ -172,6 +180,9 @@ class FineTuneConfig:
     source_prefix: str | None = None
     max_target_length: int | None = None
     fallback_dir: str | os.PathLike | None = None
+    push_to_hub: bool = False
+    hub_model_id: str | None = None
+    hub_private_repo: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.metrics, str) or callable(self.metrics):
@@ -222,6 +233,7 @@ class FineTuneConfig:
                     f"unknown metric {metric!r}: use {', '.join(map(repr, METRICS))} or a "
                     "function f(predictions, labels) -> float or dict."
                 )
+        _check_hub_options(self)
         if self.resume_from_checkpoint is True and self.output_dir is None:
             raise FineTuneError(
                 "resume_from_checkpoint=True needs the output_dir of the interrupted run."
@@ -264,6 +276,27 @@ def _check_choices(config: FineTuneConfig) -> None:
         raise FineTuneError(
             f"progress={config.progress!r}: use True, False, 'widgets', 'html' or 'console'."
         )
+
+
+def _check_hub_options(config: FineTuneConfig) -> None:
+    """push_to_hub= and its options (the token and the Hub are checked in `kernel/hub.py`)."""
+    if not isinstance(config.push_to_hub, bool):
+        raise FineTuneError(f"push_to_hub must be True or False, got {config.push_to_hub!r}.")
+    if config.hub_model_id is not None and (not isinstance(config.hub_model_id, str)
+                                            or not config.hub_model_id.strip("/")):
+        raise FineTuneError(f"hub_model_id must be a repository id such as 'name' or "
+                            f"'namespace/name', got {config.hub_model_id!r}.")
+    if config.hub_private_repo not in (None, True, False):
+        raise FineTuneError(
+            f"hub_private_repo must be True, False or None, got {config.hub_private_repo!r}.")
+    given = [name for name in ("hub_model_id", "hub_private_repo")
+             if getattr(config, name) is not None]
+    if given and not config.push_to_hub:
+        raise FineTuneError(f"{' and '.join(given)} say where push_to_hub=True uploads the "
+                            "model: add push_to_hub=True (or drop them).")
+    if config.push_to_hub and config.output_dir is None:
+        raise FineTuneError("push_to_hub=True uploads the saved model folder, and "
+                            "output_dir=None saves none: drop output_dir=None (or pass a folder).")
 
 
 def _check_int(name: str, value: Any, minimum: int = 1, allow_none: bool = False) -> None:

@@ -24,6 +24,8 @@ from ..launch import LaunchOptions, launch
 from ..launch.notices import show_memory_plan
 from ..launch.preflight import check_backend
 from .config import FineTuneConfig
+from .hub import push_after_training
+from .kernel.hub import check_hub
 from .kernel.prepare import prepare_fine_tune
 from .result import FineTuneResult
 from .worker.loop import train_worker
@@ -74,6 +76,10 @@ def fine_tune(
             in the result), `result.save_error` says so, `result.save(folder)` writes it.
         hfxla_nb.LaunchError: when the worker failed (with its traceback).
 
+    With `push_to_hub=True` the saved folder and a model card go to the Hugging Face Hub
+    after the launch (docs/fine-tune.md, "The Hub"); a missing token or an unreachable Hub is
+    a `FineTuneError` before anything is forked.
+
     Example:
 
     ```python
@@ -87,6 +93,7 @@ def fine_tune(
     config = FineTuneConfig.build(config, options)
     check_backend(config.strategy)  # no torch_xla (TorchTPU only): refused before any work
     plan = prepare_fine_tune(model, dataset, config)  # refuses lora= for tasks without it
+    hub = check_hub(config, plan.output_dir)  # push_to_hub: the token and the Hub, now
     progress = "auto" if config.progress is True else config.progress
     memory = dataclasses.asdict(plan.memory) if plan.memory is not None else None
     notice = show_memory_plan(plan.memory, progress)  # the plan in the cell before the fork
@@ -107,6 +114,8 @@ def fine_tune(
     result.launch_seconds = record.duration
     metrics = record.ranks[0].metrics if record.ranks else None
     result.xla = metrics.to_dict() if metrics is not None else {}
+    if hub is not None:  # in the kernel, after the atomic save; a failure is a note
+        push_after_training(result, hub)
     return result
 
 

@@ -51,6 +51,8 @@ class TrainPlan:
     # with (a causal LM's decides `sharding="auto"` and `lora="auto"`; None when not planned).
     lora: dict[str, Any] | None = None
     memory: MemoryPlan | None = None
+    # Base model, data, settings, hardware: plain data for the model card (`hub_card.py`).
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rows_per_step(self) -> int:

@@ -83,6 +83,10 @@ class FineTuneResult:
         trainable_parameters, parameters: what was trained, of how many (None when unknown).
         memory_plan: the `MemoryPlan` the run was checked and decided with (a causal LM's),
             as a dict; `hx.plan_memory` gives one without training.
+        provenance: where the model comes from, for its model card: the base model, the
+            data (a Hub name, or its columns and rows), the settings, the hardware,
+            hfxla_nb's version (`hub_card.provenance`).
+        hub_url: the Hub repository the model was pushed to (`push_to_hub`), else None.
     """
 
     output_dir: str | None
@@ -127,6 +131,8 @@ class FineTuneResult:
     uploads_per_step: float | None = None
     setup_compiles: int = 0
     save_error: str | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)
+    hub_url: str | None = None
     held_model: HeldModel | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -176,6 +182,27 @@ class FineTuneResult:
                             self.output_dir, self.held_model)
         self.output_dir, self.held_model = str(target), None
         return str(target)
+
+    def push_to_hub(self, repo_id: str | None = None, private: bool | None = None) -> str:
+        """Upload the saved folder (model, tokenizer, for LoRA `adapter/`; not the
+        checkpoints) with a model card (README.md) to the Hugging Face Hub, from this process.
+
+        Args:
+            repo_id: "namespace/name", or "name" in the token's namespace; default: the output
+                folder's name there.
+            private: make a new repository private (None: the namespace's default).
+
+        Returns:
+            The repository's address (also `hub_url`).
+
+        Raises:
+            hfxla_nb.train.hub.HubError: no token (`hf auth login`, or `HF_TOKEN`), an
+                unreachable Hub, no saved folder, or a failed upload; the message says why.
+        """
+        from .hub import hub_target, push_result
+
+        name = Path(self.output_dir).name if self.output_dir else "model"
+        return push_result(self, hub_target(repo_id, private, name))
 
     def figures(self) -> dict[str, Any]:
         """The run's numbers as one flat dict: throughput, times, graphs, evaluation metrics,

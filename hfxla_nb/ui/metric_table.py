@@ -11,32 +11,15 @@ from __future__ import annotations
 import re
 from html import escape
 
+from .._words import COUNT_WORDS, is_count  # noqa: F401 - read with the table's rules
 from .table_style import HEAD, HEAD_NUMBER, NAME, NUMBER, aligned_lines, cell, row, table
 
-# The last word of a metric's name that says it counts things (`eval_rows`, `eval_tokens`,
-# `eval_LOC_entities`, seqeval's `support`). A count is shown whole, never `53.0000`.
-COUNT_WORDS = frozenset({"rows", "tokens", "samples", "steps", "count", "examples", "entities",
-                         "support", "number"})
 # The per-entity statistics of token classification (`eval_<TYPE>_<statistic>`), in the
 # grid's column order.
 ENTITY_COLUMNS = ("precision", "recall", "f1", "entities")
 # A kind gets a grid row only when it has these: QA's `eval_has_answer_f1` alone is no entity.
 ENTITY_REQUIRED = frozenset({"precision", "recall", "f1"})
 _ENTITY_NAME = re.compile(r"^eval_(?P<kind>.+)_(?P<stat>precision|recall|f1|entities)$")
-
-
-
-def is_count(name: str, value: float) -> bool:
-    """Whether a metric counts things: the last word of its name is a count word
-    (`COUNT_WORDS`) and its value is whole. The one rule every form of the result uses.
-
-    Args:
-        name: the metric's name (`eval_rows`, `eval_LOC_entities`).
-        value: its value; a count that is not whole (a mean) is not shown as a count.
-    """
-    if value != value or value in (float("inf"), float("-inf")):
-        return False
-    return name.rsplit("_", 1)[-1].lower() in COUNT_WORDS and float(value).is_integer()
 
 
 def metric_value(name: str, value: float) -> str:

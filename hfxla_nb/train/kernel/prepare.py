@@ -8,7 +8,8 @@
 4. the task's `prepare` (its module in `tasks/`): the encoded data and what the plan needs
    besides (a `preparation.Prepared`);
 5. the plan: steps per epoch and in total, the output folder (with room for what the run
-   writes: `disk.py`), the checkpoint to resume.
+   writes: `disk.py`), the checkpoint to resume, and where the model comes from (for its
+   model card: `hub_card.provenance`).
 
 Runs in the notebook kernel without starting the XLA runtime. Writes nothing; any refusal is
 a `FineTuneError` that says what to change.
@@ -19,8 +20,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ...runtime import detect_accelerator
 from ..batching import EncodedData, steps_per_epoch
 from ..config import FineTuneConfig, FineTuneError
+from ..hub_card import provenance
 from ..plan import TrainPlan
 from ..tasks.base import Task
 from ..tasks.registry import AUTO, DEFAULT_TASK, TASKS
@@ -52,7 +55,12 @@ def prepare_fine_tune(
     prepared = task.prepare(splits, config, context)
     if picked:
         prepared.data.notes.insert(0, f"task={AUTO!r} picked {picked!r} from the data's columns")
-    return build_plan(config, context, task, prepared)
+    plan = build_plan(config, context, task, prepared)
+    # Where the model comes from, for its model card (`hub_card.py`), on the result too.
+    plan.provenance = provenance(
+        model, dataset, config, list(getattr(splits.train, "column_names", None) or []),
+        {name: len(ds) for name, ds in splits.named.items()}, detect_accelerator().description)
+    return plan
 
 
 def pick_splits(dataset: Any, config: FineTuneConfig) -> Splits:

@@ -72,6 +72,7 @@ class AudioClassification(Classification):
     """Audio classification: a label per clip; accuracy (and the metrics asked for)."""
 
     name = "audio-classification"
+    pipeline_tag = "audio-classification"
     auto_class = "AutoModelForAudioClassification"
     # wav2vec2, HuBERT, WavLM name their audio head ...ForSequenceClassification, as text
     # models do: `claims_model` tells them apart by the config's model type.

@@ -67,6 +67,9 @@ class Task:
     """
 
     name = ""
+    #: The Hub's pipeline tag for the model card ("text-classification"); "" when none fits
+    #: (the Hub then reads it from the model's architecture).
+    pipeline_tag = ""
     #: The transformers Auto class a model name or folder is loaded with.
     auto_class = ""
     #: Model class name endings that mean this task (task="auto" and model instances).

@@ -26,6 +26,7 @@ class CausalLM(Task):
     the mean over learned tokens, evaluation reports it and its perplexity."""
 
     name = "causal-lm"
+    pipeline_tag = "text-generation"
     eval_ahead = True
     auto_class = "AutoModelForCausalLM"
     head_suffixes = ("ForCausalLM", "LMHeadModel")

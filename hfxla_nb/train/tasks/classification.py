@@ -27,6 +27,7 @@ class Classification(Task):
     """Sequence classification: a label per row; accuracy, f1, precision, recall."""
 
     name = "classification"
+    pipeline_tag = "text-classification"
     eval_ahead = True
     auto_class = "AutoModelForSequenceClassification"
     head_suffixes = ("ForSequenceClassification",)

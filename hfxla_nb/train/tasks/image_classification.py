@@ -51,6 +51,7 @@ class ImageClassification(Task):
     """Image classification: a class per image; accuracy and top-5 accuracy."""
 
     name = "image-classification"
+    pipeline_tag = "image-classification"
     eval_ahead = True
     auto_class = "AutoModelForImageClassification"
     head_suffixes = ("ForImageClassification",)

@@ -80,6 +80,7 @@ class MaskedLM(Task):
     """Masked tokens predicted from both sides; loss and perplexity."""
 
     name = "masked-lm"
+    pipeline_tag = "fill-mask"
     eval_ahead = True
     auto_class = "AutoModelForMaskedLM"
     head_suffixes = ("ForMaskedLM",)

@@ -169,6 +169,7 @@ class QuestionAnswering(Task):
     """Start and end of the answer span; SQuAD's exact match and F1 on the host."""
 
     name = "question-answering"
+    pipeline_tag = "question-answering"
     eval_ahead = True
     auto_class = "AutoModelForQuestionAnswering"
     head_suffixes = ("ForQuestionAnswering",)

@@ -76,6 +76,7 @@ class SpeechRecognition(Task):
     """Speech recognition with CTC: a transcript per clip; word error rate."""
 
     name = "speech-recognition"
+    pipeline_tag = "automatic-speech-recognition"
     auto_class = "AutoModelForCTC"
     head_suffixes = ("ForCTC",)
     outputs_per_batch = 2

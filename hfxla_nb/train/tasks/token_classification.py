@@ -48,6 +48,7 @@ class TokenClassification(Task):
     """A tag per word: cross-entropy on each word's first sub-token; seqeval's entity F1."""
 
     name = "token-classification"
+    pipeline_tag = "token-classification"
     eval_ahead = True
     auto_class = "AutoModelForTokenClassification"
     head_suffixes = ("ForTokenClassification",)

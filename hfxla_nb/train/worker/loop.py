@@ -156,6 +156,7 @@ class TrainingLoop:
             "notes": list(self.notes),
             "samples_per_second_overall": trained / max(train_seconds, 1e-9),
             "total_seconds": time.perf_counter() - self.start_time,
+            "provenance": plan.provenance,  # the kernel's, for the model card
         }
         result["chance_accuracy"] = ctx.task.chance_accuracy(plan.data.eval)
         result["warnings"] = learning_warnings(self.history, metrics,
