@@ -21,6 +21,9 @@ DEFAULT_PROJECT = "hfxla_nb"
 #: `step=` than the last).
 WANDB_STEP = "step"
 
+#: The values of `WANDB_MODE` that `wandb.init(mode=)` takes.
+WANDB_MODES = ("online", "offline", "disabled", "shared")
+
 
 def open_writer(name: str, settings: TrackingSettings) -> TrackerWriter:
     """The writer of tracker `name` ("tensorboard", "wandb") for `settings`, its run started
@@ -91,8 +94,13 @@ class WandbWriter:
         import wandb
 
         project = settings.project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
+        # W&B reads its variables once per process: passed again, they are the ones set now
+        # (a notebook changes WANDB_DIR or WANDB_MODE between two runs).
+        mode = os.environ.get("WANDB_MODE", "").lower()
         self.run = wandb.init(project=project, name=settings.run_name,
                               config=dict(settings.hparams), reinit="create_new",
+                              dir=os.environ.get("WANDB_DIR") or None,
+                              mode=mode if mode in WANDB_MODES else None,
                               settings=wandb.Settings(console="off"))
         self.run.define_metric(WANDB_STEP)
         self.run.define_metric("*", step_metric=WANDB_STEP)
