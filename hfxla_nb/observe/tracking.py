@@ -28,13 +28,18 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from ..events import Event, MetricsSnapshot, Progress
 from .bars import BarTrack, advance, steady_rates
 from .live import snapshot_ranks
 from .metrics import summarize
+from .tracking_writers import HParam, TrackerWriter, TrackingSettings, open_writer
+
+__all__ = ["TRACKERS", "HParam", "Tracker", "TrackerWriter", "TrackingError", "TrackingSettings",
+           "check_report_to", "closed_after", "default_log_dir", "plain", "tracker_for"]
+
+WriterFactory = Callable[[str, TrackingSettings], TrackerWriter]
 
 #: The trackers `report_to=` takes: name -> (the module it needs, the pip line that installs it).
 TRACKERS = {
@@ -42,10 +47,6 @@ TRACKERS = {
                                    'tensorboard)'),
     "wandb": ("wandb", 'pip install "hfxla_nb[wandb]"  (or: pip install wandb)'),
 }
-
-#: What a hyper-parameter can be in every tracker.
-HParam = str | int | float | bool | None
-
 
 class TrackingError(ValueError):
     """`report_to=` cannot work as asked; raised in the kernel before anything is forked."""
@@ -131,25 +132,6 @@ def plain(value: Any) -> HParam:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-@dataclass(frozen=True)
-class TrackingSettings:
-    """What a launch reports to, and with which names.
-
-    Attributes:
-        report_to: the trackers (`check_report_to`'s names).
-        log_dir: TensorBoard's folder for this run's event files.
-        project: the W&B project (None: `WANDB_PROJECT`, else "hfxla_nb").
-        run_name: the run's name in W&B (None: W&B's own).
-        hparams: the run's hyper-parameters, flat (`plain` values).
-    """
-
-    report_to: tuple[str, ...]
-    log_dir: str | None = None
-    project: str | None = None
-    run_name: str | None = None
-    hparams: dict[str, HParam] = field(default_factory=dict)
-
-
 def default_log_dir(parent: str | os.PathLike, run_name: str | None = None) -> str:
     """`parent/<run_name>`, or `parent/<date-time>_<host>` (a new folder per run, as the
     Trainer's `runs/`)."""
@@ -190,25 +172,6 @@ def closed_after(tracker: Tracker) -> Iterator[Tracker]:
         tracker.close(failed=failed)
 
 
-class TrackerWriter(Protocol):
-    """One tracker's output (`tracking_writers`): scalars by step, the final figures."""
-
-    def scalars(self, step: int, values: Mapping[str, float], walltime: float | None) -> None:
-        """Write `values` at `step` (`walltime`: when they were measured)."""
-
-    def close(self, final: Mapping[str, float], failed: bool) -> None:
-        """Write the final figures (already written as scalars) and close the run."""
-
-
-WriterFactory = Callable[[str, TrackingSettings], TrackerWriter]
-
-
-def _open_writer(name: str, settings: TrackingSettings) -> TrackerWriter:
-    from .tracking_writers import open_writer  # imports the tracker's library
-
-    return open_writer(name, settings)
-
-
 class Tracker:
     """A launch's events, written to every tracker of `settings` (see the module docstring).
 
@@ -218,7 +181,7 @@ class Tracker:
     """
 
     def __init__(self, settings: TrackingSettings,
-                 open_writer: WriterFactory = _open_writer) -> None:
+                 open_writer: WriterFactory = open_writer) -> None:
         self.settings = settings
         self._open_writer = open_writer
         self._writers: dict[str, TrackerWriter] | None = None

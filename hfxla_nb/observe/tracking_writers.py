@@ -1,17 +1,49 @@
 """The trackers' writers (`report_to=`): TensorBoard through `torch.utils.tensorboard`, W&B
-through `wandb`, each library's own writer, run in the notebook process.
+through `wandb`, each library's own writer, run in the notebook process; what they are given
+(`TrackingSettings`).
 
-The only module that imports either library, when a launch's first value arrives
-(`tracking.Tracker`).
+The only module that imports either library, when a writer is made: at a launch's first
+value (`tracking.Tracker`), after the fork.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from .tracking import HParam, TrackerWriter, TrackingSettings
+#: What a hyper-parameter can be in every tracker.
+HParam = str | int | float | bool | None
+
+
+@dataclass(frozen=True)
+class TrackingSettings:
+    """What a launch reports to, and with which names.
+
+    Attributes:
+        report_to: the trackers (`check_report_to`'s names).
+        log_dir: TensorBoard's folder for this run's event files.
+        project: the W&B project (None: `WANDB_PROJECT`, else "hfxla_nb").
+        run_name: the run's name in W&B (None: W&B's own).
+        hparams: the run's hyper-parameters, flat (`plain` values).
+    """
+
+    report_to: tuple[str, ...]
+    log_dir: str | None = None
+    project: str | None = None
+    run_name: str | None = None
+    hparams: dict[str, HParam] = field(default_factory=dict)
+
+
+class TrackerWriter(Protocol):
+    """One tracker's output (`tracking_writers`): scalars by step, the final figures."""
+
+    def scalars(self, step: int, values: Mapping[str, float], walltime: float | None) -> None:
+        """Write `values` at `step` (`walltime`: when they were measured)."""
+
+    def close(self, final: Mapping[str, float], failed: bool) -> None:
+        """Write the final figures (already written as scalars) and close the run."""
 
 #: The W&B project when neither `project=` nor `WANDB_PROJECT` names one.
 DEFAULT_PROJECT = "hfxla_nb"
