@@ -120,6 +120,7 @@ def test_wandb_online_without_a_login_is_refused(monkeypatch, tmp_path, no_launc
     for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.delitem(sys.modules, "wandb", raising=False)  # no wandb.login() in this kernel
     with pytest.raises(LaunchRefusedError, match="wandb login.*WANDB_MODE=offline"):
         hx.notebook_launcher(lambda: None, report_to="wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")

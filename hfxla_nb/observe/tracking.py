@@ -24,6 +24,7 @@ import difflib
 import importlib.util
 import os
 import socket
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -88,9 +89,11 @@ def check_report_to(report_to: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 def _check_wandb_login() -> None:
-    """W&B online without a key would ask for one in the middle of the launch: refused."""
+    """W&B online without a key would ask for one in the middle of the launch: refused. A
+    kernel that imported wandb (`wandb.login()` in a cell) is left to W&B's own login."""
     mode = os.environ.get("WANDB_MODE", "").lower()
-    if mode in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+    if (mode in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY")
+            or "wandb" in sys.modules):
         return
     netrc = os.path.expanduser(os.environ.get("NETRC", "~/.netrc"))
     try:
