@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..events import Event, MetricsSnapshot, Progress
+from ..events import Event, MetricsSnapshot, Progress, Started
 from .bars import BarTrack, advance, steady_rates
 from .live import snapshot_ranks
 from .metrics import summarize
@@ -192,13 +192,23 @@ class Tracker:
         self._bars: dict[str, BarTrack] = {}
         self._snapshot: tuple[int, dict[str, float], float | None] | None = None
         self._final: dict[str, float] = {}
+        self._failed = False
 
     def handle(self, event: Event) -> None:
-        """Write what `event` carries (rank 0's progress values and metrics)."""
-        if isinstance(event, Progress) and event.rank == 0:
-            self._progress(event)
-        elif isinstance(event, MetricsSnapshot) and 0 in snapshot_ranks(event):
-            self._metrics(event)
+        """Write what `event` carries (rank 0's progress values and metrics); a relaunch
+        (`max_restarts=`: rank 0 starts again) writes its steps again."""
+        try:
+            if isinstance(event, Started) and event.rank == 0:
+                self._written.clear()
+                self._bars.clear()
+            elif isinstance(event, Progress) and event.rank == 0:
+                self._progress(event)
+            elif isinstance(event, MetricsSnapshot) and 0 in snapshot_ranks(event):
+                self._metrics(event)
+        except Exception as error:  # noqa: BLE001 - tracking must never stop training
+            if not self._failed:
+                self._failed = True
+                _warn(", ".join(self.settings.report_to), "could not read an event", error)
 
     def finish(self, step: int, figures: Mapping[str, float]) -> None:
         """Write the run's final figures at `step` (they also become the run's summary)."""
