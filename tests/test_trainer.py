@@ -10,6 +10,7 @@ import hfxla_nb as hx
 from hfxla_nb import _xla, demo
 from hfxla_nb.launch import last_launch
 from hfxla_nb.train.trainer import TrainingArgumentsInKernelError
+from tests.test_tracking import scalars, wandb_history, wandb_records
 
 
 def test_training_arguments_refuse_in_the_kernel():
@@ -18,7 +19,7 @@ def test_training_arguments_refuse_in_the_kernel():
     assert not _xla.runtime_is_initialized()
 
 
-def _train_with_trainer(index, folder, output_dir):
+def _train_with_trainer(index, folder, output_dir, report_to):
     import warnings
 
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer
@@ -38,6 +39,7 @@ def _train_with_trainer(index, folder, output_dir):
         args = hx.xla_training_arguments(
             output_dir=output_dir, max_steps=4, per_device_train_batch_size=8, learning_rate=1e-3,
             logging_steps=2, save_strategy="no",
+            report_to=report_to,
         )
     callback = hx.XlaProgressCallback()
     trainer = Trainer(model, args, train_dataset=data["train"], callbacks=[callback])
@@ -55,10 +57,14 @@ def _train_with_trainer(index, folder, output_dir):
     }
 
 
-def test_trainer_with_the_callback_in_a_launched_run(cache, tmp_path, capsys):
+def test_trainer_with_the_callback_in_a_launched_run(cache, tmp_path, capsys, monkeypatch):
     folder = demo.demo_model_dir(cache=cache)
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the Trainer's own trackers, asked for
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
     result = hx.notebook_launcher(
-        _train_with_trainer, args=(folder, str(tmp_path / "trainer")), progress="console"
+        _train_with_trainer, args=(folder, str(tmp_path / "trainer"), ["tensorboard", "wandb"]),
+        progress="console"
     )
     # The Trainer's own bars are gone; ours is there.
     assert "XlaProgressCallback" in result["callbacks"]
@@ -71,6 +77,17 @@ def test_trainer_with_the_callback_in_a_launched_run(cache, tmp_path, capsys):
     assert any("xla_training_arguments changed" in w for w in result["warnings"])
     assert any("logging_steps=2" in w for w in result["warnings"])
     assert len(result["losses"]) == 2 and all(math.isfinite(x) for x in result["losses"])
+    # report_to given: the Trainer's TensorBoard and W&B callbacks wrote from the worker; the
+    # W&B run it left open was finished before the worker exited, its rows all there.
+    assert not any(change.startswith("report_to") for change in result["changes"])
+    assert {"TensorBoardCallback", "WandbCallback"} <= set(result["callbacks"])
+    (runs,) = (tmp_path / "trainer" / "runs").iterdir()
+    assert [value for _, value in scalars(runs)["train/loss"]] == pytest.approx(
+        result["losses"])
+    records = wandb_records(tmp_path)
+    assert [row["train/loss"] for row in wandb_history(records)
+            if "train/loss" in row] == pytest.approx(result["losses"])
+    assert records[-1]["type"] == "exit" and records[-1]["exit"].get("exit_code", 0) == 0
     # begin, two logs (loss at steps 2 and 4), the final summary, end
     assert result["events_sent"] >= 4
     # The events reached the notebook side: the launcher saw step 4 and the console panel

@@ -15,8 +15,9 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ..observe import tracing
+from ..observe import tracing, tracking
 from ..observe.launch_reader import LaunchReader
+from ..observe.tracking import Tracker
 from ..runtime import compile_cache as cache
 from ..runtime import detect
 from ..states import Outcome
@@ -65,6 +66,11 @@ def notebook_launcher(
     compile_cache: bool | str | os.PathLike | None = None,
     cluster: str | None = None,
     hosts: int | None = None,
+    report_to: str | Sequence[str] | None = None,
+    log_dir: str | os.PathLike | None = None,
+    project: str | None = None,
+    run_name: str | None = None,
+    hparams: dict[str, Any] | None = None,
 ) -> Any:
     """Run `function` on every XLA device from a notebook cell and return rank 0's result.
 
@@ -125,6 +131,13 @@ def notebook_launcher(
             ranks numbered across hosts (docs/pods.md; needs the `[ray]` extra:
             `pip install -e ".[ray]"`).
         hosts: how many hosts (nodes) of `cluster` to run on.
+        report_to: "tensorboard", "wandb" or a list of them: the values the function sends
+            with `hx.report(...)` (rank 0's), and XLA's compile and transfer counts, written
+            from the notebook process (docs/fine-tune.md, "Tracking").
+        log_dir: TensorBoard's folder for the run (default `runs/<date-time>_<host>`).
+        project: the W&B project (default `WANDB_PROJECT`, else "hfxla_nb").
+        run_name: the run's name (W&B's, and TensorBoard's folder under `runs/`).
+        hparams: the run's hyper-parameters, for the trackers (`{"lr": 1e-3, ...}`).
 
     Returns:
         Rank 0's return value. Every rank's value, exit state and duration are on
@@ -133,7 +146,8 @@ def notebook_launcher(
     Raises:
         LaunchRefusedError: before forking, when the launch cannot work (the XLA runtime is
             already initialized in this kernel, bad arguments, impossible `num_processes`, a
-            compile cache folder that other users can write to).
+            compile cache folder that other users can write to, an unknown `report_to` or a
+            tracker that is not installed).
         LaunchError: when a rank failed, was killed, or the launch timed out (after the
             last attempt). It is also torch's `ChildFailedError`, as accelerate's failures
             are.
@@ -173,6 +187,11 @@ class LaunchOptions:
     compile_cache: bool | str | os.PathLike | None
     cluster: str | None
     hosts: int | None
+    report_to: str | Sequence[str] | None
+    log_dir: str | os.PathLike | None
+    project: str | None
+    run_name: str | None
+    hparams: dict[str, Any] | None
 
     @classmethod
     def with_defaults(cls, **changes: Any) -> LaunchOptions:
@@ -183,8 +202,8 @@ class LaunchOptions:
         return cls(**{**defaults, **changes})
 
 
-def launch(function: Callable, args: Sequence,
-           options: LaunchOptions) -> tuple[Any, LaunchRecord]:
+def launch(function: Callable, args: Sequence, options: LaunchOptions,
+           tracker: Tracker | None = None) -> tuple[Any, LaunchRecord]:
     """`notebook_launcher`'s launch, with its record (what `fine_tune` calls).
 
     Does what `notebook_launcher` does, `last_launch()` included; also returns the record of
@@ -194,6 +213,8 @@ def launch(function: Callable, args: Sequence,
         function: what every rank runs.
         args: its arguments.
         options: the rest of `notebook_launcher`'s arguments (`LaunchOptions.with_defaults`).
+        tracker: follows the launch's events for `report_to=`, opened and closed by the
+            caller (`fine_tune`'s); None: the one `options` asks for, if any, closed here.
 
     Returns:
         Rank 0's return value and the launch's `LaunchRecord` (the last attempt's).
@@ -204,6 +225,22 @@ def launch(function: Callable, args: Sequence,
     __tracebackhide__ = True
     pass_index = preflight.check_function(function, args)
     preflight.check_timeout(options.timeout)
+    if tracker is None:  # the one `options` ask for: refused here, before any fork
+        try:
+            tracker = tracking.tracker_for(options.report_to, options.log_dir, options.project,
+                                           options.run_name, options.hparams)
+        except tracking.TrackingError as error:
+            raise LaunchRefusedError(str(error)) from None
+        if tracker is not None:
+            with tracking.closed_after(tracker):
+                return _launch(function, args, options, pass_index, tracker)
+    return _launch(function, args, options, pass_index, tracker)
+
+
+def _launch(function: Callable, args: Sequence, options: LaunchOptions, pass_index: bool,
+            tracker: Tracker | None) -> tuple[Any, LaunchRecord]:
+    """`launch` once its function and tracker are known."""
+    __tracebackhide__ = True
     shown_ranks = _parse_output(options.output)
     pods = options.cluster is not None or options.hosts is not None
     accelerate = check_accelerate_options(
@@ -229,11 +266,11 @@ def launch(function: Callable, args: Sequence,
             timeout=options.timeout, shown_ranks=shown_ranks, progress=options.progress,
             heartbeat_timeout=options.heartbeat_timeout,
             trace_compiles=options.trace_compiles, keep_record=_keep_record,
-            max_restarts=accelerate.max_attempts - 1)
+            max_restarts=accelerate.max_attempts - 1, tracker=tracker)
     plan = _local_plan(options.strategy, options.num_processes, options.mixed_precision,
                        options.compile_cache, options.trace_compiles)
     runs = _Attempts(function, tuple(args), pass_index, plan, accelerate, shown_ranks,
-                     options.progress, options.timeout, options.heartbeat_timeout)
+                     options.progress, options.timeout, options.heartbeat_timeout, tracker)
     return runs.run()
 
 
@@ -262,10 +299,11 @@ class _Attempts:
     def __init__(self, function: Callable, args: tuple, pass_index: bool, plan: LaunchPlan,
                  options: AccelerateOptions, shown_ranks: set[int] | str,
                  progress: bool | str, timeout: float | None,
-                 heartbeat_timeout: float | None) -> None:
+                 heartbeat_timeout: float | None, tracker: Tracker | None = None) -> None:
         self.function, self.args, self.pass_index = function, args, pass_index
         self.plan, self.options, self.shown_ranks = plan, options, shown_ranks
         self.progress, self.timeout, self.heartbeat_timeout = progress, timeout, heartbeat_timeout
+        self.tracker = tracker
 
     def run(self) -> tuple[Any, LaunchRecord]:
         """Rank 0's value and the record of the attempt that finished.
@@ -312,7 +350,8 @@ class _Attempts:
                               # Under the bars, not as a red UserWarning at ipykernel's file
                               # for the cell (#28, item 12).
                               notes=list(plan.warnings))
-        reader = LaunchReader(record, self.timeout, self.heartbeat_timeout)
+        reader = LaunchReader(record, self.timeout, self.heartbeat_timeout,
+                              follower=self.tracker.handle if self.tracker else None)
         # "attempt 2 of 4" in the panel's status line; only passed with restarts
         shown = {"attempt": record.attempt_text} if record.attempt_text else {}
         display = launch_display(plan.world, self.progress, reader=reader, **shown)

@@ -149,3 +149,20 @@ def _is_number(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return not isinstance(value, bool)
+
+
+def finish_like_a_script(failed: bool = False) -> None:
+    """What a script's exit does that the worker's `os._exit` skips: a W&B run left open is
+    finished, and W&B's service process stopped (W&B's `atexit` hook does both in a script).
+    The Trainer's `report_to="wandb"` never finishes its run: without this, the run's data
+    was lost with the worker, its service killed with the launch's processes. W&B is not
+    imported here: only a worker that imported it has a run to finish."""
+    wandb = sys.modules.get("wandb")
+    run = getattr(wandb, "run", None)
+    if run is None:
+        return
+    try:
+        run.finish(exit_code=1 if failed else 0)
+        wandb.teardown()
+    except Exception as error:  # noqa: BLE001 - the function's outcome matters more
+        print(f"hfxla_nb: could not finish the W&B run: {error!r}", file=sys.stderr)

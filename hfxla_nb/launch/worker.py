@@ -48,7 +48,7 @@ from .heartbeat import rank_ended, rank_started, start_heartbeat
 from .native_output import route_this_process
 from .parent_watch import die_with_parent, exit_process, watch_kernel
 from .processes import LEFTOVER_GRACE, become_subreaper, stop_descendants
-from .script_mode import cell_numbers, leave_the_notebook
+from .script_mode import cell_numbers, finish_like_a_script, leave_the_notebook
 
 # The notebook's cell file names -> execution counts, read before the shell is cleared.
 _cells: dict[str, int] = {}
@@ -126,6 +126,7 @@ def run_rank(
         # The metrics as they were when it failed, before Failed makes the launcher stop us.
         tracing.rank_ended(rank)
         reporting.rank_ended(rank, failed=True)
+        finish_like_a_script(failed=True)
         channel.send(
             Failed(
                 rank=rank,
@@ -142,6 +143,7 @@ def run_rank(
     compile_cache.finish_in_worker()
     tracing.rank_ended(rank)
     reporting.rank_ended(rank)  # the last rank of this process sends its final metrics
+    finish_like_a_script()
     drain_output()
     channel.send(Finished(rank=rank, result=result, duration=time.monotonic() - start))
     return result

@@ -44,6 +44,8 @@ class LaunchReader:
         heartbeat_timeout: seconds of silence after which a rank is stopped, or None.
         clock: the wall clock (`time.time`, the clock of the events' `time`), replaceable in
             tests.
+        follower: called with each event once it is applied (`report_to=`'s tracker,
+            `observe.tracking.Tracker.handle`), or None.
 
     Attributes:
         record: the record.
@@ -61,8 +63,10 @@ class LaunchReader:
 
     def __init__(self, record: BaseLaunchRecord, timeout: float | None = None,
                  heartbeat_timeout: float | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 follower: Callable[[Event], None] | None = None) -> None:
         self.record = record
+        self.follower = follower
         self.timeout = timeout
         self.heartbeat_timeout = heartbeat_timeout
         self.clock = clock
@@ -114,6 +118,8 @@ class LaunchReader:
             self._record_exit(event)
         elif isinstance(event, ProcessesStopped):
             self.note_stopped(event.processes)
+        if self.follower is not None:
+            self.follower(event)
 
     def _progress(self, rank_record: BaseRankRecord, event: Progress) -> None:
         key = (event.rank, event.label)

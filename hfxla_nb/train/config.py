@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .._choices import PROGRESS_MODES
+from ..observe.tracking import TrackingError, check_report_to
 from .tasks.registry import task_choices
 
 STRATEGIES = ("spmd", "replicated")
@@ -83,6 +84,13 @@ class FineTuneConfig:
         log_every: fetch the loss (one device-to-host transfer) every this many steps.
         progress: True (live panels: widgets, HTML or console, whichever fits), "widgets",
             "html", "console", or False.
+        report_to: "tensorboard", "wandb" or a list of them: the run's losses, learning
+            rate, evaluation metrics, samples/s, compile and transfer counts, and its
+            hyper-parameters (these fields, the memory plan), written from the notebook
+            (TensorBoard needs `pip install "hfxla_nb[tensorboard]"`, W&B `"hfxla_nb[wandb]"`).
+        log_dir: TensorBoard's folder; default `output_dir/runs/<run_name or date-time_host>`.
+        project, run_name: the W&B project (default `WANDB_PROJECT`, else "hfxla_nb") and
+            the run's name. W&B's variables are its own (`WANDB_MODE=offline`, `WANDB_DIR`).
         timeout: stop the worker after this many seconds.
         task: "auto" (default), or one of the registered tasks (`tasks.registry.TASKS`):
             "classification", "causal-lm", "token-classification", "question-answering",
@@ -162,6 +170,10 @@ class FineTuneConfig:
     max_grad_norm: float | None = 1.0
     log_every: int = 10
     progress: bool | str = True
+    report_to: str | Sequence[str] | None = None
+    log_dir: str | os.PathLike | None = None
+    project: str | None = None
+    run_name: str | None = None
     timeout: float | None = None
     task: str = "auto"
     prompt_column: str | None = None
@@ -227,6 +239,7 @@ class FineTuneConfig:
         if not isinstance(self.augment, bool):
             raise FineTuneError(f"augment must be True or False, got {self.augment!r}.")
         _check_numbers(self)
+        _check_tracking(self)
         for metric in self.metrics:
             if not callable(metric) and metric not in METRICS:
                 raise FineTuneError(
@@ -297,6 +310,23 @@ def _check_hub_options(config: FineTuneConfig) -> None:
     if config.push_to_hub and config.output_dir is None:
         raise FineTuneError("push_to_hub=True uploads the saved model folder, and "
                             "output_dir=None saves none: drop output_dir=None (or pass a folder).")
+
+
+def _check_tracking(config: FineTuneConfig) -> None:
+    """`report_to=`: known trackers, installed (else the pip line), W&B logged in or
+    offline, TensorBoard with a folder to write to."""
+    try:
+        names = check_report_to(config.report_to)
+    except TrackingError as error:
+        raise FineTuneError(str(error)) from None
+    if "tensorboard" in names and config.log_dir is None and config.output_dir is None:
+        raise FineTuneError(
+            "report_to='tensorboard' writes under output_dir/runs, and output_dir=None saves "
+            "nothing: pass log_dir=<a folder> for TensorBoard's event files.")
+    for name in ("project", "run_name"):
+        value = getattr(config, name)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise FineTuneError(f"{name} must be a non-empty string or None, got {value!r}.")
 
 
 def _check_int(name: str, value: Any, minimum: int = 1, allow_none: bool = False) -> None:

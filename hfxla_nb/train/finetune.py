@@ -28,6 +28,7 @@ from .hub import push_after_training
 from .kernel.hub import check_hub
 from .kernel.prepare import prepare_fine_tune
 from .result import FineTuneResult
+from .tracking import fine_tune_tracker, finish_tracker
 from .worker.loop import train_worker
 
 
@@ -97,11 +98,16 @@ def fine_tune(
     progress = "auto" if config.progress is True else config.progress
     memory = dataclasses.asdict(plan.memory) if plan.memory is not None else None
     notice = show_memory_plan(plan.memory, progress)  # the plan in the cell before the fork
+    tracker = fine_tune_tracker(config, plan)  # report_to= (train/tracking.py)
     try:
         raw, record = launch(train_worker, (plan,), LaunchOptions.with_defaults(
             num_processes=config.num_processes, strategy=config.strategy, progress=progress,
             timeout=config.timeout, trace_compiles=config.trace_compiles,
-            compile_cache=config.compile_cache, cluster=cluster, hosts=hosts))
+            compile_cache=config.compile_cache, cluster=cluster, hosts=hosts), tracker=tracker)
+    except BaseException:
+        if tracker is not None:
+            tracker.close(failed=True)
+        raise
     finally:
         if notice is not None:
             notice.close()
@@ -116,6 +122,7 @@ def fine_tune(
     result.xla = metrics.to_dict() if metrics is not None else {}
     if hub is not None:  # in the kernel, after the atomic save; a failure is a note
         push_after_training(result, hub)
+    finish_tracker(tracker, result)
     return result
 
 

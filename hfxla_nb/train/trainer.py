@@ -51,7 +51,10 @@ def xla_training_arguments(*, fsdp: bool = False, model: Any = None,
       device in a tensor whose shape changes every step, compiling a graph per evaluation
       step (measured: 17 compiles instead of 3 for 15 evaluation batches).
     - `dataloader_pin_memory=False` (unless given): pinned memory is a CUDA feature.
-    - `report_to="none"` (unless given): no experiment trackers are installed in a worker.
+    - `report_to="none"` (unless given), as transformers 5's default (4.x reported to every
+      tracker installed). Pass `report_to="tensorboard"` or `"wandb"` to use the Trainer's
+      own trackers in the launched worker (a W&B run the Trainer leaves open is finished when the
+      function returns: `launch.script_mode.finish_like_a_script`).
     - `disable_tqdm=True` (unless given): tqdm bars cannot draw from a forked worker; add
       `XlaProgressCallback()` to see progress in the notebook instead.
     - a warning (no change) for `logging_steps` under 10: every logging step fetches the loss
@@ -108,7 +111,8 @@ def xla_training_arguments(*, fsdp: bool = False, model: Any = None,
         "eval_accumulation_steps": (1, "predictions would pile up on the device in a tensor "
                                        "of changing shape, one compile per evaluation step"),
         "dataloader_pin_memory": (False, "pinned memory is for CUDA"),
-        "report_to": ("none", "no experiment tracker in a worker"),
+        "report_to": ("none", "no tracker unless asked for: pass report_to='tensorboard' "
+                              "or 'wandb'"),
         "disable_tqdm": (True, "tqdm cannot draw from a worker; use XlaProgressCallback()"),
     }
     for name, (value, why) in defaults.items():

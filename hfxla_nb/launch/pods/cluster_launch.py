@@ -21,6 +21,7 @@ from typing import Any
 from ...events import Event, LibraryWarning, Log
 from ...observe import tracing
 from ...observe.launch_reader import LaunchReader
+from ...observe.tracking import Tracker
 from ...runtime import detect
 from ...states import Outcome
 from ...ui import LaunchDisplay, launch_display
@@ -45,14 +46,16 @@ def launch_on_cluster(function: Callable, args: tuple, pass_index: bool, *, clus
                       shown_ranks: set[int] | str, progress: bool | str,
                       heartbeat_timeout: float | None, trace_compiles: bool,
                       keep_record: Callable[[LaunchRecord], None],
-                      max_restarts: int = 0) -> tuple[Any, LaunchRecord]:
+                      max_restarts: int = 0,
+                      tracker: Tracker | None = None) -> tuple[Any, LaunchRecord]:
     """Run `function` on `hosts` hosts of the Ray cluster at `cluster`: rank 0's value and
     the launch's record.
 
     After a failure, `max_restarts` relaunches every host: each host's processes are stopped
     first, then all are started again on the same hosts (their actors are kept, so a relaunch
     costs no new Ray worker), each attempt on `last_launch().attempts`. A host that left the
-    cluster ends the launch: there is nothing to relaunch it on.
+    cluster ends the launch: there is nothing to relaunch it on. `tracker` (`report_to=`)
+    follows the events, as on one host.
 
     Raises:
         LaunchRefusedError: before anything starts on any host (see `preflight`).
@@ -77,8 +80,9 @@ def launch_on_cluster(function: Callable, args: tuple, pass_index: bool, *, clus
                               reservation)
             record = _record(strategy, plan.world, described, earlier, max_attempts)
             keep_record(record)
-            watch = _Watch(ray, actors, described, LaunchReader(record, timeout,
-                                                                heartbeat_timeout),
+            reader = LaunchReader(record, timeout, heartbeat_timeout,
+                                  follower=tracker.handle if tracker else None)
+            watch = _Watch(ray, actors, described, reader,
                            progress, shown_ranks, timeout, plan.world)
             watch.run(lambda envs=envs, world=record.world: [
                 actor.start.remote(host, strategy, envs[host], plan.world, world,

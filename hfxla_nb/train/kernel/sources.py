@@ -192,7 +192,7 @@ def check_output_dir(output_dir: Any, model_name: str) -> str | None:
         if not os.access(path, os.W_OK | os.X_OK):
             raise _fail(f"output_dir {path} is not writable; pass a folder you can write to.")
         entries = [e for e in os.listdir(path) if not e.startswith(".")]
-        ours = {ckpt.RUN_FILE, ckpt.CHECKPOINTS}
+        ours = {ckpt.RUN_FILE, ckpt.CHECKPOINTS, ckpt.RUNS}
         if entries and not (ours & set(entries)):
             raise _fail(
                 f"output_dir {path} already holds other files ({', '.join(sorted(entries)[:5])})"

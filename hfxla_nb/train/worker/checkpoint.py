@@ -33,6 +33,8 @@ RUN_FILE = "hfxla_nb_run.json"
 STATE_FILE = "hfxla_nb_state.pt"
 INFO_FILE = "hfxla_nb_checkpoint.json"  # step and settings, readable without loading the state
 CHECKPOINTS = "checkpoints"
+# TensorBoard's default folder (`report_to=`): kept when the final save replaces output_dir.
+RUNS = "runs"
 _CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 
 

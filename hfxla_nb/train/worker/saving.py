@@ -158,7 +158,7 @@ def save_final(loop: TrainingState, result: dict[str, Any]) -> None:
         ckpt.write_json(folder / ckpt.RUN_FILE, result)
 
     try:
-        with ckpt.atomic_folder(plan.output_dir, keep=(ckpt.CHECKPOINTS,)) as tmp:
+        with ckpt.atomic_folder(plan.output_dir, keep=(ckpt.CHECKPOINTS, ckpt.RUNS)) as tmp:
             write(tmp)
     except Exception as error:  # noqa: BLE001 - a failed write must not cost the model
         reason = write_failure(error)
