@@ -51,6 +51,9 @@ class TrainPlan:
     # with (a causal LM's decides `sharding="auto"` and `lora="auto"`; None when not planned).
     lora: dict[str, Any] | None = None
     memory: MemoryPlan | None = None
+    # The transformers Auto class the worker loads a model name or folder with
+    # (`Task.auto_class_for`); "" means the task's `auto_class`.
+    auto_class: str = ""
 
     @property
     def rows_per_step(self) -> int:
