@@ -24,7 +24,7 @@ from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from tests.helpers import refuse_launches
 
 ROWS = 400  # 320 train, 80 validation
-STEPS = 160
+STEPS = 200
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_whisper_learns_made_up_speech(whisper):
     result, _, _ = whisper
     assert result.task == "speech-recognition"
     # An untrained model says nothing of the letters (WER 1.0 or more).
-    assert result.metrics["eval_wer"] < 0.3
+    assert result.metrics["eval_wer"] < 0.25
     assert result.metrics["eval_rows"] == ROWS // 5
     assert result.loss_history[-1][1] < 0.1 * result.loss_history[0][1]
     assert not result.warnings
