@@ -135,7 +135,9 @@ def test_whisper_rows_and_refusals_before_anything_happens(whisper_dir, tmp_path
     long[2]["text"] = "a b c d a b"
     assert ("the train data has 1 transcript longer than max_target_length=8 labels (row 2: "
             "10" in refused(long, max_target_length=8))
-    assert "Pass max_target_length=16" in refused(long, max_target_length=8)
+    assert ("Pass max_target_length=16, or drop or shorten those rows first. A Whisper label "
+            "counts the prompt after its start token (3 tokens)" in refused(long,
+                                                                         max_target_length=8))
     assert "the Whisper decoder embeds 32 (max_target_positions)" in refused(
         long, max_target_length=40)
     window = WhisperProcessor(feature_extractor=WhisperFeatureExtractor(chunk_length=2),

@@ -74,10 +74,15 @@ def check_processor(processor: Any, model_config: Any) -> None:
 
 
 def target_length(labels: dict[str, list[list[int]]], config: FineTuneConfig,
-                  model_config: Any) -> int:
+                  model_config: Any, prompt: list[int]) -> int:
     """The labels' one length (`speech_data.label_length`: `max_target_length`, refused when
     a transcript is longer), refused beyond the decoder's `max_target_positions`."""
-    width = speech_data.label_length(labels, config.max_target_length)
+    try:
+        width = speech_data.label_length(labels, config.max_target_length)
+    except FineTuneError as error:
+        raise FineTuneError(
+            f"{error} A Whisper label counts the prompt after its start token "
+            f"({len(prompt) - 1} tokens), the transcript's tokens and the end token.") from None
     limit = int(model_config.max_target_positions)
     if width > limit:
         longest = max(len(ids) for rows in labels.values() for ids in rows)
@@ -120,10 +125,10 @@ def prepare(splits: Splits, config: FineTuneConfig, context: TaskContext,
                                                                          tokenizer)]
         clips[split] = audio_data.read_clips(ds, split, audio, int(extractor.sampling_rate),
                                              notes)
-    width = target_length(labels, config, context.model_config)
+    prompt = [int(i) for i in tokenizer.prefix_tokens]
+    width = target_length(labels, config, context.model_config, prompt)
     encoded = {split: encode_split(split, clips[split], speech_data.padded(labels[split], width),
                                    extractor) for split in clips}
-    prompt = [int(i) for i in tokenizer.prefix_tokens]
     notes.append(f"speech recognition (Whisper): clips as {extractor.chunk_length} s of "
                  f"log-mel features, transcripts from {column!r} after the prompt "
                  f"{''.join(tokenizer.convert_ids_to_tokens(prompt))}, labels padded to "
