@@ -1,5 +1,5 @@
 """The embedded default for speech recognition, offline: made-up spoken "words" and a tiny
-wav2vec2 CTC model.
+wav2vec2 CTC model, or a tiny Whisper (`demo_whisper_model_dir`).
 
 ```python
 from hfxla_nb.demo.speech import demo_speech_dataset, demo_speech_model_dir
@@ -17,6 +17,12 @@ half the steps the base model's group norm takes; a convolutional front end of s
 25 frames a second, half wav2vec2's rate, so that the CTC recursion has few frames to
 unroll) built from a config and saved with its `Wav2Vec2Processor`: a `Wav2Vec2CTCTokenizer`
 of the letters (and the word delimiter "|") and a `Wav2Vec2FeatureExtractor`.
+
+The tiny Whisper (2 encoder and 2 decoder layers, width 32) takes 1 s windows of 80 log-mel
+bins (`max_source_positions` 50) and is saved with a `WhisperProcessor` built here: a
+byte-level BPE `WhisperTokenizer` with Whisper's special tokens, set to English
+transcription, and a `WhisperFeatureExtractor` of `chunk_length=1`; it learns the same clips
+in about 200 steps.
 """
 
 from __future__ import annotations
@@ -130,5 +136,107 @@ def demo_speech_model_dir(cache: str | os.PathLike | None = None, seed: int = 0)
             ctc_zero_infinity=True)
         config.architectures = ["Wav2Vec2ForCTC"]
         save_seeded_model(Wav2Vec2ForCTC, config, seed, processor, tmp)
+
+    return str(build_atomically(target, build))
+
+
+# -- Whisper -----------------------------------------------------------------------------------
+
+#: The tiny Whisper's window (s): its feature extractor pads or cuts every clip to this, and
+#: its encoder embeds that many frames (`max_source_positions`). Real Whisper: 30 s.
+WHISPER_CHUNK_SECONDS = 1
+#: The mel bins of the tiny Whisper's features (real Whisper: 80, or 128 for large-v3).
+WHISPER_MEL_BINS = 80
+#: The decoder positions of the tiny Whisper: its prompt, a transcript and the end token.
+WHISPER_TARGET_POSITIONS = 32
+#: Whisper's special tokens, in Whisper's order: the language token's id must follow
+#: `<|startoftranscript|>`'s (WhisperTokenizer counts it from there), and `<|notimestamps|>`
+#: comes last (timestamp tokens would start after it). English is the only language here.
+WHISPER_SPECIAL_TOKENS = ("<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|translate|>",
+                          "<|transcribe|>", "<|startoflm|>", "<|startofprev|>",
+                          "<|nocaptions|>", "<|notimestamps|>")
+
+
+def byte_alphabet() -> list[str]:
+    """The 256 characters byte-level BPE (GPT-2's, Whisper's) writes the bytes 0-255 as."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    shifted, extra = {}, 0
+    for byte in range(256):
+        if byte in kept:
+            shifted[byte] = chr(byte)
+        else:
+            shifted[byte] = chr(256 + extra)
+            extra += 1
+    return [shifted[byte] for byte in range(256)]
+
+
+def demo_whisper_tokenizer():
+    """A `WhisperTokenizer` built here: byte-level BPE over the 256 bytes (any text
+    tokenizes), one merge per letter said after a space ("Ġa"), Whisper's special tokens,
+    and the prefix English / transcribe / no timestamps."""
+    from transformers import WhisperTokenizer
+
+    alphabet = byte_alphabet()
+    space = alphabet[ord(" ")]
+    merges = [(space, letter) for letter in SPEECH_LETTERS]
+    tokens = [*alphabet, *(a + b for a, b in merges)]
+    vocab = {token: i for i, token in enumerate(tokens)}
+    vocab.update({token: len(tokens) + i for i, token in enumerate(WHISPER_SPECIAL_TOKENS)})
+    tokenizer = WhisperTokenizer(vocab=vocab, merges=merges, language="english",
+                                 task="transcribe", predict_timestamps=False,
+                                 pad_token="<|endoftext|>")
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": list(WHISPER_SPECIAL_TOKENS[1:])})
+    tokenizer.model_max_length = WHISPER_TARGET_POSITIONS
+    return tokenizer
+
+
+def demo_whisper_processor():
+    """A `WhisperProcessor`: the tokenizer above and a `WhisperFeatureExtractor` whose
+    window is `WHISPER_CHUNK_SECONDS` (log-mel features of 10 ms frames)."""
+    from transformers import WhisperFeatureExtractor, WhisperProcessor
+
+    extractor = WhisperFeatureExtractor(feature_size=WHISPER_MEL_BINS, sampling_rate=RATE,
+                                        chunk_length=WHISPER_CHUNK_SECONDS)
+    return WhisperProcessor(feature_extractor=extractor, tokenizer=demo_whisper_tokenizer())
+
+
+def demo_whisper_model_dir(cache: str | os.PathLike | None = None, seed: int = 0) -> str:
+    """A tiny `WhisperForConditionalGeneration` for the letters (2 encoder and 2 decoder
+    layers, width 32) and its processor, saved in a versioned folder under `cache_dir(cache)`
+    (reused when there). Its generation config prompts English transcription without
+    timestamps and suppresses no token, so `generate` decodes greedily what
+    `fine_tune`'s evaluation does."""
+    target = cache_dir(cache) / f"demo-whisper-v{RECIPE_VERSION}-seed{seed}"
+    if (target / "config.json").is_file():
+        return str(target)
+
+    def build(tmp: Path) -> None:
+        from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
+
+        processor = demo_whisper_processor()
+        tokenizer = processor.tokenizer
+        ids = {token: tokenizer.convert_tokens_to_ids(token) for token in WHISPER_SPECIAL_TOKENS}
+        end, start = ids["<|endoftext|>"], ids["<|startoftranscript|>"]
+        frames = processor.feature_extractor.nb_max_frames
+        config = WhisperConfig(
+            vocab_size=len(tokenizer), num_mel_bins=WHISPER_MEL_BINS, d_model=32,
+            encoder_layers=2, encoder_attention_heads=2, decoder_layers=2,
+            decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+            max_source_positions=frames // 2, max_target_positions=WHISPER_TARGET_POSITIONS,
+            dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, encoder_layerdrop=0.0,
+            decoder_layerdrop=0.0, pad_token_id=end, bos_token_id=end, eos_token_id=end,
+            decoder_start_token_id=start, suppress_tokens=None, begin_suppress_tokens=None)
+        config.architectures = ["WhisperForConditionalGeneration"]
+        save_seeded_model(WhisperForConditionalGeneration, config, seed, processor, tmp)
+        GenerationConfig(
+            decoder_start_token_id=start, pad_token_id=end, bos_token_id=end, eos_token_id=end,
+            max_length=WHISPER_TARGET_POSITIONS, is_multilingual=True,
+            lang_to_id={"<|en|>": ids["<|en|>"]},
+            task_to_id={"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]},
+            no_timestamps_token_id=ids["<|notimestamps|>"], language="<|en|>",
+            task="transcribe", forced_decoder_ids=None, suppress_tokens=None,
+            begin_suppress_tokens=None).save_pretrained(tmp)
 
     return str(build_atomically(target, build))

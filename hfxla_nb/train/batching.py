@@ -133,6 +133,9 @@ class EncodedData:
     notes: list[str] = field(default_factory=list)
     #: What a task keeps on the host for decoding (word ids, offsets, answers); any picklable.
     host: Any = None
+    #: False: this data's evaluation syncs itself (it generates), so it is not compiled ahead
+    #: even where the task's `eval_ahead` says so (a task whose models differ: Whisper).
+    eval_ahead: bool = True
 
 
 def split_buckets(encoded: dict[str, dict], cap: int, max_length: int | None,

@@ -26,6 +26,13 @@ The patches:
 - `causal_mask`: the same for decoders (Llama, GPT-2 style): `_ignore_causal_mask_sdpa` reads
   `padding_mask.all()` (twice) to decide whether SDPA's `is_causal` can replace the mask; on
   XLA tensors the causal mask is always built, with the same attention.
+- `packed_sequences`: a decoder given position ids and no attention mask (Whisper's, in
+  training and in fixed-shape generation) has `find_packed_sequence_indices` read whether
+  the rows are packed sequences, `(mask[:, -1] == 0).all()` on the device, every forward
+  pass: a small graph and a fetch per step. On XLA tensors the patched function returns the
+  sequence indices unread, as it does when traced by `torch.compile`; rows that are not
+  packed are all one sequence (index 0 throughout), so the mask built from them is the
+  causal mask it would have built without them.
 """
 
 from __future__ import annotations
@@ -62,6 +69,24 @@ def _keep_mask_on_xla(original: Callable[..., bool]) -> Callable[..., bool]:
     return keep_mask
 
 
+def _packed_unread_on_xla(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`original(position_ids)`, except that on XLA tensors the sequence indices are
+    returned without reading them (see the module doc)."""
+
+    def packed_sequences(position_ids, *args, **kwargs) -> Any:
+        if not _on_xla(position_ids):
+            return original(position_ids, *args, **kwargs)
+        import torch
+
+        first = position_ids[:, :1] - 1  # as the original: a diff of 1 before the first
+        return (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
+
+    packed_sequences.__name__ = original.__name__
+    packed_sequences.__wrapped__ = original  # type: ignore[attr-defined]
+    packed_sequences.__hfxla_nb_patch__ = True  # type: ignore[attr-defined]
+    return packed_sequences
+
+
 def _targets() -> dict[str, tuple[Any, str, Callable[[Any], Any]]]:
     """name -> (module, attribute, make_replacement) for the patches this transformers has."""
     targets = {}
@@ -73,6 +98,9 @@ def _targets() -> dict[str, tuple[Any, str, Callable[[Any], Any]]]:
                             ("causal_mask", "_ignore_causal_mask_sdpa")):
         if hasattr(masking_utils, attribute):
             targets[name] = (masking_utils, attribute, _keep_mask_on_xla)
+    if hasattr(masking_utils, "find_packed_sequence_indices"):
+        targets["packed_sequences"] = (masking_utils, "find_packed_sequence_indices",
+                                       _packed_unread_on_xla)
     return targets
 
 

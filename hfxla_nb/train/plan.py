@@ -53,6 +53,9 @@ class TrainPlan:
     memory: MemoryPlan | None = None
     # Base model, data, settings, hardware: plain data for the model card (`hub_card.py`).
     provenance: dict[str, Any] = field(default_factory=dict)
+    # The transformers Auto class the worker loads a model name or folder with
+    # (`Task.auto_class_for`); "" means the task's `auto_class`.
+    auto_class: str = ""
 
     @property
     def rows_per_step(self) -> int:

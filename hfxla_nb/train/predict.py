@@ -204,6 +204,7 @@ def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
         max_grad_norm=None, total_steps=0, steps_per_epoch=1, precision="auto",
         strategy="spmd", output_dir=os.devnull, save_steps=None, resume_from=None, seed=0,
         metrics=(), log_every=1, devices=devices, save=False, task=task,
+        auto_class=TASKS[task].auto_class_for(model_config),
     )
 
 

@@ -178,7 +178,7 @@ class FineTuneResult:
             FileNotFoundError: this run saved no model (output_dir was None).
             FileExistsError: `folder` exists and is not empty.
         """
-        target = save_model(folder, self.to_dict(), TASKS[self.task].auto_class,
+        target = save_model(folder, self.to_dict(), self._auto_class(),
                             self.output_dir, self.held_model)
         self.output_dir, self.held_model = str(target), None
         return str(target)
@@ -234,6 +234,19 @@ class FineTuneResult:
         """The last logged training loss."""
         return self.loss_history[-1][1] if self.loss_history else None
 
+    def _auto_class(self) -> str:
+        """The transformers Auto class the trained model loads with: the task's
+        (`Task.auto_class_for` of the model's config, which speech recognition reads:
+        `AutoModelForCTC` or, for Whisper, `AutoModelForSpeechSeq2Seq`)."""
+        task = TASKS[self.task]
+        config = self.held_model.config if self.held_model is not None else None
+        if (config is None and self.output_dir is not None
+                and os.path.isfile(os.path.join(self.output_dir, "config.json"))):
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(self.output_dir)
+        return task.auto_class_for(config) if config is not None else task.auto_class
+
     def load_model(self, merge: bool = True, **kwargs: Any):
         """The trained model, loaded on the CPU in this process (the XLA runtime stays off).
 
@@ -243,7 +256,7 @@ class FineTuneResult:
             kwargs: passed to `from_pretrained` of the task's Auto class (`Task.auto_class`:
                 `AutoModelForSequenceClassification`, `AutoModelForCausalLM`, ...).
         """
-        auto_class = TASKS[self.task].auto_class  # the task's own model class
+        auto_class = self._auto_class()  # the task's own model class
         if self.held_model is not None and merge:
             return self.held_model.model(auto_class)
         if self.output_dir is None:

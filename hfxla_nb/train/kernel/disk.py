@@ -68,7 +68,7 @@ def parameter_count(context: TaskContext, task: Task, prepared: Prepared) -> int
     for key, value in prepared.model_kwargs.items():
         if key != "ignore_mismatched_sizes":  # a loading option, not a config field
             setattr(config, key, value)
-    auto_class = getattr(transformers, task.auto_class)
+    auto_class = getattr(transformers, task.auto_class_for(context.model_config))
     with torch.device("meta"):
         return _unique_count(auto_class.from_config(config))
 

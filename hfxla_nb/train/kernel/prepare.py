@@ -158,6 +158,7 @@ def build_plan(config: FineTuneConfig, context: TaskContext, task: Task,
         gradient_checkpointing=bool(config.gradient_checkpointing),
         lora=prepared.lora,
         memory=prepared.memory,
+        auto_class=task.auto_class_for(context.model_config),
     )
 
 

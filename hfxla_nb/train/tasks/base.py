@@ -105,6 +105,12 @@ class Task:
     def check_model(self, model_config: Any, names: list[str]) -> None:
         """Refuse, with `FineTuneError`, a model this task cannot train (none by default)."""
 
+    def auto_class_for(self, model_config: Any) -> str:
+        """The transformers Auto class a model of this config loads with: `auto_class` by
+        default; a task whose models differ in kind says which (speech recognition: CTC
+        models or Whisper's encoder-decoder)."""
+        return self.auto_class
+
     def claims_model(self, model_config: Any) -> bool:
         """Whether task="auto" picks this task for a model of this config before the other
         tasks whose head endings its class name also has (wav2vec2's

@@ -172,21 +172,8 @@ class Seq2Seq(Task):
         weights = (targets != -100).float() * batch.weights.float()[:, None]
         sums, counts = (losses * weights).sum(-1), weights.sum(-1)
 
-        first = [sums, counts]
-
-        def sync(state: dict[str, Any]) -> None:
-            if ctx.mesh is not None:
-                # Replicated inside each graph: fetching sharded results would compile a
-                # gather per tensor, and the first step then sees the same input shardings
-                # as every later one (one step graph, not two).
-                for tensor in [*first, *state.values()]:
-                    _xla.replicate(tensor, ctx.mesh)
-                first.clear()
-            _xla.sync()
-
-        with ctx.autocast():
-            tokens = greedy_generate(ctx.model, input_ids, mask, ctx.plan.data.target_length,
-                                     sync=sync, encoder_hidden=output.encoder_last_hidden_state)
+        tokens = generate_synced(ctx, [sums, counts], input_ids, mask,
+                                 ctx.plan.data.target_length, output.encoder_last_hidden_state)
         return [sums, counts, tokens]
 
     def eval_metrics(self, ctx: WorkerContext, batches: list, fetched: list) -> dict[str, float]:
@@ -213,6 +200,28 @@ class Seq2Seq(Task):
             for row, text in zip(rows, generated_texts(data.host, tokens[:real]), strict=True):
                 texts[row] = text
         return [{"generated_text": text} for text in texts]
+
+
+def generate_synced(ctx: WorkerContext, first: list[Any], input_ids: Any, mask: Any,
+                    target_length: int, encoder_hidden: Any,
+                    prompt: list[int] | None = None) -> Any:
+    """`greedy_generate` in evaluation's worker: each step one graph (a sync after it), the
+    step's state and the batch's outputs computed before (`first`, in the first graph)
+    replicated over the mesh under SPMD."""
+
+    def sync(state: dict[str, Any]) -> None:
+        if ctx.mesh is not None:
+            # Replicated inside each graph: fetching sharded results would compile a
+            # gather per tensor, and the first step then sees the same input shardings
+            # as every later one (one step graph, not two).
+            for tensor in [*first, *state.values()]:
+                _xla.replicate(tensor, ctx.mesh)
+            first.clear()
+        _xla.sync()
+
+    with ctx.autocast():
+        return greedy_generate(ctx.model, input_ids, mask, target_length, sync=sync,
+                               encoder_hidden=encoder_hidden, prompt=prompt)
 
 
 def references(data: Seq2SeqData) -> list[str]:

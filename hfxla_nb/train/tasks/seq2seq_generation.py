@@ -8,6 +8,10 @@ position through a device index, and writes the chosen token into the next posit
 mask. The position is a device tensor, so every step is the same graph: a whole generation
 compiles the encoder's graph and one step graph per source length, however many tokens.
 
+A decoder prompt (Whisper's `<|startoftranscript|><|en|><|transcribe|><|notimestamps|>`)
+is written into the decoder inputs before the first step, and the first step starts after
+it: the same graphs, fewer steps.
+
 Without a key/value cache each step recomputes the decoder over the whole target length;
 for the short targets of fine-tuning evaluation that costs less than the compiles it avoids.
 """
@@ -28,20 +32,26 @@ def decoder_start_id(config: Any) -> int:
     raise ValueError("the model config has neither decoder_start_token_id nor pad_token_id.")
 
 
-def greedy_state(model: Any, encoder_hidden: Any, target_length: int) -> dict[str, Any]:
+def greedy_state(model: Any, encoder_hidden: Any, target_length: int,
+                 prompt: list[int] | None = None) -> dict[str, Any]:
     """The generation state before the first step, on the device of `encoder_hidden`:
-    decoder inputs (start token, then padding), the output buffer, which rows are done, and
-    the current position (a device scalar)."""
+    decoder inputs (the prompt, by default the start token alone, then padding), the output
+    buffer (the prompt after its first token: as the labels hold it), which rows are done,
+    and the current position (a device scalar: the prompt's last token)."""
     import torch
 
     config = model.config
     pad = int(config.pad_token_id)
+    prompt = list(prompt) if prompt else [decoder_start_id(config)]
     batch, device = encoder_hidden.shape[0], encoder_hidden.device
     ids = torch.full((batch, target_length), pad, dtype=torch.long, device=device)
-    ids[:, 0] = decoder_start_id(config)
-    return {"ids": ids, "out": torch.full_like(ids, pad),
+    ids[:, :len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
+    out = torch.full_like(ids, pad)
+    if len(prompt) > 1:
+        out[:, :len(prompt) - 1] = torch.tensor(prompt[1:], dtype=torch.long, device=device)
+    return {"ids": ids, "out": out,
             "done": torch.zeros(batch, dtype=torch.bool, device=device),
-            "step": torch.zeros(1, dtype=torch.long, device=device)}
+            "step": torch.full((1,), len(prompt) - 1, dtype=torch.long, device=device)}
 
 
 def greedy_step(model: Any, encoder_hidden: Any, attention_mask: Any,
@@ -70,43 +80,49 @@ def greedy_step(model: Any, encoder_hidden: Any, attention_mask: Any,
 
 def greedy_generate(model: Any, input_ids: Any, attention_mask: Any, target_length: int,
                     sync: Callable[[dict[str, Any]], None] | None = None,
-                    encoder_hidden: Any = None) -> Any:
+                    encoder_hidden: Any = None, prompt: list[int] | None = None) -> Any:
     """Greedy decoding of `target_length` tokens for a batch of padded sources.
 
     Args:
         model: a `...ForConditionalGeneration` (T5, BART, ...) in eval mode.
-        input_ids, attention_mask: `[batch, source length]` on the model's device.
+        input_ids, attention_mask: `[batch, source length]` on the model's device (Whisper:
+            the features `[batch, mel bins, frames]`, and no mask).
         target_length: tokens generated per row (the loop always runs this many steps).
         sync: called with the state after the encoder and after every step (on XLA: mark
             what must be fetched, then `torch_xla.sync()`), so each step is one graph.
         encoder_hidden: the encoder's output when already computed (by the loss forward).
+        prompt: the decoder's first tokens (None: the config's decoder start token); the
+            loop runs `target_length - len(prompt) + 1` steps.
 
     Returns:
-        `[batch, target_length]` token ids: what each row generated, padding after its
-        end-of-text token.
+        `[batch, target_length]` token ids: the prompt after its first token, then what each
+        row generated, padding after its end-of-text token.
     """
     import torch
 
     with torch.no_grad():
         if encoder_hidden is None:
+            # Positional: token ids for T5 and BART, log-mel features for Whisper.
             encoder_hidden = model.get_encoder()(
-                input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        state = greedy_state(model, encoder_hidden, target_length)
+                input_ids, attention_mask=attention_mask).last_hidden_state
+        state = greedy_state(model, encoder_hidden, target_length, prompt)
         if sync is not None:
             sync(state)
-        for _ in range(target_length):
+        for _ in range(target_length - max(len(prompt or ()), 1) + 1):
             state = greedy_step(model, encoder_hidden, attention_mask, state)
             if sync is not None:
                 sync(state)
     return state["out"]
 
 
-def generated_texts(tokenizer: Any, tokens: Any) -> list[str]:
-    """Decoded rows, cut at the end-of-text token, special tokens left out."""
+def generated_texts(tokenizer: Any, tokens: Any, strip: bool = True) -> list[str]:
+    """Decoded rows, cut at the end-of-text token, special tokens left out (and the spaces
+    around each text, unless `strip` is False: Whisper's pipeline keeps them)."""
     eos = getattr(tokenizer, "eos_token_id", None)
     texts = []
     for row in tokens.tolist():
         if eos is not None and eos in row:
             row = row[:row.index(eos)]
-        texts.append(tokenizer.decode(row, skip_special_tokens=True).strip())
+        text = tokenizer.decode(row, skip_special_tokens=True)
+        texts.append(text.strip() if strip else text)
     return texts

@@ -76,12 +76,14 @@ def load_processor(given: Any, model: Any, source: Any) -> Any:
                 "Wav2Vec2Processor(feature_extractor=..., tokenizer=...).save_pretrained("
                 "folder), or pass tokenizer=Wav2Vec2Processor.from_pretrained(...).") from None
     names = list(getattr(processor.feature_extractor, "model_input_names", None) or [])
-    if not names or names[0] != audio_data.WAVEFORM_INPUT:
+    # Whisper's log-mel features: `whisper_data.check_processor` checks them against the model.
+    if not names or names[0] not in (audio_data.WAVEFORM_INPUT, "input_features"):
         raise FineTuneError(
             f"the feature extractor ({type(processor.feature_extractor).__name__}) makes "
             f"{names or 'no inputs'}; task='speech-recognition' trains CTC models that take "
             f"the waveform ({audio_data.WAVEFORM_INPUT!r}: wav2vec2, HuBERT, WavLM "
-            "...ForCTC). Pass such a model and its processor.")
+            "...ForCTC) and Whisper (log-mel 'input_features'). Pass such a model and its "
+            "processor.")
     return processor
 
 
@@ -191,6 +193,17 @@ def padded(labels: list[list[int]], length: int) -> np.ndarray:
     return block
 
 
+def check_columns(ds: Any, split: str, audio: str, column: str) -> None:
+    """Refuse a split without the audio column or the transcript column."""
+    missing = [name for name in (audio, column) if name not in ds.column_names]
+    if missing:
+        raise FineTuneError(
+            f"the {split} data has no column {' and no column '.join(map(repr, missing))}"
+            f" (it has {', '.join(map(repr, ds.column_names)) or 'none'}): "
+            f"task='speech-recognition' reads the clips from {audio!r} (source_column= "
+            f"names another) and the transcripts from {column!r} (text_column=).")
+
+
 def clip_frames(model_config: Any, clips: list[np.ndarray], buckets: list[int]) -> Any:
     """The frames of each clip as the model sees it (cut to the longest bucket)."""
     lengths = np.minimum([len(clip) for clip in clips], max(buckets))
@@ -202,18 +215,17 @@ def prepare(splits: Splits, config: FineTuneConfig, context: TaskContext) -> Pre
     (`audio_data.py`), the labels padded to one length; `layerdrop` and SpecAugment off."""
     processor, notes = context.tokenizer, []
     extractor, tokenizer = processor.feature_extractor, processor.tokenizer
+    if list(extractor.model_input_names)[0] != audio_data.WAVEFORM_INPUT:
+        raise FineTuneError(
+            f"a CTC model takes the waveform, and the processor's feature extractor "
+            f"({type(extractor).__name__}) makes {list(extractor.model_input_names)}. Pass "
+            "the model's own processor (e.g. Wav2Vec2Processor.from_pretrained(...)).")
     rate = int(extractor.sampling_rate)
     audio = config.source_column or audio_data.AUDIO_COLUMN
     column = transcript_column(splits.train, config)
     labels, clips = {}, {}
     for split, ds in splits.named.items():
-        missing = [name for name in (audio, column) if name not in ds.column_names]
-        if missing:
-            raise FineTuneError(
-                f"the {split} data has no column {' and no column '.join(map(repr, missing))}"
-                f" (it has {', '.join(map(repr, ds.column_names)) or 'none'}): "
-                f"task='speech-recognition' reads the clips from {audio!r} (source_column= "
-                f"names another) and the transcripts from {column!r} (text_column=).")
+        check_columns(ds, split, audio, column)
         labels[split] = read_transcripts(ds, split, column, tokenizer)
     for split, ds in splits.named.items():
         clips[split] = audio_data.read_clips(ds, split, audio, rate, notes)

@@ -1,5 +1,6 @@
 """`fine_tune(task="speech-recognition")`: transcripts of clips with CTC models (wav2vec2,
-HuBERT, WavLM, Data2VecAudio `...ForCTC`) and their processor; word error rate.
+HuBERT, WavLM, Data2VecAudio `...ForCTC`) or Whisper (`WhisperForConditionalGeneration`) and
+their processor; word error rate.
 
 ```python
 result = hx.fine_tune(folder, common_voice, task="speech-recognition")
@@ -13,7 +14,8 @@ CTC loss on the device at fixed shapes (`ctc_loss.py`; torch_xla has no CTC kern
 training and one evaluation graph per bucket; evaluation keeps each frame's most probable
 token on the device, and the host decodes them greedily (repeats merged, blanks dropped) with
 the tokenizer, as `pipeline("automatic-speech-recognition")` does, and scores them with
-jiwer's word error rate.
+jiwer's word error rate. Whisper's kernel side is `whisper_data.py`, its worker side
+`whisper.py` (teacher-forced training; evaluation generates at fixed shapes).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..config import FineTuneError
-from . import speech_data
+from . import speech_data, whisper, whisper_data
 from .audio_classification import weight_norm_traced
 from .base import Task
 from .ctc_loss import ctc_losses, reduced
@@ -73,12 +75,12 @@ def error_rates(names: Sequence[str], references: list[str],
 
 
 class SpeechRecognition(Task):
-    """Speech recognition with CTC: a transcript per clip; word error rate."""
+    """Speech recognition with CTC or Whisper: a transcript per clip; word error rate."""
 
     name = "speech-recognition"
     pipeline_tag = "automatic-speech-recognition"
     auto_class = "AutoModelForCTC"
-    head_suffixes = ("ForCTC",)
+    head_suffixes = ("ForCTC", "WhisperForConditionalGeneration")
     outputs_per_batch = 2
     eval_ahead = True  # one graph per bucket that syncs nothing itself
     title = "speech recognition"
@@ -86,17 +88,31 @@ class SpeechRecognition(Task):
 
     # -- kernel side (speech_data.py) --------------------------------------------------------
 
+    def auto_class_for(self, model_config: Any) -> str:
+        """`AutoModelForSpeechSeq2Seq` for Whisper, else `AutoModelForCTC`."""
+        if whisper_data.is_whisper(model_config):
+            return "AutoModelForSpeechSeq2Seq"
+        return self.auto_class
+
+    def claims_model(self, model_config: Any) -> bool:
+        """Whisper's `...ForConditionalGeneration` is speech recognition, not seq2seq."""
+        return whisper_data.is_whisper(model_config)
+
     def check_model(self, model_config: Any, names: list[str]) -> None:
-        """Refuse a model without a convolutional waveform front end (CTC's frames)."""
+        """Refuse a model that is neither Whisper nor one with a convolutional waveform front
+        end (CTC's frames)."""
+        if whisper_data.is_whisper(model_config):
+            return
         if speech_data.output_frames(model_config, 16_000) is None or getattr(
                 model_config, "is_encoder_decoder", False):
             what = names[0] if names else getattr(model_config, "model_type", "this model")
             raise FineTuneError(
                 f"task='speech-recognition' trains CTC models that take the waveform "
-                f"(wav2vec2, HuBERT, WavLM, Data2VecAudio ...ForCTC), and {what} is not one "
-                "(encoder-decoder speech models such as Whisper are not supported yet). Pass "
-                "such a model (or its pretrained encoder's folder or name: the CTC head is "
-                "added) with its processor.")
+                f"(wav2vec2, HuBERT, WavLM, Data2VecAudio ...ForCTC) and Whisper "
+                f"(WhisperForConditionalGeneration), and {what} is not one (other "
+                "encoder-decoder speech models are not supported). Pass such a model (or a "
+                "pretrained CTC encoder's folder or name: the CTC head is added) with its "
+                "processor.")
 
     def load_processor(self, given: Any, model: Any, source: Any) -> Any:
         """The model's processor: its CTC tokenizer and feature extractor."""
@@ -106,13 +122,17 @@ class SpeechRecognition(Task):
                 context: TaskContext) -> Prepared:
         """Clips bucketed by duration, transcripts checked and padded (`speech_data.py`)."""
         names = metric_names(config)
+        if whisper_data.is_whisper(context.model_config):
+            return whisper_data.prepare(splits, config, context, names)
         prepared = speech_data.prepare(splits, config, context)
         prepared.data.text_metrics = names
         return prepared
 
     def prepare_predict(self, inputs: list[Any], context: PredictContext,
                         max_length: int | None) -> EncodedData:
-        """Clips, bucketed by duration like evaluation rows."""
+        """Clips, bucketed by duration like evaluation rows (Whisper: one window)."""
+        if whisper_data.is_whisper(context.model_config):
+            return whisper_data.prepare_predict(inputs, context)
         return speech_data.prepare_predict(inputs, context, max_length)
 
     # -- worker side -------------------------------------------------------------------------
@@ -137,10 +157,14 @@ class SpeechRecognition(Task):
         return losses, labels, logits
 
     def train_loss(self, ctx: WorkerContext, batch: Batch) -> torch.Tensor:
+        if isinstance(ctx.plan.data, whisper_data.WhisperData):
+            return whisper.train_loss(ctx, batch)
         losses, labels, _ = self._losses(ctx, batch)
         return reduced(losses, labels, getattr(ctx.model.config, "ctc_loss_reduction", "mean"))
 
     def eval_outputs(self, ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]:
+        if isinstance(ctx.plan.data, whisper_data.WhisperData):
+            return whisper.eval_outputs(ctx, batch)
         losses, labels, logits = self._losses(ctx, batch)
         per_label = losses / (labels >= 0).sum(-1).clamp(min=1)
         return [per_label, logits.argmax(-1).int()]
@@ -150,18 +174,26 @@ class SpeechRecognition(Task):
         character error rate when asked) of the greedy transcripts."""
         data = ctx.plan.data
         predictions = [item["text"] for item in self.decode(data, batches, fetched)]
-        total = 0.0
-        for (_, _, real), (losses, _) in self.per_batch(batches, fetched):
-            total += float(losses.double().numpy()[:real].sum())
-        values = {"eval_loss": total / max(data.eval.num_rows, 1)}
-        values.update(error_rates(data.text_metrics, references(data), predictions))
+        if isinstance(data, whisper_data.WhisperData):  # per label token, as Whisper's loss
+            values = {"eval_loss": whisper.eval_loss(self.per_batch(batches, fetched))}
+            expected = whisper.references(data)
+        else:
+            total = 0.0
+            for (_, _, real), (losses, _) in self.per_batch(batches, fetched):
+                total += float(losses.double().numpy()[:real].sum())
+            values = {"eval_loss": total / max(data.eval.num_rows, 1)}
+            expected = references(data)
+        values.update(error_rates(data.text_metrics, expected, predictions))
         values["eval_rows"] = float(data.eval.num_rows)
         return values
 
     def decode(self, data: Any, batches: list, fetched: list) -> list[dict[str, str]]:
         """`{"text": ...}` for every clip of `data.eval`, in its order: the most probable
         token of each of its frames, repeats merged and blanks dropped by the tokenizer
-        (`decode`, special tokens kept: as the ASR pipeline decodes CTC)."""
+        (`decode`, special tokens kept: as the ASR pipeline decodes CTC); Whisper's: its
+        generated tokens (`whisper.decode`)."""
+        if isinstance(data, whisper_data.WhisperData):
+            return whisper.decode(data, self.per_batch(batches, fetched))
         split, tokenizer = data.eval, data.host
         texts = [""] * split.num_rows
         for (bucket_index, positions, real), (_, ids) in self.per_batch(batches, fetched):

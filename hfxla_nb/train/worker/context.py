@@ -186,5 +186,5 @@ def _loaded_model(plan: TrainPlan) -> torch.nn.Module:
     source = resume or plan.model
     if not isinstance(source, str):
         return source
-    auto_class = getattr(transformers, TASKS[plan.task].auto_class)
+    auto_class = getattr(transformers, plan.auto_class or TASKS[plan.task].auto_class)
     return auto_class.from_pretrained(source, **plan.model_kwargs)

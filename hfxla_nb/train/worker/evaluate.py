@@ -111,7 +111,8 @@ class EvalAhead:
         the training's first step."""
         ctx = self.ctx
         split = ctx.plan.data.eval
-        if split is None or not split.num_rows or not ctx.task.eval_ahead:
+        if (split is None or not split.num_rows or not ctx.task.eval_ahead
+                or not ctx.plan.data.eval_ahead):
             return self
         try:
             self._start(split)
