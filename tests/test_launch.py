@@ -201,6 +201,10 @@ def test_a_frozen_process_is_stopped_by_heartbeat_timeout(kernel):
             """
             def freeze(index):
                 os.kill(os.getpid(), signal.SIGSTOP)  # no heartbeat thread runs any more
+                # The stop reaches the thread that sent it a moment after `kill` returns
+                # (another thread took the signal): without this, under load the function
+                # returned and the rank finished first (#29).
+                time.sleep(600)
 
             hx.notebook_launcher(freeze, heartbeat_timeout=3, progress=False)
             """
@@ -210,6 +214,36 @@ def test_a_frozen_process_is_stopped_by_heartbeat_timeout(kernel):
     assert output.error is not None and output.error["ename"] == "LaunchError"
     assert "no heartbeat for" in output.error["evalue"] and "frozen" in output.error["evalue"]
     assert kernel.value("last_launch().ranks[0].exit_state") == "timeout"
+    assert_clean(kernel)
+
+
+def test_a_supervisor_that_never_exits_is_stopped_once_its_ranks_finished(kernel):
+    """Every rank finished, then the process froze on its way out (a runtime's shutdown that
+    hangs): the cell returns the result after `EXIT_GRACE`, and the process is stopped."""
+    output = run_ok(
+        kernel,
+        """
+        import hfxla_nb.launch.watching as watching
+        watching.EXIT_GRACE, grace = 3.0, watching.EXIT_GRACE
+
+        def finish_then_freeze():
+            import hfxla_nb.launch.worker as worker  # this process is the supervisor
+            worker.exit_process = lambda code: os.kill(os.getpid(), signal.SIGSTOP)
+            return "done"
+
+        started = time.monotonic()
+        try:
+            value = hx.notebook_launcher(finish_then_freeze, progress=False)
+        finally:
+            watching.EXIT_GRACE = grace
+        print("VALUE", value, round(time.monotonic() - started))
+        """,
+    )
+    assert "VALUE done" in output.stdout
+    assert kernel.value("last_launch().outcome") == "finished"
+    assert kernel.value("last_launch().ranks[0].exit_state") == "finished"
+    notes = kernel.value("last_launch().notes")
+    assert any("had not exited 3s later" in note for note in notes), notes
     assert_clean(kernel)
 
 

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from ..ui import LaunchDisplay
 
 REFRESH_INTERVAL = 0.25  # seconds between two redraws of the panel while a launch runs
+# Seconds a launch's processes have to exit once every rank finished. Past it the results are
+# in, and the launch ends as finished with its processes stopped: a supervisor frozen after
+# its ranks' last events, or stuck in its runtime's shutdown, must not hold the cell forever.
+# (More than the supervisor's own stop of the function's leftover processes takes.)
+EXIT_GRACE = 30.0
 # How the ranks still running end, for each way a launch ends ("finished": none is left, but
 # processes that outlived the supervisor are stopped all the same).
 STOPPED_AS = {
@@ -50,6 +55,7 @@ class LaunchWatch:
         self.shown_ranks = shown_ranks
         self.timeout = timeout
         self._last_refresh = 0.0
+        self._finished_at: float | None = None  # when every rank had finished
 
     def _say_library_warnings(self) -> None:
         """One muted line per kind of library warning the launch kept (`print_folded`),
@@ -66,6 +72,8 @@ class LaunchWatch:
           silent past `heartbeat_timeout`): "failed";
         - `exited()` (asked only then) gives a status: every supervisor of the launch exited
           and the events they sent are applied: `LaunchReader.outcome_after_exit`;
+        - every rank finished `EXIT_GRACE` seconds ago and the processes are still there:
+          "finished" (they are stopped, and the record's notes say so);
         - `timeout` passed since `began`: "timeout".
 
         While it runs on, ranks quiet past `HEARTBEAT_WARNING` are named once on stderr.
@@ -79,11 +87,28 @@ class LaunchWatch:
         status = exited()
         if status is not None:
             return self.reader.outcome_after_exit(status)
+        if self._exit_overdue(now):
+            return Outcome.FINISHED
         if self.timeout is not None and now - began > self.timeout:
             return Outcome.TIMEOUT
         for warning in self.reader.check_heartbeats(now):
             print(warning, file=sys.stderr)
         return None
+
+
+    def _exit_overdue(self, now: float) -> bool:
+        """Whether every rank finished `EXIT_GRACE` seconds ago or more and the launch's
+        processes are still there; said in the record's notes when so."""
+        if not self.reader.all_finished():
+            return False
+        if self._finished_at is None:
+            self._finished_at = now
+        if now - self._finished_at < EXIT_GRACE:
+            return False
+        self.record.notes.append(
+            f"every rank finished, but the launch's processes had not exited {EXIT_GRACE:.0f}s "
+            "later (frozen, or stuck in the runtime's shutdown): they were stopped")
+        return True
 
 
 def shows(shown_ranks: set[int] | str, ranks: list[int]) -> bool:
