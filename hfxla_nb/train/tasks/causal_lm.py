@@ -74,9 +74,9 @@ class CausalLM(Task):
 
     def decode(self, data: Any, batches: list, fetched: list) -> list[dict[str, str]]:
         """Each prompt's generated text (`predict`)."""
-        from .causal_lm_predict import decode
+        from .causal_lm_predict import decode_texts
 
-        return decode(data, batches, fetched, self.per_batch)
+        return decode_texts(data, batches, fetched, self.per_batch)
 
     def eval_outputs(self, ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]:
         import torch
@@ -84,9 +84,9 @@ class CausalLM(Task):
         from .causal_lm_predict import GenerationData, generate_on_device
 
         data = ctx.plan.data
-        if isinstance(data, GenerationData):  # predict: generated tokens (and last positions)
-            tokens, positions = generate_on_device(ctx, batch, data.max_new_tokens)
-            return [tokens, positions]
+        if isinstance(data, GenerationData):  # predict: generated tokens (and which rows ended)
+            tokens, done = generate_on_device(ctx, batch, data.options)
+            return [tokens, done]
         output, labels = self._output(ctx, batch, with_labels=False)
         logits = output.logits.float()[:, :-1]
         targets = labels[:, 1:]

@@ -1,0 +1,177 @@
+"""Generation people use: transformers' logits processors as fixed-shape tensor ops (the same
+scores on the same logits, draws that follow their distribution), the options refused in the
+kernel before any fork, chat prompts, and one launch where `hx.generate` decodes greedily as
+the CPU path does, draws repeatably, stops early and at stop strings, with the graphs counted
+exactly (2 per prompt bucket).
+
+The pytest process never starts the XLA runtime: `hx.generate` runs in one launched worker.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import hfxla_nb as hx
+from hfxla_nb import _xla
+from hfxla_nb.demo.lm import TEMPLATE, demo_lm_model_dir
+from hfxla_nb.train import FineTuneError
+from hfxla_nb.train.generation_options import (
+    GenerationError,
+    GenerationOptions,
+    prompt_rows,
+    resolve_options,
+)
+from hfxla_nb.train.worker import sampling
+from tests.helpers import refuse_launches
+
+VOCAB = 40
+# A simple chat template for the demo tokenizer, which has none.
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}verdict :{% endif %}")
+PROMPTS = [TEMPLATE.format(prompt=text, response="").rstrip() for text in (
+    "the coffee was great.", "loved it.", "a boring film, slow and long, with a weak ending.")]
+CHAT = [{"role": "review", "content": "the coffee was great."}]
+
+SETTINGS = [
+    {"temperature": 0.7},
+    {"top_k": 5},
+    {"top_k": 100},  # more than the vocabulary: every token stays
+    {"top_p": 0.8},
+    {"top_p": 1.0},
+    {"min_p": 0.2},
+    {"repetition_penalty": 1.3},
+    {"repetition_penalty": 1.3, "temperature": 1.5, "top_k": 12, "top_p": 0.9, "min_p": 0.05},
+]
+
+
+def transformers_scores(logits, input_ids, settings: dict):
+    """What transformers' own processors make of `logits`, in `generate`'s order."""
+    from transformers import (
+        MinPLogitsWarper,
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    made = [(RepetitionPenaltyLogitsProcessor, "repetition_penalty", "penalty"),
+            (TemperatureLogitsWarper, "temperature", "temperature"),
+            (TopKLogitsWarper, "top_k", "top_k"), (TopPLogitsWarper, "top_p", "top_p"),
+            (MinPLogitsWarper, "min_p", "min_p")]
+    scores = logits.clone()
+    for cls, name, argument in made:
+        if name in settings:
+            scores = cls(**{argument: settings[name]})(input_ids, scores)
+    return scores
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
+def test_the_processors_score_as_transformers_does(settings):
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, VOCAB, generator=generator) * 3
+    input_ids = torch.randint(0, VOCAB, (6, 9), generator=generator)
+    ours = sampling.processed_logits(
+        logits, GenerationOptions(do_sample=True, **settings),
+        sampling.seen_tokens(input_ids, torch.ones_like(input_ids), VOCAB))
+    theirs = transformers_scores(logits, input_ids, settings)
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
+    finite = ~torch.isinf(theirs)
+    torch.testing.assert_close(ours[finite], theirs[finite], rtol=1e-6, atol=1e-6)
+
+
+def test_draws_follow_transformers_distribution_and_repeat_with_the_seed():
+    """20000 draws of one row at a fixed seed: each token's frequency within 4.5 standard
+    errors (+0.001) of transformers' processed softmax; removed tokens never drawn."""
+    import torch
+
+    settings = {"temperature": 0.8, "top_k": 10, "top_p": 0.95}
+    logits = torch.randn(1, VOCAB, generator=torch.Generator().manual_seed(1)) * 2
+    expected = transformers_scores(logits, torch.zeros(1, 1, dtype=torch.long),
+                                   settings).softmax(-1)[0].double()
+    options = GenerationOptions(do_sample=True, **settings)
+    draws, n = [], 20000
+    for step in range(4):  # over steps and row keys: the noise is fresh for each
+        keys = torch.arange(n // 4, dtype=torch.int32) + step * 7919
+        draws.append(sampling.next_tokens(logits.expand(n // 4, -1), options, None,
+                                          torch.tensor([7]), keys, torch.tensor([step]))[:, 0])
+    counts = torch.bincount(torch.cat(draws), minlength=VOCAB).double() / n
+    tolerance = 4.5 * (expected * (1 - expected) / n).sqrt() + 1e-3
+    assert bool(((counts - expected).abs() <= tolerance).all()), (counts, expected)
+    assert counts[expected == 0].sum() == 0
+
+    def draw(seed):
+        return sampling.next_tokens(logits.expand(64, -1), options, None, torch.tensor([seed]),
+                                    torch.arange(64, dtype=torch.int32), torch.tensor([0]))
+
+    assert torch.equal(draw(3), draw(3)) and not torch.equal(draw(3), draw(4))
+
+
+@pytest.fixture(scope="module")
+def lm_dir(cache):
+    return demo_lm_model_dir(cache=cache)
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer(lm_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(lm_dir)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"do_sample": True, "top_p": 0.0}, "top_p must be in (0, 1]"),
+    ({"do_sample": True, "top_p": 1.5}, "top_p must be in (0, 1]"),
+    ({"do_sample": True, "temperature": 0.0}, "pass a temperature > 0"),
+    ({"num_return_sequences": 2}, "pass do_sample=True to draw different answers"),
+    ({"max_new_tokens": 120}, "the model has 128. Pass a smaller max_new_tokens"),
+    ({"frequency": 2}, "generate() does not take frequency"),
+])
+def test_bad_options_are_refused_before_forking(lm_dir, options, message, monkeypatch):
+    refuse_launches(monkeypatch)
+    with pytest.raises(FineTuneError) as raised:
+        hx.predict(lm_dir, PROMPTS, num_processes=4, **options)
+    assert message in str(raised.value)
+    assert not _xla.runtime_is_initialized()
+
+
+def test_messages_need_a_chat_template(lm_dir, chat_tokenizer, monkeypatch):
+    from transformers import AutoTokenizer
+
+    refuse_launches(monkeypatch)
+    with pytest.raises(FineTuneError, match="messages need a chat template"):
+        hx.predict(lm_dir, CHAT, num_processes=4)
+    with pytest.raises(GenerationError, match="messages need a chat template"):
+        prompt_rows(AutoTokenizer.from_pretrained(lm_dir), messages=CHAT)
+    # With a template: the assistant's turn is opened, no beginning-of-text token added.
+    (row,) = prompt_rows(chat_tokenizer, messages=[CHAT])
+    assert chat_tokenizer.decode(row).endswith("verdict :")
+    assert not _xla.runtime_is_initialized()
+
+
+def test_the_cpu_path_is_transformers_greedy_and_cuts_at_stop_strings(lm_dir):
+    """`FineTuneResult.generate`'s engine on the CPU: transformers' greedy tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hfxla_nb.train.worker.generation import cpu_hooks, generate_rows, texts_of
+
+    tokenizer = AutoTokenizer.from_pretrained(lm_dir)
+    model = AutoModelForCausalLM.from_pretrained(lm_dir).eval()
+    rows = prompt_rows(tokenizer, PROMPTS)
+    options = resolve_options(tokenizer, None, 8)
+    with torch.no_grad():
+        ours = generate_rows(model, tokenizer, rows, options, 16, cpu_hooks(tokenizer))
+        for row, tokens in zip(rows, ours.tokens.tolist(), strict=True):
+            theirs = model.generate(torch.tensor([row]), attention_mask=torch.ones(1, len(row)),
+                                    max_new_tokens=8, do_sample=False,
+                                    pad_token_id=tokenizer.pad_token_id)[0, len(row):]
+            assert tokens == theirs.tolist()
+    texts = texts_of(tokenizer, ours.tokens, options, len(rows))
+    word = texts[0].split()[1]
+    cut = texts_of(tokenizer, ours.tokens, resolve_options(tokenizer, None, 8,
+                                                           stop_strings=[word]), len(rows))
+    assert cut[0] == texts[0][:texts[0].index(word)]
