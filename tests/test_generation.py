@@ -175,3 +175,131 @@ def test_the_cpu_path_is_transformers_greedy_and_cuts_at_stop_strings(lm_dir):
     cut = texts_of(tokenizer, ours.tokens, resolve_options(tokenizer, None, 8,
                                                            stop_strings=[word]), len(rows))
     assert cut[0] == texts[0][:texts[0].index(word)]
+
+
+@pytest.fixture(scope="module")
+def chat_dir(lm_dir, chat_tokenizer, tmp_path_factory):
+    """The demo Llama's folder with a chat template saved beside it."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("chat") / "llama"
+    shutil.copytree(lm_dir, folder)
+    chat_tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def kernel_result(folder):
+    """A `FineTuneResult` for a saved causal LM: its `generate` runs on the CPU, here."""
+    from hfxla_nb.train import FineTuneResult
+
+    return FineTuneResult(
+        output_dir=str(folder), loss_history=[], metrics={}, steps=0, epochs=0.0,
+        samples_per_second=None, train_seconds=0.0, compiles=0, eval_compiles=0,
+        executions_per_step=None, transfers_per_step=None, label_names=[], strategy="spmd",
+        devices=1, precision="fp32", bucket_lengths=[64], task="causal-lm")
+
+
+def test_result_generate_refuses_in_the_kernel(lm_dir):
+    result = kernel_result(lm_dir)
+    with pytest.raises(GenerationError, match="messages need a chat template"):
+        result.generate(messages=CHAT)
+    with pytest.raises(GenerationError, match="top_p must be in"):
+        result.generate(PROMPTS, do_sample=True, top_p=0.0)
+    with pytest.raises(GenerationError, match="the model has 128"):
+        result.generate(PROMPTS, max_new_tokens=125)
+    assert not _xla.runtime_is_initialized()
+
+
+@pytest.fixture(scope="module")
+def launched(chat_dir):
+    """One launch, every `hx.generate` call of the tests below, each with the graphs it
+    compiled and the executions it ran (torch_xla's metrics, in the worker)."""
+    result = kernel_result(chat_dir)
+    greedy = result.generate(PROMPTS, max_new_tokens=8)  # on the CPU, in the kernel
+    tokenizer = result.load_tokenizer()
+    first = sorted({tokenizer(text.split()[0], add_special_tokens=False)["input_ids"][0]
+                    for text in greedy})
+    stops = sorted({text.split()[1] for text in greedy})
+    calls = {
+        "greedy": {"prompts": PROMPTS, "max_new_tokens": 8},
+        "drawn": {"prompts": PROMPTS, "max_new_tokens": 8, "do_sample": True, "top_k": 8,
+                  "temperature": 0.9, "repetition_penalty": 1.2, "seed": 5,
+                  "num_return_sequences": 2},
+        "other seed": {"prompts": PROMPTS, "max_new_tokens": 8, "do_sample": True, "top_k": 8,
+                       "temperature": 0.9, "repetition_penalty": 1.2, "seed": 6,
+                       "num_return_sequences": 2},
+        "ended": {"prompts": PROMPTS, "max_new_tokens": 40, "check_every": 4,
+                  "eos_token_id": first},
+        "stopped": {"prompts": PROMPTS, "max_new_tokens": 40, "check_every": 4,
+                    "stop_strings": stops},
+        "chat": {"messages": [CHAT, [{"role": "review", "content": "loved it."}]],
+                 "max_new_tokens": 6},
+    }
+    calls["drawn again"] = calls["drawn"]
+
+    def work():
+        import torch_xla.debug.metrics as met
+
+        def count(name):
+            data = met.metric_data(name)
+            return data[0] if data else 0
+
+        out = {}
+        for name, options in calls.items():
+            compiles, executions = count("CompileTime"), count("ExecuteTime")
+            texts = hx.generate(chat_dir, **options)
+            out[name] = (texts, count("CompileTime") - compiles,
+                         count("ExecuteTime") - executions)
+        return out
+
+    return result, calls, hx.notebook_launcher(work, progress=False)
+
+
+def test_greedy_on_xla_is_the_kernels_greedy_in_two_graphs(launched):
+    result, calls, out = launched
+    texts, compiles, executions = out["greedy"]
+    assert texts == result.generate(**calls["greedy"])
+    # The prompt's graph and one step's; 8 tokens: the prompt's execution and 7 steps'.
+    assert (compiles, executions) == (2, 8)
+    chat, compiles, _ = out["chat"]
+    assert chat == result.generate(**calls["chat"]) and compiles == 2
+    assert not _xla.runtime_is_initialized()
+
+
+def test_draws_repeat_with_the_seed_and_compile_nothing_new(launched):
+    _, _, out = launched
+    drawn, compiles, _ = out["drawn"]
+    assert len(drawn) == len(PROMPTS) and all(len(answers) == 2 for answers in drawn)
+    assert compiles == 2
+    assert out["drawn again"][:2] == (drawn, 0)  # the same seed: the same texts, cached graphs
+    other, compiles, _ = out["other seed"]
+    assert other != drawn and compiles == 0  # the seed is graph data
+
+
+def test_short_answers_stop_early_in_the_same_two_graphs(launched):
+    result, calls, out = launched
+    # Every row ends at its first token: the check after 4 tokens stops the loop, so 4
+    # executions (the prompt's and 3 steps), not 40.
+    texts, compiles, executions = out["ended"]
+    assert (compiles, executions) == (2, 4)
+    assert texts == [""] * len(PROMPTS) == result.generate(**calls["ended"])
+    texts, compiles, executions = out["stopped"]
+    assert texts == result.generate(**calls["stopped"])  # cut at the stop string
+    # As many executions as the CPU path's steps: they stop at the same check.
+    assert compiles == 0 and executions == cpu_steps(result, calls["stopped"]) < 40
+    assert all(not any(stop in text for stop in calls["stopped"]["stop_strings"])
+               for text in texts)
+
+
+def cpu_steps(result, call: dict) -> int:
+    """The steps `result.generate` runs for `call` on the CPU (every row has ended by then)."""
+    import torch
+
+    from hfxla_nb.train.worker.generation import cpu_hooks, generate_rows
+
+    tokenizer, model = result.load_tokenizer(), result.load_model().eval()
+    options = dict(call)
+    rows = prompt_rows(tokenizer, options.pop("prompts"))
+    settings = resolve_options(tokenizer, None, options.pop("max_new_tokens"), **options)
+    with torch.no_grad():
+        return generate_rows(model, tokenizer, rows, settings, 16, cpu_hooks(tokenizer)).steps

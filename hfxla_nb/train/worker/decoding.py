@@ -110,7 +110,9 @@ def decode(model: Any, ids: torch.Tensor, mask: torch.Tensor, options: Generatio
     seed = torch.tensor([options.seed & 0x7FFFFFFF], dtype=torch.int32, device=device)
     keys = (torch.arange(rows, dtype=torch.int32, device=device) if keys is None
             else keys.reshape(rows).int())
-    eos = torch.tensor(list(options.eos_token_ids) or [-1], dtype=torch.long, device=device)
+    # Padded to 8 ids with -1 (no token): one, two or three end tokens share the graphs.
+    ends = list(options.eos_token_ids)
+    eos = torch.tensor(ends + [-1] * max(8 - len(ends), 0), dtype=torch.long, device=device)
     columns = torch.arange(new, device=device)[None, :]
     with autocast():
         output = model(input_ids=ids, attention_mask=full[:, :length], position_ids=positions,

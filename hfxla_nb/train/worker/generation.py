@@ -24,6 +24,7 @@ from ..generation_options import (
     prompt_rows,
     resolve_options,
 )
+from .. import patches
 from ..kernel import sources
 from ..quiet_loading import quiet_loading
 from .decoding import Decoded, DecodeHooks, decode
@@ -79,7 +80,8 @@ def generate(model: str | os.PathLike, prompts: str | list[str] | None = None,
     network.to(device).eval()
     hooks = DecodeHooks(sync=lambda tensors: _xla.sync(), fetch=_xla.to_cpu,
                         tokenizer=tokenizer)
-    with torch.no_grad():
+    # The mask check's patch (`patches.py`): without it, masking syncs once more, a graph.
+    with torch.no_grad(), patches.applied():
         decoded = generate_rows(network, tokenizer, rows, settings, bucket, hooks)
     return texts_of(tokenizer, _xla.to_cpu([decoded.tokens])[0], settings, len(rows))
 
