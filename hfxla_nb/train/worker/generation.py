@@ -16,6 +16,7 @@ from typing import Any
 
 from ... import _xla
 from ...events import worker_channel
+from .. import patches
 from ..generation_options import (
     GenerationOptions,
     check_room,
@@ -24,7 +25,6 @@ from ..generation_options import (
     prompt_rows,
     resolve_options,
 )
-from .. import patches
 from ..kernel import sources
 from ..quiet_loading import quiet_loading
 from .decoding import Decoded, DecodeHooks, decode
