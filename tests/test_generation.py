@@ -303,3 +303,17 @@ def cpu_steps(result, call: dict) -> int:
     settings = resolve_options(tokenizer, None, options.pop("max_new_tokens"), **options)
     with torch.no_grad():
         return generate_rows(model, tokenizer, rows, settings, 16, cpu_hooks(tokenizer)).steps
+
+
+def test_predict_stops_early_with_two_graphs_per_bucket(launched, chat_dir):
+    """`predict` on 4 devices: chats and prompts, greedy, every row ending at its first token:
+    each batch stops at its first check, in the prompt's graph and one step's per bucket."""
+    result, calls, _ = launched
+    options = {k: v for k, v in calls["ended"].items() if k != "prompts"}
+    out = hx.predict(chat_dir, [*PROMPTS, CHAT], batch_size=4, num_processes=4, progress=False,
+                     **options)
+    assert out.compiles == 2 * len(out.bucket_lengths)
+    assert [item["generated_text"] for item in out][:3] == [""] * 3
+    assert out[3]["generated_text"] == result.generate(messages=CHAT, **options)[0]
+    executions = hx.last_launch().ranks[0].metrics.executions
+    assert executions == 4 * len(out.bucket_lengths), executions  # not 40 per batch
