@@ -27,6 +27,9 @@ DEFAULT_CHECK_EVERY = 16
 #: What `generate` accepts beyond `max_new_tokens` and `generation_config`.
 OPTION_NAMES = ("do_sample", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
                 "num_return_sequences", "seed", "eos_token_id", "stop_strings", "check_every")
+#: What seq2seq's `predict` takes: the draws and the early stop.
+SAMPLING_OPTIONS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "seed",
+                    "check_every")
 
 
 class GenerationError(ValueError):

@@ -194,9 +194,13 @@ def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
     # Every head counts: fine_tune keeps "auto" a classifier for a ...ForMaskedLM (pretrained
     # encoders are saved so); predicting, a classification head it does not have is random.
     task = sources.resolve_task(task, model, model_config, every_head=True) or DEFAULT_TASK
-    if (generation or generation_config is not None) and not TASKS[task].continues_prompts:
-        raise FineTuneError(f"{', '.join(sorted(generation)) or 'generation_config'}: "
-                            f"generation options are for causal-lm predict; this is {task}.")
+    taken = TASKS[task].generation_options
+    wrong = sorted(set(generation) - set(taken)) or (
+        ["generation_config"] if generation_config is not None and not taken else [])
+    if wrong:
+        raise FineTuneError(
+            f"{task}'s predict does not take {', '.join(wrong)}"
+            + (f"; it takes {', '.join(taken)}." if taken else "; only generating tasks do."))
     if TASKS[task].continues_prompts and generation_config is None:
         generation_config = model_generation_config(model)  # its generation_config.json
     if isinstance(inputs, (str, dict)) or is_conversation(inputs):

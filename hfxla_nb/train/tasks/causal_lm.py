@@ -6,6 +6,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from ..config import FineTuneError
+from ..generation_options import OPTION_NAMES
 from . import causal_lm_data
 from .base import Task
 from .registry import register_task
@@ -33,6 +34,7 @@ class CausalLM(Task):
     predict_rows_per_device = 8  # a key/value cache per row grows with the new tokens
     title = "causal LM"
     continues_prompts = True
+    generation_options = OPTION_NAMES
 
     # -- kernel side (causal_lm_data.py) -----------------------------------------------------
 

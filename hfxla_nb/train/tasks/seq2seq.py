@@ -25,6 +25,12 @@ import numpy as np
 from ... import _xla
 from .. import batching
 from ..config import FineTuneConfig, FineTuneError
+from ..generation_options import (
+    SAMPLING_OPTIONS,
+    GenerationError,
+    GenerationOptions,
+    resolve_options,
+)
 from ..kernel import data, steps
 from ..kernel.preparation import Prepared
 from . import seq2seq_data
@@ -99,6 +105,7 @@ class Seq2Seq(Task):
     outputs_per_batch = 3
     predict_rows_per_device = 8  # a key/value cache per row grows with the new tokens
     title = "sequence to sequence"
+    generation_options = SAMPLING_OPTIONS
 
     # -- kernel side ---------------------------------------------------------------------------
 
@@ -139,7 +146,8 @@ class Seq2Seq(Task):
                                           length, int(tokenizer.pad_token_id), cut)
         return Seq2SeqData(train=None, eval=split, input_names=["input_ids", "attention_mask"],
                            bucket_lengths=list(map(int, buckets)), label_names=[], notes=[],
-                           host=tokenizer, target_length=length)
+                           host=tokenizer, target_length=length,
+                           options=_predict_options(context, tokenizer, length))
 
     # -- worker side ---------------------------------------------------------------------------
 
@@ -186,7 +194,8 @@ class Seq2Seq(Task):
 
         with ctx.autocast():
             tokens = greedy_generate(ctx.model, input_ids, mask, ctx.plan.data.target_length,
-                                     sync=sync, encoder_hidden=output.encoder_last_hidden_state)
+                                     sync=sync, encoder_hidden=output.encoder_last_hidden_state,
+                                     options=ctx.plan.data.options, fetch=_xla.to_cpu)
         return [sums, counts, tokens]
 
     def eval_metrics(self, ctx: WorkerContext, batches: list, fetched: list) -> dict[str, float]:
@@ -287,6 +296,20 @@ def _decoder_positions(model_config: Any) -> int | None:
         if isinstance(value, int) and value > 0:
             return value
     return None
+
+
+
+def _predict_options(context: Any, tokenizer: Any, length: int) -> GenerationOptions | None:
+    """`predict`'s options (sampling, `check_every`), checked; None when none was given:
+    greedy over the whole target length, as evaluation."""
+    given = getattr(context, "generation", None) or {}
+    config = getattr(context, "generation_config", None)
+    if not given and config is None:
+        return None
+    try:
+        return resolve_options(tokenizer, config, length, **given)
+    except GenerationError as error:
+        raise FineTuneError(str(error)) from None
 
 
 register_task(Seq2Seq())
