@@ -94,6 +94,18 @@ class Log(Event):
 
 
 @dataclass(frozen=True)
+class Generated(Event):
+    """New text of a generation in a launched worker (`hx.generate(..., stream=True)`), sent
+    at its early-stop checks (every `check_every` tokens) and at its end: `texts` holds each
+    row's text since the last event ("" for none); `step` tokens of at most `total` done."""
+
+    step: int
+    total: int
+    texts: tuple[str, ...]
+    done: bool = False
+
+
+@dataclass(frozen=True)
 class LibraryWarning(Event):
     """A Python warning whose reported location is a library's, not the user's code
     (`launch.library_warnings`): the notebook folds these into one line per kind."""

@@ -128,7 +128,7 @@ def chat_tokenizer(lm_dir):
     ({"do_sample": True, "temperature": 0.0}, "pass a temperature > 0"),
     ({"num_return_sequences": 2}, "pass do_sample=True to draw different answers"),
     ({"max_new_tokens": 120}, "the model has 128. Pass a smaller max_new_tokens"),
-    ({"frequency": 2}, "generate() does not take frequency"),
+    ({"frequency": 2}, "predict does not take frequency; it takes do_sample"),
 ])
 def test_bad_options_are_refused_before_forking(lm_dir, options, message, monkeypatch):
     refuse_launches(monkeypatch)
@@ -188,6 +188,11 @@ def chat_dir(lm_dir, chat_tokenizer, tmp_path_factory):
     return str(folder)
 
 
+def cpu_call(call: dict) -> dict:
+    """A call's options for `result.generate` (streaming is the worker's)."""
+    return {k: v for k, v in call.items() if k != "stream"}
+
+
 def kernel_result(folder):
     """A `FineTuneResult` for a saved causal LM: its `generate` runs on the CPU, here."""
     from hfxla_nb.train import FineTuneResult
@@ -236,6 +241,9 @@ def launched(chat_dir):
                  "max_new_tokens": 6},
     }
     calls["drawn again"] = calls["drawn"]
+    for options in calls.values():
+        options["stream"] = False  # only "streamed" below sends its text as it comes
+    calls["streamed"] = {"prompts": PROMPTS[:1], "max_new_tokens": 12, "check_every": 4}
 
     def work():
         import torch_xla.debug.metrics as met
@@ -252,17 +260,19 @@ def launched(chat_dir):
                          count("ExecuteTime") - executions)
         return out
 
-    return result, calls, hx.notebook_launcher(work, progress=False)
+    out = hx.notebook_launcher(work, progress=False)
+    out["events"] = hx.last_launch().streamed
+    return result, calls, out
 
 
 def test_greedy_on_xla_is_the_kernels_greedy_in_two_graphs(launched):
     result, calls, out = launched
     texts, compiles, executions = out["greedy"]
-    assert texts == result.generate(**calls["greedy"])
+    assert texts == result.generate(**cpu_call(calls["greedy"]))
     # The prompt's graph and one step's; 8 tokens: the prompt's execution and 7 steps'.
     assert (compiles, executions) == (2, 8)
     chat, compiles, _ = out["chat"]
-    assert chat == result.generate(**calls["chat"]) and compiles == 2
+    assert chat == result.generate(**cpu_call(calls["chat"])) and compiles == 2
     assert not _xla.runtime_is_initialized()
 
 
@@ -282,11 +292,11 @@ def test_short_answers_stop_early_in_the_same_two_graphs(launched):
     # executions (the prompt's and 3 steps), not 40.
     texts, compiles, executions = out["ended"]
     assert (compiles, executions) == (2, 4)
-    assert texts == [""] * len(PROMPTS) == result.generate(**calls["ended"])
+    assert texts == [""] * len(PROMPTS) == result.generate(**cpu_call(calls["ended"]))
     texts, compiles, executions = out["stopped"]
-    assert texts == result.generate(**calls["stopped"])  # cut at the stop string
+    assert texts == result.generate(**cpu_call(calls["stopped"]))  # cut at the stop string
     # As many executions as the CPU path's steps: they stop at the same check.
-    assert compiles == 0 and executions == cpu_steps(result, calls["stopped"]) < 40
+    assert compiles == 0 and executions == cpu_steps(result, cpu_call(calls["stopped"])) < 40
     assert all(not any(stop in text for stop in calls["stopped"]["stop_strings"])
                for text in texts)
 
@@ -309,7 +319,7 @@ def test_predict_stops_early_with_two_graphs_per_bucket(launched, chat_dir):
     """`predict` on 4 devices: chats and prompts, greedy, every row ending at its first token:
     each batch stops at its first check, in the prompt's graph and one step's per bucket."""
     result, calls, _ = launched
-    options = {k: v for k, v in calls["ended"].items() if k != "prompts"}
+    options = {k: v for k, v in cpu_call(calls["ended"]).items() if k != "prompts"}
     out = hx.predict(chat_dir, [*PROMPTS, CHAT], batch_size=4, num_processes=4, progress=False,
                      **options)
     assert out.compiles == 2 * len(out.bucket_lengths)
@@ -317,3 +327,19 @@ def test_predict_stops_early_with_two_graphs_per_bucket(launched, chat_dir):
     assert out[3]["generated_text"] == result.generate(messages=CHAT, **options)[0]
     executions = hx.last_launch().ranks[0].metrics.executions
     assert executions == 4 * len(out.bucket_lengths), executions  # not 40 per batch
+
+
+def test_streaming_sends_the_new_text_every_check(launched):
+    """`stream=True` (the default): the new text every `check_every` tokens and at the end,
+    as `Generated` events (the cell prints them); `stream=False` calls send none."""
+    _, _, out = launched
+    (text,), _, _ = out["streamed"]
+    events = out["events"]
+    assert [event.step for event in events] == [4, 8, 12]
+    assert [event.done for event in events] == [False, False, True]
+    assert "".join(event.texts[0] for event in events) == text
+
+
+def test_result_generate_names_the_options_it_takes(lm_dir):
+    with pytest.raises(GenerationError, match="generate\\(\\) does not take frequency"):
+        kernel_result(lm_dir).generate(PROMPTS, frequency=2)

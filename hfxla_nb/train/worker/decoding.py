@@ -9,8 +9,9 @@ of each new token and the step's index device tensors, the tokens written into a
 prompt's (with the first token) and one decoding step's.
 
 Early stop, without a sync per token: every `check_every` steps (default 16) one small
-transfer fetches which rows have ended (an end-of-text token); with `stop_strings`, the
-tokens so far come in the same transfer and the host looks for the stop strings. When every
+transfer fetches which rows have ended (an end-of-text token); with `stop_strings` (or
+streaming), the tokens so far come in the same transfer and the host looks for the stop
+strings (or sends the new text). When every
 row has ended the loop stops: a batch of short answers runs a few checks' worth of steps, not
 `max_new_tokens`. The fetched values are already computed, so a check adds no graph.
 """
@@ -40,12 +41,15 @@ class DecodeHooks:
         fetch: copies device tensors to the host in one transfer (on the CPU: as they are).
         autocast: the context the forward passes run in (mixed precision), or None.
         tokenizer: decodes the tokens at a check when there are stop strings.
+        on_check: called at each check with every row's tokens so far (host lists) and the
+            steps run: the tokens come in the check's one transfer (streaming).
     """
 
     sync: Callable[[list], None]
     fetch: Callable[[list], list]
     autocast: Callable[[], Any] | None = None
     tokenizer: Any = None
+    on_check: Callable[[list[list[int]], int], None] | None = None
 
 
 @dataclass
@@ -161,11 +165,13 @@ def _all_ended(state: dict, steps: int, options: GenerationOptions, hooks: Decod
                ended: list[bool]) -> bool:
     """Whether every row has ended: an end-of-text token (on the device), or a stop string
     in its text so far (on the host; `ended` remembers those rows). One transfer."""
-    wanted = [state["done"], state["tokens"]] if options.stop_strings else [state["done"]]
-    fetched = hooks.fetch(wanted)
+    with_tokens = bool(options.stop_strings) or hooks.on_check is not None
+    fetched = hooks.fetch([state["done"], state["tokens"]] if with_tokens else [state["done"]])
     done = fetched[0].tolist()
+    rows = fetched[1][:, :steps].tolist() if with_tokens else []
+    if hooks.on_check is not None:
+        hooks.on_check(rows, steps)
     if options.stop_strings:
-        rows = fetched[1][:, :steps].tolist()
         for i, row in enumerate(rows):
             if not (done[i] or ended[i]):
                 text = hooks.tokenizer.decode(row, skip_special_tokens=True)

@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from ... import _xla
-from ...events import worker_channel
+from ...events import Generated, emit, worker_channel, worker_rank
 from .. import patches
 from ..generation_options import (
     GenerationOptions,
@@ -33,7 +33,7 @@ from .decoding import Decoded, DecodeHooks, decode
 def generate(model: str | os.PathLike, prompts: str | list[str] | None = None,
              max_new_tokens: int | None = None, *, messages: Any = None,
              generation_config: Any = None, bucket: int = 16, tokenizer: Any = None,
-             **options: Any) -> list[str] | list[list[str]]:
+             stream: bool = True, **options: Any) -> list[str] | list[list[str]]:
     """Continue each prompt on this worker's XLA device, with fixed shapes.
 
     Call it inside a function launched by `hx.notebook_launcher` (in the kernel, use
@@ -50,6 +50,9 @@ def generate(model: str | os.PathLike, prompts: str | list[str] | None = None,
         bucket: prompt lengths are padded to a multiple of this, so prompts of similar length
             share compiled graphs.
         tokenizer: default: the one saved with the model.
+        stream: send each row's new text to the notebook every `check_every` tokens and at
+            the end (`Generated` events: the cell prints them; `hx.last_launch().streamed`);
+            False: only the returned texts.
         options: `do_sample`, `temperature`, `top_k`, `top_p`, `min_p`, `repetition_penalty`,
             `num_return_sequences`, `seed`, `eos_token_id`, `stop_strings`, `check_every`
             (as transformers' `GenerationConfig`; `docs/tasks.md`).
@@ -78,12 +81,34 @@ def generate(model: str | os.PathLike, prompts: str | list[str] | None = None,
         network = AutoModelForCausalLM.from_pretrained(os.fspath(model))
     device = _xla.device()
     network.to(device).eval()
+    streamer = Streamer(tokenizer, settings) if stream else None
     hooks = DecodeHooks(sync=lambda tensors: _xla.sync(), fetch=_xla.to_cpu,
-                        tokenizer=tokenizer)
+                        tokenizer=tokenizer, on_check=streamer.send if streamer else None)
     # The mask check's patch (`patches.py`): without it, masking syncs once more, a graph.
     with torch.no_grad(), patches.applied():
         decoded = generate_rows(network, tokenizer, rows, settings, bucket, hooks)
-    return texts_of(tokenizer, _xla.to_cpu([decoded.tokens])[0], settings, len(rows))
+    tokens = _xla.to_cpu([decoded.tokens])[0]
+    if streamer is not None:
+        streamer.send(tokens[:, :decoded.steps].tolist(), decoded.steps, done=True)
+    return texts_of(tokenizer, tokens, settings, len(rows))
+
+
+class Streamer:
+    """Sends each row's new text as a `Generated` event (what was not sent before)."""
+
+    def __init__(self, tokenizer: Any, options: GenerationOptions) -> None:
+        self.tokenizer, self.options = tokenizer, options
+        self.sent: list[str] = []
+
+    def send(self, rows: list[list[int]], steps: int, done: bool = False) -> None:
+        """Send the text of `rows` (every row's tokens so far) beyond what was sent."""
+        texts = [finished_text(self.tokenizer, row, self.options) for row in rows]
+        sent = self.sent or [""] * len(texts)
+        # A text that no longer starts with what was sent (a word re-split) is sent whole.
+        pieces = tuple(text[len(old):] if text.startswith(old) else text
+                       for text, old in zip(texts, sent, strict=True))
+        self.sent = texts
+        emit(Generated(worker_rank(), steps, self.options.max_new_tokens, pieces, done))
 
 
 def generate_rows(network: Any, tokenizer: Any, rows: list[list[int]],
