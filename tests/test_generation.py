@@ -25,6 +25,7 @@ from hfxla_nb.train.worker import sampling
 from tests.helpers import refuse_launches
 
 VOCAB = 40
+NOISE_INPUTS = ([5], [0, 1, 2, -7, 2**31 - 1], [3])  # seed, row keys, step
 # A simple chat template for the demo tokenizer, which has none.
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}verdict :{% endif %}")
@@ -252,7 +253,13 @@ def launched(chat_dir):
             data = met.metric_data(name)
             return data[0] if data else 0
 
-        out = {}
+        import torch
+
+        from hfxla_nb.train.worker.sampling import uniform_noise
+
+        device = _xla.device()
+        out = {"noise": uniform_noise(*(torch.tensor(v, dtype=torch.int32).to(device)
+                                        for v in NOISE_INPUTS), VOCAB).cpu()}
         for name, options in calls.items():
             compiles, executions = count("CompileTime"), count("ExecuteTime")
             texts = hx.generate(chat_dir, **options)
@@ -277,8 +284,10 @@ def test_greedy_on_xla_is_the_kernels_greedy_in_two_graphs(launched):
 
 
 def test_draws_repeat_with_the_seed_and_compile_nothing_new(launched):
-    _, _, out = launched
+    result, calls, out = launched
     drawn, compiles, _ = out["drawn"]
+    # The kernel's CPU draws the same: the same noise, and logits close enough here.
+    assert result.generate(**cpu_call(calls["drawn"])) == drawn
     assert len(drawn) == len(PROMPTS) and all(len(answers) == 2 for answers in drawn)
     assert compiles == 2
     assert out["drawn again"][:2] == (drawn, 0)  # the same seed: the same texts, cached graphs
@@ -343,3 +352,24 @@ def test_streaming_sends_the_new_text_every_check(launched):
 def test_result_generate_names_the_options_it_takes(lm_dir):
     with pytest.raises(GenerationError, match="generate\\(\\) does not take frequency"):
         kernel_result(lm_dir).generate(PROMPTS, frequency=2)
+
+
+def test_predict_draws_what_generate_draws_with_the_seed(launched, chat_dir):
+    """The same seed, the same answers: 4 devices and batches of 4 rows in `predict`, one
+    device and one batch in `hx.generate` (a row's draws are keyed by its prompt's index)."""
+    _, calls, out = launched
+    options = {k: v for k, v in cpu_call(calls["drawn"]).items() if k != "prompts"}
+    predicted = hx.predict(chat_dir, PROMPTS, batch_size=4, num_processes=4, progress=False,
+                           **options)
+    assert [item["generated_text"] for item in predicted] == out["drawn"][0]
+    assert predicted.compiles == 2 * len(predicted.bucket_lengths)
+
+
+def test_the_noise_on_xla_is_the_noise_on_the_cpu(launched):
+    """The hash's int32 ops give the same bits on both (torch_xla's `>>` of a negative
+    int32 differs from the CPU's: the hash shifts only non-negative values)."""
+    import torch
+
+    cpu = sampling.uniform_noise(*(torch.tensor(v, dtype=torch.int32) for v in NOISE_INPUTS),
+                                 VOCAB)
+    assert torch.equal(launched[2]["noise"], cpu)

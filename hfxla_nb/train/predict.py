@@ -133,7 +133,8 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
         allow_no_answer: question answering: answer "" when no span beats [CLS] (SQuAD v2).
         max_new_tokens: causal LM: at most this many tokens per prompt (default: the
             generation config's, else 32; the loop stops once every row of a batch ended).
-        top_k: masked LM: candidates per mask token (default 5, as the fill-mask pipeline).
+        top_k: masked LM: candidates per mask token (default 5, as the fill-mask pipeline);
+            causal LM and seq2seq: the sampler's `top_k`, as `generate`'s.
         progress: the launch panel (True/"auto", False, ...).
         timeout: stop the worker after this many seconds.
         generation_config: causal LM: a `transformers.GenerationConfig` (default: the
@@ -195,6 +196,8 @@ def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
     # encoders are saved so); predicting, a classification head it does not have is random.
     task = sources.resolve_task(task, model, model_config, every_head=True) or DEFAULT_TASK
     taken = TASKS[task].generation_options
+    if top_k is not None and "top_k" in taken:  # a generating task's top_k is the sampler's
+        generation = {**generation, "top_k": top_k}
     wrong = sorted(set(generation) - set(taken)) or (
         ["generation_config"] if generation_config is not None and not taken else [])
     if wrong:

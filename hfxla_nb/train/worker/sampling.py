@@ -11,7 +11,9 @@ A draw uses the Gumbel-max trick: the argmax of the processed logits plus Gumbel
 draw from their softmax. The noise is a counter-based hash of (seed, row key, step, token),
 computed in int32 tensor ops on the device: no RNG state to carry between graphs, the step
 is graph data (no recompile), and the same seed gives the same tokens on the same hardware,
-whatever the batch size or the number of devices (a row's key is its prompt's index).
+whatever the batch size or the number of devices (a row's key is its prompt's index). The
+noise itself is the same on XLA and on the CPU (`tests/test_generation.py`); the tokens can
+still differ where the two compute the logits differently.
 """
 
 from __future__ import annotations
@@ -110,13 +112,19 @@ def next_tokens(logits: torch.Tensor, options: GenerationOptions, seen: torch.Te
     return scores.argmax(-1, keepdim=True)
 
 
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int32 `x`, shifting only non-negative values: torch_xla's `>>`
+    of a negative int32 rounds toward zero (a division), torch's CPU one toward -inf."""
+    return ((x & 0x7FFFFFFF) >> bits) + (x < 0).int() * (1 << (31 - bits))
+
+
 def _hash(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32 on int32 tensors (logical shifts made from arithmetic ones by masking)."""
-    x = x ^ ((x >> 16) & 0xFFFF)
+    """lowbias32 on int32 tensors (products wrap around, as on any two's-complement device)."""
+    x = x ^ _shift_right(x, 16)
     x = x * _MULTIPLY_1
-    x = x ^ ((x >> 15) & 0x1FFFF)
+    x = x ^ _shift_right(x, 15)
     x = x * _MULTIPLY_2
-    return x ^ ((x >> 16) & 0xFFFF)
+    return x ^ _shift_right(x, 16)
 
 
 def uniform_noise(seed: torch.Tensor, keys: torch.Tensor, step: torch.Tensor,
@@ -127,7 +135,7 @@ def uniform_noise(seed: torch.Tensor, keys: torch.Tensor, step: torch.Tensor,
     row = _hash(_hash(_hash(seed.int()) ^ keys.int()) ^ (step.int() * _GOLDEN))
     tokens = torch.arange(vocab, dtype=torch.int32, device=keys.device)
     bits = _hash(row[:, None] ^ (tokens[None, :] * _GOLDEN + 0x632BE5AB))
-    return (((bits >> 8) & 0xFFFFFF).float() + 0.5) / float(1 << 24)
+    return (_shift_right(bits, 8).float() + 0.5) / float(1 << 24)
 
 
 def gumbel_noise(seed: torch.Tensor, keys: torch.Tensor, step: torch.Tensor,
