@@ -150,6 +150,7 @@ def test_messages_need_a_chat_template(lm_dir, chat_tokenizer, monkeypatch):
     # With a template: the assistant's turn is opened, no beginning-of-text token added.
     (row,) = prompt_rows(chat_tokenizer, messages=[CHAT])
     assert chat_tokenizer.decode(row).endswith("verdict :")
+    assert prompt_rows(chat_tokenizer, CHAT) == [row]  # a chat given as prompts, as predict
     assert not _xla.runtime_is_initialized()
 
 

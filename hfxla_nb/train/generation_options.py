@@ -171,6 +171,9 @@ def prompt_rows(tokenizer: Any, prompts: Any = None, messages: Any = None) -> li
     """
     if (prompts is None) == (messages is None):
         raise GenerationError("pass prompts (texts) or messages (chat turns), one of them.")
+    if messages is None and not isinstance(prompts, str) and (
+            is_conversation(prompts) or any(map(is_conversation, prompts))):
+        messages, prompts = prompts, None  # chats given as prompts: as predict takes them
     if messages is not None:
         return [list(tokenizer(text, add_special_tokens=False)["input_ids"])
                 for text in chat_texts(tokenizer, messages)]
