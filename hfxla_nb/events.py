@@ -104,6 +104,13 @@ class Generated(Event):
     texts: tuple[str, ...]
     done: bool = False
 
+    def shown(self) -> str:
+        """The new text as a cell prints it: one prompt's continues its line (ended by a
+        newline when done); several prompts' get a line each, `[i] text`."""
+        if len(self.texts) == 1:
+            return self.texts[0] + ("\n" if self.done else "")
+        return "".join(f"[{i}] {piece}\n" for i, piece in enumerate(self.texts) if piece)
+
 
 @dataclass(frozen=True)
 class LibraryWarning(Event):

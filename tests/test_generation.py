@@ -350,6 +350,16 @@ def test_streaming_sends_the_new_text_every_check(launched):
     assert "".join(event.texts[0] for event in events) == text
 
 
+def test_result_generate_streams_on_the_cpu_as_the_launch_prints(launched, capsys):
+    """`result.generate(stream=True)` prints what `hx.generate`'s launch prints: the same
+    pieces, the text whole with its newline at the end."""
+    result, calls, out = launched
+    capsys.readouterr()
+    (text,) = result.generate(stream=True, **calls["streamed"])
+    assert capsys.readouterr().out == "".join(event.shown() for event in out["events"])
+    assert capsys.readouterr().out == "" and text == out["streamed"][0][0]
+
+
 def test_result_generate_names_the_options_it_takes(lm_dir):
     with pytest.raises(GenerationError, match="generate\\(\\) does not take frequency"):
         kernel_result(lm_dir).generate(PROMPTS, frequency=2)

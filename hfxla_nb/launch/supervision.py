@@ -188,14 +188,10 @@ class Supervision(LaunchWatch):
         return shows(self.shown_ranks, ranks)
 
     def _print_generated(self, event: Generated) -> None:
-        """A generation's new text in the cell as it comes: one prompt's continues its line;
-        several prompts' get a line each, named by the prompt's index."""
+        """A generation's new text in the cell as it comes (`Generated.shown`)."""
         if not self._shown([] if event.rank is None else [event.rank]):
             return
-        if len(event.texts) == 1:
-            text = event.texts[0] + ("\n" if event.done else "")
-        else:
-            text = "".join(f"[{i}] {piece}\n" for i, piece in enumerate(event.texts) if piece)
+        text = event.shown()
         if text:
             sys.stdout.write(text)
             sys.stdout.flush()

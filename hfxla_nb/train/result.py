@@ -233,7 +233,7 @@ class FineTuneResult:
 
     def generate(self, prompts: str | list[str] | None = None,
                  max_new_tokens: int | None = None, *, messages: Any = None,
-                 generation_config: Any = None, bucket: int = 16,
+                 generation_config: Any = None, bucket: int = 16, stream: bool = False,
                  **options: Any) -> list[str] | list[list[str]]:
         """Continue each prompt with the fine-tuned causal LM, on the CPU in this process (the
         XLA runtime stays off, so later launches still work): `hx.generate`'s decoding and
@@ -247,6 +247,8 @@ class FineTuneResult:
             messages: instead of prompts, chat turns rendered by the tokenizer's chat template.
             generation_config: a `transformers.GenerationConfig` (default: the model's own).
             bucket: prompts are padded on the left to a multiple of this, as on XLA.
+            stream: print each row's new text every `check_every` tokens and at the end,
+                as `hx.generate`'s launch prints it (default False here).
             options: `do_sample`, `temperature`, `top_k`, `top_p`, `min_p`,
                 `repetition_penalty`, `num_return_sequences`, `seed`, `eos_token_id`,
                 `stop_strings`, `check_every` (`docs/tasks.md`).
@@ -268,7 +270,13 @@ class FineTuneResult:
             prompt_rows,
             resolve_options,
         )
-        from .worker.generation import cpu_hooks, generate_rows, texts_of
+        from .worker.generation import (
+            Streamer,
+            cpu_hooks,
+            generate_rows,
+            print_generated,
+            texts_of,
+        )
 
         tokenizer = self.load_tokenizer()
         config = generation_config or (model_generation_config(self.output_dir)
@@ -277,8 +285,12 @@ class FineTuneResult:
         rows = prompt_rows(tokenizer, prompts, messages)
         model = self.load_model()
         model.eval()
+        streamer = Streamer(tokenizer, settings, print_generated) if stream else None
         with torch.no_grad():
-            decoded = generate_rows(model, tokenizer, rows, settings, bucket, cpu_hooks(tokenizer))
+            decoded = generate_rows(model, tokenizer, rows, settings, bucket,
+                                    cpu_hooks(tokenizer, streamer))
+        if streamer is not None:
+            streamer.send(decoded.tokens[:, :decoded.steps].tolist(), decoded.steps, done=True)
         return texts_of(tokenizer, decoded.tokens, settings, len(rows))
 
     def predict(self, inputs: Any, batch_size: int | None = None, **options: Any) -> Any:

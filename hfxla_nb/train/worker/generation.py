@@ -12,6 +12,8 @@ tokens and however early every row ends: the prompt's and one decoding step's.
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from ... import _xla
@@ -81,7 +83,7 @@ def generate(model: str | os.PathLike, prompts: str | list[str] | None = None,
         network = AutoModelForCausalLM.from_pretrained(os.fspath(model))
     device = _xla.device()
     network.to(device).eval()
-    streamer = Streamer(tokenizer, settings) if stream else None
+    streamer = Streamer(tokenizer, settings, emit) if stream else None
     hooks = DecodeHooks(sync=lambda tensors: _xla.sync(), fetch=_xla.to_cpu,
                         tokenizer=tokenizer, on_check=streamer.send if streamer else None)
     # The mask check's patch (`patches.py`): without it, masking syncs once more, a graph.
@@ -94,10 +96,12 @@ def generate(model: str | os.PathLike, prompts: str | list[str] | None = None,
 
 
 class Streamer:
-    """Sends each row's new text as a `Generated` event (what was not sent before)."""
+    """Hands each row's new text (what was not sent before) to `deliver` as a `Generated`
+    event: `emit` in a worker, `print_generated` in the kernel."""
 
-    def __init__(self, tokenizer: Any, options: GenerationOptions) -> None:
-        self.tokenizer, self.options = tokenizer, options
+    def __init__(self, tokenizer: Any, options: GenerationOptions,
+                 deliver: Callable[[Generated], Any]) -> None:
+        self.tokenizer, self.options, self.deliver = tokenizer, options, deliver
         self.sent: list[str] = []
 
     def send(self, rows: list[list[int]], steps: int, done: bool = False) -> None:
@@ -108,7 +112,14 @@ class Streamer:
         pieces = tuple(text[len(old):] if text.startswith(old) else text
                        for text, old in zip(texts, sent, strict=True))
         self.sent = texts
-        emit(Generated(worker_rank(), steps, self.options.max_new_tokens, pieces, done))
+        self.deliver(Generated(worker_rank(), steps, self.options.max_new_tokens, pieces,
+                               done))
+
+
+def print_generated(event: Generated) -> None:
+    """Print a generation's new text in this process, as a launch's cell shows it."""
+    sys.stdout.write(event.shown())
+    sys.stdout.flush()
 
 
 def generate_rows(network: Any, tokenizer: Any, rows: list[list[int]],
@@ -152,6 +163,8 @@ def texts_of(tokenizer: Any, tokens: Any, options: GenerationOptions,
     return [texts[i * copies:(i + 1) * copies] for i in range(prompts)]
 
 
-def cpu_hooks(tokenizer: Any) -> DecodeHooks:
-    """The engine's hooks on the CPU: nothing to sync, tensors already on the host."""
-    return DecodeHooks(sync=lambda tensors: None, fetch=list, tokenizer=tokenizer)
+def cpu_hooks(tokenizer: Any, streamer: Streamer | None = None) -> DecodeHooks:
+    """The engine's hooks on the CPU: nothing to sync, tensors already on the host; the new
+    text to `streamer` at each check, when given."""
+    return DecodeHooks(sync=lambda tensors: None, fetch=list, tokenizer=tokenizer,
+                       on_check=streamer.send if streamer is not None else None)
