@@ -99,6 +99,25 @@ class Log(Event):
 
 
 @dataclass(frozen=True)
+class Generated(Event):
+    """New text of a generation in a launched worker (`hx.generate(..., stream=True)`), sent
+    at its early-stop checks (every `check_every` tokens) and at its end: `texts` holds each
+    row's text since the last event ("" for none); `step` tokens of at most `total` done."""
+
+    step: int
+    total: int
+    texts: tuple[str, ...]
+    done: bool = False
+
+    def shown(self) -> str:
+        """The new text as a cell prints it: one prompt's continues its line (ended by a
+        newline when done); several prompts' get a line each, `[i] text`."""
+        if len(self.texts) == 1:
+            return self.texts[0] + ("\n" if self.done else "")
+        return "".join(f"[{i}] {piece}\n" for i, piece in enumerate(self.texts) if piece)
+
+
+@dataclass(frozen=True)
 class LibraryWarning(Event):
     """A Python warning whose reported location is a library's, not the user's code
     (`launch.library_warnings`): the notebook folds these into one line per kind."""

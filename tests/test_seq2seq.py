@@ -206,3 +206,40 @@ def test_bad_inputs_refused_before_fork(tmp_path, bart_dir, cache):
     message = _refused(tmp_path, model, translation, task="causal-lm",
                        tokenizer=demo_seq2seq_tokenizer())
     assert "BartForConditionalGeneration" in message and "seq2seq" in message
+
+
+def test_sampling_repeats_with_the_seed_and_early_stop_changes_no_token(bart_dir):
+    """The device loop on the CPU with `predict`'s options: the same seed the same draws;
+    greedy with early-stop checks the tokens of the full loop, in fewer steps."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    from hfxla_nb.train.generation_options import GenerationOptions
+    from hfxla_nb.train.tasks.seq2seq_generation import greedy_generate
+
+    tokenizer = demo_seq2seq_tokenizer()
+    model = AutoModelForSeq2SeqLM.from_pretrained(bart_dir).eval()
+    sources = demo_seq2seq_dataset(n=200)["train"].select(range(8))["translation"]
+    batch = tokenizer([r["en"] for r in sources], padding="max_length", max_length=8,
+                      return_tensors="pt")
+    steps = []
+
+    def run(**options):
+        steps.clear()
+        return greedy_generate(model, batch.input_ids, batch.attention_mask, 12,
+                               sync=lambda state: steps.append(1), fetch=list,
+                               options=GenerationOptions(max_new_tokens=12, **options))
+
+    drawn = run(do_sample=True, top_k=20, temperature=1.5, seed=3)
+    assert torch.equal(drawn, run(do_sample=True, top_k=20, temperature=1.5, seed=3))
+    assert not torch.equal(drawn, run(do_sample=True, top_k=20, temperature=1.5, seed=4))
+    full = greedy_generate(model, batch.input_ids, batch.attention_mask, 12)
+    assert torch.equal(run(check_every=2), full)
+    assert len(steps) - 1 < 12  # the untrained model ends every row at once: stopped early
+
+
+def test_predict_samples_in_the_same_two_graphs(learned):
+    predictions = learned.predict(["the cat is small .", "a red house ."], do_sample=True,
+                                  top_p=0.9, seed=0, num_processes=4, progress=False)
+    assert predictions.compiles == 2 and all(isinstance(item["generated_text"], str)
+                                             for item in predictions)

@@ -12,7 +12,7 @@ from typing import Any
 
 from .._units import duration
 from .._words import plural
-from ..events import LibraryWarning
+from ..events import Generated, LibraryWarning
 from ..observe.rank_metrics import RankMetrics, dataframe
 from ..states import BaseLaunchRecord, BaseRankRecord
 
@@ -59,6 +59,8 @@ class LaunchRecord(BaseLaunchRecord):
         warnings: every warning located in a library's code (site-packages, the standard
             library) that the launch's ranks issued, in order, each a `LibraryWarning` event
             (the cell shows one line per kind, with its count).
+        streamed: the `Generated` events of the ranks' `hx.generate` calls, in order: each
+            row's new text every `check_every` tokens (the cell prints it as it comes).
         attempt: which attempt this launch was (1, then 2... after `max_restarts=`
             relaunched the function following a failure; `BaseLaunchRecord`'s).
         max_attempts: how many attempts the call allowed (`max_restarts + 1`).
@@ -74,6 +76,7 @@ class LaunchRecord(BaseLaunchRecord):
     ranks: list[RankRecord]  # the same field: ranks with their metrics
     native_log: list[str] = field(default_factory=list)
     warnings: list[LibraryWarning] = field(default_factory=list)
+    streamed: list[Generated] = field(default_factory=list)
     previous_attempts: list[LaunchRecord] = field(default_factory=list, repr=False)
     hosts: list[dict] = field(default_factory=list)
 

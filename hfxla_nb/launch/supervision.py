@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..events import Channel, Event, LibraryWarning, Log, OutputPipes
+from ..events import Channel, Event, Generated, LibraryWarning, Log, OutputPipes
 from ..observe.launch_reader import LaunchReader
 from ..runtime import compile_cache
 from ..states import Outcome
@@ -173,6 +173,9 @@ class Supervision(LaunchWatch):
             self._print_log(event)
         elif isinstance(event, LibraryWarning):
             self.record.warnings.append(event)  # said, folded, at the end of the launch
+        elif isinstance(event, Generated):
+            self.record.streamed.append(event)
+            self._print_generated(event)
         elif isinstance(event, OutputPipes):
             self.native.add_process(event)
         else:
@@ -183,6 +186,15 @@ class Supervision(LaunchWatch):
     def _shown(self, ranks: list[int]) -> bool:
         """Whether output of these ranks reaches the cell ([]: the launcher's own)."""
         return shows(self.shown_ranks, ranks)
+
+    def _print_generated(self, event: Generated) -> None:
+        """A generation's new text in the cell as it comes (`Generated.shown`)."""
+        if not self._shown([] if event.rank is None else [event.rank]):
+            return
+        text = event.shown()
+        if text:
+            sys.stdout.write(text)
+            sys.stdout.flush()
 
     def _print_log(self, event: Log) -> None:
         if not self._shown([] if event.rank is None else [event.rank]):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._words import plural
 from .config import FineTuneError
+from .generation_options import is_conversation, model_generation_config
 from .kernel import sources
 from .plan import TrainPlan
 from .tasks.registry import AUTO, DEFAULT_TASK, TASKS, plain_prediction_table
@@ -45,6 +46,8 @@ class PredictContext:
     allow_no_answer: bool = True  # question answering: an empty answer may win (SQuAD v2)
     max_new_tokens: int | None = None  # causal LM: tokens generated per prompt
     top_k: int | None = None  # masked LM: candidates per mask token
+    generation_config: Any = None  # causal LM: a GenerationConfig (the model's own by default)
+    generation: dict[str, Any] | None = None  # causal LM: do_sample, temperature, ...
 
 
 class Predictions(list):
@@ -106,7 +109,8 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
             max_length: int | None = None, tokenizer: Any = None,
             num_processes: int | None = None, allow_no_answer: bool = True,
             max_new_tokens: int | None = None, top_k: int | None = None,
-            progress: bool | str = "auto", timeout: float | None = None) -> Predictions:
+            progress: bool | str = "auto", timeout: float | None = None,
+            generation_config: Any = None, **generation: Any) -> Predictions:
     """Predict with a model on every XLA device, in a launched worker.
 
     Args:
@@ -116,8 +120,9 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
             token-classification: texts or lists of words; question-answering:
             `{"question": ..., "context": ...}` dicts; multiple-choice: SWAG rows
             (`sent1`, `sent2`, `ending0`, ...) or `{"context": ..., "endings": [...]}` dicts;
-            causal-lm: prompts; seq2seq: source texts; masked-lm: texts with the tokenizer's
-            mask token (`"[MASK]"`) where a token is to be filled in.
+            causal-lm: prompts, or chats (lists of `{"role", "content"}` dicts, rendered by
+            the tokenizer's chat template); seq2seq: source texts; masked-lm: texts with the
+            tokenizer's mask token (`"[MASK]"`) where a token is to be filled in.
         task: a task name, or "auto" (from the model's architecture; a `...ForMaskedLM`
             model's folder or name predicts masked tokens).
         batch_size: rows per batch over all devices (a multiple of the devices); default up
@@ -126,17 +131,24 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
         tokenizer: default the model's own.
         num_processes: devices (on the CPU: virtual devices; default as `fine_tune`).
         allow_no_answer: question answering: answer "" when no span beats [CLS] (SQuAD v2).
-        max_new_tokens: causal LM: tokens generated per prompt (default 32; the graphs
-            always run that many steps, the texts stop at the end-of-text token).
-        top_k: masked LM: candidates per mask token (default 5, as the fill-mask pipeline).
+        max_new_tokens: causal LM: at most this many tokens per prompt (default: the
+            generation config's, else 32; the loop stops once every row of a batch ended).
+        top_k: masked LM: candidates per mask token (default 5, as the fill-mask pipeline);
+            causal LM and seq2seq: the sampler's `top_k`, as `generate`'s.
         progress: the launch panel (True/"auto", False, ...).
         timeout: stop the worker after this many seconds.
+        generation_config: causal LM: a `transformers.GenerationConfig` (default: the
+            model's own `generation_config.json`).
+        generation: causal LM: `do_sample`, `temperature`, `top_k`, `top_p`, `min_p`,
+            `repetition_penalty`, `num_return_sequences`, `seed`, `eos_token_id`,
+            `stop_strings`, `check_every` (`docs/tasks.md`).
 
     Returns:
         `Predictions`: a list with one plain-Python dict per input (classification: label,
         score, probabilities; token classification: words, tags, scores and entities with
         character spans; question answering: answer, start, end, score; multiple choice:
-        label, ending, score, probabilities; causal LM and seq2seq: generated_text; masked
+        label, ending, score, probabilities; causal LM and seq2seq: generated_text (causal
+        LM with num_return_sequences > 1: a list of texts); masked
         LM: masks, each mask's candidates as the fill-mask pipeline gives them: score,
         token, token_str, sequence), and
         `to_dataframe()`.
@@ -157,7 +169,7 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
     plan = prepare_predict(model, inputs, task, batch_size=batch_size, max_length=max_length,
                            tokenizer=tokenizer, num_processes=num_processes,
                            allow_no_answer=allow_no_answer, max_new_tokens=max_new_tokens,
-                           top_k=top_k)
+                           top_k=top_k, generation_config=generation_config, **generation)
     from .worker.predict_worker import predict_worker
 
     raw = notebook_launcher(predict_worker, args=(plan,), num_processes=plan.devices,
@@ -173,7 +185,8 @@ def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
                     batch_size: int | None = None, max_length: int | None = None,
                     tokenizer: Any = None, num_processes: int | None = None,
                     allow_no_answer: bool = True,
-                    max_new_tokens: int | None = None, top_k: int | None = None) -> TrainPlan:
+                    max_new_tokens: int | None = None, top_k: int | None = None,
+                    generation_config: Any = None, **generation: Any) -> TrainPlan:
     """Everything `predict` does before forking; returns the worker's plan (a `TrainPlan`
     with the inputs as its evaluation split, no training)."""
     source, model_config, _, _ = sources.model_source(model)
@@ -182,7 +195,18 @@ def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
     # Every head counts: fine_tune keeps "auto" a classifier for a ...ForMaskedLM (pretrained
     # encoders are saved so); predicting, a classification head it does not have is random.
     task = sources.resolve_task(task, model, model_config, every_head=True) or DEFAULT_TASK
-    if isinstance(inputs, (str, dict)):
+    taken = TASKS[task].generation_options
+    if top_k is not None and "top_k" in taken:  # a generating task's top_k is the sampler's
+        generation = {**generation, "top_k": top_k}
+    wrong = sorted(set(generation) - set(taken)) or (
+        ["generation_config"] if generation_config is not None and not taken else [])
+    if wrong:
+        raise FineTuneError(
+            f"{task}'s predict does not take {', '.join(wrong)}"
+            + (f"; it takes {', '.join(taken)}." if taken else "; only generating tasks do."))
+    if TASKS[task].continues_prompts and generation_config is None:
+        generation_config = model_generation_config(model)  # its generation_config.json
+    if isinstance(inputs, (str, dict)) or is_conversation(inputs):
         inputs = [inputs]
     if hasattr(inputs, "to_dict") and hasattr(inputs, "columns"):  # a DataFrame
         inputs = inputs.to_dict("records")
@@ -190,7 +214,8 @@ def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
     if not inputs:
         raise FineTuneError("inputs is empty: pass at least one input.")
     context = PredictContext(model_config, TASKS[task].load_processor(tokenizer, model, source),
-                             allow_no_answer, max_new_tokens, top_k)
+                             allow_no_answer, max_new_tokens, top_k, generation_config,
+                             generation)
     encoded = TASKS[task].prepare_predict(inputs, context, max_length)
     devices = sources.device_count(num_processes)
     batch_size = int(batch_size or default_batch_size(task, encoded.eval.num_rows, devices))

@@ -271,43 +271,67 @@ class FineTuneResult:
                                           **kwargs)
             return getattr(transformers, auto_class).from_pretrained(self.output_dir, **kwargs)
 
-    def generate(self, prompts: str | list[str], max_new_tokens: int = 32,
-                 **kwargs: Any) -> list[str]:
-        """Continue each prompt with the fine-tuned causal LM, greedily, on the CPU in this
-        process (the XLA runtime stays off, so later launches still work).
+    def generate(self, prompts: str | list[str] | None = None,
+                 max_new_tokens: int | None = None, *, messages: Any = None,
+                 generation_config: Any = None, bucket: int = 16, stream: bool = False,
+                 **options: Any) -> list[str] | list[list[str]]:
+        """Continue each prompt with the fine-tuned causal LM, on the CPU in this process (the
+        XLA runtime stays off, so later launches still work): `hx.generate`'s decoding and
+        arguments, greedy by default (the same tokens as on XLA).
 
         Args:
             prompts: a prompt or a list of prompts (for models trained on pairs, the prompt
                 side of the template, e.g. `template.split("{response}")[0].format(prompt=p)`).
-            max_new_tokens: tokens to add to each prompt.
-            kwargs: more `generate()` arguments (`do_sample=True`, `temperature=...`).
+            max_new_tokens: at most this many tokens per prompt (default: the generation
+                config's, else 32).
+            messages: instead of prompts, chat turns rendered by the tokenizer's chat template.
+            generation_config: a `transformers.GenerationConfig` (default: the model's own).
+            bucket: prompts are padded on the left to a multiple of this, as on XLA.
+            stream: print each row's new text every `check_every` tokens and at the end,
+                as `hx.generate`'s launch prints it (default False here).
+            options: `do_sample`, `temperature`, `top_k`, `top_p`, `min_p`,
+                `repetition_penalty`, `num_return_sequences`, `seed`, `eos_token_id`,
+                `stop_strings`, `check_every` (`docs/tasks.md`).
 
         Returns:
-            The new text of each prompt (without the prompt).
+            The new text of each prompt, without the prompt (a list of texts per prompt when
+            `num_return_sequences` > 1).
+
+        Raises:
+            GenerationError: an option or a prompt that cannot work, before the model loads.
         """
         if not self.generates:
             raise ValueError("generate() is for causal-LM results; this run was a "
                              f"{self.task} fine-tune (use load_model() and predict).")
         import torch
 
-        model, tokenizer = self.load_model(), self.load_tokenizer()
+        from .generation_options import (
+            model_generation_config,
+            prompt_rows,
+            resolve_options,
+        )
+        from .worker.generation import (
+            Streamer,
+            cpu_hooks,
+            generate_rows,
+            print_generated,
+            texts_of,
+        )
+
+        tokenizer = self.load_tokenizer()
+        config = generation_config or (model_generation_config(self.output_dir)
+                                       if self.output_dir else None)
+        settings = resolve_options(tokenizer, config, max_new_tokens, **options)
+        rows = prompt_rows(tokenizer, prompts, messages)
+        model = self.load_model()
         model.eval()
-        texts = [prompts] if isinstance(prompts, str) else list(prompts)
-        tokenizer.padding_side = "left"  # new tokens follow the prompt, not the padding
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        if tokenizer.bos_token_id is not None:
-            bos = torch.full((len(texts), 1), tokenizer.bos_token_id)
-            encoded["input_ids"] = torch.cat([bos, encoded["input_ids"]], dim=1)
-            encoded["attention_mask"] = torch.cat([torch.ones_like(bos),
-                                                   encoded["attention_mask"]], dim=1)
-        kwargs.setdefault("do_sample", False)
+        streamer = Streamer(tokenizer, settings, print_generated) if stream else None
         with torch.no_grad():
-            output = model.generate(**encoded, max_new_tokens=max_new_tokens,
-                                    pad_token_id=tokenizer.pad_token_id, **kwargs)
-        new = output[:, encoded["input_ids"].shape[1]:]
-        return tokenizer.batch_decode(new, skip_special_tokens=True)
+            decoded = generate_rows(model, tokenizer, rows, settings, bucket,
+                                    cpu_hooks(tokenizer, streamer))
+        if streamer is not None:
+            streamer.send(decoded.tokens[:, :decoded.steps].tolist(), decoded.steps, done=True)
+        return texts_of(tokenizer, decoded.tokens, settings, len(rows))
 
     def predict(self, inputs: Any, batch_size: int | None = None, **options: Any) -> Any:
         """Predict with the fine-tuned model on every XLA device, in a launched worker, with

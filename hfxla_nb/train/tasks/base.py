@@ -97,6 +97,9 @@ class Task:
     shows_labels = False
     #: Whether `FineTuneResult.generate` continues prompts with the trained model.
     continues_prompts = False
+    #: The generation options its `predict` takes (`do_sample`, `temperature`, ...); none by
+    #: default (`predict` refuses them before any fork).
+    generation_options: tuple[str, ...] = ()
     #: What the result's "next" row passes to `result.predict(...)`.
     predict_example = '["a text"]'
     #: Whether `augment=True` is taken (its `augment` changes training batches).

@@ -6,6 +6,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from ..config import FineTuneError
+from ..generation_options import OPTION_NAMES
 from . import causal_lm_data
 from .base import Task
 from .registry import register_task
@@ -34,6 +35,7 @@ class CausalLM(Task):
     predict_rows_per_device = 8  # a key/value cache per row grows with the new tokens
     title = "causal LM"
     continues_prompts = True
+    generation_options = OPTION_NAMES
 
     # -- kernel side (causal_lm_data.py) -----------------------------------------------------
 
@@ -75,9 +77,9 @@ class CausalLM(Task):
 
     def decode(self, data: Any, batches: list, fetched: list) -> list[dict[str, str]]:
         """Each prompt's generated text (`predict`)."""
-        from .causal_lm_predict import decode
+        from .causal_lm_predict import decode_texts
 
-        return decode(data, batches, fetched, self.per_batch)
+        return decode_texts(data, batches, fetched, self.per_batch)
 
     def eval_outputs(self, ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]:
         import torch
@@ -85,9 +87,9 @@ class CausalLM(Task):
         from .causal_lm_predict import GenerationData, generate_on_device
 
         data = ctx.plan.data
-        if isinstance(data, GenerationData):  # predict: generated tokens (and last positions)
-            tokens, positions = generate_on_device(ctx, batch, data.max_new_tokens)
-            return [tokens, positions]
+        if isinstance(data, GenerationData):  # predict: generated tokens (and which rows ended)
+            tokens, done = generate_on_device(ctx, batch, data.options)
+            return [tokens, done]
         output, labels = self._output(ctx, batch, with_labels=False)
         logits = output.logits.float()[:, :-1]
         targets = labels[:, 1:]

@@ -1,21 +1,23 @@
-"""`predict` for a causal LM: each prompt continued greedily on every device, fixed shapes.
+"""`predict` for a causal LM: each prompt continued on every device, at fixed shapes.
 
-Kernel side: prompts are tokenized as `hx.generate` does (the beginning-of-text token, then
-the prompt) and padded on the left into length buckets; a prompt bucket plus the new tokens
-must fit the model's positions (refused before any fork otherwise).
+Kernel side: the generation options are resolved and checked (`generation_options.py`: the
+model's `generation_config.json`, a `GenerationConfig`, keyword options); prompts are
+tokenized as `hx.generate` does (the beginning-of-text token, then the prompt; a chat
+through the tokenizer's chat template), each repeated `num_return_sequences` times, and
+padded on the left into length buckets; a prompt bucket plus the new tokens must fit the
+model's positions (refused before any fork otherwise). Each row's label column carries its
+index: the key of its draws, so a seed gives the same answers whatever the batches.
 
-Worker side: `hx.generate`'s recipe (`generation.py`) over a sharded batch: a `StaticCache` of
-prompt + new tokens, the attention mask over that whole length from the start, the position
-of each new token a device tensor. Per prompt bucket two graphs: the prompt's and one
-decoding step's (every step's inputs are replicated, so the first step is the same graph as
-the later ones); the results of every batch are fetched in one transfer at the end. The
-texts are cut at the end-of-text token, as `hx.generate` cuts them.
+Worker side: `decoding.decode` over a sharded batch (filler rows never waited for). Per
+prompt bucket two graphs: the prompt's and one decoding step's (every step's inputs are
+replicated, so the first step is the same graph as the later ones), and the early-stop
+checks add none; the results of every batch are fetched in one transfer at the end. The texts
+are cut at the end-of-text token and at the first stop string, as `hx.generate` cuts them.
 """
 
 from __future__ import annotations
 
-import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,8 +25,16 @@ import numpy as np
 from ... import _xla
 from .. import batching
 from ..config import FineTuneError
+from ..generation_options import (
+    GenerationError,
+    GenerationOptions,
+    chat_texts,
+    is_conversation,
+    resolve_options,
+)
 from ..kernel import sources
-from ..worker.generation import decoded_texts
+from ..worker.decoding import DecodeHooks, decode
+from ..worker.generation import texts_of
 
 if TYPE_CHECKING:
     import torch
@@ -38,25 +48,25 @@ DEFAULT_NEW_TOKENS = 32
 
 @dataclass
 class GenerationData(batching.EncodedData):
-    """A causal LM's predict inputs: left-padded prompts and how many tokens to add."""
+    """A causal LM's predict inputs: left-padded prompts and how to decode them."""
 
     max_new_tokens: int = DEFAULT_NEW_TOKENS
+    options: GenerationOptions = field(default_factory=GenerationOptions)
+    prompts: int = 0  # inputs before num_return_sequences repeated them
 
 
 def prepare(inputs: list[Any], context: Any, max_length: int | None) -> GenerationData:
-    """Prompts (str) tokenized and bucketed, padded on the left."""
-    wrong = next((i for i, value in enumerate(inputs) if not isinstance(value, str)), None)
-    if wrong is not None:
-        raise FineTuneError(f"input {wrong} is a {type(inputs[wrong]).__name__}; causal-lm "
-                            "predicts on prompts (str).")
-    new = getattr(context, "max_new_tokens", None)
-    new = DEFAULT_NEW_TOKENS if new is None else new
-    if isinstance(new, bool) or not isinstance(new, int) or new < 1:
-        raise FineTuneError(f"max_new_tokens must be a positive integer, got {new!r}.")
+    """Prompts (str) or chats (role/content dicts) tokenized and bucketed, padded on the left."""
     tokenizer = context.tokenizer
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    ids = [bos + list(tokenizer(text, add_special_tokens=False)["input_ids"])
-           for text in inputs]
+    try:
+        options = resolve_options(tokenizer, getattr(context, "generation_config", None),
+                                  getattr(context, "max_new_tokens", None),
+                                  **(getattr(context, "generation", None) or {}))
+        ids = _prompt_ids(inputs, tokenizer)
+    except GenerationError as error:
+        raise FineTuneError(str(error)) from None
+    new, copies = options.max_new_tokens, options.num_return_sequences
+    ids = [row for row in ids for _ in range(copies)]
     limit = sources.position_limit(context.model_config)
     longest = max(map(len, ids))
     if max_length is not None and max_length < longest:
@@ -75,69 +85,68 @@ def prepare(inputs: list[Any], context: Any, max_length: int | None) -> Generati
         tokenizer.eos_token_id)
     encoded = {"input_ids": ids, "attention_mask": [[1] * len(row) for row in ids]}
     names = ["input_ids", "attention_mask"]
-    split = batching.encode_split("predict", encoded, np.zeros(len(ids), np.int64), names,
-                                  buckets, {"input_ids": int(pad or 0), "attention_mask": 0},
-                                  "left")
+    # The label column is the row's index: the key of its draws (`sampling.py`).
+    split = batching.encode_split("predict", encoded, np.arange(len(ids), dtype=np.int64),
+                                  names, buckets, {"input_ids": int(pad or 0),
+                                                   "attention_mask": 0}, "left")
     return GenerationData(train=None, eval=split, input_names=names,
                           bucket_lengths=list(map(int, buckets)), label_names=[], notes=[],
-                          host=tokenizer, max_new_tokens=int(new))
+                          host=tokenizer, max_new_tokens=int(new), options=options,
+                          prompts=len(inputs))
+
+
+def _prompt_ids(inputs: list[Any], tokenizer: Any) -> list[list[int]]:
+    """Each input's ids: a text after the beginning-of-text token, a chat as its template
+    renders it (which writes its own special tokens)."""
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    rows = []
+    for i, value in enumerate(inputs):
+        if is_conversation(value):
+            text = chat_texts(tokenizer, value)[0]
+            rows.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
+        elif isinstance(value, str):
+            rows.append(bos + list(tokenizer(value, add_special_tokens=False)["input_ids"]))
+        else:
+            raise GenerationError(
+                f"input {i} is a {type(value).__name__}; causal-lm predicts on prompts (str) "
+                'or chats (lists of {"role": ..., "content": ...} dicts).')
+    return rows
 
 
 def generate_on_device(ctx: WorkerContext, batch: Batch,
-                       new: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`[rows, new]` greedy tokens of a batch of left-padded prompts, on the device, and the
-    last positions (already computed: returning them costs no graph)."""
-    import torch
-    from transformers import StaticCache
-
-    model, mesh = ctx.model, ctx.mesh
+                       options: GenerationOptions) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[rows, max_new_tokens]` tokens of a batch of left-padded prompts, on the device, and
+    which rows ended (already computed by the last step: returning it costs no graph)."""
+    mesh = ctx.mesh
     inputs = batch.inputs()
-    ids, mask = inputs["input_ids"].long(), inputs["attention_mask"].long()
-    device = ids.device
-    full = torch.cat([mask, torch.ones(mask.shape[0], new, dtype=mask.dtype, device=device)],
-                     dim=1)  # the new tokens: attended to once written (the cache is causal)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = StaticCache(config=model.config, max_cache_len=batch.length + new)
-    # transformers 5 renames `past_key_values` to `cache`; take whichever this version has.
-    name = ("cache" if "cache" in inspect.signature(model.forward).parameters
-            else "past_key_values")
+    keys = batch.tokens[:, 2 * batch.length]  # the label column: the row's index
 
-    def sync(*tensors: Any) -> None:
+    def sync(tensors: list) -> None:
         if mesh is not None:  # the same input shardings for every step: one step graph
             for tensor in tensors:
                 _xla.replicate(tensor, mesh)
         _xla.sync()
 
-    with ctx.autocast():
-        output = model(input_ids=ids, attention_mask=full[:, :batch.length], position_ids=positions,
-                       cache_position=torch.arange(batch.length, device=device), use_cache=True,
-                       **{name: cache})
-    token = output.logits[:, -1].argmax(-1, keepdim=True)
-    position = positions[:, -1:]
-    tokens = torch.zeros(ids.shape[0], new, dtype=torch.long, device=device)
-    columns = torch.arange(new, device=device)[None, :]
-    tokens = torch.where(columns == 0, token, tokens)
-    sync(token, position, tokens, full)
-    for step in range(1, new):
-        position = position + 1
-        where = torch.tensor([batch.length + step - 1], device=device)  # data: no recompile
-        with ctx.autocast():
-            output = model(input_ids=token, attention_mask=full, position_ids=position,
-                           cache_position=where, use_cache=True, **{name: cache})
-        token = output.logits[:, -1].argmax(-1, keepdim=True)
-        written = torch.tensor([step], device=device)
-        tokens = torch.where(columns == written, token, tokens)
-        sync(token, position, tokens, full)
-    return tokens, position
+    hooks = DecodeHooks(sync=sync, fetch=_xla.to_cpu, autocast=ctx.autocast,
+                        tokenizer=ctx.plan.tokenizer)
+    decoded = decode(ctx.model, inputs["input_ids"], inputs["attention_mask"], options, hooks,
+                     keys=keys, live=batch.weights)
+    return decoded.tokens, decoded.done
 
 
-def decode(data: GenerationData, batches: list, fetched: list,
-           per_batch: Any) -> list[dict[str, str]]:
-    """`{"generated_text": ...}` per prompt, in order, cut at the end-of-text token."""
+def decode_texts(data: GenerationData, batches: list, fetched: list,
+                 per_batch: Any) -> list[dict[str, Any]]:
+    """`{"generated_text": ...}` per prompt, in order, cut at its end (a list of texts per
+    prompt when `num_return_sequences` > 1)."""
     split = data.eval
-    texts = [""] * split.num_rows
+    texts: list[Any] = [""] * split.num_rows
+    single = replace(data.options, num_return_sequences=1)
     for (bucket_index, positions, real), (tokens, _) in per_batch(batches, fetched):
         rows = split.buckets[bucket_index].rows[positions[:real]]
-        for row, text in zip(rows, decoded_texts(data.host, tokens[:real]), strict=True):
+        for row, text in zip(rows, texts_of(data.host, tokens[:real], single, real),
+                             strict=True):
             texts[row] = text
+    copies = data.options.num_return_sequences
+    if copies > 1:
+        texts = [texts[i * copies:(i + 1) * copies] for i in range(len(texts) // copies)]
     return [{"generated_text": text} for text in texts]

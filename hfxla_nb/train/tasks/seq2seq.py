@@ -25,6 +25,12 @@ import numpy as np
 from ... import _xla
 from .. import batching
 from ..config import FineTuneConfig, FineTuneError
+from ..generation_options import (
+    SAMPLING_OPTIONS,
+    GenerationError,
+    GenerationOptions,
+    resolve_options,
+)
 from ..kernel import data, steps
 from ..kernel.preparation import Prepared
 from . import seq2seq_data
@@ -99,6 +105,7 @@ class Seq2Seq(Task):
     outputs_per_batch = 3
     predict_rows_per_device = 8  # a key/value cache per row grows with the new tokens
     title = "sequence to sequence"
+    generation_options = SAMPLING_OPTIONS
 
     # -- kernel side ---------------------------------------------------------------------------
 
@@ -139,7 +146,8 @@ class Seq2Seq(Task):
                                           length, int(tokenizer.pad_token_id), cut)
         return Seq2SeqData(train=None, eval=split, input_names=["input_ids", "attention_mask"],
                            bucket_lengths=list(map(int, buckets)), label_names=[], notes=[],
-                           host=tokenizer, target_length=length)
+                           host=tokenizer, target_length=length,
+                           options=_predict_options(context, tokenizer, length))
 
     # -- worker side ---------------------------------------------------------------------------
 
@@ -173,7 +181,8 @@ class Seq2Seq(Task):
         sums, counts = (losses * weights).sum(-1), weights.sum(-1)
 
         tokens = generate_synced(ctx, [sums, counts], input_ids, mask,
-                                 ctx.plan.data.target_length, output.encoder_last_hidden_state)
+                                 ctx.plan.data.target_length, output.encoder_last_hidden_state,
+                                 options=ctx.plan.data.options)
         return [sums, counts, tokens]
 
     def eval_metrics(self, ctx: WorkerContext, batches: list, fetched: list) -> dict[str, float]:
@@ -204,7 +213,8 @@ class Seq2Seq(Task):
 
 def generate_synced(ctx: WorkerContext, first: list[Any], input_ids: Any, mask: Any,
                     target_length: int, encoder_hidden: Any,
-                    prompt: list[int] | None = None) -> Any:
+                    prompt: list[int] | None = None,
+                    options: GenerationOptions | None = None) -> Any:
     """`greedy_generate` in evaluation's worker: each step one graph (a sync after it), the
     step's state and the batch's outputs computed before (`first`, in the first graph)
     replicated over the mesh under SPMD."""
@@ -221,7 +231,8 @@ def generate_synced(ctx: WorkerContext, first: list[Any], input_ids: Any, mask: 
 
     with ctx.autocast():
         return greedy_generate(ctx.model, input_ids, mask, target_length, sync=sync,
-                               encoder_hidden=encoder_hidden, prompt=prompt)
+                               encoder_hidden=encoder_hidden, prompt=prompt, options=options,
+                               fetch=_xla.to_cpu)
 
 
 def references(data: Seq2SeqData) -> list[str]:
@@ -296,6 +307,20 @@ def _decoder_positions(model_config: Any) -> int | None:
         if isinstance(value, int) and value > 0:
             return value
     return None
+
+
+
+def _predict_options(context: Any, tokenizer: Any, length: int) -> GenerationOptions | None:
+    """`predict`'s options (sampling, `check_every`), checked; None when none was given:
+    greedy over the whole target length, as evaluation."""
+    given = getattr(context, "generation", None) or {}
+    config = getattr(context, "generation_config", None)
+    if not given and config is None:
+        return None
+    try:
+        return resolve_options(tokenizer, config, length, **given)
+    except GenerationError as error:
+        raise FineTuneError(str(error)) from None
 
 
 register_task(Seq2Seq())

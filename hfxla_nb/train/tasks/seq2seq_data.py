@@ -19,6 +19,7 @@ import numpy as np
 from ..._words import plural
 from .. import batching
 from ..batching import Bucket, EncodedData, EncodedSplit
+from ..generation_options import GenerationOptions
 from ..kernel import data
 from ..kernel.data import DataError
 
@@ -59,6 +60,7 @@ class Seq2SeqData(EncodedData):
     target_length: int = 0
     text_metrics: tuple[str, ...] = ()
     described: str = ""
+    options: GenerationOptions | None = None  # predict's sampling and early stop, if asked
 
 
 @dataclass

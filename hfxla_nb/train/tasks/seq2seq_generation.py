@@ -14,12 +14,19 @@ it: the same graphs, fewer steps.
 
 Without a key/value cache each step recomputes the decoder over the whole target length;
 for the short targets of fine-tuning evaluation that costs less than the compiles it avoids.
+
+`predict` may pass `GenerationOptions`: a step then draws its token on the device as a causal
+LM's does (`worker/sampling.py`: temperature, top_k, top_p, min_p, seeded), and every
+`check_every` steps one small transfer asks whether every row has ended, so a batch of short
+targets stops early, in the same graphs. Evaluation passes none: greedy, every step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from ..generation_options import GenerationOptions
 
 
 def decoder_start_id(config: Any) -> int:
@@ -54,10 +61,25 @@ def greedy_state(model: Any, encoder_hidden: Any, target_length: int,
             "step": torch.full((1,), len(prompt) - 1, dtype=torch.long, device=device)}
 
 
+def draw_keys(input_ids: Any, attention_mask: Any, seed: int) -> dict[str, Any]:
+    """What a sampling step reads besides the state: the seed (`[1]` int32) and each row's
+    key, from its source tokens (the same source draws alike in any batch) and its place."""
+    import torch
+
+    device = input_ids.device
+    places = torch.arange(1, input_ids.shape[1] + 1, device=device)[None, :]
+    content = (input_ids.long() * attention_mask.long() * places).sum(-1) % (2**31 - 1)
+    keys = (content * 31 + torch.arange(input_ids.shape[0], device=device)) % (2**31 - 1)
+    return {"seed": torch.tensor([seed & 0x7FFFFFFF], dtype=torch.int32, device=device),
+            "keys": keys.int()}
+
+
 def greedy_step(model: Any, encoder_hidden: Any, attention_mask: Any,
-                state: dict[str, Any]) -> dict[str, Any]:
-    """One decoding step: the next token of every row at position `state["step"]`; rows that
-    produced the end-of-text token go on with padding."""
+                state: dict[str, Any], options: GenerationOptions | None = None,
+                draw: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One decoding step: the next token of every row at position `state["step"]` (the most
+    likely, or drawn with `options` and `draw`'s seed and keys); rows that produced the
+    end-of-text token go on with padding."""
     import torch
     from transformers.modeling_outputs import BaseModelOutput
 
@@ -68,7 +90,14 @@ def greedy_step(model: Any, encoder_hidden: Any, attention_mask: Any,
                    attention_mask=attention_mask, decoder_input_ids=ids,
                    use_cache=False).logits
     # The position is data (index_select), not a Python int: every step is the same graph.
-    token = logits.index_select(1, step).squeeze(1).argmax(-1)
+    scores = logits.index_select(1, step).squeeze(1)
+    if options is not None and draw is not None:
+        from ..worker.sampling import next_tokens
+
+        token = next_tokens(scores, options, None, draw["seed"], draw["keys"],
+                            step.int()).squeeze(1)
+    else:
+        token = scores.argmax(-1)
     token = torch.where(done, torch.full_like(token, pad), token)
     positions = torch.arange(ids.shape[1], device=ids.device)[None, :]
     out = torch.where(positions == step, token[:, None], out)
@@ -80,7 +109,9 @@ def greedy_step(model: Any, encoder_hidden: Any, attention_mask: Any,
 
 def greedy_generate(model: Any, input_ids: Any, attention_mask: Any, target_length: int,
                     sync: Callable[[dict[str, Any]], None] | None = None,
-                    encoder_hidden: Any = None, prompt: list[int] | None = None) -> Any:
+                    encoder_hidden: Any = None, prompt: list[int] | None = None,
+                    options: GenerationOptions | None = None,
+                    fetch: Callable[[list], list] | None = None) -> Any:
     """Greedy decoding of `target_length` tokens for a batch of padded sources.
 
     Args:
@@ -93,6 +124,9 @@ def greedy_generate(model: Any, input_ids: Any, attention_mask: Any, target_leng
         encoder_hidden: the encoder's output when already computed (by the loss forward).
         prompt: the decoder's first tokens (None: the config's decoder start token); the
             loop runs `target_length - len(prompt) + 1` steps.
+        options: `predict`'s generation options (sampling, `check_every`); None: greedy,
+            every step (evaluation).
+        fetch: copies device tensors to the host in one transfer (the early-stop checks).
 
     Returns:
         `[batch, target_length]` token ids: the prompt after its first token, then what each
@@ -106,10 +140,19 @@ def greedy_generate(model: Any, input_ids: Any, attention_mask: Any, target_leng
             encoder_hidden = model.get_encoder()(
                 input_ids, attention_mask=attention_mask).last_hidden_state
         state = greedy_state(model, encoder_hidden, target_length, prompt)
+        draw = (draw_keys(input_ids, attention_mask, options.seed)
+                if options is not None and options.do_sample else None)
+        if draw is not None:
+            state.update(draw)  # synced with the state: device data for every step
         if sync is not None:
             sync(state)
-        for _ in range(target_length - max(len(prompt or ()), 1) + 1):
-            state = greedy_step(model, encoder_hidden, attention_mask, state)
+        for index in range(target_length - max(len(prompt or ()), 1) + 1):
+            if (options is not None and fetch is not None and index
+                    and index % options.check_every == 0 and bool(fetch([state["done"]])[0].all())):
+                break  # every row has ended: the rest would be padding
+            step = greedy_step(model, encoder_hidden, attention_mask, state, options,
+                               {"seed": state["seed"], "keys": state["keys"]} if draw else None)
+            state = {**state, **step}
             if sync is not None:
                 sync(state)
     return state["out"]
