@@ -102,12 +102,14 @@ class Log(Event):
 class Generated(Event):
     """New text of a generation in a launched worker (`hx.generate(..., stream=True)`), sent
     at its early-stop checks (every `check_every` tokens) and at its end: `texts` holds each
-    row's text since the last event ("" for none); `step` tokens of at most `total` done."""
+    row's text since the last event ("" for none); `step` tokens of at most `total` done;
+    `prompts`, in a generation's first event only, each row's prompt as the model read it."""
 
     step: int
     total: int
     texts: tuple[str, ...]
     done: bool = False
+    prompts: tuple[str, ...] = ()
 
     def shown(self) -> str:
         """The new text as a cell prints it: one prompt's continues its line (ended by a

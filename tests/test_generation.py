@@ -350,6 +350,37 @@ def test_streaming_sends_the_new_text_every_check(launched):
     assert "".join(event.texts[0] for event in events) == text
 
 
+def test_the_panel_draws_each_prompt_with_its_streamed_text_under_the_bars(launched):
+    """The generation's first event names its prompt, as the model read it; a panel fed the
+    launch's real events shows the prompt, then the text so far (a cursor until it ends), in
+    HTML and in text, and the launcher prints nothing of it where the panel draws it."""
+    from hfxla_nb.ui import html, text
+    from hfxla_nb.ui.state import LaunchState
+
+    _, _, out = launched
+    (answer,), _, _ = out["streamed"]
+    events = out["events"]
+    (prompt,) = events[0].prompts
+    assert "coffee" in prompt and all(not event.prompts for event in events[1:])
+    state = LaunchState(1)
+    state.handle(events[0])
+    (row,) = state.view().generations
+    assert (row.prompt, row.text, row.done) == (prompt, events[0].texts[0], False)
+    assert text.generation_lines([row])[1].endswith(text.CURSOR)
+    for event in events[1:]:
+        state.handle(event)
+    view = state.view()
+    (row,) = view.generations
+    assert (row.text, row.done) == (answer, True)
+    lines = text.launch_text(view).splitlines()
+    prompt_line = lines.index(f"> {text.prompt_tail(prompt)}")
+    assert lines[prompt_line + 1] == "  " + " ".join(answer.split("\n"))
+    drawn = html.launch_html(view)
+    assert 'class="hfxla-generations"' in drawn and text.CURSOR not in drawn
+    generations = drawn[drawn.index("hfxla-generations"):]
+    assert generations.index("coffee") < generations.index(html.escape(answer.strip()))
+
+
 def test_result_generate_streams_on_the_cpu_as_the_launch_prints(launched, capsys):
     """`result.generate(stream=True)` prints what `hx.generate`'s launch prints: the same
     pieces, the text whole with its newline at the end."""

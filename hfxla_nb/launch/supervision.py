@@ -188,8 +188,10 @@ class Supervision(LaunchWatch):
         return shows(self.shown_ranks, ranks)
 
     def _print_generated(self, event: Generated) -> None:
-        """A generation's new text in the cell as it comes (`Generated.shown`)."""
-        if not self._shown([] if event.rank is None else [event.rank]):
+        """A generation's new text in the cell as it comes (`Generated.shown`), where the
+        panel does not draw it under its bars."""
+        if self.display.draws_generations or not self._shown(
+                [] if event.rank is None else [event.rank]):
             return
         text = event.shown()
         if text:

@@ -18,6 +18,7 @@ from ..events import (
     Event,
     Failed,
     Finished,
+    Generated,
     MetricsSnapshot,
     ProcessesStopped,
     ProcessExited,
@@ -26,6 +27,7 @@ from ..events import (
 )
 from ..states import BaseLaunchRecord, BaseRankRecord, Outcome, RankState
 from .bars import BarTrack, advance, bar_start
+from .generated import StreamedText
 from .live import LiveMetrics
 from .rank_metrics import RankMetrics, rank_metrics
 
@@ -51,6 +53,7 @@ class LaunchReader:
         record: the record.
         bars: every progress bar, by (rank, label), in the order they first reported.
         metrics: the launch's metrics snapshots and compilation traces, per process.
+        streamed: the text of its generations so far, row by row (`Generated` events).
         failure: the rank record of the first failure, once one is known.
         raised: (rank, exception type) of each `Failed` event, in order (rank None: the
             launch's supervisor itself).
@@ -74,6 +77,7 @@ class LaunchReader:
         self.ended: float | None = None
         self.bars: dict[tuple[int | None, str], BarTrack] = {}
         self.metrics = LiveMetrics()
+        self.streamed = StreamedText()
         self.failure: BaseRankRecord | None = None
         self.raised: list[tuple[int | None, str]] = []
         self.pid_ranks: dict[int, set[int]] = {}
@@ -118,6 +122,8 @@ class LaunchReader:
             self._record_exit(event)
         elif isinstance(event, ProcessesStopped):
             self.note_stopped(event.processes)
+        elif isinstance(event, Generated):
+            self.streamed.add(event)
         if self.follower is not None:
             self.follower(event)
 

@@ -26,8 +26,11 @@ class LaunchDisplay(Protocol):
     passes every other event to `handle` too (a panel drawing the launcher's reader ignores
     it; a stand-in that records events sees them). `refresh` is called a few times a second
     even when nothing arrived (to move clocks and ETAs); `close` once, with the launch's final
-    record.
+    record. `draws_generations`: whether it draws streamed generations (`Generated` events)
+    itself; where it does not, the launcher prints their text as it comes.
     """
+
+    draws_generations: bool
 
     def handle(self, event: Event) -> None: ...
 
@@ -38,6 +41,8 @@ class LaunchDisplay(Protocol):
 
 class NullDisplay:
     """Draws nothing (``progress=False``)."""
+
+    draws_generations = False
 
     def handle(self, event: Event) -> None:
         pass

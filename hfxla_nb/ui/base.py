@@ -28,6 +28,8 @@ class PanelDisplay:
     """
 
     min_interval: float = 0.25
+    # Whether the panel draws streamed generations under its bars (`LaunchDisplay`).
+    draws_generations: bool = False
 
     def __init__(self, world: int, per_rank: bool | None = None, attempt: str = "",
                  reader: LaunchReader | None = None) -> None:

@@ -282,6 +282,17 @@ def notes_html(view: LaunchView) -> str:
             + "".join(note_html(line, AMBER) for line in view.notes))
 
 
+def generations_html(view: LaunchView) -> str:
+    """Each row of a streamed generation: the prompt's end (muted), the text so far under it
+    ('' without one)."""
+    rows = []
+    for row in view.generations:
+        answer = escape(row.text) + ("" if row.done else text.CURSOR)
+        rows.append(f'<div style="{MUTED}{MONO}">{escape(text.prompt_tail(row.prompt))}</div>'
+                    f'<div style="{MONO}white-space:pre-wrap;padding-left:1em">{answer}</div>')
+    return f'<div class="hfxla-generations" style="{_BOX}">{"".join(rows)}</div>' if rows else ""
+
+
 def view_metrics_html(view: LaunchView) -> str:
     """The launch's metrics panel ('' before the first snapshot, and at the end of a launch
     that ran no XLA)."""
@@ -293,7 +304,7 @@ def view_metrics_html(view: LaunchView) -> str:
 def launch_html(view: LaunchView) -> str:
     """The whole launch panel: status, bars, chart, errors, metrics and alerts (what the live
     widget panel shows too, part by part)."""
-    parts = [status_html(view), bars_html(view.bars),
+    parts = [status_html(view), bars_html(view.bars) + generations_html(view),
              chart_html(view.bars, view.metrics) + notes_html(view),
              view_metrics_html(view)]
     return f'<div class="hfxla-launch" style="{PANEL}">{"".join(parts)}</div>'

@@ -30,6 +30,7 @@ class HtmlDisplay(PanelDisplay):
     """Draws the launch as HTML in one output, replaced with `DisplayHandle.update`."""
 
     min_interval = 0.5
+    draws_generations = True  # each prompt with its text so far, under the bars
 
     def _open(self) -> None:
         from IPython.display import display

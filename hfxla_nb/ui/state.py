@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..events import Event
 from ..observe.analyzer import Alert
+from ..observe.generated import StreamedRow
 from ..observe.launch_reader import LaunchReader
 from ..observe.metrics import XlaSummary
 from ..states import BaseLaunchRecord, BaseRankRecord, Outcome, PanelState, RankState
@@ -50,6 +51,8 @@ class LaunchView:
     metrics_ranks: list[int] = field(default_factory=list)
     metrics_step: int | None = None  # the step as of which `metrics` were read
     attempt: str = ""  # "attempt 2 of 4" when the call allowed restarts (`max_restarts=`)
+    # The rows of the latest `hx.generate(..., stream=True)`: each prompt and its text so far.
+    generations: list[StreamedRow] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -145,6 +148,7 @@ class LaunchState:
             metrics_ranks=metrics_ranks,
             metrics_step=metrics.steps if metrics is not None else None,
             attempt=self.attempt,
+            generations=reader.streamed.rows(),
         )
 
     def _end(self) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .._words import plural
 from ..observe.analyzer import Alert
+from ..observe.generated import StreamedRow
 from ..observe.metrics import XlaSummary
 from ..observe.shapes import InputShapes, shape_changes
 from ..states import BarState, PanelState, RankState
@@ -327,11 +328,32 @@ def metrics_text(summary: XlaSummary | None, alerts: list[Alert]) -> str:
     return "\n".join(summary_lines(summary) + alert_lines(alerts))
 
 
+# How much of a prompt the panel shows under the bars: its end, which the answer continues.
+PROMPT_SHOWN = 60
+CURSOR = "▌"  # after a row's text while it is being generated
+
+
+def prompt_tail(prompt: str, width: int = PROMPT_SHOWN) -> str:
+    """The end of `prompt` on one line, at most `width` characters (`…` where cut)."""
+    flat = " ".join(prompt.split())
+    return flat if len(flat) <= width else "…" + flat[-(width - 1):]
+
+
+def generation_lines(rows: list[StreamedRow]) -> list[str]:
+    """Each generation row as two lines: the prompt's end, then the text so far under it."""
+    lines = []
+    for row in rows:
+        lines.append(f"> {prompt_tail(row.prompt)}" if row.prompt else ">")
+        lines.append("  " + " ".join(row.text.split("\n")) + ("" if row.done else CURSOR))
+    return lines
+
+
 def launch_text(view: LaunchView) -> str:
-    """The whole launch panel as text: status, bars, errors, metrics, alerts."""
+    """The whole launch panel as text: status, bars, generations, errors, metrics, alerts."""
     lines = [status_line(view)]
     name_width = max((len(bar.name) for bar in view.bars), default=0)
     lines += [bar_line(bar, name_width=name_width) for bar in view.bars]
+    lines += generation_lines(view.generations)
     lines += [f"error: {error}" for error in view.errors[1:]]
     lines += view.notes
     if shows_metrics(view):

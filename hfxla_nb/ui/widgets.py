@@ -40,6 +40,7 @@ class WidgetDisplay(PanelDisplay):
     """
 
     min_interval = 0.25
+    draws_generations = True  # each prompt with its text so far, under the bars
 
     def _open(self) -> None:
         import ipywidgets as widgets
@@ -78,7 +79,7 @@ class WidgetDisplay(PanelDisplay):
         # Each part is the same HTML as in the final panel; unchanged parts send nothing.
         parts = (
             (self.status, html.status_html(view)),
-            (self.bars, html.bars_html(view.bars)),
+            (self.bars, html.bars_html(view.bars) + html.generations_html(view)),
             (self.chart, html.chart_html(view.bars, view.metrics) + html.notes_html(view)),
             (self.metrics, html.view_metrics_html(view)),
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ... import _xla
@@ -83,7 +83,7 @@ def generate(model: str | os.PathLike, prompts: str | list[str] | None = None,
         network = AutoModelForCausalLM.from_pretrained(os.fspath(model))
     device = _xla.device()
     network.to(device).eval()
-    streamer = Streamer(tokenizer, settings, emit) if stream else None
+    streamer = Streamer(tokenizer, settings, emit, rows) if stream else None
     hooks = DecodeHooks(sync=lambda tensors: _xla.sync(), fetch=_xla.to_cpu,
                         tokenizer=tokenizer, on_check=streamer.send if streamer else None)
     # The mask check's patch (`patches.py`): without it, masking syncs once more, a graph.
@@ -100,9 +100,11 @@ class Streamer:
     event: `emit` in a worker, `print_generated` in the kernel."""
 
     def __init__(self, tokenizer: Any, options: GenerationOptions,
-                 deliver: Callable[[Generated], Any]) -> None:
+                 deliver: Callable[[Generated], Any], prompts: Sequence[list[int]] = ()) -> None:
         self.tokenizer, self.options, self.deliver = tokenizer, options, deliver
         self.sent: list[str] = []
+        # The prompts as the model read them, sent once: the panel shows each under the bars.
+        self.prompts = [tokenizer.decode(row, skip_special_tokens=True) for row in prompts]
 
     def send(self, rows: list[list[int]], steps: int, done: bool = False) -> None:
         """Send the text of `rows` (every row's tokens so far) beyond what was sent."""
@@ -111,9 +113,14 @@ class Streamer:
         # A text that no longer starts with what was sent (a word re-split) is sent whole.
         pieces = tuple(text[len(old):] if text.startswith(old) else text
                        for text, old in zip(texts, sent, strict=True))
+        first = not self.sent
         self.sent = texts
+        prompts = ()
+        if first and self.prompts:  # num_return_sequences rows per prompt, in prompt order
+            prompts = tuple(self.prompts[i * len(self.prompts) // len(texts)]
+                            for i in range(len(texts)))
         self.deliver(Generated(worker_rank(), steps, self.options.max_new_tokens, pieces,
-                               done))
+                               done, prompts))
 
 
 def print_generated(event: Generated) -> None:
