@@ -1,12 +1,14 @@
 """The bench's methods that keep `make bench` within 15 minutes without weakening a figure:
 figure 1's alternating segments, the unoptimized compiles of count-only groups (the XLA flag
-added for the block only), and figure 7's fresh processes forked from one zygote."""
+added for the block only), figure 7's fresh processes forked from one zygote, and figure 18's
+end ids (a batch whose answers end early, picked from its own tokens)."""
 
 from __future__ import annotations
 
 import os
 
 from bench import common
+from bench.generation import end_ids
 from bench.launch_latency import Zygote
 from bench.overhead import schedule
 
@@ -40,3 +42,11 @@ def test_the_zygote_forks_a_fresh_process_per_side():
     finally:
         forks.close()
     assert forks.process.returncode == 0
+
+
+def test_figure_18_end_ids_end_every_answer_early_with_at_most_8_ids():
+    rows = [[5, 6, 7, 8, 9, 10, 11], [7, 1, 2, 3, 4, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
+    ends = end_ids(rows)
+    assert ends == [7, 22]  # row 2 holds 7 already; row 3 gets its third token
+    assert all(any(token in ends for token in row[:6]) for row in rows)
+    assert len(end_ids([[i, i + 100, i + 200] for i in range(20)])) == 8
