@@ -11,7 +11,19 @@ The recipes, as the notebooks write them:
 - audio-classification (`audio_classification.ipynb`): the feature extractor with
   `max_length` of `MAX_DURATION` seconds and `truncation=True`, no padding in `map`; the
   `Trainer` pads each batch (`processing_class=feature_extractor`), so each batch's longest
-  clip is a shape.
+  clip is a shape;
+- speech-recognition, wav2vec2 CTC (`speech_recognition.ipynb`): the processor's
+  `input_values` and the transcript's ids per clip in `map`, `DataCollatorCTCWithPadding`
+  (the processor pads each batch: its longest clip is a shape; labels padded with -100),
+  `group_by_length=True` (`train_sampling_strategy` in transformers 5), the feature
+  extractor as `processing_class`;
+- speech-recognition, Whisper (Hugging Face's Whisper fine-tuning blog and notebook,
+  `fine_tune_whisper.ipynb`): log-mel `input_features` (the extractor's fixed window, 30 s
+  for real Whisper, 1 s for the tiny one) and the transcript's ids in `map`,
+  `DataCollatorSpeechSeq2SeqWithPadding` (labels padded per batch, the start token cut),
+  `Seq2SeqTrainer` with `predict_with_generate=True` (generation in the evaluation, at most the
+  model's decoder positions: the blog's 225 of Whisper's 448): `generate` without a static
+  cache compiles a graph per token.
 Same tiny models and demo data as the tasks' own tests; one XLA:CPU device; XLA's backend
 optimizations off for the counts (`common.unoptimized_compiles`: same graphs, compiled faster).
 """
@@ -23,7 +35,9 @@ from typing import Any
 from . import common, task_compiles, workloads
 
 GROUP = "17 images and audio"
-TASKS = ("image-classification", "audio-classification")
+#: The rows' names; each one's `fine_tune` task is its first word.
+TASKS = ("image-classification", "audio-classification", "speech-recognition (wav2vec2 CTC)",
+         "speech-recognition (Whisper)")
 STEPS, BATCH, TRAIN_ROWS, EVAL_ROWS = task_compiles.STEPS, task_compiles.BATCH, 64, 16
 #: The audio notebook's `max_duration` (seconds).
 MAX_DURATION = 1.0
@@ -32,7 +46,16 @@ LIMIT_STEPS, LIMIT_BATCH, LIMIT_SKIP = 100, 16, 20
 
 
 def _data(task: str, rows: int = TRAIN_ROWS + EVAL_ROWS) -> tuple[str, Any]:
-    """(model folder, a DatasetDict) of the task's demo."""
+    """(model folder, a DatasetDict) of the task's demo (`task` one of `TASKS`)."""
+    if task.startswith("speech-recognition"):
+        from hfxla_nb.demo.speech import (
+            demo_speech_dataset,
+            demo_speech_model_dir,
+            demo_whisper_model_dir,
+        )
+
+        folder = demo_whisper_model_dir() if "Whisper" in task else demo_speech_model_dir()
+        return folder, demo_speech_dataset(rows)
     if task == "image-classification":
         from hfxla_nb.demo.images import demo_image_dataset, demo_vit_model_dir
 
@@ -53,8 +76,9 @@ def count_fine_tune(task: str) -> dict[str, Any]:
 
     folder, data = _data(task)
     train, evaluation = _splits(data)
-    result = hx.fine_tune(folder, train, eval_dataset=evaluation, task=task, max_steps=STEPS,
-                          batch_size=BATCH, num_processes=1, output_dir=None, progress=False)
+    result = hx.fine_tune(folder, train, eval_dataset=evaluation, task=task.split()[0],
+                          max_steps=STEPS, batch_size=BATCH, num_processes=1, output_dir=None,
+                          progress=False)
     return {"train": result.compiles, "eval": result.eval_compiles,
             "buckets": list(result.bucket_lengths)}
 
@@ -76,7 +100,7 @@ def _image_recipe(folder: str, train: Any, evaluation: Any) -> tuple:
 
     train.set_transform(transform)
     evaluation.set_transform(transform)
-    return AutoModelForImageClassification, processor, collate, train, evaluation
+    return AutoModelForImageClassification, processor, collate, train, evaluation, None
 
 
 def _audio_recipe(folder: str, train: Any, evaluation: Any) -> tuple:
@@ -92,26 +116,123 @@ def _audio_recipe(folder: str, train: Any, evaluation: Any) -> tuple:
     def encoded(split):
         return split.map(features, batched=True, remove_columns=["audio"])
 
-    return AutoModelForAudioClassification, extractor, None, encoded(train), encoded(evaluation)
+    return (AutoModelForAudioClassification, extractor, None, encoded(train),
+            encoded(evaluation), None)
+
+
+def _ctc_recipe(folder: str, train: Any, evaluation: Any) -> tuple:
+    from transformers import AutoModelForCTC, Wav2Vec2Processor
+
+    processor = Wav2Vec2Processor.from_pretrained(folder)
+
+    def prepare(row):
+        audio = row["audio"]
+        row["input_values"] = processor(audio["array"],
+                                        sampling_rate=audio["sampling_rate"]).input_values[0]
+        row["labels"] = processor(text=row["text"]).input_ids
+        return row
+
+    def collate(rows):  # the notebook's DataCollatorCTCWithPadding (padding=True)
+        batch = processor.feature_extractor.pad(
+            [{"input_values": row["input_values"]} for row in rows], padding=True,
+            return_tensors="pt")
+        labels = processor.tokenizer.pad([{"input_ids": row["labels"]} for row in rows],
+                                         padding=True, return_tensors="pt")
+        batch["labels"] = labels["input_ids"].masked_fill(labels.attention_mask.ne(1), -100)
+        return batch
+
+    def metrics(predicted):  # the notebook's compute_metrics (WER of the greedy CTC decoding)
+        import jiwer
+        import numpy as np
+
+        labels = predicted.label_ids
+        labels[labels == -100] = processor.tokenizer.pad_token_id
+        said = processor.batch_decode(np.argmax(predicted.predictions, axis=-1))
+        return {"wer": jiwer.wer(processor.batch_decode(labels, group_tokens=False), said)}
+
+    columns = train.column_names
+    return (AutoModelForCTC, processor.feature_extractor, collate,
+            train.map(prepare, remove_columns=columns),
+            evaluation.map(prepare, remove_columns=columns), metrics)
+
+
+def _whisper_recipe(folder: str, train: Any, evaluation: Any) -> tuple:
+    from transformers import AutoConfig, WhisperForConditionalGeneration, WhisperProcessor
+
+    processor = WhisperProcessor.from_pretrained(folder)
+    start = AutoConfig.from_pretrained(folder).decoder_start_token_id
+
+    def prepare(row):
+        audio = row["audio"]
+        row["input_features"] = processor.feature_extractor(
+            audio["array"], sampling_rate=audio["sampling_rate"]).input_features[0]
+        row["labels"] = processor.tokenizer(row["text"]).input_ids
+        return row
+
+    def collate(rows):  # the blog's DataCollatorSpeechSeq2SeqWithPadding
+        batch = processor.feature_extractor.pad(
+            [{"input_features": row["input_features"]} for row in rows], return_tensors="pt")
+        labels = processor.tokenizer.pad([{"input_ids": row["labels"]} for row in rows],
+                                         return_tensors="pt")
+        ids = labels["input_ids"].masked_fill(labels.attention_mask.ne(1), -100)
+        if (ids[:, 0] == start).all().cpu().item():
+            ids = ids[:, 1:]
+        batch["labels"] = ids
+        return batch
+
+    def metrics(predicted):  # the blog's compute_metrics (WER of the generated transcripts)
+        import jiwer
+
+        labels = predicted.label_ids
+        labels[labels == -100] = processor.tokenizer.pad_token_id
+        said = processor.tokenizer.batch_decode(predicted.predictions, skip_special_tokens=True)
+        heard = processor.tokenizer.batch_decode(labels, skip_special_tokens=True)
+        return {"wer": 100 * jiwer.wer(heard, said)}
+
+    columns = train.column_names
+    return (WhisperForConditionalGeneration, processor.feature_extractor, collate,
+            train.map(prepare, remove_columns=columns),
+            evaluation.map(prepare, remove_columns=columns), metrics)
+
+
+RECIPES = {"image-classification": _image_recipe, "audio-classification": _audio_recipe,
+           "speech-recognition (wav2vec2 CTC)": _ctc_recipe,
+           "speech-recognition (Whisper)": _whisper_recipe}
 
 
 def run_recipe(task: str, folder: str, train: Any, evaluation: Any) -> dict[str, int]:
-    """The task's notebook recipe with `Trainer` in this (worker) process: graphs compiled by
-    `STEPS` training steps and by one evaluation."""
+    """The task's notebook recipe with `Trainer` (Whisper: `Seq2SeqTrainer`) in this (worker)
+    process: graphs compiled by `STEPS` training steps and by one evaluation."""
     import torch
-    from transformers import Trainer, TrainingArguments
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer, TrainingArguments
 
-    recipe = _image_recipe if task == "image-classification" else _audio_recipe
-    auto, processor, collate, train_set, eval_set = recipe(folder, train, evaluation)
+    from hfxla_nb.demo.speech import WHISPER_TARGET_POSITIONS
+
+    auto, processor, collate, train_set, eval_set, metrics = RECIPES[task](folder, train,
+                                                                           evaluation)
     torch.manual_seed(0)
     model = auto.from_pretrained(folder)
-    arguments = TrainingArguments(
+    options = dict(
         output_dir="/tmp/hfxla_nb_bench_media_trainer", max_steps=STEPS,
         per_device_train_batch_size=BATCH, per_device_eval_batch_size=BATCH,
         learning_rate=1e-4, optim="adamw_torch", save_strategy="no", report_to="none",
-        disable_tqdm=True, seed=0, remove_unused_columns=collate is None)
-    trainer = Trainer(model, arguments, train_dataset=train_set, eval_dataset=eval_set,
-                      data_collator=collate, processing_class=processor)
+        disable_tqdm=True, seed=0, remove_unused_columns=task != "image-classification",
+        # The CTC notebook's group_by_length=True (transformers 5 spells it so).
+        train_sampling_strategy="group_by_length" if "CTC" in task else "random")
+    if "Whisper" in task:
+        arguments = Seq2SeqTrainingArguments(predict_with_generate=True,
+                                             generation_max_length=WHISPER_TARGET_POSITIONS,
+                                             **options)
+        trainer = Seq2SeqTrainer(model, arguments, train_dataset=train_set,
+                                 eval_dataset=eval_set, data_collator=collate,
+                                 processing_class=processor, compute_metrics=metrics)
+        # Its evaluation (generate on XLA:CPU, no graph cut per token) ran the worker out of
+        # memory compiling (LLVM "Cannot allocate memory", then SIGSEGV): training only.
+        return {**task_compiles.trainer_compiles(trainer, lambda: None), "eval": None}
+    else:
+        trainer = Trainer(model, TrainingArguments(**options), train_dataset=train_set,
+                          eval_dataset=eval_set, data_collator=collate,
+                          processing_class=processor, compute_metrics=metrics)
     return task_compiles.trainer_compiles(trainer)
 
 
@@ -149,16 +270,25 @@ def _count_figures(mine: dict, theirs: dict) -> list[common.Figure]:
     for task in TASKS:
         ours, recipe = mine[task], theirs[task]
         buckets = ", ".join(map(str, ours["buckets"]))
+        if not task.startswith("image"):
+            buckets += " samples"
         figures.append(common.Figure(
             GROUP, f"{task}: graphs compiled, fine_tune (training + evaluation)",
             ours["train"] + ours["eval"], "graphs",
             note=f"{ours['train']} training + {ours['eval']} evaluation; buckets {buckets}; "
                  f"{setting}; 1 run"))
+        same = "same model, data and compile flags; 1 run"
+        if recipe["eval"] is None:  # Whisper's: see run_recipe
+            value, note = None, (
+                f"{recipe['train']} training graphs; its evaluation (Seq2SeqTrainer, "
+                "predict_with_generate=True: generate on XLA:CPU) ran the worker out of memory "
+                f"compiling (LLVM 'Cannot allocate memory', then SIGSEGV): no total; {same}")
+        else:
+            value = recipe["train"] + recipe["eval"]
+            note = f"{recipe['train']} training + {recipe['eval']} evaluation; {same}"
         figures.append(common.Figure(
-            GROUP, f"{task}: graphs compiled, the notebook's Trainer recipe",
-            recipe["train"] + recipe["eval"], "graphs",
-            note=f"{recipe['train']} training + {recipe['eval']} evaluation; same model, data "
-                 f"and compile flags; 1 run"))
+            GROUP, f"{task}: graphs compiled, the notebook's Trainer recipe", value, "graphs",
+            note=note))
     return figures
 
 

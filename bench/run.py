@@ -52,7 +52,9 @@ FIGURES = {
 # launch_latency and task_compiles were cut to about 1.25x their times in the last run
 # (bench/results/2026-12-02.json: 36, 145, 53 and 51 s); when group 18 came, those of relay,
 # predict_group and pods_group (30, 26 and 26 s) were. versus is the largest: 3 sides x 5
-# alternating whole runs (launch and compiles in each: its figure 5 times them).
+# alternating whole runs (launch and compiles in each: its figure 5 times them). Group 17's
+# speech-recognition rows (wav2vec2 CTC, Whisper) made it slower than its share (248 s in its
+# last run, on a loaded machine; a CTC graph compiles slowly): named at the end of a run.
 SHARES = {"overhead": 45, "versus": 165, "compiles": 45, "limit": 50, "launch_latency": 65,
           "scaling": 60, "trace_overhead": 60, "lora": 30, "host_time": 60, "relay": 38,
           "predict_group": 33, "pods_group": 33, "task_compiles": 65,
