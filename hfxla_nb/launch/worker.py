@@ -349,23 +349,25 @@ def _run_debug(
     pass_index: bool,
     env: dict[str, str],
 ) -> int:
-    """Fork `world` CPU processes joined by a gloo process group; wait for all of them.
-
-    The group's store is this process's (`rendezvous.py`), bound before the first fork on
-    the port asked for (`MASTER_PORT`; 0: a free one) and held until the ranks are gone."""
+    """Fork `world` CPU processes joined by a gloo process group; wait for all of them. The
+    group's store is this process's (`rendezvous.py`), on the port asked for (`MASTER_PORT`;
+    0: a free one), held until the ranks are gone."""
     address = os.environ.get("MASTER_ADDR", "127.0.0.1")  # master_addr / rdzv_endpoint
-    store = rendezvous.open_store(int(env["MASTER_PORT"]))
-    port = int(store.port)
-    os.environ["MASTER_PORT"] = str(port)  # the ranks' (and accelerate's) view of it
+    # Ranks forked before the store opens: its server thread, running at a fork, left a lock
+    # held that the rank's store client waited on forever (#29). The port comes by `ports`.
+    ports, port_write = os.pipe()
     pids = {}
     for rank in range(world):
         pid = os.fork()
         if pid == 0:
             code = 0
             try:
+                os.close(port_write)
                 die_with_parent(signal.SIGTERM)
                 set_rank_variables(rank, rank, world)
                 route_this_process(channel, rank)  # gloo's own messages carry the rank too
+                if (port := rendezvous.read_port(ports)) is None:  # the supervisor says why
+                    os._exit(1)
                 rendezvous.join_gloo(rank, world, address, port)
                 gloo_world_for_accelerate()  # PartialState(): this group, not XLA's 1 process
                 run_rank(channel, rank, world, function, args, pass_index)
@@ -376,6 +378,14 @@ def _run_debug(
                 drain_output()
                 os._exit(code)
         pids[pid] = rank
+    os.close(ports)
+    try:
+        store = rendezvous.open_store(int(env["MASTER_PORT"]))
+    except BaseException:
+        os.close(port_write)  # the ranks leave; the error is the launch's
+        raise
+    os.environ["MASTER_PORT"] = str(store.port)  # the supervisor's (and accelerate's) view
+    rendezvous.send_port(port_write, int(store.port), world)
     worst = 0
     while pids:
         pid, status = os.wait()
