@@ -72,7 +72,7 @@ class HostLaunch:
         self._pid_ranks: dict[int, list[int]] = {}
         self._pump: threading.Thread | None = None
         self._attempt = 0  # which start() the relay thread serves (a relaunch starts again)
-        self._store: Any = None  # host 0's gloo rendezvous (`open_rendezvous`)
+        self._store: rendezvous.StoreProcess | None = None  # host 0's (`open_rendezvous`)
 
     def describe(self) -> dict[str, Any]:
         """Where this host is and what it runs: address, versions, TPU slice figures.
@@ -102,14 +102,18 @@ class HostLaunch:
         The store is bound here, before any process is forked, and stays bound. A port
         picked free, closed, and bound again seconds later by rank 0 can be taken in between
         (as the source port of another connection, on a busy host): the gloo mesh of one
-        loaded two-host run failed to connect so (#29; `rendezvous.py`). A fresh store for
-        each attempt: a relaunch must not read the last group's keys."""
+        loaded two-host run failed to connect so (#29; `rendezvous.py`). It runs in a process
+        of its own: this actor forks a supervisor per attempt, and a fork while a store's
+        thread runs can leave the ranks' store clients waiting forever on a lock it held. A
+        fresh store for each attempt: a relaunch must not read the last group's keys."""
         self.close_rendezvous()
-        self._store = rendezvous.open_store(port)
-        return int(self._store.port)
+        self._store = rendezvous.StoreProcess(port)
+        return self._store.port
 
     def close_rendezvous(self) -> None:
         """Stop the store `open_rendezvous` started (none: nothing to do)."""
+        if self._store is not None:
+            self._store.close()
         self._store = None
 
     def start(self, host: int, strategy: str, env: dict[str, str | None], local_world: int,
