@@ -8,6 +8,7 @@ and bench/launch_latency.py.
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 
@@ -243,3 +244,63 @@ def test_a_backward_pass_in_the_kernel_leaves_launches_able_to_train(kernel):
         print("gradients", hx.notebook_launcher(train, num_processes=2), float(weight.grad.sum()))
         """, timeout=300)
     assert "gradients 32.0 6.0" in output.stdout.splitlines(), output.stdout  # rank 0's
+
+
+def test_a_full_disk_starts_no_process_and_loses_no_trained_model(kernel, tmp_path, cache):
+    # As a user's notebook on Kaggle's stack (`make test-stacks`): torch, accelerate and
+    # transformers imported first. A disk too small is refused before the fork, with nothing
+    # started in the kernel; a save that fails after training (a tmpfs of 3 inodes: room for
+    # the bytes, not for the files) keeps the weights where the result says (#29).
+    output = run_ok(kernel, f"""
+        import ctypes, json
+        import torch, accelerate
+        from transformers import AutoModelForSequenceClassification
+        from hfxla_nb import demo
+        from hfxla_nb.train.disk_space import DiskSpaceError
+        libc = ctypes.CDLL(None, use_errno=True)
+        base, mounted = {str(tmp_path)!r}, []
+        def tmpfs(name, options):
+            target = os.path.join(base, name)
+            os.makedirs(target)
+            if libc.mount(b"tmpfs", target.encode(), b"tmpfs", 0, options.encode()) == 0:
+                mounted.append(target)
+                return target
+        small, full = tmpfs("small", "size=256k"), tmpfs("full", "size=64m,nr_inodes=3")
+        found = {{"mounted": bool(small and full)}}
+        try:
+            if found["mounted"]:
+                model_dir = demo.demo_model_dir(cache={str(cache)!r})
+                before = children(os.getpid())
+                try:
+                    hx.fine_tune(model_dir, demo.demo_dataset(n=200), output_dir=small + "/out",
+                                 max_steps=2, batch_size=8, progress=False)
+                except DiskSpaceError as error:
+                    found["refused"] = str(error)
+                found["refused_children"] = children(os.getpid()) == before
+                found["small_left"] = os.listdir(small)
+                result = hx.fine_tune(model_dir, demo.demo_dataset(n=200),
+                                      output_dir=full + "/out", fallback_dir=base + "/rescued",
+                                      max_steps=2, batch_size=8, progress=False)
+                time.sleep(1)  # a pool started during the launch would be up by now
+                found["saved_children"] = children(os.getpid()) == before
+                found.update(output_dir=result.output_dir, save_error=result.save_error,
+                             full_left=os.listdir(full), steps=result.steps)
+                AutoModelForSequenceClassification.from_pretrained(result.output_dir)
+        finally:
+            for target in mounted:
+                libc.umount2(target.encode(), 2)
+        print("found", json.dumps(found))
+        """, timeout=400)
+    found = json.loads(next(line[6:] for line in output.stdout.splitlines()
+                            if line.startswith("found ")))
+    if not found["mounted"]:
+        pytest.skip("cannot mount a tmpfs here: this test needs root or CAP_SYS_ADMIN")
+    assert "so nothing was started" in found["refused"], found
+    assert found["refused_children"] and found["saved_children"], found
+    assert found["small_left"] == [] and found["full_left"] == [], found
+    assert found["steps"] == 2
+    assert found["output_dir"].startswith(str(tmp_path / "rescued" / "hfxla_nb-rescued-out-"))
+    assert found["save_error"] == (
+        f"hfxla_nb: could not save to {tmp_path / 'full' / 'out'}: No space left on device "
+        f"(os error 28); the trained model was saved to {found['output_dir']} instead "
+        "(result.save(folder) writes it where you want)")
