@@ -174,8 +174,7 @@ class Supervision(LaunchWatch):
         elif isinstance(event, LibraryWarning):
             self.record.warnings.append(event)  # said, folded, at the end of the launch
         elif isinstance(event, Generated):
-            self.record.streamed.append(event)
-            self._print_generated(event)
+            self._take_generated(event)
         elif isinstance(event, OutputPipes):
             self.native.add_process(event)
         else:
@@ -186,17 +185,6 @@ class Supervision(LaunchWatch):
     def _shown(self, ranks: list[int]) -> bool:
         """Whether output of these ranks reaches the cell ([]: the launcher's own)."""
         return shows(self.shown_ranks, ranks)
-
-    def _print_generated(self, event: Generated) -> None:
-        """A generation's new text in the cell as it comes (`Generated.shown`), where the
-        panel does not draw it under its bars."""
-        if self.display.draws_generations or not self._shown(
-                [] if event.rank is None else [event.rank]):
-            return
-        text = event.shown()
-        if text:
-            sys.stdout.write(text)
-            sys.stdout.flush()
 
     def _print_log(self, event: Log) -> None:
         if not self._shown([] if event.rank is None else [event.rank]):

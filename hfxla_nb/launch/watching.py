@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..events import Generated
 from ..observe.launch_reader import LaunchReader
 from ..states import Outcome, RankState
 from .library_warnings import print_folded
@@ -62,6 +63,18 @@ class LaunchWatch:
         counting the ranks whose lines reach the cell: on one host and on a cluster alike."""
         print_folded(self.record.warnings,
                      lambda rank: shows(self.shown_ranks, [] if rank is None else [rank]))
+
+    def _take_generated(self, event: Generated) -> None:
+        """Keep a generation's new text on the record and print it in the cell as it comes
+        (`Generated.shown`), where the panel does not draw it under its bars."""
+        self.record.streamed.append(event)
+        if self.display.draws_generations or not shows(
+                self.shown_ranks, [] if event.rank is None else [event.rank]):
+            return
+        text = event.shown()
+        if text:
+            sys.stdout.write(text)
+            sys.stdout.flush()
 
     def _turn_end(self, began: float, exited: Callable[[], int | None]) -> Outcome | None:
         """After a turn of the watch loop applied what arrived: redraw the panel (at most every

@@ -81,6 +81,11 @@ def _train():
             parameter -= 0.1 * parameter.grad
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     hx.report(step=1, total=1, loss=float(params.abs().sum()))  # a bar per rank in the panel
+    if rank == 0:  # a generation's text as it streams, as `hx.generate(stream=True)` sends it
+        from hfxla_nb.events import Generated, emit
+
+        emit(Generated(rank, 2, 4, ("Hello",), prompts=("Say",)))
+        emit(Generated(rank, 4, 4, (" hosts",), done=True))
     return {"sum": total.item(), "params": params.tolist(), "world": world,
             "host_rank": int(os.environ["RANK"]), "local": int(os.environ["LOCAL_RANK"])}
 
@@ -143,6 +148,10 @@ def test_failures_on_host_1_stop_every_host_and_max_restarts_relaunches_them(
         assert out.count(f"[host {host} rank {rank}] hello from rank {rank} of 4") == 1
         # The panel (console here) names each bar's host and rank.
         assert re.search(rf"^train \[host {host} rank {rank}\] ✔ \|█+\| 1/1", out, re.M), out
+    # A generation's text streams from a host as from one: printed as it comes, then drawn
+    # under the panel's bars with its prompt, and kept on the record.
+    assert out.count("Hello") == 2 and out.count("> Say\n  Hello hosts\n") == 1, out
+    assert [event.texts for event in last.streamed] == [("Hello",), (" hosts",)]
     assert "✖ launch of 4 ranks failed after" in out  # attempt 1's panel, by host and rank:
     assert re.search(r"failed after [^:\n]+: host 1 rank 2 raised ValueError\n", out), out
     _nothing_left(*record.attempts)

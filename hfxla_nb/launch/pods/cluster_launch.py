@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ...events import Event, LibraryWarning, Log
+from ...events import Event, Generated, LibraryWarning, Log
 from ...observe import tracing
 from ...observe.launch_reader import LaunchReader
 from ...observe.tracking import Tracker
@@ -353,6 +353,8 @@ class _Watch(LaunchWatch):
             self._print(host, event)
         elif isinstance(event, LibraryWarning):
             self.record.warnings.append(event)  # said, folded, at the end of the launch
+        elif isinstance(event, Generated):
+            self._take_generated(event)
         else:
             self.display.handle(event)
 
