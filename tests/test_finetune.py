@@ -477,6 +477,10 @@ def test_evaluation_batches_cover_every_row_once_with_fixed_shapes():
         batching.Bucket(16, np.ones((10, 32), np.int32), labels[13:], np.arange(13, 23)),
     ], num_rows=23)
     batches = batching.eval_batches(split, 4)
+    # The panel's count, announced before training without making the batches.
+    assert [batching.eval_batch_count(split, size) for size in (1, 4, 5, 13, 100)] == [
+        len(batching.eval_batches(split, size)) for size in (1, 4, 5, 13, 100)] == [
+        23, 7, 5, 2, 2]
     seen = []
     for index, positions, real in batches:
         packed = batching.eval_batch(split.buckets[index], positions, real).tokens

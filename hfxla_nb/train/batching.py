@@ -337,6 +337,12 @@ def eval_batches(split: EncodedSplit, batch_size: int) -> list[tuple[int, np.nda
     return batches
 
 
+def eval_batch_count(split: EncodedSplit, batch_size: int) -> int:
+    """How many batches `eval_batches` makes, without making them (one per started
+    `batch_size` rows of each bucket)."""
+    return sum(-(-len(bucket) // batch_size) for bucket in split.buckets)
+
+
 def eval_batch(bucket: Bucket, positions: np.ndarray, real: int) -> HostBatch:
     """Tokens `[batch, width + k + 1]` int32: inputs, labels, weight (1 for real rows, 0
     for filler); the bucket's fields `[batch, ...]`."""

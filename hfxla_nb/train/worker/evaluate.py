@@ -35,7 +35,7 @@ def announce_bar(ctx: WorkerContext) -> None:
     while training runs, so it keeps its height when the evaluation starts (#28)."""
     split = ctx.plan.data.eval
     if split is not None:
-        batches = len(batching.eval_batches(split, ctx.plan.batch_size))
+        batches = batching.eval_batch_count(split, ctx.plan.batch_size)
         emit(Progress(worker_rank(), 0, batches, label="eval", waiting=True))
 
 
