@@ -11,6 +11,7 @@ Usage: python tests/under_load.py COMMAND [ARG ...]
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -19,6 +20,13 @@ import sys
 import time
 
 BUSY_LOOP = "while True: pass"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> None:
+    """In a load process before its exec: SIGKILL when this script dies, however it dies (the
+    load runs in sessions of its own, so nothing else would stop it)."""
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def start_load(cores: int) -> list[subprocess.Popen]:
@@ -27,7 +35,7 @@ def start_load(cores: int) -> list[subprocess.Popen]:
         command = [["stress-ng", "--cpu", str(cores), "--quiet"]]
     else:
         command = [[sys.executable, "-c", BUSY_LOOP]] * cores
-    return [subprocess.Popen(argv, start_new_session=True)
+    return [subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent)
             for argv in command]
 
 
@@ -45,6 +53,8 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     cores = os.cpu_count() or 1
+    # A SIGTERM (a stopped make, a CI timeout) stops the load too, through the `finally` below.
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
     load = start_load(cores)
     began = time.monotonic()
     print(f"under_load: {len(load)} load process(es) over {cores} cores "
