@@ -11,7 +11,6 @@ Usage: python tests/under_load.py COMMAND [ARG ...]
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
@@ -19,23 +18,21 @@ import subprocess
 import sys
 import time
 
+from hfxla_nb.launch.parent_watch import die_with_parent
+
 BUSY_LOOP = "while True: pass"
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _die_with_parent() -> None:
-    """In a load process before its exec: SIGKILL when this script dies, however it dies (the
-    load runs in sessions of its own, so nothing else would stop it)."""
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def start_load(cores: int) -> list[subprocess.Popen]:
-    """One busy process per core (`stress-ng` where there is one), each in a session of its own."""
+    """One busy process per core (`stress-ng` where there is one), each in a session of its own.
+
+    Each gets SIGKILL when this script dies, however it dies: in sessions of their own,
+    nothing else would stop them."""
     if shutil.which("stress-ng"):
         command = [["stress-ng", "--cpu", str(cores), "--quiet"]]
     else:
         command = [[sys.executable, "-c", BUSY_LOOP]] * cores
-    return [subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent)
+    return [subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent)
             for argv in command]
 
 

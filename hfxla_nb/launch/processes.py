@@ -133,6 +133,25 @@ def stop_descendants(grace: float = TERMINATE_GRACE) -> dict[int, str]:
     return names
 
 
+def stop_child(pid: int, grace: float = TERMINATE_GRACE) -> None:
+    """Stop this process's child `pid` (SIGTERM, SIGKILL after `grace` s) and reap it (gone
+    or reaped already: nothing to do)."""
+    exited = False
+
+    def reap() -> None:
+        nonlocal exited
+        try:
+            exited = exited or os.waitpid(pid, os.WNOHANG)[0] != 0
+        except ChildProcessError:
+            exited = True
+
+    _signal(pid, signal.SIGTERM)
+    if not _wait(lambda: not exited, grace, reap):
+        _signal(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
 def _has_children(pid: int) -> bool:
     """Whether `pid` has a child (a zombie counts), from /proc/PID/task/*/children (a few
     files instead of all of /proc); True where the kernel does not have those files."""

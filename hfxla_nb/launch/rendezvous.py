@@ -19,13 +19,13 @@ from __future__ import annotations
 import os
 import select
 import signal
-import time
 from typing import Any
 
 from .parent_watch import die_with_parent
+from .processes import stop_child
 
 STORE_START_TIMEOUT = 30.0  # seconds for a store process to say its port
-STORE_STOP_TIMEOUT = 5  # seconds for it to close at SIGTERM before SIGKILL
+STORE_STOP_TIMEOUT = 5.0  # seconds for it to close at SIGTERM before SIGKILL
 
 
 def open_store(port: int = 0) -> Any:
@@ -108,16 +108,7 @@ class StoreProcess:
         if self.pid is None:
             return
         pid, self.pid = self.pid, None
-        try:
-            os.kill(pid, signal.SIGTERM)
-            for _ in range(STORE_STOP_TIMEOUT * 20):
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    return
-                time.sleep(0.05)
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
+        stop_child(pid, grace=STORE_STOP_TIMEOUT)
 
 
 def _serve_store(port: int, say: int) -> None:
