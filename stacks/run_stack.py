@@ -11,6 +11,10 @@ line names its interpreter) this script:
   4. runs the kernel-level tests (and notebooks/*.ipynb through nbval, when there are any)
      with that venv's python.
 
+A stack file with a `# resolve: newest` line (stacks/latest.txt) pins nothing: its venv is
+rebuilt at every run from the newest releases within pyproject.toml's ranges (step 3's check
+does not apply), and only the kernel-level tests run (`make test` runs the notebooks).
+
 Usage: python3 stacks/run_stack.py [NAME ...]     (default: every stacks/*.txt); `make test-stacks`
        python3 stacks/run_stack.py kaggle --venvs /tmp/stacks --tests tests/test_process_hygiene.py
        (--venvs: where the venvs are built instead of .stacks/; --tests: only these tests, and
@@ -90,6 +94,37 @@ def find_python(version: str) -> Path | None:
         if probe.returncode == 0 and probe.stdout.strip() == version:
             return candidate
     return None
+
+
+def resolves_newest(stack_file: Path) -> bool:
+    """Whether the stack pins nothing and is resolved fresh at each run (`# resolve: newest`)."""
+    return re.search(r"^#\s*resolve:\s*newest\s*$", stack_file.read_text(), re.M) is not None
+
+
+#: The versions a newest stack's summary names.
+HEADLINE = ("torch", "torch-xla", "transformers", "kernels", "accelerate", "datasets",
+            "ipywidgets", "ipykernel", "ipython")
+
+
+def build_newest(stack: str, stack_file: Path, interpreter: Path, venv: Path) -> None:
+    """Create the venv from the newest releases: hfxla_nb's training extras and the stack's
+    unpinned lines, resolved by pip now."""
+    shutil.rmtree(venv, ignore_errors=True)
+    venv.mkdir(parents=True)
+    log = venv / "install.log"
+    say(stack, f"creating {venv} with {interpreter}, newest releases (log: {log})")
+    run_logged([str(interpreter), "-m", "venv", str(venv)], log)
+    python = venv / "bin" / "python"
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
+    run_logged(pip + ["install", "--upgrade", "pip"], log)
+    run_logged(pip + ["install", "--upgrade", "--editable", PACKAGE_SPEC, "-r", str(stack_file)],
+               log, cwd=ROOT)
+    run_logged(pip + ["install", "--no-deps"] + EXTRA_NO_DEPS, log)
+    installed = packages(python)
+    installed.pop(PACKAGE_NAME, None)
+    write_freeze(venv / "freeze.txt", installed)
+    say(stack, "resolved: " + ", ".join(f"{name} {installed[name]}" for name in HEADLINE
+                                         if name in installed))
 
 
 def run_logged(command: list[str], log: Path, **kwargs) -> None:
@@ -184,20 +219,20 @@ def install_package(stack: str, venv: Path) -> None:
     say(stack, f"installing hfxla_nb changed nothing in the stack ({len(before)} packages)")
 
 
-def run_tests(stack: str, venv: Path, tests: list[str] | None = None
-              ) -> tuple[dict[str, int], int]:
+def run_tests(stack: str, venv: Path, tests: list[str] | None = None,
+              with_notebooks: bool = True) -> tuple[dict[str, int], int]:
     """Run the kernel-level tests (or only `tests`, without the notebooks) in the stack's
     venv; returns (counts, pytest's exit code)."""
     junit = venv / "junit.xml"
     junit.unlink(missing_ok=True)
     args = list(tests or KERNEL_TESTS)
-    notebooks = [] if tests else sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
+    notebooks = [] if tests or not with_notebooks else sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
     if tests:
         say(stack, "only " + " ".join(tests))
     elif notebooks:
         # --nbval-lax: a notebook cell fails on an error; outputs may differ (timings, devices).
         args += ["--nbval-lax"] + [str(n.relative_to(ROOT)) for n in notebooks]
-    else:
+    elif with_notebooks:
         say(stack, "no notebooks/*.ipynb yet: nothing for nbval")
     env = dict(
         os.environ,
@@ -242,16 +277,21 @@ def run_stack(stack_file: Path, venvs: Path = VENVS_DIR, tests: list[str] | None
                            f"`pyenv install {version}`, or put python{version} on PATH)")
     venv = venvs / stack
     start = time.monotonic()
+    newest = resolves_newest(stack_file)
     try:
-        built = build_venv(stack, stack_file, interpreter, venv)
-        install_package(stack, venv)
+        if newest:
+            build_newest(stack, stack_file, interpreter, venv)
+            built = True
+        else:
+            built = build_venv(stack, stack_file, interpreter, venv)
+            install_package(stack, venv)
     except StackError as error:
         say(stack, f"FAILED: {error}")
         first_line = str(error).splitlines()[0]
         return "failed", f"FAIL install {time.monotonic() - start:.0f} s: {first_line}"
     install_time = time.monotonic() - start
     start = time.monotonic()
-    counts, returncode = run_tests(stack, venv, tests)
+    counts, returncode = run_tests(stack, venv, tests, with_notebooks=not newest)
     test_time = time.monotonic() - start
     ok = returncode == 0 and counts["failed"] == counts["errors"] == 0 and counts["passed"] > 0
     summary = (

@@ -241,3 +241,43 @@ def test_a_save_that_fails_twice_keeps_the_model_in_the_result(
     trained_away = _weights(model_dir)  # the starting weights: training changed them
     assert any((state[name] != trained_away[name]).any() for name in trained_away)
     assert FineTuneResult.load(kept).steps == 2
+
+
+META_IMPORTS = '''
+import sys
+
+import torch
+from transformers import GPT2Config, LlamaConfig
+
+from hfxla_nb.train.model_facts import meta_classifier, meta_model
+
+seen = []
+
+
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if torch.get_default_device().type == "meta":
+            seen.append(name)
+
+
+sys.meta_path.insert(0, Watch())
+meta_classifier(GPT2Config(n_layer=1, n_embd=8, n_head=2), 2)
+meta_model(LlamaConfig(num_hidden_layers=1, hidden_size=8, intermediate_size=16,
+                       num_attention_heads=2, num_key_value_heads=2, vocab_size=32))
+print("imported on meta:", seen)
+'''
+
+
+def test_no_module_is_first_imported_on_the_meta_device():
+    # On torch 2.8 a model class's first import under torch.device("meta") (transformers ->
+    # accelerate -> torch_xla -> torch._dynamo) dies in a circular import: the disk check and
+    # the memory plan import the class before they build on the meta device.
+    import subprocess
+    import sys
+
+    from tests.helpers import subprocess_env
+
+    done = subprocess.run([sys.executable, "-c", META_IMPORTS], capture_output=True, text=True,
+                          timeout=300, env=subprocess_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "imported on meta: []" in done.stdout, done.stdout[-3000:]

@@ -319,7 +319,7 @@ def test_patches_are_reversible():
 
     original = masking_utils._ignore_bidirectional_mask_sdpa
     with patches.applied() as names:
-        assert names == ["bidirectional_mask", "causal_mask", "packed_sequences"]
+        assert names == ["bidirectional_mask", "causal_mask", "hub_kernels", "packed_sequences"]
         assert patches.active() == names
         assert masking_utils._ignore_bidirectional_mask_sdpa is not original
         assert patches.apply() == []  # idempotent

@@ -85,3 +85,21 @@ def test_a_launch_record_lists_its_leftover_processes():
         child.wait()
     assert record.leftover_processes() == []
     assert hfxla_nb.LaunchRecord("spmd", 1, []).leftover_processes() == []
+
+
+def test_the_xla_extras_cap_torch_at_the_newest_torch_xla():
+    # pip pairs its newest torch with the newest torch_xla, built for an older torch: the
+    # extras cap both, at the release `runtime.problems` names in its fixes.
+    import tomllib
+    from pathlib import Path
+
+    from hfxla_nb.runtime.problems import NEWEST_TORCH_XLA
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    extras = project["project"]["optional-dependencies"]
+    cap = f"<{NEWEST_TORCH_XLA[0]}.{NEWEST_TORCH_XLA[1] + 1}"
+    for extra in ("xla", "tpu"):
+        torch = [r for r in extras[extra] if r.startswith("torch>")]
+        xla = [r for r in extras[extra] if r.startswith("torch_xla")]
+        assert torch and torch[0].endswith(cap), (extra, extras[extra])
+        assert xla and xla[0].endswith(cap), (extra, extras[extra])

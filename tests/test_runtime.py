@@ -331,6 +331,34 @@ def test_torch_and_torch_xla_minor_mismatch():
     assert problems_for(versions=dict(MATCHING, torch_xla="2.9.1")) == []
 
 
+def test_torch_newer_than_every_torch_xla_goes_back_to_torch_xlas_release():
+    # pip pairs its newest torch (2.14) with the newest torch_xla (2.9, built for torch 2.9):
+    # the fix is torch 2.9, since no torch_xla 2.14 exists.
+    (problem,) = problems_for(versions=dict(MATCHING, torch="2.14.1", torch_xla="2.9.0"))
+    assert "pip install 'torch==2.9.*'" in problem.fix, problem.fix
+    assert "torch_xla==2.14" not in problem.fix and "torch_xla 2.9 is built for torch 2.9" \
+        in problem.fix
+    (missing,) = problems_for(versions=dict(MATCHING, torch="2.14.1", torch_xla=None))
+    assert "pip install 'torch==2.9.*' 'torch_xla==2.9.*'" in missing.fix, missing.fix
+    # Kaggle's torch 2.8 with a newer torch_xla: torch stays, torch_xla matches it.
+    (kaggle,) = problems_for(versions=dict(MATCHING, torch="2.8.0", torch_xla="2.9.0"))
+    assert "pip install 'torch_xla==2.8.*' to match torch 2.8" in kaggle.fix
+
+
+def test_a_launch_refuses_a_torch_xla_of_another_torch_before_forking(monkeypatch):
+    from hfxla_nb.launch import preflight
+    from hfxla_nb.runtime import environment
+
+    real = environment.package_versions()
+    monkeypatch.setattr(environment, "package_versions",
+                        lambda environ=None: dict(real, torch="2.14.1", torch_xla="2.9.0"))
+    with pytest.raises(preflight.LaunchRefusedError, match=r"pip install 'torch==2\.9\.\*'"):
+        preflight.check_backend("spmd")
+    preflight.check_backend("debug")  # gloo on the CPU: no torch_xla needed
+    monkeypatch.setattr(environment, "package_versions", lambda environ=None: real)
+    preflight.check_backend("spmd")  # the pinned test stack matches
+
+
 def test_torch_xla_missing():
     (problem,) = problems_for(versions=dict(MATCHING, torch_xla=None))
     assert problem.severity == "error" and "torch_xla is not installed" in problem.title

@@ -39,6 +39,14 @@ def require_torch_xla() -> ModuleType:
     try:
         import torch_xla  # noqa: F401
     except ImportError as error:  # pragma: no cover - depends on the environment
+        if is_installed():
+            # Installed but broken: almost always a torch of another minor version, whose
+            # symbols the torch_xla binary does not find ("undefined symbol: _ZN5torch...").
+            raise XlaUnavailableError(
+                f"torch_xla is installed but cannot be imported ({error}). torch_xla only "
+                "works with the torch release it was built for (the same minor version): "
+                "`hx.detect()` or %xla_info names the pip line that makes them match."
+            ) from error
         raise XlaUnavailableError(
             "torch_xla is not installed. A TPU VM or Colab/Kaggle TPU runtime has it; "
             "elsewhere run `pip install torch_xla` with the same minor version as torch "

@@ -112,20 +112,35 @@ def check_runtime_not_started() -> None:
 
 def check_backend(strategy: str) -> None:
     """Refuse, before anything is read or forked, work that needs torch_xla where it is not
-    installed, saying what to install; on a host with TorchTPU instead, what of hfxla_nb works
-    there. `strategy="debug"` runs on the CPU with gloo: it needs no torch_xla."""
-    if strategy == "debug" or _xla.is_installed():
+    installed or does not match torch, saying what to install; on a host with TorchTPU
+    instead, what of hfxla_nb works there. `strategy="debug"` runs on the CPU with gloo: it
+    needs no torch_xla."""
+    if strategy == "debug":
         return
     from ..runtime.environment import package_versions
-    from ..runtime.problems import TORCH_TPU_FIX, TORCH_TPU_ONLY
+    from ..runtime.problems import (
+        TORCH_TPU_FIX,
+        TORCH_TPU_ONLY,
+        major_minor,
+        matching_pair,
+        mismatch_problem,
+    )
 
-    torch_tpu = package_versions().get("torch_tpu")
+    versions = package_versions()
+    if _xla.is_installed():
+        # pip pairs the newest torch with the newest torch_xla, which is built for an older
+        # torch: every worker would fail at `import torch_xla` with an undefined symbol.
+        problem = mismatch_problem(versions)
+        if problem is not None:
+            raise LaunchRefusedError(f"{problem.title} {problem.fix}")
+        return
+    torch_tpu = versions.get("torch_tpu")
     if torch_tpu is not None:
         raise LaunchRefusedError(f"{TORCH_TPU_ONLY.format(version=torch_tpu)} {TORCH_TPU_FIX}")
+    fix = matching_pair(major_minor(versions.get("torch")), None)
     raise LaunchRefusedError(
-        "torch_xla is not installed, and every worker needs it. Install the torch_xla of "
-        "torch's minor version (pip install 'torch_xla==2.9.*' for torch 2.9; on a TPU VM "
-        "'torch_xla[tpu]==2.9.*'), or launch with strategy='debug' to run on the CPU with gloo.")
+        f"torch_xla is not installed, and every worker needs it: {fix} (on a TPU VM, "
+        "torch_xla[tpu]), or launch with strategy='debug' to run on the CPU with gloo.")
 
 
 def check_environment(accelerator: Any, environ: Mapping[str, str]) -> None:

@@ -71,9 +71,22 @@ def prepare_process(channel: Channel, output_fds: tuple[int, int],
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _avoid_forked_openmp_pool()
+    _keep_hub_kernels_off_xla()
     global _cells
     _cells = cell_numbers()
     leave_the_notebook(channel)
+
+
+def _keep_hub_kernels_off_xla() -> None:
+    """Load models in the worker without the `kernels` package's hub kernels.
+
+    transformers 5.25 kernelizes every model it loads when `kernels` is installed, and again
+    at each `model.train()`/`eval()`; `kernels` knows no "xla" device and raises "Unsupported
+    device type 'xla'" once the model is on one. `USE_HUB_KERNELS` is transformers' own switch
+    (read at each `from_pretrained`); a value the user set is kept. `hx.patches`' `hub_kernels`
+    covers a model loaded before the launch.
+    """
+    os.environ.setdefault("USE_HUB_KERNELS", "NO")
 
 
 def _avoid_forked_openmp_pool() -> None:

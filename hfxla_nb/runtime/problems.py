@@ -61,10 +61,8 @@ class Facts:
 
     @property
     def matching_xla(self) -> str:
-        """A pip requirement for the torch_xla that matches this torch."""
-        minor = self.torch_minor
-        extra = "[tpu]" if self.on_tpu else ""
-        return f"torch_xla{extra}=={minor[0]}.{minor[1]}.*" if minor else f"torch_xla{extra}==2.9.*"
+        """The pip requirements that give this host a torch and torch_xla of one minor version."""
+        return matching_pair(self.torch_minor, None, tpu=self.on_tpu)
 
 
 Check = Callable[[Facts], Iterator[Problem]]
@@ -76,12 +74,48 @@ def major_minor(version: str | None) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+#: The newest torch_xla release (2.9, built for torch 2.9): there is no torch_xla for a newer
+#: torch, so pyproject.toml's [xla] and [tpu] extras cap torch below 2.10.
+NEWEST_TORCH_XLA = (2, 9)
+
+
+def matching_pair(torch_minor: tuple[int, int] | None, xla_minor: tuple[int, int] | None,
+                  tpu: bool = False) -> str:
+    """The pip line that makes torch and torch_xla match, changing as little as it can.
+
+    torch_xla X.Y is built for torch X.Y only. When a torch_xla exists for the installed
+    torch, that torch_xla is installed (torch stays: Colab and Kaggle ship it); when torch is
+    newer than every torch_xla (pip's newest torch, say), torch goes back to the release
+    torch_xla was built for.
+
+    Args:
+        torch_minor: the installed torch's (major, minor), or None.
+        xla_minor: the installed torch_xla's (major, minor), or None.
+        tpu: whether to name torch_xla's `[tpu]` extra (libtpu).
+
+    Returns:
+        A command such as `pip install 'torch_xla==2.9.*'`.
+    """
+    extra = "[tpu]" if tpu else ""
+    if torch_minor and torch_minor <= NEWEST_TORCH_XLA:
+        return f"pip install 'torch_xla{extra}=={torch_minor[0]}.{torch_minor[1]}.*'"
+    minor = xla_minor if xla_minor and xla_minor <= NEWEST_TORCH_XLA else NEWEST_TORCH_XLA
+    pair = f"{minor[0]}.{minor[1]}"
+    torch_only = xla_minor == minor
+    line = f"pip install 'torch=={pair}.*'"
+    if not torch_only:
+        line += f" 'torch_xla{extra}=={pair}.*'"
+    if torch_minor:
+        line += (f" (torch_xla {pair} is built for torch {pair}; no torch_xla exists for torch "
+                 f"{torch_minor[0]}.{torch_minor[1]})")
+    return line
+
+
 def torch_missing(facts: Facts) -> Iterator[Problem]:
     if facts.versions.get("torch") is None:
-        extra = "[tpu]" if facts.on_tpu else ""
         yield Problem("error", "torch is not installed.",
-                      f"pip install 'torch==2.9.*' 'torch_xla{extra}==2.9.*' (the same minor "
-                      "version for both).")
+                      f"{matching_pair(None, None, tpu=facts.on_tpu)} (the same minor version "
+                      "for both).")
 
 
 def torch_xla_missing(facts: Facts) -> Iterator[Problem]:
@@ -91,8 +125,8 @@ def torch_xla_missing(facts: Facts) -> Iterator[Problem]:
         yield Problem("error", TORCH_TPU_ONLY.format(version=facts.versions["torch_tpu"]),
                       TORCH_TPU_FIX)
         return
-    fix = f"pip install '{facts.matching_xla}'"
-    if facts.torch_minor:
+    fix = facts.matching_xla
+    if facts.torch_minor and facts.torch_minor <= NEWEST_TORCH_XLA:
         fix += f" to match torch {'.'.join(map(str, facts.torch_minor))}"
     if facts.environment == "colab":
         fix += (". On Colab choose Runtime > Change runtime type > TPU: its image ships "
@@ -122,17 +156,33 @@ def torch_tpu_too(facts: Facts) -> Iterator[Problem]:
 
 
 def versions_mismatch(facts: Facts) -> Iterator[Problem]:
-    torch_version, xla_version = facts.versions.get("torch"), facts.versions.get("torch_xla")
-    xla_minor = major_minor(xla_version)
-    if not (facts.torch_minor and xla_minor) or xla_minor == facts.torch_minor:
-        return
-    minor = ".".join(map(str, facts.torch_minor))
-    fix = f"pip install '{facts.matching_xla}' to match torch {minor}, then restart the kernel."
-    if facts.environment == "colab":
+    problem = mismatch_problem(facts.versions, tpu=facts.on_tpu, environment=facts.environment)
+    if problem is not None:
+        yield problem
+
+
+def mismatch_problem(versions: Mapping[str, str | None], tpu: bool = False,
+                     environment: str = "") -> Problem | None:
+    """The problem of a torch and a torch_xla of different minor versions, or None.
+
+    Args:
+        versions: package versions (`runtime.environment.package_versions()`).
+        tpu: whether the host has a TPU (the fix then names torch_xla's `[tpu]` extra).
+        environment: "colab", "kaggle", ... (Colab's image must not have torch reinstalled).
+    """
+    torch_version, xla_version = versions.get("torch"), versions.get("torch_xla")
+    torch_minor, xla_minor = major_minor(torch_version), major_minor(xla_version)
+    if not (torch_minor and xla_minor) or xla_minor == torch_minor:
+        return None
+    fix = matching_pair(torch_minor, xla_minor, tpu=tpu)
+    if torch_minor <= NEWEST_TORCH_XLA:
+        fix += f" to match torch {torch_minor[0]}.{torch_minor[1]}"
+    fix += ", then restart the kernel."
+    if environment == "colab":
         fix = ("Do not reinstall torch on Colab: the TPU runtime ships matching versions. " + fix
                + " If torch itself was upgraded, use Runtime > Disconnect and delete runtime.")
-    yield Problem("error", f"torch {torch_version} and torch_xla {xla_version} do not match: "
-                  "torch_xla only works with the torch release of the same minor version.", fix)
+    return Problem("error", f"torch {torch_version} and torch_xla {xla_version} do not match: "
+                   "torch_xla only works with the torch release of the same minor version.", fix)
 
 
 def runtime_started(facts: Facts) -> Iterator[Problem]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .model_facts import on_meta
 from .quiet_loading import quiet_loading
 from .worker import checkpoint as ckpt
 
@@ -49,11 +50,10 @@ class HeldModel:
 
     def write(self, folder: Path, auto_class: str) -> None:
         """`save_pretrained` files of the model and the tokenizer into `folder`."""
-        import torch
         import transformers
 
-        with torch.device("meta"):  # only the class and the config: the weights are ours
-            shell = getattr(transformers, auto_class).from_config(self.config)
+        # only the class and the config: the weights are ours
+        shell = on_meta(getattr(transformers, auto_class), self.config)
         shell.save_pretrained(folder, state_dict=self.state_dict)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(folder)

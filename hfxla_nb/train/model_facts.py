@@ -76,28 +76,43 @@ def load_model_config(model: Any) -> Any:
     return config
 
 
+def on_meta(auto_class: Any, config: Any) -> Any:
+    """`auto_class.from_config(config)` built on the `meta` device: exact shapes, no memory.
+
+    The model's module is imported first, outside the `meta` device: importing it can import
+    accelerate, torch_xla and torch._dynamo, and on torch 2.8 importing torch._dynamo under
+    `torch.device("meta")` dies in a circular import.
+
+    Raises:
+        ValueError: when `auto_class` has no class for this config (transformers' error).
+    """
+    import torch
+
+    mapping = getattr(auto_class, "_model_mapping", None)
+    if mapping is not None and type(config) in mapping:
+        mapping[type(config)]  # imports the modeling module (transformers' lazy mapping)
+    with torch.device("meta"):
+        return auto_class.from_config(config)
+
+
 def meta_model(config: Any) -> Any:
     """The model a config describes, built on the `meta` device: exact shapes, no memory."""
-    import torch
     from transformers import AutoModel, AutoModelForCausalLM
 
-    with torch.device("meta"):
-        try:
-            return AutoModelForCausalLM.from_config(config)
-        except ValueError:  # no causal-LM class for this architecture (BERT-style encoders)
-            return AutoModel.from_config(config)
+    try:
+        return on_meta(AutoModelForCausalLM, config)
+    except ValueError:  # no causal-LM class for this architecture (BERT-style encoders)
+        return on_meta(AutoModel, config)
 
 
 def meta_classifier(config: Any, num_labels: int) -> Any:
     """The sequence classifier a config describes with a head for `num_labels` labels, built
     on the `meta` device (what `fine_tune` loads for task="classification")."""
-    import torch
     from transformers import AutoModelForSequenceClassification
 
     config = copy.deepcopy(config)
     config.num_labels = int(num_labels)
-    with torch.device("meta"):
-        return AutoModelForSequenceClassification.from_config(config)
+    return on_meta(AutoModelForSequenceClassification, config)
 
 
 def text_config(config: Any) -> Any:

@@ -33,6 +33,12 @@ The patches:
   sequence indices unread, as it does when traced by `torch.compile`; rows that are not
   packed are all one sequence (index 0 throughout), so the mask built from them is the
   causal mask it would have built without them.
+- `hub_kernels`: with the `kernels` package installed (transformers 5.25 requires it),
+  transformers kernelizes a model at load and again at each `model.train()` or `eval()`,
+  for the model's device; `kernels` knows no "xla" device and raises "Unsupported device
+  type 'xla'". On a model whose parameters are on an XLA device the patched `kernelize`
+  does nothing: the model keeps transformers' own PyTorch layers, which XLA compiles. (A
+  launched worker also loads models with `USE_HUB_KERNELS=NO`, transformers' own switch.)
 """
 
 from __future__ import annotations
@@ -87,9 +93,30 @@ def _packed_unread_on_xla(original: Callable[..., Any]) -> Callable[..., Any]:
     return packed_sequences
 
 
+def _no_hub_kernels_on_xla(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`original(model, ...)`, except that a model on an XLA device is left as it is."""
+
+    def kernelize(model, *args, **kwargs) -> Any:
+        parameter = next(model.parameters(), None) if hasattr(model, "parameters") else None
+        if _on_xla(parameter):
+            return None  # no hub kernel exists for XLA (see the module doc)
+        return original(model, *args, **kwargs)
+
+    kernelize.__name__ = original.__name__
+    kernelize.__wrapped__ = original  # type: ignore[attr-defined]
+    kernelize.__hfxla_nb_patch__ = True  # type: ignore[attr-defined]
+    return kernelize
+
+
 def _targets() -> dict[str, tuple[Any, str, Callable[[Any], Any]]]:
     """name -> (module, attribute, make_replacement) for the patches this transformers has."""
     targets = {}
+    try:
+        from transformers import modeling_utils
+    except ImportError:
+        return targets
+    if hasattr(modeling_utils, "kernelize"):  # transformers with hub kernels (5.x)
+        targets["hub_kernels"] = (modeling_utils, "kernelize", _no_hub_kernels_on_xla)
     try:
         from transformers import masking_utils
     except ImportError:  # transformers < 4.53 builds masks elsewhere, without this check

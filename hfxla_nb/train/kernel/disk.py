@@ -7,6 +7,7 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 from ..disk_space import DiskEstimate, check_free_space, checkpoints_written, estimate_output
+from ..model_facts import on_meta
 from ..tasks.base import Task
 from ..worker import checkpoint as ckpt
 from .preparation import Prepared, TaskContext
@@ -58,8 +59,6 @@ def parameter_count(context: TaskContext, task: Task, prepared: Prepared) -> int
     """The parameters of the model the worker trains: the instance's, else those of the task's
     model built from the config on the `meta` device (exact shapes, no memory), with the
     head the worker gives it."""
-    import torch
-
     if context.instance is not None:
         return _unique_count(context.instance)
     import transformers
@@ -69,8 +68,7 @@ def parameter_count(context: TaskContext, task: Task, prepared: Prepared) -> int
         if key != "ignore_mismatched_sizes":  # a loading option, not a config field
             setattr(config, key, value)
     auto_class = getattr(transformers, task.auto_class_for(context.model_config))
-    with torch.device("meta"):
-        return _unique_count(auto_class.from_config(config))
+    return _unique_count(on_meta(auto_class, config))
 
 
 def saved_bytes_per_parameter(context: TaskContext) -> int:
