@@ -8,7 +8,7 @@ export PJRT_DEVICE ?= CPU
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: setup test test-fast lint demo bench lab clean test-browser test-stacks test-notebooks \
-	test-pods strip-notebooks test-binder test-stress dist
+	test-pods strip-notebooks test-binder test-stress dist test-latest
 
 $(STAMP): pyproject.toml requirements-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -108,12 +108,16 @@ lab: setup
 	$(PY) -m pip install --quiet jupyterlab
 	$(VENV)/bin/jupyter lab notebooks/
 
-# The kernel-level tests on the stacks of Colab's and Kaggle's TPU runtimes (stacks/*.txt), each in
-# its own venv under .stacks/ (built once, a few GB each); a stack whose Python is missing is
-# skipped. `make test-stacks STACKS=colab` runs one.
+# The kernel-level tests on the stacks of Colab's and Kaggle's TPU runtimes and on the newest
+# releases (stacks/*.txt), each in its own venv under .stacks/ (a few GB each; the recorded ones
+# built once, latest rebuilt at each run); a stack whose Python is missing is skipped.
+# `make test-stacks STACKS=colab` runs one; `make test-latest` (CI) the newest releases.
 STACKS ?=
 test-stacks:
 	$(PYTHON) stacks/run_stack.py $(STACKS)
+
+test-latest:
+	$(PYTHON) stacks/run_stack.py latest
 
 # The wheel and the sdist, into dist/ (git-ignored), then twine's check of their metadata (the
 # README renders on PyPI). tests/test_wheel.py installs such a wheel in fresh venvs.

@@ -18,7 +18,7 @@ README = (ROOT / "README.md").read_text()
 # The pages whose promises claims.md holds to account, relative to the repository's root.
 PAGES = ("README.md", "docs/launcher.md", "docs/panels.md", "docs/fine-tune.md",
          "docs/memory.md", "docs/speed.md", "docs/pods.md", "docs/tpu-only.md", "docs/tasks.md",
-         "docs/doctor.md", "docs/torchtpu.md")
+         "docs/doctor.md", "docs/torchtpu.md", "docs/install.md")
 # `make lab` opens JupyterLab, `make lint` runs the contracts, `make setup` builds .venv:
 # commands, not promises.
 NOT_PROMISES = {"lab", "lint", "setup"}
