@@ -73,6 +73,25 @@ def test_patches_are_public_as_hx_patches():
     assert hfxla_nb.patches.active() == []
 
 
+@pytest.mark.parametrize("first", ["import hfxla_nb.patches as found",
+                                   "from hfxla_nb import patches as found",
+                                   "import hfxla_nb as hx; found = hx.patches; "
+                                   "import hfxla_nb.patches"])
+def test_hfxla_nb_patches_is_an_import_path(first):
+    """`import hfxla_nb.patches` (the path a fine_tune result's note names) works in a fresh
+    process, whichever way the module is reached first, and every way gives the one module
+    that holds the patches and their state."""
+    code = (f"{first}\n"
+            "import sys, hfxla_nb, hfxla_nb.patches, hfxla_nb.train.patches as internal\n"
+            "print(found is internal, hfxla_nb.patches is internal, "
+            "sys.modules['hfxla_nb.patches'] is internal, callable(found.applied))")
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"] * 4
+
+
 def test_a_launch_record_lists_its_leftover_processes():
     """`hx.last_launch().leftover_processes()`: the live processes of the launch's process
     group, as /proc has them; none once they are gone, none for a launch that forked nothing."""
