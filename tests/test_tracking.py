@@ -200,8 +200,11 @@ def test_fine_tune_writes_every_figure_to_tensorboard(tracked):
     # The last metrics snapshot: what the launch's record says for rank 0.
     assert found["xla/compiles"][-1][1] == result.xla["compiles"]
     assert found["xla/transfers_from_device"][-1][1] == result.xla["transfers_from_device"]
-    # The output folder stays an earlier fine_tune output, for the next run.
-    assert check_output_dir(folder / "out", "tiny-bert") == str(folder / "out")
+    # The output folder stays an earlier fine_tune output: the next run there replaces it
+    # only when asked to (overwrite_output_dir=True), and the TensorBoard files do not count.
+    assert check_output_dir(folder / "out", "tiny-bert", overwrite=True) == str(folder / "out")
+    with pytest.raises(FineTuneError, match="already holds a saved model"):
+        check_output_dir(folder / "out", "tiny-bert")
 
 
 def test_fine_tune_hyperparameters_are_every_field_and_the_memory_plan(tracked):

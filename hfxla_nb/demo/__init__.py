@@ -279,6 +279,18 @@ def _no_progress_bars() -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------
 
 
+def demo_output_dir(output_dir: str | os.PathLike | None,
+                    name: str) -> str | os.PathLike | None:
+    """`output_dir` as a demo passes it to `fine_tune`: "auto" (every demo's default) is a new
+    folder for each run, `demo_output/<name>-<start time>`, so that running a demo again
+    never replaces the model an earlier run saved; any other value is passed as it is."""
+    if isinstance(output_dir, str) and output_dir == "auto":
+        from hfxla_nb.train.kernel.sources import new_output_dir
+
+        return str(new_output_dir(name, root="demo_output"))
+    return output_dir
+
+
 def run_demo(
     rows: int = 3000,
     epochs: float = 2,
@@ -286,7 +298,7 @@ def run_demo(
     learning_rate: float = 1e-3,
     devices: int = 4,
     strategy: str = "spmd",
-    output_dir: str | os.PathLike | None = "demo_output/tiny-bert",
+    output_dir: str | os.PathLike | None = "auto",
     progress: bool | str = "console",
     cache: str | os.PathLike | None = None,
     **fine_tune_kwargs,
@@ -295,7 +307,9 @@ def run_demo(
 
     Args:
         rows: rows of demo data (80% train, 10% validation, 10% test).
-        epochs, batch_size, learning_rate, strategy, output_dir, progress: as in `fine_tune`.
+        epochs, batch_size, learning_rate, strategy, progress: as in `fine_tune`.
+        output_dir: as in `fine_tune`; "auto" (default): a new folder for each run,
+            `demo_output/tiny-bert-<start time>`.
         devices: virtual XLA devices when there is no TPU (on a TPU, all its devices).
         cache: cache folder for the tokenizer and model (see `cache_dir`).
         fine_tune_kwargs: more `fine_tune` arguments.
@@ -317,7 +331,7 @@ def run_demo(
         learning_rate=learning_rate,
         strategy=strategy,
         num_processes=None if on_tpu else devices,
-        output_dir=output_dir,
+        output_dir=demo_output_dir(output_dir, "tiny-bert"),
         progress=progress,
         **fine_tune_kwargs,
     )
@@ -352,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--devices", type=int, default=4, help="virtual XLA devices (no TPU)")
     parser.add_argument("--strategy", default="spmd", choices=("spmd", "replicated"))
-    parser.add_argument("--output-dir", default="demo_output/tiny-bert")
+    parser.add_argument("--output-dir", default="auto",
+                        help="default: a new folder demo_output/tiny-bert-<start time>")
     args = parser.parse_args(argv)
 
     from hfxla_nb.ui.finetune_panel import result_text

@@ -26,6 +26,7 @@ from . import (
     build_atomically,
     cache_dir,
     demo_label_names,
+    demo_output_dir,
     demo_texts,
     demo_tokenizer,
     save_seeded_model,
@@ -104,7 +105,7 @@ def demo_lm_model_dir(seed: int = 0, cache: str | os.PathLike | None = None) -> 
 
 def run_demo_lm(rows: int = 2000, epochs: float = 1, batch_size: int = 16,
                 learning_rate: float = 3e-3, devices: int = 4, sharding: str = "fsdp",
-                output_dir: str | os.PathLike | None = "demo_output/tiny-llama",
+                output_dir: str | os.PathLike | None = "auto",
                 progress: bool | str = "console", cache: str | os.PathLike | None = None,
                 **fine_tune_kwargs):
     """Fine-tune the tiny Llama on the demo pairs with `fine_tune(task="causal-lm")`.
@@ -112,6 +113,8 @@ def run_demo_lm(rows: int = 2000, epochs: float = 1, batch_size: int = 16,
     Args:
         devices: virtual XLA devices when there is no TPU (on a TPU, all its devices).
         sharding: "fsdp" (FSDPv2: parameters sharded over the devices) or "data".
+        output_dir: as in `fine_tune`; "auto" (default): a new folder for each run,
+            `demo_output/tiny-llama-<start time>`.
         fine_tune_kwargs: more `fine_tune` arguments.
     """
     from hfxla_nb.runtime import detect_accelerator
@@ -123,7 +126,8 @@ def run_demo_lm(rows: int = 2000, epochs: float = 1, batch_size: int = 16,
         prompt_column="prompt", response_column="response",
         template=TEMPLATE, max_length=64, epochs=epochs, batch_size=batch_size,
         learning_rate=learning_rate, sharding=sharding,
-        num_processes=None if on_tpu else devices, output_dir=output_dir, progress=progress,
+        num_processes=None if on_tpu else devices,
+        output_dir=demo_output_dir(output_dir, "tiny-llama"), progress=progress,
         **fine_tune_kwargs,
     )
 
@@ -138,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=float, default=1)
     parser.add_argument("--devices", type=int, default=4, help="virtual XLA devices (no TPU)")
     parser.add_argument("--sharding", default="fsdp", choices=("fsdp", "data"))
-    parser.add_argument("--output-dir", default="demo_output/tiny-llama")
+    parser.add_argument("--output-dir", default="auto",
+                        help="default: a new folder demo_output/tiny-llama-<start time>")
     args = parser.parse_args(argv)
 
     from hfxla_nb.ui.finetune_panel import result_text

@@ -24,7 +24,7 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import build_atomically, cache_dir, save_seeded_model
+from . import build_atomically, cache_dir, demo_output_dir, save_seeded_model
 
 if TYPE_CHECKING:
     import datasets
@@ -166,7 +166,7 @@ def demo_seq2seq_model_dir(architecture: str = "bart", seed: int = 0,
 def run_demo_seq2seq(rows: int = 1200, max_steps: int = 100, batch_size: int = 32,
                      learning_rate: float = 5e-3, devices: int = 4, architecture: str = "bart",
                      eval_rows: int | None = None,
-                     output_dir: str | os.PathLike | None = "demo_output/tiny-bart",
+                     output_dir: str | os.PathLike | None = "auto",
                      progress: bool | str = "console", cache: str | os.PathLike | None = None,
                      **fine_tune_kwargs):
     """Fine-tune the tiny BART (or T5) on the demo translations with `task="seq2seq"`.
@@ -174,6 +174,8 @@ def run_demo_seq2seq(rows: int = 1200, max_steps: int = 100, batch_size: int = 3
     Args:
         eval_rows: evaluate on the first this many validation rows (default: all 10%).
         devices: virtual XLA devices when there is no TPU (on a TPU, all its devices).
+        output_dir: as in `fine_tune`; "auto" (default): a new folder for each run,
+            `demo_output/tiny-bart-<start time>`.
         fine_tune_kwargs: more `fine_tune` arguments.
     """
     from hfxla_nb.runtime import detect_accelerator
@@ -188,7 +190,8 @@ def run_demo_seq2seq(rows: int = 1200, max_steps: int = 100, batch_size: int = 3
         demo_seq2seq_model_dir(architecture, cache=cache), data["train"],
         eval_dataset=evaluation, task="seq2seq", source_lang="en", target_lang="rev",
         max_steps=max_steps, batch_size=batch_size, learning_rate=learning_rate,
-        num_processes=None if on_tpu else devices, output_dir=output_dir, progress=progress,
+        num_processes=None if on_tpu else devices,
+        output_dir=demo_output_dir(output_dir, "tiny-bart"), progress=progress,
         **fine_tune_kwargs,
     )
 
@@ -203,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--devices", type=int, default=4, help="virtual XLA devices (no TPU)")
     parser.add_argument("--architecture", default="bart", choices=("bart", "t5"))
-    parser.add_argument("--output-dir", default="demo_output/tiny-bart")
+    parser.add_argument("--output-dir", default="auto",
+                        help="default: a new folder demo_output/tiny-bart-<start time>")
     args = parser.parse_args(argv)
 
     from hfxla_nb.runtime import detect_accelerator

@@ -58,9 +58,16 @@ class FineTuneConfig:
             "replicated" (`xmp.spawn`, one process per TPU chip, `xm.optimizer_step`).
         num_processes: devices to use; on a machine without a TPU, the number of virtual XLA
             CPU devices (default `CPU_NUM_DEVICES` or 1). On a TPU always all.
-        output_dir: where the model, tokenizer and checkpoints go; "auto" (default):
-            `hfxla_nb_output/<model name>`; None: save nothing. Must be new, empty, or an
-            earlier fine_tune output.
+        output_dir: where the model, tokenizer and checkpoints go; "auto" (default): a new
+            folder for each run, `hfxla_nb_output/<model name>-<start time>` (e.g.
+            `hfxla_nb_output/tiny-bert-20261205-224501`, `-2` after it when two runs start in
+            the same second); None: save nothing. A folder you name must be new or empty,
+            or hold a saved model with `overwrite_output_dir=True`, or hold the checkpoints
+            that `resume_from_checkpoint` continues from.
+        overwrite_output_dir: replace the saved model (and the run summary) in the folder
+            `output_dir` names; without it a folder that holds a saved model, an adapter or
+            checkpoints is refused before anything starts. Resuming into the folder whose
+            checkpoints it continues from needs no overwrite.
         save_steps: write a checkpoint every this many steps (model, optimizer, scheduler,
             step, random states) under `output_dir/checkpoints/`.
         fallback_dir: where the trained model goes when writing `output_dir` fails (a full
@@ -160,6 +167,7 @@ class FineTuneConfig:
     strategy: str = "spmd"
     num_processes: int | None = None
     output_dir: str | os.PathLike | None = "auto"
+    overwrite_output_dir: bool = False
     save_steps: int | None = None
     resume_from_checkpoint: bool | str | os.PathLike | None = None
     seed: int = 0
@@ -238,6 +246,9 @@ class FineTuneConfig:
         _check_int("seed", self.seed, minimum=0)
         if not isinstance(self.augment, bool):
             raise FineTuneError(f"augment must be True or False, got {self.augment!r}.")
+        if not isinstance(self.overwrite_output_dir, bool):
+            raise FineTuneError(f"overwrite_output_dir must be True or False, got "
+                                f"{self.overwrite_output_dir!r}.")
         _check_numbers(self)
         _check_tracking(self)
         for metric in self.metrics:

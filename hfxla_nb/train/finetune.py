@@ -27,6 +27,7 @@ from .config import FineTuneConfig
 from .hub import push_after_training
 from .kernel.hub import check_hub
 from .kernel.prepare import prepare_fine_tune
+from .kernel.sources import claim_output_dir, release_output_dir
 from .result import FineTuneResult
 from .tracking import fine_tune_tracker, finish_tracker
 from .worker.loop import train_worker
@@ -55,6 +56,9 @@ def fine_tune(
             "validation" or "test" for evaluation), a dataset name on the Hub, a local file
             or folder, a pandas DataFrame, or a list of dicts.
         config: a `hx.FineTuneConfig`; keyword arguments override its fields.
+            Each run saves to a new folder by default (`hfxla_nb_output/<model>-<start
+            time>`); a folder you name that holds a saved model is replaced only with
+            `overwrite_output_dir=True`.
         cluster: a Ray cluster's address ("host:port", or "auto"): train on `hosts` hosts of
             it, as `notebook_launcher(cluster=, hosts=)` runs a function (docs/pods.md).
         hosts: how many hosts of `cluster` to train on (a v5e-16 slice has 4).
@@ -95,6 +99,8 @@ def fine_tune(
     check_backend(config.strategy)  # no torch_xla (TorchTPU only): refused before any work
     plan = prepare_fine_tune(model, dataset, config)  # refuses lora= for tasks without it
     hub = check_hub(config, plan.output_dir)  # push_to_hub: the token and the Hub, now
+    if config.output_dir == "auto":  # every check passed: the run's new folder is its own now
+        plan.output_dir = claim_output_dir(plan.output_dir)
     progress = "auto" if config.progress is True else config.progress
     memory = dataclasses.asdict(plan.memory) if plan.memory is not None else None
     notice = show_memory_plan(plan.memory, progress)  # the plan in the cell before the fork
@@ -107,6 +113,8 @@ def fine_tune(
     except BaseException:
         if tracker is not None:
             tracker.close(failed=True)
+        if config.output_dir == "auto":
+            release_output_dir(plan.output_dir)  # a failed run leaves no empty folder behind
         raise
     finally:
         if notice is not None:

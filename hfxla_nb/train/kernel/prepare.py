@@ -7,9 +7,13 @@
    columns), the model for the task, `lora=` for the task, no empty split;
 4. the task's `prepare` (its module in `tasks/`): the encoded data and what the plan needs
    besides (a `preparation.Prepared`);
-5. the plan: steps per epoch and in total, the output folder (with room for what the run
-   writes: `disk.py`), the checkpoint to resume, and where the model comes from (for its
+5. the plan: steps per epoch and in total, room in the output folder for what the run
+   writes (`disk.py`), the checkpoint to resume, and where the model comes from (for its
    model card: `hub_card.provenance`).
+
+The output folder is checked right after the model's config is read, before the data:
+`output_dir="auto"` names a new folder for the run, and a folder that holds a saved model is
+refused without `overwrite_output_dir=True` (`sources.check_output_dir`).
 
 Runs in the notebook kernel without starting the XLA runtime. Writes nothing; any refusal is
 a `FineTuneError` that says what to change.
@@ -42,6 +46,11 @@ def prepare_fine_tune(
     """
     config = FineTuneConfig.build(config, options)
     source, model_config, fixed_labels, model_name = sources.model_source(model)
+    # The output folder first: a folder that holds a saved model is refused before the data
+    # is tokenized (minutes for a large set), and the default folder is named by the start.
+    output_dir = sources.check_output_dir(
+        config.output_dir, model_name, overwrite=config.overwrite_output_dir,
+        resume=config.resume_from_checkpoint)
     head = sources.resolve_task(config.task, model, model_config)
     splits = pick_splits(dataset, config)
     picked = task_from_columns(splits.train, config) if head is None else None
@@ -55,7 +64,7 @@ def prepare_fine_tune(
     prepared = task.prepare(splits, config, context)
     if picked:
         prepared.data.notes.insert(0, f"task={AUTO!r} picked {picked!r} from the data's columns")
-    plan = build_plan(config, context, task, prepared)
+    plan = build_plan(config, context, task, prepared, output_dir)
     # Where the model comes from, for its model card (`hub_card.py`), on the result too.
     plan.provenance = provenance(
         model, dataset, config, list(getattr(splits.train, "column_names", None) or []),
@@ -117,14 +126,14 @@ def check_lora_task(config: FineTuneConfig, task: Task) -> None:
 
 
 def build_plan(config: FineTuneConfig, context: TaskContext, task: Task,
-               prepared: Prepared) -> TrainPlan:
+               prepared: Prepared, output_dir: str | None) -> TrainPlan:
     """The `TrainPlan` of a task's prepared data: steps per epoch and in total, devices,
-    output folder, the checkpoint to resume."""
+    output folder (`output_dir`, checked by `sources.check_output_dir`), the checkpoint to
+    resume."""
     encoded = prepared.data
     per_epoch = steps_of_an_epoch(config, encoded)
     total = (int(config.max_steps) if config.max_steps is not None
              else max(1, math.ceil(config.epochs * per_epoch)))
-    output_dir = sources.check_output_dir(config.output_dir, context.model_name)
     fingerprint = {
         "train_rows": encoded.train.num_rows,
         "batch_size": config.batch_size,

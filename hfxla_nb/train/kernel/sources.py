@@ -5,7 +5,9 @@ Each function refuses what cannot work with a `FineTuneError` that says what to 
 
 from __future__ import annotations
 
+import contextlib
 import os
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -180,11 +182,111 @@ def position_limit(config: Any) -> int | None:
     return limit
 
 
-def check_output_dir(output_dir: Any, model_name: str) -> str | None:
+# Where output_dir="auto" puts each run's folder (relative to the working folder).
+OUTPUT_ROOT = "hfxla_nb_output"
+# Names that mark a folder holding a saved model: a run there would replace it.
+SAVED_MODEL_FILES = frozenset({
+    "config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+    "pytorch_model.bin.index.json", "adapter_config.json", "adapter_model.safetensors",
+    "adapter_model.bin", "adapter", ckpt.RUN_FILE, ckpt.CHECKPOINTS,
+})
+
+
+def new_output_dir(model_name: str, started: datetime | None = None,
+                   root: str | os.PathLike = OUTPUT_ROOT) -> Path:
+    """The folder `output_dir="auto"` gives a run: new for each run, so that no run replaces
+    another's model.
+
+    Args:
+        model_name: the model's short name (a Hub id's last part, a folder's name).
+        started: when the run started (default: now).
+        root: the folder that holds every run's folder.
+
+    Returns:
+        `root/<model_name>-<YYYYmmdd-HHMMSS>`, or that name with `-2`, `-3`, ... after it when
+        it exists already (two runs started in the same second).
+    """
+    started = started or datetime.now()
+    return next_free(Path(root) / f"{model_name}-{started:%Y%m%d-%H%M%S}")
+
+
+def next_free(base: Path) -> Path:
+    """`base` when nothing is there, else the first of `base-2`, `base-3`, ... that is free."""
+    path, count = base, 1
+    while os.path.lexists(path):
+        count += 1
+        path = base.with_name(f"{base.name}-{count}")
+    return path
+
+
+def claim_output_dir(path: str | os.PathLike) -> str:
+    """Create a run's new default folder before the fork, so that a run started in the same
+    second by another kernel takes the next free name instead of this one.
+
+    Args:
+        path: the folder `new_output_dir` named.
+
+    Returns:
+        The folder created, absolute: `path`, or the next free name after it.
+
+    Raises:
+        FineTuneError: the folder cannot be created.
+    """
+    base = Path(path)
+    while True:
+        target = next_free(base)
+        try:
+            target.mkdir(parents=True)
+        except FileExistsError:
+            continue  # taken between the look and the mkdir: try the next name
+        except OSError as error:
+            raise _fail(f"could not create output_dir {target}: {error}. Pass output_dir=... "
+                        "a folder you can write to (or output_dir=None to save nothing).") from None
+        return str(target)
+
+
+def release_output_dir(path: str | os.PathLike | None) -> None:
+    """Remove a folder `claim_output_dir` created when the run wrote nothing in it (it
+    failed before saving), and `hfxla_nb_output` itself when that is empty then; a folder
+    with anything in it stays."""
+    if path is None:
+        return
+    folder = Path(path)
+    with contextlib.suppress(OSError):  # not empty, or gone: left as it is
+        os.rmdir(folder)
+        if folder.parent.name == OUTPUT_ROOT:
+            os.rmdir(folder.parent)
+
+
+def check_output_dir(output_dir: Any, model_name: str, *, overwrite: bool = False,
+                     resume: Any = None, started: datetime | None = None) -> str | None:
+    """The run's output folder, absolute, refused when a run there could not work or would
+    replace a saved model without being asked to.
+
+    Args:
+        output_dir: the `output_dir` option: "auto" (a new folder, `new_output_dir`), None
+            (save nothing), or a folder.
+        model_name: the model's short name, for the default folder.
+        overwrite: `overwrite_output_dir`: a named folder that holds a saved model may be
+            replaced.
+        resume: `resume_from_checkpoint`: a run that resumes from the checkpoints of the
+            folder it writes needs no `overwrite`.
+        started: when the run started (the default folder's name; default: now).
+
+    Returns:
+        The folder (None when nothing is saved). Nothing is created here.
+
+    Raises:
+        FineTuneError: a file, a folder that cannot be written, a folder with other files, a
+            folder with a saved model without `overwrite_output_dir=True`, or
+            `resume_from_checkpoint=True` with the default (new) folder.
+    """
     if output_dir is None:
         return None
     if output_dir == "auto":
-        output_dir = os.path.join("hfxla_nb_output", model_name)
+        if resume is True:
+            raise _fail(resume_needs_a_folder(model_name))
+        output_dir = new_output_dir(model_name, started)
     path = Path(os.fspath(output_dir)).expanduser().absolute()
     if path.exists():
         if not path.is_dir():
@@ -192,11 +294,19 @@ def check_output_dir(output_dir: Any, model_name: str) -> str | None:
         if not os.access(path, os.W_OK | os.X_OK):
             raise _fail(f"output_dir {path} is not writable; pass a folder you can write to.")
         entries = [e for e in os.listdir(path) if not e.startswith(".")]
-        ours = {ckpt.RUN_FILE, ckpt.CHECKPOINTS, ckpt.RUNS}
-        if entries and not (ours & set(entries)):
+        saved = sorted(e for e in entries if e in SAVED_MODEL_FILES or e.endswith(".safetensors"))
+        if saved:
+            if not (overwrite or resumes_into(resume, path)):
+                raise _fail(
+                    f"output_dir {path} already holds a saved model ({', '.join(saved[:5])}), "
+                    "and this run would replace it. Pass overwrite_output_dir=True to replace "
+                    "it, or pass another output_dir, or leave output_dir out: each run then "
+                    f"gets a new folder ({OUTPUT_ROOT}/<model name>-<start time>)."
+                )
+        elif set(entries) - {ckpt.RUNS}:
             raise _fail(
                 f"output_dir {path} already holds other files ({', '.join(sorted(entries)[:5])})"
-                "; pass a new or empty folder (or an earlier fine_tune output to replace it)."
+                "; pass a new or empty folder (or leave output_dir out for a new folder)."
             )
         return str(path)
     parent = path.parent
@@ -208,6 +318,30 @@ def check_output_dir(output_dir: Any, model_name: str) -> str | None:
             "folder you can write to (or output_dir=None to save nothing)."
         )
     return str(path)
+
+
+def resumes_into(resume: Any, folder: Path) -> bool:
+    """Whether `resume_from_checkpoint` continues from checkpoints inside `folder` (True: the
+    latest of `folder`'s own): resuming writes the folder it resumes from."""
+    if resume is True:
+        return True
+    if resume is None or resume is False:
+        return False
+    where = Path(os.fspath(resume)).expanduser().absolute()
+    return where == folder or folder in where.parents
+
+
+def resume_needs_a_folder(model_name: str) -> str:
+    """The refusal of `resume_from_checkpoint=True` without `output_dir`: the default folder
+    is new, so it holds no checkpoint; names the newest folder of this model that has some."""
+    root = Path(OUTPUT_ROOT).absolute()
+    folders = [root / model_name, *root.glob(f"{model_name}-*")] if root.is_dir() else []
+    found = sorted((f.stat().st_mtime, f) for f in folders if ckpt.list_checkpoints(f))
+    hint = f" (the newest with checkpoints here: output_dir={str(found[-1][1])!r})" if found else ""
+    return ("resume_from_checkpoint=True continues from the checkpoints in output_dir, and "
+            "the default output_dir is a new folder for each run, with none in it: pass the "
+            f"interrupted run's folder as output_dir{hint}, or the checkpoint folder itself "
+            "as resume_from_checkpoint.")
 
 
 def on_tpu() -> bool:
