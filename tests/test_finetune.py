@@ -226,6 +226,19 @@ def test_resume_continues_to_the_same_result(trained, cache, tmp_path):
     assert resumed.compiles <= 3
 
 
+def test_resuming_into_the_folder_of_its_checkpoints_needs_no_overwrite(trained, model_dir,
+                                                                        small_data):
+    """The trained run's folder holds its model and checkpoints: a new run there is refused
+    without overwrite_output_dir=True, and resuming from those checkpoints is not."""
+    options = dict(epochs=2, batch_size=BATCH, output_dir=trained.output_dir, progress=False)
+    with pytest.raises(FineTuneError, match="already holds a saved model"):
+        prepare_fine_tune(model_dir, small_data, **options)
+    checkpoints = checkpoint.list_checkpoints(trained.output_dir)
+    for resume, expected in ((True, checkpoints[-1][1]), (checkpoints[0][1], checkpoints[0][1])):
+        plan = prepare_fine_tune(model_dir, small_data, resume_from_checkpoint=resume, **options)
+        assert (plan.output_dir, plan.resume_from) == (trained.output_dir, str(expected))
+
+
 def test_buckets_accumulation_bf16_replicated_from_pandas(model_dir, tmp_path):
     """Long and short texts (two length buckets), string labels from a DataFrame,
     gradient accumulation, bfloat16 autocast and the replicated strategy, in one run."""
@@ -371,6 +384,8 @@ BAD_INPUTS = {
     "output_dir is a file": (dict(output_dir="file"), "exists and is a file"),
     "output_dir not creatable": (dict(output_dir="/dev/null/model"), "cannot be created"),
     "output_dir holds other files": (dict(output_dir="foreign"), "already holds other files"),
+    "output_dir holds a saved model": (dict(output_dir="saved"),
+                                       "Pass overwrite_output_dir=True to replace it"),
     "bad strategy": (dict(strategy="debug"), "strategy='debug' is not supported"),
     "bad precision": (dict(precision="fp16"), "TPUs have no fast float16"),
     "unknown metric": (dict(metrics=("auc",)), "unknown metric 'auc'"),
@@ -412,6 +427,10 @@ def test_bad_input_is_refused_before_anything_happens(case, model_dir, tmp_path,
         kwargs["output_dir"] = tmp_path / "foreign"
         kwargs["output_dir"].mkdir()
         (kwargs["output_dir"] / "thesis.tex").write_text("x")
+    elif kwargs["output_dir"] == "saved":
+        kwargs["output_dir"] = tmp_path / "saved"
+        kwargs["output_dir"].mkdir()
+        (kwargs["output_dir"] / "config.json").write_text("{}")
     before = sorted(p.name for p in tmp_path.iterdir())
     model = kwargs.pop("model")
     dataset = kwargs.pop("dataset")

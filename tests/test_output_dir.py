@@ -263,3 +263,14 @@ def test_resume_true_without_output_dir_names_the_folder_to_pass(tmp_path, monke
     with pytest.raises(FineTuneError) as refused:
         check_output_dir("auto", "tiny-bert", resume=True)
     assert f"(the newest with checkpoints here: output_dir={str(newer)!r})" in str(refused.value)
+
+
+def test_the_demos_default_to_a_new_folder_under_demo_output(tmp_path, monkeypatch):
+    """Running a demo again keeps the model an earlier run saved (`make demo` twice)."""
+    monkeypatch.chdir(tmp_path)
+    folder = Path(demo.demo_output_dir("auto", "tiny-bert"))
+    assert folder.parent == Path("demo_output") and folder.name.startswith("tiny-bert-2")
+    folder.mkdir(parents=True)
+    assert demo.demo_output_dir("auto", "tiny-bert") != str(folder)
+    for given in (None, tmp_path / "mine", "mine"):
+        assert demo.demo_output_dir(given, "tiny-bert") == given
