@@ -129,6 +129,9 @@ class XlaSummary(XlaCounts):
     input_shapes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     compiles_after_warmup: int | None = None
     steps_after_warmup: int | None = None
+    # The compilations made by the end of the warm-up (the index of the last one, as the
+    # trace counts them): a graph first compiled after it is a recompilation.
+    warmup_compiles: int | None = None
     ranks: int = 1
     rank_steps: int | None = None
     # torch_xla's analysis of each compilation (`compile_trace.TraceLog`), when traced.
@@ -297,6 +300,7 @@ def summarize(
     if warmup is not None and warmup_step is not None and steps is not None:
         before = summarize(warmup, steps=warmup_step)
         summary.compiles_after_warmup = max(summary.compiles - before.compiles, 0)
+        summary.warmup_compiles = before.compiles
         summary.steps_after_warmup = max(steps - warmup_step, 0)
     return summary
 
