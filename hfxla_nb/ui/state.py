@@ -146,7 +146,7 @@ class LaunchState:
             metrics_rank=metrics_ranks[0] if metrics_ranks else None,
             alerts=reader.metrics.alerts(),
             metrics_ranks=metrics_ranks,
-            metrics_step=metrics.steps if metrics is not None else None,
+            metrics_step=metrics.counted()[0] if metrics is not None else None,
             attempt=self.attempt,
             generations=reader.streamed.rows(),
         )
