@@ -217,6 +217,12 @@ def _metric(data: dict[str, Any], *names: str) -> tuple[int, float, float]:
     return count, total, largest
 
 
+def compile_count(data: dict[str, Any]) -> int:
+    """How many graphs a snapshot says were compiled (as `summarize` counts them)."""
+    count, _, _ = _metric(data, _xla.COMPILE_TIME)
+    return count or int(data.get("counters", {}).get(_xla.UNCACHED_COMPILE, 0))
+
+
 def _cache(counters: dict[str, Any], folder: dict[str, Any] | None) -> dict[str, Any] | None:
     """The compile cache's counters and folder, or None when no cache was used."""
     counts = {key: int(counters.get(name, 0))

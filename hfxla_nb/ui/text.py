@@ -47,6 +47,10 @@ RATE_MEANS = ("steps (or samples) per second of wall-clock time, the host's work
 ETA_MEANS = "the steps left at the rate after the first few steps, which compile"
 STEP_TIME_MEANS = ("wall-clock time per step between two updates of the bar (the host's "
                    "work included); the XLA metrics' time per step is the device's execution")
+STEADY_STEP_TIME_MEANS = ("the median wall-clock time per step over the steps that compiled "
+                          "nothing (the host's work included), not the last step's: a step "
+                          "that compiled takes many times longer; the XLA metrics' time per "
+                          "step is the device's execution")
 XLA_STEP_MEANS = ("XLA's execution time (torch_xla's ExecuteTime) per step reported: the "
                   "device's share of a step, without tracing, data loading or waiting; every "
                   "graph executed since the start (the first, slower steps, evaluation and "
@@ -62,6 +66,15 @@ XLA_ABOVE_WALL_MEANS = ("XLA's time per step is every graph's execution time sin
                         "by the steps; the wall time is that of the latest steps. The device "
                         "runs a step's graph while the host traces the next, so neither time "
                         "is part of the other")
+
+
+def step_time_label(bar: BarView) -> tuple[str, str, float]:
+    """The chart's wall time per step: `(label, what it counts, seconds)`. While the bar
+    runs, the latest update's; once it ended, the median over the steps that compiled nothing
+    (`BarView.steady_step_time`), labelled `median wall time per step`."""
+    if bar.steady_step_time is not None:
+        return "median wall time per step", STEADY_STEP_TIME_MEANS, bar.steady_step_time
+    return "wall time per step", STEP_TIME_MEANS, bar.step_times[-1]
 
 
 def timing_pieces(bar: BarView) -> list[tuple[str, str]]:
