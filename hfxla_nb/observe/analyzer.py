@@ -10,7 +10,10 @@ nearly every step is flagged even in its warm-up; transfers per step wait for
 
 When the run was traced (`summary.trace`, torch_xla's own analysis of each compilation), the
 alerts name the line: the one that compiled the different graphs, the one that fetched a
-value, the one whose graph needs more device memory than the device has.
+value, the one whose graph needs more device memory than the device has. The trace alone is
+enough to warn of recompiling (`recompiling_line`): a line of the user's that first compiled
+a graph after the warm-up, or more graphs than a few buckets explain, is named whether or not
+`report(inputs=...)` said which input changed shape; `inputs=` adds that.
 
 Severity follows what a problem costs, not how often it happens: recompilation that took most
 of the XLA time (`COSTLY_COMPILE_SHARE`) is a warning even below torch_xla's rate threshold.
