@@ -3,11 +3,16 @@ alert names a line, torch_xla's own analysis as `TraceLog` records), as the pane
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 from hfxla_nb.observe.analyzer import analyze
 from hfxla_nb.observe.compile_records import FETCH_CAUSE, ExecutionSite, Frame
 from hfxla_nb.observe.metrics import XlaSummary
 from hfxla_nb.observe.trace_log import TraceLog
 from hfxla_nb.ui import text
+from tests.helpers import subprocess_env
 
 
 def alert(summary: XlaSummary, code: str):
@@ -95,3 +100,56 @@ def test_compiles_after_the_last_step_are_not_rated_per_step():
     assert lines[0].startswith("XLA in 45 steps: 66 compiles (40.0 s)")
     assert lines[1] == ("after the last step: 64 of the compiles (8.6 s): saving, evaluation; "
                         "not rated per step")
+
+
+# -- the README's idiom: report(step=..., loss=...) without inputs= ---------------------------
+
+GROWING = """
+import json
+import hfxla_nb as hx
+
+
+def train(inputs):
+    import torch, torch_xla
+    device = torch_xla.device()
+    weight = torch.ones(8, 8, device=device)
+    for step in range(1, 41):
+        x = torch.ones(2 + step // 8, 8).to(device)  # the batch grows every 8 steps
+        loss = (x @ weight).mean()
+        weight = weight - 0.01 * loss
+        hx.report(step=step, total=40, loss=loss, inputs={"x": x} if inputs else None)
+        torch_xla.sync()
+
+
+found = {}
+for inputs in (False, True):
+    hx.notebook_launcher(train, args=(inputs,), num_processes=1, progress="console")
+    found[str(inputs)] = hx.last_launch().ranks[0].metrics.alerts
+print(json.dumps(found))
+"""
+
+
+def test_a_launched_loop_that_recompiles_warns_with_its_line_whether_or_not_it_reports_inputs(
+        tmp_path):
+    # The batch grows every 8 steps, so the step's line compiles a new graph every 8 steps:
+    # fewer than torch_xla's 0.5 per step, nearly all the XLA time. Reporting only step and
+    # loss used to raise no alert: the trace alone names the line.
+    script = tmp_path / "train.py"
+    script.write_text(GROWING)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, env=subprocess_env(), cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    line = "`train` in train.py, line 15"
+    for inputs, alerts in found.items():
+        (recompiling,) = [a for a in alerts if a["code"] == "frequent-compiles"]
+        assert recompiling["severity"] == "warning", (inputs, recompiling)
+        assert recompiling["title"].startswith(f"Recompiling: {line} compiled "), recompiling
+        assert recompiling["title"].endswith(" different graphs in 40 steps"), recompiling
+        assert recompiling["fix"].startswith(f"At {line}: "), recompiling
+    # inputs= adds the input whose shape changed; without it, the way to name it.
+    reported = next(a for a in found["True"] if a["code"] == "frequent-compiles")
+    assert "input 'x' had 6 different shapes" in reported["explanation"], reported
+    bare = next(a for a in found["False"] if a["code"] == "frequent-compiles")
+    assert "inputs=" in bare["explanation"], bare
+    assert "⚠ Recompiling: " + line in done.stdout.split("✔ launch finished")[1], done.stdout

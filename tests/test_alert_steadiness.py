@@ -56,3 +56,30 @@ def test_a_few_buckets_compiled_in_the_warm_up_raise_no_alert():
     # Three length buckets (fine_tune's most), each compiled once in the first steps: the
     # steady alert is for inputs of many shapes only.
     assert all(compile_alerts(step, changing=3) == [] for step in range(7, 40))
+
+
+def growing(step: int) -> XlaSummary:
+    """A loop reporting only step and loss (no `inputs=`) whose batch grows every 8 steps: a
+    new graph at LINE in steps 1, 2 and every 8th, read as the panel reads it (the warm-up
+    snapshot at step 11)."""
+    new = [s for s in range(1, step + 1) if s in (1, 2) or s % 8 == 0]
+    trace = TraceLog()
+    trace.add([CompileRecord(i, "user torch_xla.sync", f"hash{i}", where=LINE)
+               for i in range(1, len(new) + 1)])
+    warm = len([s for s in new if s <= 11]) if step > 11 else None
+    return XlaSummary(steps=step, compiles=len(new), compile_seconds=2.0 * len(new),
+                      executions=step, execute_seconds=0.01 * step, trace=trace,
+                      compiles_after_warmup=len(new) - warm if warm is not None else None,
+                      steps_after_warmup=step - 11 if warm is not None else None,
+                      warmup_compiles=warm)
+
+
+def test_without_inputs_the_trace_alone_raises_the_same_alert_to_the_end():
+    seen = [[(a.code, a.severity, a.title.split(" compiled ")[0]) for a in analyze(growing(step))
+             if a.code in {"frequent-compiles", "recompiled", "shape-changes"}]
+            for step in range(3, 80)]
+    first = next(index for index, alerts in enumerate(seen) if alerts)
+    # Quiet while the warm-up explains the graphs; from the first graph after it, one alert.
+    assert first + 3 == 16 and not any(seen[:first])
+    assert all(alerts == [("frequent-compiles", "warning", "Recompiling: `train` in cell 2, "
+                           "line 27")] for alerts in seen[first:]), seen[first:]

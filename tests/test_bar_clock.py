@@ -274,3 +274,57 @@ def test_the_evaluation_bar_is_drawn_from_the_start_and_its_clock_starts_with_it
     (bar,) = failed.view().bars
     assert text.timing_parts(bar) == ["not run"]
 
+
+
+# -- the final wall time per step --------------------------------------------------------------
+
+
+def growing_run() -> tuple[list[tuple[int, float]], list[tuple[int, int]]]:
+    """A 40-step loop whose batch grows every 8 steps, as the panel recorded it: a step that
+    compiled takes about 625 ms, the others about 256 ms; the metrics snapshots (every
+    0.5 s, so every 2 steps) show compiles added in steps 1-2 and at each 8th step. The
+    last step, 40, compiled."""
+    compiling = {1, 2, 8, 16, 24, 32, 40}
+    times = [(step, 0.625 if step in compiling else 0.256 + 0.001 * (step % 3))
+             for step in range(2, 41)]  # the first update has no step time
+    spans = [(0, 2)] + [(step - 2, step) for step in sorted(compiling) if step > 2]
+    return times, spans
+
+
+def test_the_final_wall_time_per_step_is_the_median_of_the_steps_that_did_not_compile():
+    times, spans = growing_run()
+    assert times[-1] == (40, 0.625)  # what the final chart used to say
+    steady = [seconds for step, seconds in times if seconds < 0.6 and step > 4]
+    assert bars.steady_step_time(times, spans, first_step=1) == sorted(steady)[len(steady) // 2]
+    # Without snapshots, the median of the steps after the warm-up still is a steady step's.
+    assert 0.256 <= bars.steady_step_time(times, [], first_step=1) <= 0.258
+    # A run too short for any steady step: the median of what there is.
+    assert bars.steady_step_time([(2, 0.6), (3, 0.2), (4, 0.3)], [(0, 4)]) == 0.3
+    assert bars.steady_step_time([], []) is None
+
+
+def test_the_final_chart_says_the_median_and_the_live_one_the_last_step():
+    times, spans = growing_run()
+    live = BarView("train", 0, 39, 40, 10.0, None, 3.9, None, {}, [0.5],
+                   [seconds for _, seconds in times[:-1]], bars.BarState.RUNNING)
+    assert text.step_time_label(live)[:2] == ("wall time per step", text.STEP_TIME_MEANS)
+    ended = BarView("train", 0, 40, 40, 10.0, None, 3.9, None, {}, [0.5],
+                    [seconds for _, seconds in times], bars.BarState.DONE,
+                    steady_step_time=bars.steady_step_time(times, spans, 1))
+    label, means, seconds = text.step_time_label(ended)
+    assert label == "median wall time per step" and "compiled nothing" in means
+    chart = html.chart_html([ended])
+    assert "median wall time per step</span>" in chart and units.duration(seconds) in chart
+    assert units.duration(0.625) not in chart
+
+
+def test_the_steps_that_compiled_are_read_from_the_snapshots_compile_counts():
+    from hfxla_nb.events import MetricsSnapshot
+    from hfxla_nb.observe.live import LiveMetrics
+
+    live = LiveMetrics()
+    for step, compiles in ((1, 1), (3, 2), (5, 2), (7, 2), (9, 3), (11, 3)):
+        data = {"counters": {}, "metrics": {
+            "CompileTime": {"count": compiles, "total": compiles * 1e9, "samples": []}}}
+        live.add(MetricsSnapshot(0, step, data))
+    assert live.compiled_spans(0) == [(0, 1), (1, 3), (7, 9)]

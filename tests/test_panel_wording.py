@@ -65,6 +65,31 @@ def test_syncs_counted_as_steps_are_never_said_to_have_not_run():
         "for 3 steps reported: the graphs of the last 2 steps did not run")
 
 
+def test_predicts_figures_count_its_batches_as_its_bar_does():
+    # `predict 1/1` used to sit beside "XLA metrics in 3 steps" and "38 ms XLA per step": the
+    # 3 were syncs (loading, the batch, the fetch). The bar counts batches; so do the figures.
+    data = predict_snapshot()
+    data["process"] = {"pid": 7, "ranks": [0], "rank_steps": 0,
+                       "bar": {"label": "predict", "step": 1}}
+    one = summarize(data)
+    assert one.counted() == (1, "batch") and one.bar_count == ("predict", 1)
+    lines = text.summary_lines(one)
+    assert lines[0].startswith("XLA in 1 batch: "), lines
+    assert "step" not in "\n".join(lines), lines
+    assert text.executions_text(one) == "1 (40 ms)"  # no rate over one batch
+    assert html.summary_html(one, "XLA metrics").count("XLA metrics in 1 batch") == 1
+    # A causal LM's one batch runs a graph per token: 9 executions, still 1 batch, none owed.
+    data["counters"]["ExecuteComputation"] = 9
+    data["metrics"]["ExecuteTime"] = {"count": 9, "total": 90 * MS, "samples": []}
+    data["process"]["bar"]["step"] = 4
+    four = summarize(data)
+    assert text.steps_phrase(four) == "in 4 batches"
+    assert text.steps_phrase(four, live=True) == "as of batch 4"
+    assert text.executions_text(four) == "9 (90 ms, 23 ms XLA per batch)"
+    # Steps that were reported are counted as before, whatever a bar said.
+    assert summarize(data, steps=3).counted() == (3, "step")
+
+
 def test_rank_lists_are_worded_in_english():
     assert series([]) == "" and series([0]) == "0" and series([0, 1]) == "0 and 1"
     assert series([0, 1, 2]) == "0, 1 and 2"

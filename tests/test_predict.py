@@ -4,6 +4,8 @@ forward pass, one graph per bucket, plain Python out, bad input refused before a
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -86,3 +88,17 @@ def test_bad_predict_input_is_refused_before_forking(inputs, options, message, c
 def test_the_default_batch_is_up_to_32_rows_a_device_and_8_when_generating(task, rows,
                                                                            expected):
     assert default_batch_size(task, rows, 4) == expected
+
+
+def test_a_real_predicts_figures_count_its_batches_as_its_bar_does(cache, capsys):
+    # One batch: the bar says `predict ✔ 1/1`; the metrics used to say "in 3 steps" (the
+    # syncs of loading, the batch and the fetch) and rate XLA's time per one of those.
+    folder = classifier_model_dir(cache=cache)
+    hx.predict(folder, ["a fine film", "a dull film"], num_processes=1, progress="console")
+    printed = capsys.readouterr().out
+    rank = hx.last_launch().ranks[0]
+    assert rank.bars["predict"] == (1, 1)
+    assert rank.metrics.steps == 1  # the record counts what the bar counts
+    assert re.search(r"^predict +✔ \|█+\| 1/1 ", printed, re.M), printed
+    assert "XLA in 1 batch: " in printed and "steps" not in printed, printed
+    assert "XLA per" not in printed, printed  # no rate over one batch

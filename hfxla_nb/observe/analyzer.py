@@ -10,7 +10,10 @@ nearly every step is flagged even in its warm-up; transfers per step wait for
 
 When the run was traced (`summary.trace`, torch_xla's own analysis of each compilation), the
 alerts name the line: the one that compiled the different graphs, the one that fetched a
-value, the one whose graph needs more device memory than the device has.
+value, the one whose graph needs more device memory than the device has. The trace alone is
+enough to warn of recompiling (`recompiling_line`): a line of the user's that first compiled
+a graph after the warm-up, or more graphs than a few buckets explain, is named whether or not
+`report(inputs=...)` said which input changed shape; `inputs=` adds that.
 
 Severity follows what a problem costs, not how often it happens: recompilation that took most
 of the XLA time (`COSTLY_COMPILE_SHARE`) is a warning even below torch_xla's rate threshold.
@@ -48,6 +51,10 @@ MIN_EVERY_STEP = 3
 # ... and transfers per step are judged only over this many steps (one fetch in a 2-step
 # cell is not a habit).
 MIN_RATE_STEPS = 3
+# More different graphs than this at one line of the user's is recompiling, even when all of
+# them compiled in the warm-up: the first step's graph, and one per bucket of up to
+# `MAX_QUIET_SHAPES` buckets (the fix the alert itself recommends).
+MAX_QUIET_GRAPHS = MAX_QUIET_SHAPES + 1
 
 
 def _shape_changes_alert(summary: XlaSummary, many: dict[str, InputShapes],
@@ -121,13 +128,17 @@ def _compile_alerts(summary: XlaSummary, warmup_steps: int) -> list[Alert]:
                              or every_step)
     row = recompiling_row(summary)
     many = {name: info for name, info in changed.items() if info.distinct > MAX_QUIET_SHAPES}
-    if fires or (many and row is not None and row.graphs >= 2):
+    line = recompiling_line(summary)
+    if fires or (many and row is not None and row.graphs >= 2) or line is not None:
         # An input of many shapes and the line that compiled a graph per shape are settled facts:
         # from the first snapshot that shows both, the alert stays this one, its numbers
         # updated, whatever the rate does (#28: the live panel switched between two alerts
-        # as the rate crossed torch_xla's threshold, and its height jumped each time).
+        # as the rate crossed torch_xla's threshold, and its height jumped each time). The
+        # trace alone settles it too, `inputs=` or not: a line of the user's that compiled a
+        # new graph after the warm-up, or more graphs than a few buckets explain.
         severity = "warning" if fires else cost_severity(summary)
-        return [_frequent_compiles(summary, warmup_steps, _unit(summary), row, severity)]
+        named = row if fires or many else line
+        return [_frequent_compiles(summary, warmup_steps, _unit(summary), named, severity)]
     if summary.compiles_after_warmup and summary.steps_after_warmup and changed:
         cause, fix = compile_cause(summary)
         return [Alert(
@@ -259,6 +270,26 @@ def compiles_every_step(summary: XlaSummary) -> bool:
     row = recompiling_row(summary)
     rate = summary.per_step(row.graphs if row is not None else summary.compiles)
     return rate is not None and rate >= 1.0
+
+
+def recompiling_line(summary: XlaSummary) -> CompileRow | None:
+    """The line of the user's code that recompiled, from the trace alone (no `inputs=`
+    needed): it compiled at least 2 different graphs, and either first compiled one of them
+    after the warm-up, or compiled more than `MAX_QUIET_GRAPHS` (the first step's graph and
+    one per bucket of a few). The one with the most graphs; None without a trace or such a
+    line. Once a snapshot shows it, every later one does (graphs are only added), so the
+    alert it raises holds still."""
+    trace = summary.trace
+    if trace is None:
+        return None
+    warm = (summary.warmup_compiles
+            if summary.compiles_after_warmup and summary.steps_after_warmup else None)
+    for row in sorted(trace.rows(), key=lambda row: (-row.graphs, -row.compiles)):
+        if row.where is None or row.graphs < 2:
+            continue
+        if row.graphs > MAX_QUIET_GRAPHS or (warm is not None and row.graphs_since(warm)):
+            return row
+    return None
 
 
 def recompiling_row(summary: XlaSummary) -> CompileRow | None:

@@ -170,6 +170,45 @@ def steady_rates(bar: BarTrack) -> tuple[float, float | None] | None:
     return (s1 - s0) / (t1 - t0), samples
 
 
+def steady_step_time(step_times: list[tuple[int, float]], compiled: list[tuple[int, int]],
+                     first_step: int = 0) -> float | None:
+    """The median wall time per step over the steps that compiled nothing: what a finished
+    bar says its step takes (its last step may be one that compiled: 625 ms where the run's
+    steps took 256 ms).
+
+    Args:
+        step_times: the bar's `(step, seconds per step)`, each the mean since the previous
+            one (`BarTrack.step_times`).
+        compiled: `(after, upto)` step spans in which a compilation happened: steps `after + 1`
+            to `upto` (`LiveMetrics.compiled_spans`, from the compile counts of the metrics
+            snapshots). A step's compile is timed by the next update too (`report` comes
+            before the step's sync), so each span counts one step more.
+        first_step: the bar's first step: its first `WARMUP_STEPS` steps compile anyway.
+
+    Returns:
+        The median over the updates past the warm-up that cover no compiling step; over every
+        update when none is left; None without updates.
+    """
+    if not step_times:
+        return None
+    steady, previous = [], first_step
+    for step, seconds in step_times:
+        low = previous if previous < step else step - 1  # a new epoch counts from its start
+        previous = step
+        if step <= first_step + WARMUP_STEPS:
+            continue
+        if any(low < upto + 1 and step > after for after, upto in compiled):
+            continue
+        steady.append(seconds)
+    return _median(steady or [seconds for _, seconds in step_times])
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 @dataclass(frozen=True)
 class BarClock:
     """A bar's time and speed at one moment, as `bar_clock` reads them from its one clock.

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..events import Compiled
 from .analyzer import Alert, analyze
-from .metrics import WARMUP_STEPS, XlaSummary, summarize
+from .metrics import WARMUP_STEPS, XlaSummary, compile_count, summarize
 from .trace_log import TraceLog
 
 
@@ -43,6 +43,10 @@ class LiveMetrics:
         self._latest: dict[Any, Any] = {}
         self._warm: dict[Any, Any] = {}
         self._traces: dict[Any, TraceLog] = {}
+        # Per process: (step, compiles so far) of each snapshot, and the spans of steps in
+        # which the compile count grew (`compiled_spans`).
+        self._compile_counts: dict[Any, tuple[int, int]] = {}
+        self._compiled: dict[Any, list[tuple[int, int]]] = {}
 
     def add(self, event: Any) -> None:
         """Add a `MetricsSnapshot` event (anything with rank, step, data, memory), or a
@@ -62,6 +66,27 @@ class LiveMetrics:
             self._latest[key] = event
         if key not in self._warm and event.step is not None and event.step > self.warmup_steps:
             self._warm[key] = event
+        self._note_compiles(key, event)
+
+    def _note_compiles(self, key: Any, event: Any) -> None:
+        """Keep the span of steps since the previous snapshot when compiles were added."""
+        step = event.step
+        if step is None:
+            return
+        count = compile_count(event.data or {})
+        before_step, before = self._compile_counts.get(key, (0, 0))
+        if step < before_step:
+            return  # a reading older than one already kept
+        if count > before:
+            self._compiled.setdefault(key, []).append((before_step, step))
+        self._compile_counts[key] = (step, max(count, before))
+
+    def compiled_spans(self, rank: Any = None) -> list[tuple[int, int]]:
+        """`(after, upto)`: the spans of steps (`after + 1` to `upto`) in which the process
+        that runs `rank` compiled, as its snapshots' compile counts show (steps of its main
+        bar, the one `report` counts)."""
+        key = self._find(rank)
+        return list(self._compiled.get(key, [])) if key is not None else []
 
     def _sources(self) -> list:
         """Process keys, the one holding the lowest rank first."""

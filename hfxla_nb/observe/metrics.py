@@ -129,6 +129,9 @@ class XlaSummary(XlaCounts):
     input_shapes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     compiles_after_warmup: int | None = None
     steps_after_warmup: int | None = None
+    # The compilations made by the end of the warm-up (the index of the last one, as the
+    # trace counts them): a graph first compiled after it is a recompilation.
+    warmup_compiles: int | None = None
     ranks: int = 1
     rank_steps: int | None = None
     # torch_xla's analysis of each compilation (`compile_trace.TraceLog`), when traced.
@@ -148,6 +151,10 @@ class XlaSummary(XlaCounts):
     # Whether `steps` is torch_xla's count of syncs (no step was reported, as in `predict`):
     # then no graph is owed per step, and none can be said not to have run.
     steps_from_syncs: bool = False
+    # The bar that counts the work when no step was reported (`predict`'s batches): its label
+    # and count. The panel counts its figures in it, as the bar does: "in 1 batch" beside
+    # `predict 1/1`, not the 3 syncs (`counted`). The rates the analyzer judges stay per sync.
+    bar_count: tuple[str, int] | None = None
 
     def steps_only(self) -> XlaSummary:
         """The summary without the compilations after the last step (what the per-step rules
@@ -170,6 +177,13 @@ class XlaSummary(XlaCounts):
         """Compile time as a fraction of compile + execute time (None when both are 0)."""
         total = self.compile_seconds + self.execute_seconds
         return self.compile_seconds / total if total > 0 else None
+
+    def counted(self) -> tuple[int | None, str]:
+        """What the panel counts its figures in: `(1, "batch")` for work a bar counts in
+        batches (`bar_count`, `predict`), else `(steps, "step")`."""
+        if self.bar_count is not None:
+            return self.bar_count[1], "batch"
+        return self.steps, "step"
 
     def per_step(self, count: float) -> float | None:
         """`count` per step (and per rank, when the counters are those of a process that ran
@@ -201,6 +215,12 @@ def _metric(data: dict[str, Any], *names: str) -> tuple[int, float, float]:
         total += float(metric.get("total", 0.0))
         largest = max([largest] + [float(v) for _, v in metric.get("samples", [])])
     return count, total, largest
+
+
+def compile_count(data: dict[str, Any]) -> int:
+    """How many graphs a snapshot says were compiled (as `summarize` counts them)."""
+    count, _, _ = _metric(data, _xla.COMPILE_TIME)
+    return count or int(data.get("counters", {}).get(_xla.UNCACHED_COMPILE, 0))
 
 
 def _cache(counters: dict[str, Any], folder: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -289,6 +309,9 @@ def summarize(
     summary.ranks = max(len(process.get("ranks") or ()), 1)
     if summary.ranks > 1 and process.get("rank_steps"):
         summary.rank_steps = int(process["rank_steps"])
+    bar = process.get("bar")
+    if summary.steps_from_syncs and bar and bar.get("step"):
+        summary.bar_count = (str(bar.get("label", "")), int(bar["step"]))
     last_step = process.get("last_step")
     if last_step and "compiles" in last_step:
         summary.compiles_after_steps = max(compiles - int(last_step["compiles"]), 0)
@@ -297,6 +320,7 @@ def summarize(
     if warmup is not None and warmup_step is not None and steps is not None:
         before = summarize(warmup, steps=warmup_step)
         summary.compiles_after_warmup = max(summary.compiles - before.compiles, 0)
+        summary.warmup_compiles = before.compiles
         summary.steps_after_warmup = max(steps - warmup_step, 0)
     return summary
 

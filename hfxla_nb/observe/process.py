@@ -45,6 +45,9 @@ class ProcessState:
         # The compilations when a main bar reached its total ({"step", "compiles",
         # "compile_ns"}): what compiles later (saving, evaluation) is not the step's.
         self.last_step: dict[str, int] | None = None
+        # A bar of hfxla_nb's own that counts this process's work when no step is reported
+        # ({"label", "step"}: `predict`'s batches), so the metrics count what the bar counts.
+        self.bar: dict[str, Any] | None = None
 
     def all_ranks(self) -> list:
         """The ranks of this process (started, or seen reporting), lowest first."""
@@ -103,12 +106,15 @@ def send_snapshot(process: ProcessState, send) -> None:
             progress = process.rank_steps()
             ranks = process.all_ranks()
             last_step = dict(process.last_step) if process.last_step else None
+            bar = dict(process.bar) if process.bar else None
         data = _xla.metrics_snapshot()
         data["input_shapes"] = process.shapes.data()
         data["reshards"] = reshards.data()
         data["process"] = {"pid": os.getpid(), "ranks": ranks, "rank_steps": progress}
         if last_step is not None:
             data["process"]["last_step"] = last_step
+        if bar is not None:
+            data["process"]["bar"] = bar
         data["compile_cache"] = compile_cache.worker_status()
         rank = ranks[0] if ranks else events.worker_rank()
         send(MetricsSnapshot(rank, step, data, memory(process)))

@@ -22,7 +22,8 @@ class RankMetrics(XlaCounts):
     Attributes:
         shared_with: the ranks whose work these counters hold (torch_xla counts per process;
             rank threads of one process, as in replicated mode on the CPU, share them).
-        steps: the step the counters were read at.
+        steps: the step the counters were read at (for `predict`, which reports no step,
+            the batches its bar counts, as the panel says them).
         compiles, cached_compiles: graphs compiled, and compilations found in the cache.
         compile_seconds: time spent compiling.
         executions, execute_seconds: graph executions and their time.
@@ -67,6 +68,7 @@ def rank_metrics(summary: XlaSummary, ranks: list[int], step_times: list[tuple[i
     """
     figures = {name: getattr(summary, name) for name in _SHARED}
     figures["fallbacks"] = dict(summary.fallbacks)
+    figures["steps"] = summary.counted()[0]  # what the panel counts: predict's batches
     largest = summary.trace.largest() if summary.trace is not None else None
     return RankMetrics(
         shared_with=list(ranks),

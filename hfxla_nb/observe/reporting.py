@@ -251,6 +251,19 @@ def _send_fetched(send, progress: Progress, names: list[str], tensors: list) -> 
                       stacklevel=2)
 
 
+def count_in_bar(label: str, step: int) -> None:
+    """The work of this process is counted in the steps of bar `label` (its `step` so far),
+    not in torch_xla's syncs: for hfxla_nb's own bars sent without `report` (`predict`'s
+    batches), so the metrics panel counts what the bar counts ("in 1 batch" beside
+    `predict 1/1`, not the 3 syncs of loading, running and fetching)."""
+    target = _target()
+    if target is None:
+        return
+    process = _process_state(target[0])
+    with process.lock:
+        process.bar = {"label": label, "step": int(step)}
+
+
 def rank_started(rank: int) -> None:
     """The launcher's worker: `rank` starts running in this process (after `attach_worker`)."""
     target = _target()

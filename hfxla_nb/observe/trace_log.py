@@ -43,11 +43,16 @@ class CompileRow:
     compile_time: float = 0.0
     causes: Counter = field(default_factory=Counter)
     largest: CompileRecord | None = None
-    _hashes: set = field(default_factory=set, repr=False)
+    _first: dict = field(default_factory=dict, repr=False)  # graph hash -> its first index
 
     @property
     def graphs(self) -> int:
-        return len(self._hashes)
+        return len(self._first)
+
+    def graphs_since(self, index: int) -> int:
+        """How many of the different graphs were first compiled here after the `index`-th
+        compilation of the process (a new graph, not one compiled again)."""
+        return sum(first > index for first in self._first.values())
 
     @property
     def cause(self) -> str:
@@ -80,8 +85,8 @@ class CompileRow:
         self.compiles += 1
         self.compile_time += record.compile_time or 0.0
         self.causes[record.cause] += 1
-        if len(self._hashes) < MAX_HASHES:
-            self._hashes.add(record.graph_hash)
+        if len(self._first) < MAX_HASHES:
+            self._first.setdefault(record.graph_hash, record.index)
         memory = record.memory
         if memory is not None and (self.largest is None or memory > (self.largest.memory or 0)):
             self.largest = record

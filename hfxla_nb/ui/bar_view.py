@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..observe.bars import BarTrack, bar_clock, bar_state
+from ..observe.bars import BarTrack, bar_clock, bar_state, steady_step_time
 from ..states import BarState, RankState
 
 # Points kept per bar for the charts.
@@ -39,6 +39,9 @@ class BarView:
     rate_over: str | None = None  # "steady" (after the warm-up) or "whole"; None: no rate
     per_step: bool = False  # its rate reads as seconds per step (`seconds_per_step`)
     waiting: bool = False  # announced, not started (the evaluation while training runs)
+    # Once it ended: the median wall time per step over the steps that compiled nothing
+    # (`observe.bars.steady_step_time`), what its chart says instead of the last step's.
+    steady_step_time: float | None = None
 
     @property
     def name(self) -> str:
@@ -57,7 +60,7 @@ class BarView:
 
 
 def bar_view(bar: BarTrack, now: float, rank: RankState, show_rank: bool,
-             rank_name: str | None) -> BarView:
+             rank_name: str | None, compiled: list[tuple[int, int]] | None = None) -> BarView:
     """`bar` as drawn at `now`: its time and rates as `observe.bars.bar_clock` reads them
     (the mean over its steps after the warm-up; the whole bar's for one too short for it).
 
@@ -67,9 +70,15 @@ def bar_view(bar: BarTrack, now: float, rank: RankState, show_rank: bool,
         rank: the state of the bar's rank.
         show_rank: whether its caption names the rank (a launch of several ranks).
         rank_name: "host 1 rank 2" where "rank R" is not enough, else None.
+        compiled: the spans of steps in which its process compiled
+            (`LiveMetrics.compiled_spans`), left out of an ended bar's wall time per step.
     """
     state = bar_state(bar, rank)
-    clock = bar_clock(bar, now, running=state == BarState.RUNNING)
+    running = state == BarState.RUNNING
+    clock = bar_clock(bar, now, running=running)
+    steady = None
+    if not running and not bar.waiting:
+        steady = steady_step_time(bar.step_times, compiled or [], bar.origin or 0)
     return BarView(
         label=bar.label, rank=bar.rank, step=bar.step, total=bar.total, elapsed=clock.elapsed,
         eta=clock.eta, rate=clock.rate, samples_rate=clock.samples_rate,
@@ -77,7 +86,7 @@ def bar_view(bar: BarTrack, now: float, rank: RankState, show_rank: bool,
         step_times=[seconds for _, seconds in bar.step_times[-HISTORY:]],
         state=state, show_rank=show_rank, first_step=bar.first_step, rank_name=rank_name,
         compiling=clock.compiling, rate_over=clock.over, per_step=clock.per_step,
-        waiting=bar.waiting,
+        waiting=bar.waiting, steady_step_time=steady,
     )
 
 
@@ -129,5 +138,6 @@ def aggregate(bars: list[BarView]) -> list[BarView]:
             # The lowest rank's unit, whichever rank is slowest: one bar, one unit for the run.
             per_step=next((b.per_step for b in group if b.rate is not None), first.per_step),
             waiting=all(b.waiting for b in group),
+            steady_step_time=first.steady_step_time,  # the chart's, which is the first's
         ))
     return merged

@@ -166,12 +166,12 @@ def chart_html(bars: list[BarView], summary: XlaSummary | None = None) -> str:
                 f"{escape(units.number(bar.losses[-1]))}"
             )
         if bar.step_times:
+            label, means, seconds = text.step_time_label(bar)
             parts.append(  # wall clock: the metrics' "XLA per step" is the device's share
-                f'<span style="{MUTED}" title="{escape(text.STEP_TIME_MEANS)}">'
-                "wall time per step</span> "
+                f'<span style="{MUTED}" title="{escape(means)}">{escape(label)}</span> '
                 f"{_sparkline_or_blank(bar.step_times, SERIES['step time'])} "
-                f"{escape(units.duration(bar.step_times[-1]))}"
-                + _above_wall_html(summary, bar.step_times[-1])
+                f"{escape(units.duration(seconds))}"
+                + _above_wall_html(summary, seconds, means)
             )
         # each chart wraps as a whole when the output is narrow
         return (
@@ -192,12 +192,12 @@ def _sparkline_or_blank(values: list[float], color: str, width: int = 180,
         f'style="vertical-align:middle;width:{width}px;height:{height}px;max-width:none"></svg>')
 
 
-def _above_wall_html(summary: XlaSummary | None, wall_seconds: float) -> str:
+def _above_wall_html(summary: XlaSummary | None, wall_seconds: float,
+                     means: str = text.STEP_TIME_MEANS) -> str:
     """A muted ` ⓘ` after the wall time per step, always there: its tooltip says what the
     wall time counts, and, when XLA's time per step is the larger, why (`XLA_ABOVE_WALL`).
     Words that came and went beside it made the live chart line wrap and the panel grow by a
     line while they were shown (#28 items 2 and 14)."""
-    means = text.STEP_TIME_MEANS
     if xla_exceeds_wall(summary, wall_seconds):
         means = f"{text.XLA_ABOVE_WALL}: {text.XLA_ABOVE_WALL_MEANS}"
     return f' <span style="{MUTED}" title="{escape(means)}">ⓘ</span>'

@@ -123,7 +123,8 @@ class LaunchState:
         now = self._end() if self.outcome is not None else reader.clock()
         ranks = self._rank_states()
         bars = [bar_view(bar, now, ranks.get(bar.rank, RankState.RUNNING), self.world > 1,
-                         reader.rank_names.get(bar.rank) if bar.rank is not None else None)
+                         reader.rank_names.get(bar.rank) if bar.rank is not None else None,
+                         reader.metrics.compiled_spans(bar.rank))
                 for bar in reader.bars.values()]
         if not self.per_rank:
             bars = aggregate(bars)
@@ -146,7 +147,7 @@ class LaunchState:
             metrics_rank=metrics_ranks[0] if metrics_ranks else None,
             alerts=reader.metrics.alerts(),
             metrics_ranks=metrics_ranks,
-            metrics_step=metrics.steps if metrics is not None else None,
+            metrics_step=metrics.counted()[0] if metrics is not None else None,
             attempt=self.attempt,
             generations=reader.streamed.rows(),
         )

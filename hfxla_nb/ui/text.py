@@ -47,6 +47,10 @@ RATE_MEANS = ("steps (or samples) per second of wall-clock time, the host's work
 ETA_MEANS = "the steps left at the rate after the first few steps, which compile"
 STEP_TIME_MEANS = ("wall-clock time per step between two updates of the bar (the host's "
                    "work included); the XLA metrics' time per step is the device's execution")
+STEADY_STEP_TIME_MEANS = ("the median wall-clock time per step over the steps that compiled "
+                          "nothing (the host's work included), not the last step's: a step "
+                          "that compiled takes many times longer; the XLA metrics' time per "
+                          "step is the device's execution")
 XLA_STEP_MEANS = ("XLA's execution time (torch_xla's ExecuteTime) per step reported: the "
                   "device's share of a step, without tracing, data loading or waiting; every "
                   "graph executed since the start (the first, slower steps, evaluation and "
@@ -62,6 +66,15 @@ XLA_ABOVE_WALL_MEANS = ("XLA's time per step is every graph's execution time sin
                         "by the steps; the wall time is that of the latest steps. The device "
                         "runs a step's graph while the host traces the next, so neither time "
                         "is part of the other")
+
+
+def step_time_label(bar: BarView) -> tuple[str, str, float]:
+    """The chart's wall time per step: `(label, what it counts, seconds)`. While the bar
+    runs, the latest update's; once it ended, the median over the steps that compiled nothing
+    (`BarView.steady_step_time`), labelled `median wall time per step`."""
+    if bar.steady_step_time is not None:
+        return "median wall time per step", STEADY_STEP_TIME_MEANS, bar.steady_step_time
+    return "wall time per step", STEP_TIME_MEANS, bar.step_times[-1]
 
 
 def timing_pieces(bar: BarView) -> list[tuple[str, str]]:
@@ -151,10 +164,13 @@ def steps_phrase(summary: XlaSummary, live: bool = False) -> str:
     """`in 60 steps` (a finished stretch of work) or `as of step 41` (a launch that runs);
     `... of its slowest rank` for rank threads sharing a process's counters that are at
     different steps: the process's step is the slowest's (#28 item 12: "in 8 steps" beside a
-    bar of rank 0 at step 9)."""
-    if not summary.steps:
+    bar of rank 0 at step 9). Work a bar counts in batches (`predict`) is said in them:
+    `in 1 batch`, beside `predict 1/1`."""
+    count, unit = summary.counted()
+    if not count:
         return ""
-    phrase = f"as of step {summary.steps}" if live else f"in {plural(summary.steps, 'step')}"
+    many = "batches" if unit == "batch" else None
+    phrase = f"as of {unit} {count}" if live else f"in {plural(count, unit, many)}"
     if summary.ranks > 1 and summary.rank_steps not in (None, summary.steps * summary.ranks):
         phrase += " of its slowest rank"
     return phrase
@@ -197,14 +213,17 @@ def executions_text(summary: XlaSummary, live: bool = False) -> str:
     failed step: the function reported it, its graph never ran to its end), both counts are
     said: `4 (120 ms) for 5 steps reported: the last step's graph did not run`."""
     text = f"{summary.executions} ({duration(summary.execute_seconds)}"
+    count, unit = summary.counted()
     per_step = summary.per_step(summary.execute_seconds) if summary.executions else None
+    if unit != "step":  # per batch of the bar that counts the work (`predict`)
+        per_step = summary.execute_seconds / count if summary.executions and count else None
     # Only steps that were reported owe a graph each: syncs counted in their place (no
     # step reported, as in `predict`) are not steps, and need not each run one.
     short = (not live and summary.ranks == 1 and summary.steps is not None
              and not summary.steps_from_syncs and 0 < summary.executions < summary.steps)
-    if (per_step is not None and (summary.steps or 0) > 1 and not summary.compiles_after_steps
+    if (per_step is not None and (count or 0) > 1 and not summary.compiles_after_steps
             and not short):
-        text += f", {duration(per_step)} XLA per step"
+        text += f", {duration(per_step)} XLA per {unit}"
     text += ")"
     if short:
         missing = summary.steps - summary.executions

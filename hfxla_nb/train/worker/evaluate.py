@@ -12,6 +12,7 @@ import numpy as np
 
 from ... import _xla
 from ...events import Progress, emit, worker_rank
+from ...observe.reporting import count_in_bar
 from .. import batching
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None,
                 # the panel's per-step figures count evaluation batches as steps.
                 last_sent = now
                 emit(Progress(worker_rank(), i + 1, len(batches), {}, None, bar))
+            if bar != "eval":  # predict: its bar is all its process does, the metrics count it
+                count_in_bar(bar, i + 1)
     fetched = _xla.to_cpu(outputs)  # one transfer for every batch
     ctx.model.train()
     return batches, fetched
