@@ -108,8 +108,8 @@ def progress_bar_html(bar: BarView, width: int = BAR_WIDTH) -> str:
 
 
 def bar_stats_html(bar: BarView) -> str:
-    """Counts, timing and values next to a bar: pieces that each stay on one line (a narrow
-    output wraps between them, never inside one)."""
+    """Counts, timing and values next to a bar: pieces that each stay whole (`bars_html` keeps
+    them on one line, cut at the end where the output is narrow)."""
     pieces = [f"<b>{escape(text.counts_text(bar))}</b>"]
     pieces += [f'<span style="{MUTED}" title="{escape(means)}">{escape(part)}</span>'
                for part, means in text.timing_pieces(bar)]
@@ -122,10 +122,19 @@ def bar_stats_html(bar: BarView) -> str:
     )
 
 
+# The stats of a bar: one line whatever their length, cut with an ellipsis where the output
+# is too narrow (the whole line is the cell's tooltip). Wrapping between the pieces made the
+# panel taller for the steps whose figures were longer ("ETA 542 ms") and shorter again
+# after; tabular figures keep the pieces' widths steady as the numbers change.
+STATS_STYLE = ("min-width:0;white-space:nowrap;overflow:hidden;text-overflow:ellipsis;"
+               "font-variant-numeric:tabular-nums;")
+
+
 def bars_html(bars: list[BarView]) -> str:
     """Every bar, one grid row each: caption, mark, bar (fixed width), stats. The caption
     column is as wide as the widest caption and the mark has its own column, so bars line up
-    and do not move when a mark appears; the stats take the rest of the row."""
+    and do not move when a mark appears; the stats take the rest of the row, on one line
+    (`STATS_STYLE`)."""
     if not bars:
         return ""
     cells = []
@@ -138,8 +147,8 @@ def bars_html(bars: list[BarView]) -> str:
             f'<span class="hfxla-bar-mark" style="{cell}{text_color(color)}">{mark}</span>',
             f'<span style="{_BOX}display:flex;align-items:center;height:1.4em">'
             f"{progress_bar_html(bar)}</span>",
-            f'<span class="hfxla-bar-stats" style="{_BOX}min-width:0">{bar_stats_html(bar)}'
-            "</span>",
+            f'<span class="hfxla-bar-stats" style="{_BOX}{STATS_STYLE}" '
+            f'title="{escape(" · ".join(text.stat_parts(bar)))}">{bar_stats_html(bar)}</span>',
         ]
     return (
         f'<div class="hfxla-bars" style="{_BOX}display:grid;grid-template-columns:max-content '
