@@ -222,3 +222,33 @@ def test_per_entity_metrics_are_one_grid_of_entity_by_statistic():
     # Question answering's `eval_has_answer_f1` is no entity: it stays a row of its own.
     rows, grid = split_entity_metrics({"eval_f1": 80.0, "eval_has_answer_f1": 75.0})
     assert grid == [] and [name for name, _ in rows] == ["eval_f1", "eval_has_answer_f1"]
+
+
+def test_each_row_shows_its_input_text_or_an_images_thumbnail():
+    # predict keeps its inputs: the table names each row by its text, not by 0, 1, ...
+    texts = ["the coffee was truly wonderful", "i hated it"]
+    predicted = classified(2)
+    predicted.inputs = texts
+    lines = predictions_text(predicted).splitlines()
+    assert lines[1].split() == ["input", "label", "score"]
+    assert lines[2].startswith("  the coffee was truly wonderful  negative")
+    assert lines[3].startswith("  i hated it")
+    html = Elements(predictions_html(predicted))
+    assert html.texts("td")[0::3] == texts
+    # A task's own rows (one per entity) name their input the same way; the data keeps the
+    # index, exact.
+    ner = predictions("token-classification", [
+        {"entities": [{"entity": "PER", "text": "alice", "start": 0, "end": 5,
+                       "score": 0.9}]}])
+    ner.inputs = ["alice lives in paris"]
+    assert predictions_text(ner).splitlines()[2].startswith("  alice lives in paris  PER")
+    assert list(ner.to_dataframe()["input"]) == [0]
+    # An image: a thumbnail in HTML, its size in text.
+    import numpy as np
+
+    images = predictions("image-classification", [
+        {"label": "cat", "score": 0.8, "top": [{"label": "cat", "score": 0.8}]}])
+    images.inputs = [np.zeros((64, 48, 3), dtype=np.uint8)]
+    assert predictions_text(images).splitlines()[2].startswith("  image 48x64  ")
+    page = predictions_html(images)
+    assert '<img src="data:image/png;base64,' in page and 'title="image 48x64"' in page
