@@ -15,12 +15,10 @@ from typing import Any
 from .._words import plural
 from . import table_style as style
 from .table_style import aligned_lines
-from .units import duration
+from .units import duration, score
 
 #: Rows shown; a longer table says how many more `to_dataframe()` has.
 MAX_ROWS = 20
-#: Significant digits of a float (scores, probabilities): `0.9876`, `1.235e-05`.
-FLOAT_DIGITS = 4
 #: Characters of a text cell (generated text, a masked LM's sequence) before it is cut.
 TEXT_CELL_CHARS = 48
 HTML_CELL_CHARS = 300
@@ -31,8 +29,9 @@ NO_ROWS = "(no rows: nothing found)"
 
 
 def cell(value: Any, limit: int = TEXT_CELL_CHARS) -> str:
-    """One value of the table for people: floats to `FLOAT_DIGITS` significant digits, None
-    as an empty cell, texts cut at `limit` characters (`…` says so), lists item by item.
+    """One value of the table for people: floats rounded as the evaluation's metrics are
+    (`units.score`: 4 decimals), None as an empty cell, texts cut at `limit` characters
+    (`…` says so), lists item by item.
 
     Args:
         value: a value of a prediction's row (plain Python).
@@ -43,7 +42,7 @@ def cell(value: Any, limit: int = TEXT_CELL_CHARS) -> str:
     if value == "":  # an answer that is no answer (SQuAD v2): said, not an empty cell
         return '""'
     if isinstance(value, float):
-        return f"{value:.{FLOAT_DIGITS}g}"
+        return score(value)
     if isinstance(value, (list, tuple)):
         text = ", ".join(cell(item, limit) for item in value)
     elif isinstance(value, dict):
