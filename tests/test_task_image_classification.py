@@ -48,6 +48,19 @@ def test_it_learns_the_drawn_images(vit):
     assert result.loss_history[-1][1] < 0.5 * result.loss_history[0][1]
 
 
+def test_the_result_offers_the_image_processor_and_notes_no_text_model_patch(vit):
+    from hfxla_nb.ui.finetune_panel import next_step
+
+    result, _, _ = vit
+    hint = next_step(result)
+    assert "result.load_processor()" in hint and "image processor" in hint
+    assert "load_tokenizer" not in hint and "tokenizer" not in hint
+    assert type(result.load_processor()).__name__.startswith("ViTImageProcessor")
+    patched = [note for note in result.notes if note.startswith("patched for XLA")]
+    for text_patch in ("bidirectional_mask", "causal_mask", "packed_sequences"):
+        assert not any(text_patch in note for note in patched), patched
+
+
 def test_compile_contract(vit):
     result, _, predicted = vit
     # One resolution, one bucket: one training and one evaluation graph; predict one.

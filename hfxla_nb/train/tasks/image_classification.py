@@ -71,6 +71,8 @@ class ImageClassification(Task):
     predict_example = "[PIL.Image.open('cat.jpg')]"
     outputs_per_batch = 2
     augments = True
+    processor = "image processor"
+    reads_sequences = False  # pixels in patches: no attention mask, no packed rows
 
     def check_model(self, model_config: Any, names: list[str]) -> None:
         """Refuse a model that does not take RGB images: the images are made RGB."""
