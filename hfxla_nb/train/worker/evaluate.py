@@ -31,7 +31,8 @@ def evaluate(ctx: WorkerContext, ahead: EvalAhead | None = None) -> dict[str, fl
     # The bar ends with the evaluation, as the result's `eval_seconds` does: the batches' graphs
     # run while their results are fetched and the metrics computed, after the last batch was
     # traced, which took a tenth of the time.
-    emit(Progress(worker_rank(), len(batches), len(batches), {}, None, "eval"))
+    if batches:
+        emit(Progress(worker_rank(), len(batches), len(batches), {}, None, "eval"))
     return metrics
 
 
@@ -81,7 +82,7 @@ def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None,
                 emit(Progress(worker_rank(), i + 1, len(batches), {}, None, bar))
     fetched = _xla.to_cpu(outputs)  # one transfer for every batch
     ctx.model.train()
-    if finish:
+    if finish and batches:
         emit(Progress(worker_rank(), len(batches), len(batches), {}, None, bar))
     return batches, fetched
 
