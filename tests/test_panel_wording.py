@@ -106,8 +106,12 @@ def test_xla_time_per_step_above_the_wall_time_per_step_says_why():
     assert "365 ms XLA per step" in text.executions_text(summary)
     assert xla_exceeds_wall(summary, 0.246)
     chart = html.chart_html([bar_with_step_times(0.25, 0.246)], summary)
-    # In the tooltip of the one ⓘ that is always there: the line never changes width for it.
+    # In the tooltip of the one info icon that is always there: the line never changes width
+    # for it. The icon is drawn (an SVG), not the ⓘ character, which Debian's default fonts
+    # lack (a missing-glyph box).
     assert "246 ms" in chart and f'title="{escape(text.XLA_ABOVE_WALL)}: ' in chart
+    assert "ⓘ" not in chart and f'">{html.INFO_ICON}</span>' in chart
+    assert "<text" not in html.INFO_ICON  # no glyph at all: shapes only
     assert "every graph" in text.XLA_ABOVE_WALL_MEANS and "divided" in text.XLA_STEP_MEANS
     # A wall time above XLA's, or no metrics yet, needs no word.
     assert not xla_exceeds_wall(summary, 0.5) and not xla_exceeds_wall(None, 0.1)

@@ -201,15 +201,27 @@ def _sparkline_or_blank(values: list[float], color: str, width: int = 180,
         f'style="vertical-align:middle;width:{width}px;height:{height}px;max-width:none"></svg>')
 
 
+# An "i" in a circle, drawn: the ⓘ character is a missing-glyph box with Debian's default
+# fonts. In the text's colour (currentColor), one text line high, the same width everywhere.
+INFO_ICON = (
+    '<svg width="12" height="12" viewBox="0 0 12 12" xmlns="http://www.w3.org/2000/svg" '
+    'role="img" aria-label="what this counts" '
+    'style="vertical-align:-1px;width:12px;height:12px;max-width:none">'
+    '<circle cx="6" cy="6" r="5.3" fill="none" stroke-width="1.2" style="stroke:currentColor"/>'
+    '<rect x="5.35" y="5" width="1.3" height="4.2" style="fill:currentColor"/>'
+    '<circle cx="6" cy="3.2" r="0.85" style="fill:currentColor"/></svg>')
+
+
 def _above_wall_html(summary: XlaSummary | None, wall_seconds: float) -> str:
-    """A muted ` ⓘ` after the wall time per step, always there: its tooltip says what the
-    wall time counts, and, when XLA's time per step is the larger, why (`XLA_ABOVE_WALL`).
+    """A muted info icon (`INFO_ICON`) after the wall time per step, always there: its
+    tooltip says what the wall time counts, and, when XLA's time per step is the larger, why
+    (`XLA_ABOVE_WALL`).
     Words that came and went beside it made the live chart line wrap and the panel grow by a
     line while they were shown (#28 items 2 and 14)."""
     means = text.STEP_TIME_MEANS
     if xla_exceeds_wall(summary, wall_seconds):
         means = f"{text.XLA_ABOVE_WALL}: {text.XLA_ABOVE_WALL_MEANS}"
-    return f' <span style="{MUTED}" title="{escape(means)}">ⓘ</span>'
+    return f' <span style="{MUTED}" title="{escape(means)}">{INFO_ICON}</span>'
 
 
 def _row(name: str, value: str, means: str | None = None) -> str:
