@@ -143,9 +143,12 @@ class BaseLaunchRecord:
         max_attempts: how many attempts the call allowed (`max_restarts + 1`).
         stopped_processes: what the launch left running outside its process group and had
             to stop, each as "sleep 600 (pid 1234)".
-        notes: what the launch's checks wanted said (XLA:CPU's replicated ranks are threads
-            of one process, ...), shown under the bars: words about the launch, not a
-            Python warning at a line of the cell.
+        notes: what the launch's checks wanted said, shown under the bars: words about the
+            launch, not a Python warning at a line of the cell.
+        collective_notes: notes that explain a failure of XLA collectives (XLA:CPU's
+            replicated ranks are threads of one process, ...): moved to `notes` when the
+            launch ends in such a failure (more than one rank failed, it hung, or an error
+            names a collective), not when one rank failed on its own.
 
     Raises:
         ValueError: `outcome` is not an `Outcome` word.
@@ -161,6 +164,7 @@ class BaseLaunchRecord:
     max_attempts: int = 1
     stopped_processes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    collective_notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.outcome)

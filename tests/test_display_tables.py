@@ -84,6 +84,20 @@ def ner_metrics() -> dict[str, float]:
     return metrics
 
 
+def test_scores_are_rounded_by_one_rule_in_the_predictions_and_the_metrics():
+    # One formatter (units.score) for both tables: a score of 0.5 reads the same in each.
+    from hfxla_nb.ui.units import score
+
+    predicted = predictions("classification", [{"label": "a", "score": 0.5},
+                                               {"label": "b", "score": 1.2345678e-5}])
+    shown = Elements(predictions_html(predicted)).texts("td")
+    metrics = Elements(result_html(result({"eval_accuracy": 0.5, "eval_loss": 1.2345678e-5})))
+    assert shown[2] == metric_value("eval_accuracy", 0.5) == score(0.5) == "0.5000"
+    assert shown[5] == metric_value("eval_loss", 1.2345678e-5) == "0.0000"
+    assert "0.5000" in metrics.texts("td") and "0.5" not in shown
+    assert predictions_text(predicted).splitlines()[2].endswith("  0.5000")
+
+
 def test_predictions_are_a_table_of_one_row_per_input_with_rounded_scores():
     predicted = classified()
     lines = predictions_text(predicted).splitlines()
@@ -92,12 +106,12 @@ def test_predictions_are_a_table_of_one_row_per_input_with_rounded_scores():
     assert lines[1:5] == ["  input  label      score",
                           "      0  negative  0.9877",
                           "      1  positive  0.1235",
-                          "      2  negative     0.5"]
+                          "      2  negative  0.5000"]
     assert "0.987654321" not in "\n".join(lines) and "probabilities" not in lines[1]
     html = Elements(predictions_html(predicted))
     assert html.texts("th") == ["input", "label", "score"]
     assert html.texts("td") == ["0", "negative", "0.9877", "1", "positive", "0.1235",
-                                "2", "negative", "0.5"]
+                                "2", "negative", "0.5000"]
     # The data keeps every value exact: the dicts, and the table pandas makes of them.
     frame = predicted.to_dataframe()
     assert list(frame["score"]) == SCORES and list(frame.columns) == ["label", "score"]
@@ -107,8 +121,8 @@ def test_predictions_are_a_table_of_one_row_per_input_with_rounded_scores():
     # A list made by hand, with no task, is still one row per input.
     assert predictions_text(Predictions([{"label": "a", "score": 0.25}])).splitlines()[:3] == [
         "Predictions: 1 input (no task), 0 graphs compiled",
-        "  input  label  score",
-        "      0  a       0.25"]
+        "  input  label   score",
+        "      0  a      0.2500"]
 
 
 def test_each_tasks_predictions_show_the_tasks_own_columns():
@@ -130,7 +144,7 @@ def test_each_tasks_predictions_show_the_tasks_own_columns():
         {"answer": "oslo", "start": 19, "end": 23, "score": 12.3456789},
         {"answer": "", "start": None, "end": None, "score": -1.0}])
     assert Elements(predictions_html(answers)).texts("td") == [
-        "0", "oslo", "19", "23", "12.35", "1", '""', "", "", "-1"]
+        "0", "oslo", "19", "23", "12.3457", "1", '""', "", "", "-1.0000"]
     text = "the model wrote this\nover two lines and then went on for quite a while longer"
     generated = predictions("seq2seq", [{"generated_text": text}])
     (row,) = [line for line in predictions_text(generated).splitlines()
@@ -222,3 +236,33 @@ def test_per_entity_metrics_are_one_grid_of_entity_by_statistic():
     # Question answering's `eval_has_answer_f1` is no entity: it stays a row of its own.
     rows, grid = split_entity_metrics({"eval_f1": 80.0, "eval_has_answer_f1": 75.0})
     assert grid == [] and [name for name, _ in rows] == ["eval_f1", "eval_has_answer_f1"]
+
+
+def test_each_row_shows_its_input_text_or_an_images_thumbnail():
+    # predict keeps its inputs: the table names each row by its text, not by 0, 1, ...
+    texts = ["the coffee was truly wonderful", "i hated it"]
+    predicted = classified(2)
+    predicted.inputs = texts
+    lines = predictions_text(predicted).splitlines()
+    assert lines[1].split() == ["input", "label", "score"]
+    assert lines[2].startswith("  the coffee was truly wonderful  negative")
+    assert lines[3].startswith("  i hated it")
+    html = Elements(predictions_html(predicted))
+    assert html.texts("td")[0::3] == texts
+    # A task's own rows (one per entity) name their input the same way; the data keeps the
+    # index, exact.
+    ner = predictions("token-classification", [
+        {"entities": [{"entity": "PER", "text": "alice", "start": 0, "end": 5,
+                       "score": 0.9}]}])
+    ner.inputs = ["alice lives in paris"]
+    assert predictions_text(ner).splitlines()[2].startswith("  alice lives in paris  PER")
+    assert list(ner.to_dataframe()["input"]) == [0]
+    # An image: a thumbnail in HTML, its size in text.
+    import numpy as np
+
+    images = predictions("image-classification", [
+        {"label": "cat", "score": 0.8, "top": [{"label": "cat", "score": 0.8}]}])
+    images.inputs = [np.zeros((64, 48, 3), dtype=np.uint8)]
+    assert predictions_text(images).splitlines()[2].startswith("  image 48x64  ")
+    page = predictions_html(images)
+    assert '<img src="data:image/png;base64,' in page and 'title="image 48x64"' in page

@@ -15,7 +15,7 @@ from hfxla_nb.diagnosis import kernel_steps
 from hfxla_nb.runtime.doctor_report import Check, DoctorReport
 from hfxla_nb.runtime.info import detect
 from hfxla_nb.ui.doctor_panel import doctor_html, doctor_text
-from tests.helpers import error_of, run_notebook, stderr_of, stdout_of
+from tests.helpers import Kernel, error_of, run_notebook, stderr_of, stdout_of
 from tests.test_runtime import holds, make_tpu_host
 
 
@@ -120,3 +120,18 @@ def test_the_magic_in_a_real_kernel_shows_the_report_and_its_markdown():
     # IPython shows a UsageError as one line, without a traceback.
     assert stderr_of(outputs[3]).startswith("UsageError: no step 'nothing'")
     assert error_of(outputs[1]) is None
+
+
+def test_the_magic_shows_its_progress_as_text_and_clears_it():
+    kernel = Kernel()
+    try:
+        kernel.run_ok("%load_ext hfxla_nb")
+        cell = kernel.run_ok("%xla_doctor --steps versions,host", timeout=180)
+    finally:
+        kernel.close()
+    shown = [bundle["data"].get("text/plain", "") for bundle in cell.displays + cell.updates]
+    steps = [text for text in shown if "hfxla_nb doctor: step" in text]
+    assert steps and steps[0] == "hfxla_nb doctor: step 1 of 8, versions ...", shown
+    # Text without a string's quotes, and the line ends empty: no stray `''` above the report.
+    assert not any(text.startswith(("'", '"')) for text in shown), shown
+    assert cell.updates[-1]["data"] == {"text/plain": ""}, cell.updates

@@ -179,6 +179,22 @@ def test_a_run_that_learned_nothing_says_so_and_ends_without_lr_0(cache, capsys)
     assert re.search(r" · lr=\d(\.\d)?e-\d+$", bar), bar
 
 
+def test_the_evaluation_bar_times_the_same_span_as_the_results_evaluation(cache, capsys):
+    import re
+
+    result = demo.run_demo(rows=400, epochs=1, batch_size=32, learning_rate=4e-3, devices=1,
+                           output_dir=None, progress="console", cache=cache, log_every=4)
+    printed = capsys.readouterr().out
+    final = printed[printed.rindex("✔ launch finished"):]
+    (bar,) = [line for line in final.splitlines() if line.startswith("eval  ✔ |")]
+    figure, unit = re.search(r" · ([\d.]+) (ms|s) elapsed", bar).groups()
+    elapsed = float(figure) / (1000 if unit == "ms" else 1)
+    # The bar ends when the evaluation does (its graphs run while their results are fetched),
+    # not when its last batch was traced: within the printed figure's rounding.
+    assert elapsed == pytest.approx(result.eval_seconds, rel=0.15, abs=0.002), (
+        bar, result.eval_seconds)
+
+
 def test_accuracy_at_chance_level_is_a_warning_even_when_the_loss_fell():
     """The other sign of learning nothing: evaluation accuracy within CHANCE_MARGIN of always
     predicting the most frequent label (a loss that fell does not hide it)."""

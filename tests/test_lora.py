@@ -21,7 +21,7 @@ from hfxla_nb import _xla
 from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset, demo_lm_model_dir, run_demo_lm
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from hfxla_nb.train.worker import checkpoint
-from tests.helpers import losses
+from tests.helpers import losses, run_python
 
 peft = pytest.importorskip("peft")
 
@@ -45,6 +45,33 @@ def run(cache, out, **options):
 @pytest.fixture(scope="module")
 def lora_fsdp(cache, tmp_path_factory):
     return run(cache, tmp_path_factory.mktemp("lora") / "llama", save_steps=8)
+
+
+LORA_RUN_RELAYING = """
+import contextlib, io, json
+import hfxla_nb as hx
+from hfxla_nb.demo.lm import run_demo_lm
+
+relayed = io.StringIO()
+with contextlib.redirect_stderr(relayed):
+    run_demo_lm(rows=64, devices=4, sharding="fsdp", output_dir=None, progress="console",
+                cache={cache!r}, max_steps=2,
+                log_every=1, lora=True)
+kept = [warning.message for warning in hx.last_launch().warnings]
+print(json.dumps({{"relayed": relayed.getvalue(), "kept": kept}}))
+"""
+
+
+def test_a_lora_fine_tune_relays_no_warning_of_frozen_inputs_or_deprecated_attributes(cache):
+    # In a fresh process, as a script or a cell shows it (pytest records warnings itself):
+    # torch's warning of FSDPv2's backward hook on the first layer, whose inputs (the frozen
+    # embedding's output) need no gradient, and transformers' of the deprecated attribute that
+    # peft reads when it wraps the model.
+    found = run_python(LORA_RUN_RELAYING.format(cache=str(cache)), timeout=300)
+    relayed = found["relayed"]
+    for words in ("Full backward hook", "is_gradient_checkpointing"):
+        assert words not in relayed, relayed
+        assert not any(words in message for message in found["kept"]), found["kept"]
 
 
 def test_lora_learns_with_fsdp_and_the_full_fine_tunes_compile_contract(lora_fsdp, lm_dir):

@@ -293,15 +293,44 @@ def test_public_names_and_the_table():
 def test_a_shell_draws_the_plan_as_its_table():
     # IPython's own formatters, registered by type name (ui/formatters.py): train imports
     # nothing from ui, yet a plan as a cell's value shows the table, as text and as HTML.
-    # The HTML is the panel fine_tune draws before the fork, not monospaced text.
-    from hfxla_nb.ui.plan_panel import plan_html, plan_table
+    from hfxla_nb.ui.plan_panel import plan_table
 
     plan = plan_memory(gemma_2b(), hardware="v5e-1", batch_size=8, max_length=1024)
     bundle = formatted_by_a_shell(plan)
     assert bundle["text/plain"] == plan_table(plan)
-    assert plan_html(plan) in bundle["text/html"]
     assert "<pre>" not in bundle["text/html"]
     assert "LoRA r=16 on all linear layers (<code>lora=True</code>): 60.6" in bundle["text/html"]
+
+
+def test_the_plan_is_a_table_of_its_parts_and_settings_not_fine_tunes_line_again():
+    # docs/memory.md: parameters, gradients, optimizer state, activations and the settings,
+    # as an HTML table and a text table with the same figures. The line fine_tune shows
+    # before the fork is not drawn again: a cell that shows the plan then fine-tunes shows
+    # that line once.
+    import re
+
+    from hfxla_nb.ui.plan_panel import PlanNotice, plan_line, plan_table, plan_table_html
+
+    plan = plan_memory(gemma_2b(), hardware="v5e-1", batch_size=8, max_length=1024)
+    page, text = plan_table_html(plan), plan_table(plan)
+    assert page.count("<table") == 1
+    heads = re.findall(r"<th[^>]*>([^<]*)</th>", page)
+    assert heads == ["parameters", "trainable", "gradients", "optimizer state", "activations",
+                     "total per device"]
+    lines = text.splitlines()
+    for part, gib in (("parameters", plan.parameters_gib), ("gradients", plan.gradients_gib),
+                      ("optimizer state", plan.optimizer_gib),
+                      ("activations", plan.activations_gib), ("total per device",
+                                                              plan.total_gib)):
+        (line,) = [line for line in lines if line.startswith(f"  {part} ")]
+        assert f"{gib:.2f} GiB" in line and f"{gib:.2f} GiB</td>" in page, part
+    settings = ("batch 8 x 1024 tokens, bf16, full fine-tune, data sharding, "
+                "no gradient checkpointing")
+    assert lines[1] == f"  {settings}" and f">{settings}</div>" in page
+    assert "does not fit" in page and "AdamW" in page
+    assert plan_line(plan) not in page and plan_line(plan) not in text
+    notice = PlanNotice(plan, "none")  # what fine_tune draws before the fork: the line, once
+    assert notice.text.count(plan_line(plan)) == 1 and notice.html.count("per device on") == 1
 
 
 def tiny_bert():

@@ -293,7 +293,7 @@ def test_colours_are_the_themes_variables_with_the_palettes_fallbacks(panels):
             style = attrs.get("style") or ""
             assert not re.search(r"(?<![-\w])(white|black)(?![-\w])", style), (name, style)
             bare = bare_colors(style)
-            if name == "runtime" and tag == "span" and "color:#fff;" in style:
+            if name in ("runtime", "plan") and tag == "span" and "color:#fff;" in style:
                 bare.remove("#fff")  # a badge: white on the darker tone of its meaning
             assert not bare, (name, tag, style)
             for attribute in ("stroke", "fill"):  # the charts' lines: the palette's

@@ -8,6 +8,8 @@ import contextlib
 from html import escape
 from types import SimpleNamespace
 
+import pytest
+
 from hfxla_nb._words import ranks_were, series
 from hfxla_nb.observe.metrics import summarize, xla_exceeds_wall
 from hfxla_nb.states import BarState, Outcome, RankState
@@ -129,8 +131,12 @@ def test_xla_time_per_step_above_the_wall_time_per_step_says_why():
     assert "365 ms XLA per step" in text.executions_text(summary)
     assert xla_exceeds_wall(summary, 0.246)
     chart = html.chart_html([bar_with_step_times(0.25, 0.246)], summary)
-    # In the tooltip of the one ⓘ that is always there: the line never changes width for it.
+    # In the tooltip of the one info icon that is always there: the line never changes width
+    # for it. The icon is drawn (an SVG), not the ⓘ character, which Debian's default fonts
+    # lack (a missing-glyph box).
     assert "246 ms" in chart and f'title="{escape(text.XLA_ABOVE_WALL)}: ' in chart
+    assert "ⓘ" not in chart and f'">{html.INFO_ICON}</span>' in chart
+    assert "<text" not in html.INFO_ICON  # no glyph at all: shapes only
     assert "every graph" in text.XLA_ABOVE_WALL_MEANS and "divided" in text.XLA_STEP_MEANS
     # A wall time above XLA's, or no metrics yet, needs no word.
     assert not xla_exceeds_wall(summary, 0.5) and not xla_exceeds_wall(None, 0.1)
@@ -142,16 +148,36 @@ def _no_collectives() -> int:
     return 1
 
 
-def test_the_replicated_cpu_note_is_on_the_panel_not_a_warning_at_a_temporary_file(capsys):
+def _all_ranks_fail() -> int:
+    raise RuntimeError("stuck waiting for the all_reduce of the gradients")
+
+
+def _rank_0_fails(index: int) -> int:
+    if index == 0:
+        raise ValueError("a bad batch in rank 0's own code")
+    return 1
+
+
+def test_the_replicated_cpu_note_is_on_the_panel_only_when_collectives_explain_the_failure(
+        capsys):
     # Issue #28, item 12: it was a red UserWarning pointing at ipykernel's file for the cell.
+    # It is a note under the bars of a launch whose failure collectives explain (more than
+    # one rank failed, it hung, an error names one), never beside one rank's own failure.
     import warnings
 
     import hfxla_nb as hx
+    from hfxla_nb.launch.errors import LaunchError
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any warning in the kernel fails the test
         assert hx.notebook_launcher(_no_collectives, num_processes=2,
                                     progress="console") == 1
+    assert hx.last_launch().notes == []
+    with pytest.raises(LaunchError):
+        hx.notebook_launcher(_rank_0_fails, num_processes=2, progress="console")
+    assert hx.last_launch().notes == [] and "collectives" not in capsys.readouterr().out
+    with pytest.raises(LaunchError):
+        hx.notebook_launcher(_all_ranks_fail, num_processes=2, progress="console")
     (note,) = hx.last_launch().notes
     assert note.startswith("XLA on the CPU runs the 2 replicated ranks as threads")
     assert note in capsys.readouterr().out.replace("\n", " ")

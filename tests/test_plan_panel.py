@@ -142,9 +142,8 @@ def test_in_a_real_kernel_auto_draws_a_widget_and_the_saved_output_is_static():
 
 
 def test_in_a_real_kernel_a_plan_shows_its_table():
-    """A `MemoryPlan` as a cell's value: the table as text (what IPython showed before the
-    table moved to ui) and, as HTML, the panel fine_tune shows before the fork; `print()`
-    gives the plan in words."""
+    """A `MemoryPlan` as a cell's value: the table as text and as an HTML table (not the
+    line fine_tune shows before the fork); `print()` gives the plan in words."""
     from tests.helpers import bundles_of, run_notebook, stdout_of
 
     code = """
@@ -160,9 +159,9 @@ def test_in_a_real_kernel_a_plan_shows_its_table():
     (bundle,) = bundles_of(outputs)
     assert bundle["text/plain"].startswith("Llama on v5e-1 (1 device, 15.48 GiB each): ")
     assert "  optimizer state      AdamW " in bundle["text/plain"]
-    # The HTML is the panel fine_tune shows before the fork, not monospaced text.
+    # The HTML is a panel with a table, not monospaced text nor fine_tune's line again.
     assert bundle["text/html"].startswith(f'<div class="hfxla-plan" style="{BOX}">')
-    assert "<pre>" not in bundle["text/html"]
-    assert heading("memory") in bundle["text/html"] and "per device on v5e-1: fits" in (
-        bundle["text/html"])
+    assert "<pre>" not in bundle["text/html"] and "<table" in bundle["text/html"]
+    assert heading("memory plan") in bundle["text/html"] and "fits" in bundle["text/html"]
+    assert "per device on v5e-1" not in bundle["text/html"]
     assert stdout_of(outputs).startswith("Llama on v5e-1 (1 device): ")

@@ -58,6 +58,33 @@ def test_predict_returns_plain_python_with_a_cpu_forwards_probabilities(classifi
     assert list(frame.columns) == ["label", "score"] and len(frame) == len(texts)
 
 
+def test_predict_keeps_its_inputs_and_its_table_names_each_row_by_its_text(classifier):
+    from hfxla_nb.ui.predictions_panel import predictions_text
+
+    _, data, predicted = classifier
+    texts = list(data["validation"]["text"])
+    assert predicted.inputs == texts
+    first = predictions_text(predicted).splitlines()[2]
+    assert first.startswith("  " + " ".join(texts[0].split())[:20]), first
+
+
+def test_stream_is_refused_in_one_error_before_the_model_is_read(monkeypatch):
+    # predict never streams (hx.generate does): refused before any library call, so no
+    # library traceback comes first, even for a model that cannot be read here.
+    refuse_launches(monkeypatch)
+
+    def unread(*args, **kwargs):
+        raise AssertionError("the model was read before stream was refused")
+
+    monkeypatch.setattr("hfxla_nb.train.kernel.sources.model_source", unread)
+    for model in ("no-such-org/no-such-model", "/no/such/folder"):
+        with pytest.raises(FineTuneError) as raised:
+            hx.predict(model, ["a text"], stream=True)
+        message = str(raised.value)
+        assert message.startswith("predict does not stream") and "stream=True" in message
+        assert raised.value.__cause__ is None and raised.value.__context__ is None
+
+
 @pytest.mark.parametrize("inputs, options, message", [
     ([], {}, "inputs is empty"),
     (["a text"], {"batch_size": 6}, "does not split evenly over the 4 devices"),

@@ -55,8 +55,8 @@ def test_cpu_replicated_means_virtual_devices_and_warns_about_collectives():
     plan = plan_launch("replicated", 4, "no", "cpu", 1)
     assert plan.world == 4
     assert plan.env["PJRT_DEVICE"] == "CPU" and plan.env["CPU_NUM_DEVICES"] == "4"
-    assert any("strategy='spmd'" in warning for warning in plan.warnings)
-    assert plan_launch("replicated", 1, "no", "cpu", 1).warnings == ()
+    assert any("strategy='spmd'" in note for note in plan.collective_notes)
+    assert plan_launch("replicated", 1, "no", "cpu", 1).collective_notes == ()
 
 
 def test_spmd_is_one_rank_over_every_device():

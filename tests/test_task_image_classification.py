@@ -17,7 +17,7 @@ from hfxla_nb import _xla
 from hfxla_nb.demo.images import IMAGE_LABELS, demo_image_dataset, demo_vit_model_dir
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from hfxla_nb.train.tasks.base import TASKS
-from hfxla_nb.train.tasks.image_classification import top_k_accuracy
+from hfxla_nb.train.tasks.image_classification import top_k_accuracy, top_k_metrics
 from tests.helpers import refuse_launches
 
 ROWS = 480  # 384 train, 96 validation
@@ -43,9 +43,22 @@ def test_it_learns_the_drawn_images(vit):
     result, _, _ = vit
     assert result.task == "image-classification"  # task="auto", from the ViT's head
     assert result.metrics["eval_accuracy"] >= 0.9  # chance: 1/3
-    assert result.metrics["eval_top5_accuracy"] == 1.0  # top-3 of 3 labels
+    assert "eval_top5_accuracy" not in result.metrics  # 3 labels: every one is in a top 5
     assert result.metrics["eval_rows"] == ROWS // 5
     assert result.loss_history[-1][1] < 0.5 * result.loss_history[0][1]
+
+
+def test_the_result_offers_the_image_processor_and_notes_no_text_model_patch(vit):
+    from hfxla_nb.ui.finetune_panel import next_step
+
+    result, _, _ = vit
+    hint = next_step(result)
+    assert "result.load_processor()" in hint and "image processor" in hint
+    assert "load_tokenizer" not in hint and "tokenizer" not in hint
+    assert type(result.load_processor()).__name__.startswith("ViTImageProcessor")
+    patched = [note for note in result.notes if note.startswith("patched for XLA")]
+    for text_patch in ("bidirectional_mask", "causal_mask", "packed_sequences"):
+        assert not any(text_patch in note for note in patched), patched
 
 
 def test_compile_contract(vit):
@@ -85,6 +98,16 @@ def test_an_array_and_a_file_predict_as_their_image(vit):
     for other in (array, path):
         assert other["label"] == first["label"]
         assert other["score"] == pytest.approx(first["score"], abs=1e-6)
+
+
+def test_top_5_accuracy_is_reported_only_for_more_than_5_labels():
+    rng = np.random.default_rng(0)
+    labels = np.arange(8) % 3
+    assert top_k_metrics(rng.random((8, 3)), labels, 3) == {}
+    assert top_k_metrics(rng.random((8, 5)), labels, 5) == {}
+    probabilities = rng.random((8, 7))
+    assert top_k_metrics(probabilities, labels, 7) == {
+        "eval_top5_accuracy": top_k_accuracy(probabilities, labels, 5)}
 
 
 def test_top_k_accuracy_counts_a_label_among_the_k_most_probable():

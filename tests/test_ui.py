@@ -460,6 +460,36 @@ def test_bars_keep_a_fixed_width_and_their_values_on_one_line():
     assert any("loss=1.2e5" in piece for piece in pieces)
 
 
+STATS_CELL = re.compile(r'<span class="hfxla-bar-stats" style="([^"]*)" title="([^"]*)">')
+
+
+def test_a_bars_figures_keep_one_line_to_the_end_of_the_run():
+    # Near the end of a run the figures are at their longest ("ETA 542 ms", a small loss, a
+    # decayed lr): the stats cell holds them on one line, cut with an ellipsis, never wrapped.
+    clock = Clock()
+    display = WidgetDisplay(1)
+    display.state = LaunchState(1, clock=clock)
+    display.min_interval = 0
+    display.handle(Started(0, 1, 100))
+    seen = []
+    for step in range(1, 301):
+        clock.now = T0 + step * 0.058
+        display.handle(Progress(0, step, 300, {"loss": 7.9e-4 * 300 / step, "lr": 1.5e-4},
+                                samples=32 * step, time=clock.now))
+        if step % 30 == 0 or step > 285:
+            display.refresh(force=True)
+            seen.append(widget_state(display.widget)["children"][1]["value"])
+    assert any("ETA" in value and " ms" in value for value in seen)
+    for value in seen:
+        (style, title), = STATS_CELL.findall(value)
+        for rule in ("white-space:nowrap", "overflow:hidden", "text-overflow:ellipsis",
+                     "font-variant-numeric:tabular-nums"):
+            assert rule in style, (rule, style)
+        # The tooltip holds the whole line the cell may cut.
+        assert "/300 · " in title and "elapsed" in title and "lr=1.5e-4" in title
+    assert "288/300 · " in "".join(seen)
+
+
 def test_widget_bars_without_total_and_failures():
     display = WidgetDisplay(1)
     display.handle(Progress(0, 7, None, {}))

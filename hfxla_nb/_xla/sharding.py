@@ -50,6 +50,13 @@ def fsdp_v2(model, mesh, layer_classes: set | None = None, checkpoint: bool = Fa
     # barriers still run, and the user can do nothing about it. Silenced in this worker only.
     warnings.filterwarnings("ignore", message="For backward hooks to be called",
                             category=UserWarning, module="torch.nn.modules.module")
+    # The same hook on a layer whose inputs need no gradient (under LoRA the frozen embedding
+    # feeds the first layer) fires with the output gradients only, as it should: the barrier
+    # still holds the layer's parameter gradients. torch warns that it does ("Full backward
+    # hook is firing when gradients are computed with respect to module outputs"), at the
+    # frame that called backward(), on the first step. Silenced in this worker only.
+    warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are "
+                            "computed with respect to module outputs", category=UserWarning)
     policy = wrapper = None
     if layer_classes:
         policy = functools.partial(transformer_auto_wrap_policy,

@@ -121,22 +121,30 @@ def doctor(*, steps: tuple[str, ...] | None = None, time_limit: float = TIME_LIM
 
 
 class _Progress:
-    """One line in the cell, replaced as the steps go, removed at the end (a notebook only)."""
+    """One line in the cell, replaced as the steps go, emptied at the end (a notebook only).
+
+    The line is sent as a raw text/plain bundle: `display(str)` would show the string's repr,
+    quotes included, and an empty string as a stray `''` line above the report.
+    """
 
     def __init__(self, show: bool) -> None:
+        self._show = False
         self._handle = None
         if show:
             from ..ui.modes import in_notebook
 
-            if in_notebook():
-                from IPython.display import display
-
-                self._handle = display("", display_id=True)
+            self._show = in_notebook()
 
     def say(self, line: str) -> None:
-        if self._handle is not None:
-            self._handle.update(line)
+        if not self._show:
+            return
+        if self._handle is None:
+            from IPython.display import display
+
+            self._handle = display({"text/plain": line}, raw=True, display_id=True)
+        else:
+            self._handle.update({"text/plain": line}, raw=True)
 
     def close(self) -> None:
         if self._handle is not None:
-            self._handle.update("")
+            self._handle.update({"text/plain": ""}, raw=True)

@@ -289,7 +289,7 @@ def _local_plan(strategy: str, num_processes: int | None, mixed_precision: str,
     env = dict(plan.env)
     env.update(_cache_env(compile_cache, info, strategy))
     env[tracing.SWITCH] = "1" if trace_compiles else "0"
-    return LaunchPlan(plan.strategy, plan.world, env, plan.warnings)
+    return LaunchPlan(plan.strategy, plan.world, env, plan.warnings, plan.collective_notes)
 
 
 class _Attempts:
@@ -349,7 +349,8 @@ class _Attempts:
                               previous_attempts=list(earlier),
                               # Under the bars, not as a red UserWarning at ipykernel's file
                               # for the cell (#28, item 12).
-                              notes=list(plan.warnings))
+                              notes=list(plan.warnings),
+                              collective_notes=list(plan.collective_notes))
         reader = LaunchReader(record, self.timeout, self.heartbeat_timeout,
                               follower=self.tracker.handle if self.tracker else None)
         # "attempt 2 of 4" in the panel's status line; only passed with restarts

@@ -39,12 +39,16 @@ class LaunchPlan:
         env: variables set (None: removed) in the worker processes only; the kernel's own
             environment is untouched.
         warnings: things that will work but deserve a word.
+        collective_notes: what explains a failure of XLA collectives (XLA:CPU's replicated
+            ranks are threads of one process), said only when a launch fails that way
+            (`watching.involves_collectives`): not under a failure of one rank's own.
     """
 
     strategy: str
     world: int
     env: dict[str, str | None] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    collective_notes: tuple[str, ...] = ()
 
 
 def check_timeout(timeout: float | None) -> None:
@@ -212,12 +216,13 @@ def plan_launch(
         return LaunchPlan(strategy, count, env, tuple(warnings))
     # The world size first: everything after it (the CPU's replicated note) depends on it.
     count = launch_devices(num_processes, accelerator_kind, device_count)
+    collective_notes: list[str] = []
     if accelerator_kind == "tpu":
         _tpu_env(environment, env)
     else:
-        _cpu_env(strategy, count, env, warnings)
+        _cpu_env(strategy, count, env, collective_notes)
     world = 1 if strategy == "spmd" else count
-    return LaunchPlan(strategy, world, env, tuple(warnings))
+    return LaunchPlan(strategy, world, env, tuple(warnings), tuple(collective_notes))
 
 
 def launch_devices(num_processes: int | None, accelerator_kind: str, device_count: int) -> int:
@@ -314,13 +319,13 @@ def _tpu_env(environment: str, env: dict[str, str | None]) -> None:
 
 
 def _cpu_env(strategy: str, count: int, env: dict[str, str | None],
-             warnings: list[str]) -> None:
+             collective_notes: list[str]) -> None:
     """XLA:CPU's variables for `count` virtual devices, added to `env` (and a word in
-    `warnings` where replicated ranks cannot reduce)."""
+    `collective_notes` where replicated ranks cannot reduce)."""
     env["PJRT_DEVICE"] = "CPU"
     env["CPU_NUM_DEVICES"] = str(count)
     if strategy == "replicated" and count > 1:
-        warnings.append(
+        collective_notes.append(
             f"XLA on the CPU runs the {count} replicated ranks as threads of one process, "
             "and XLA collectives between them (all_reduce, xm.optimizer_step's gradient "
             "reduction) hang or abort upstream (pytorch/xla #5005, #9089). Code without "

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..events import Generated
 from ..observe.launch_reader import LaunchReader
-from ..states import Outcome, RankState
+from ..states import BaseLaunchRecord, Outcome, RankState
 from .library_warnings import print_folded
 from .record import LaunchRecord
 
@@ -132,6 +132,28 @@ def shows(shown_ranks: set[int] | str, ranks: list[int]) -> bool:
     return not ranks or any(rank in shown_ranks for rank in ranks)
 
 
+#: Words of a rank's error that name an XLA collective (or what waits on one).
+COLLECTIVE_WORDS = ("all_reduce", "all-reduce", "allreduce", "all_gather", "reduce_scatter",
+                    "all_to_all", "collective", "optimizer_step", "rendezvous", "barrier",
+                    "mesh_reduce")
+
+
+def involves_collectives(record: BaseLaunchRecord) -> bool:
+    """Whether the launch ended in a way XLA collectives explain: it hung (`timeout=`, the
+    stop button), more than one rank failed, or a failed rank's error names a collective. A
+    launch that finished, or failed in one rank on its own, does not."""
+    if record.outcome in (Outcome.TIMEOUT, Outcome.INTERRUPTED):
+        return True
+    if record.outcome != Outcome.FAILED:
+        return False
+    failed = [rank for rank in record.ranks
+              if rank.exit_state in (RankState.FAILED, RankState.KILLED, RankState.TIMEOUT)]
+    if len(failed) > 1:
+        return True
+    words = " ".join(f"{rank.error or ''} {rank.traceback or ''}" for rank in failed).lower()
+    return any(word in words for word in COLLECTIVE_WORDS)
+
+
 def end_launch(reader: LaunchReader, display: LaunchDisplay, outcome: Outcome, began: float,
                *, interrupted_line: str, stop: Callable[[], None] | None = None,
                drain: Callable[[], None] | None = None) -> None:
@@ -163,6 +185,8 @@ def end_launch(reader: LaunchReader, display: LaunchDisplay, outcome: Outcome, b
     if drain is not None:
         drain()
     record.duration = time.monotonic() - began
+    if record.collective_notes and involves_collectives(record):
+        record.notes += record.collective_notes  # under the final panel's bars
     for rank in record.ranks:
         rank.metrics = reader.rank_metrics(rank.rank)
     reader.end()

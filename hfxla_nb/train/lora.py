@@ -13,10 +13,12 @@ already gathered from the devices (FSDPv2's shards included).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import enum
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +130,22 @@ def _jsonable(value: Any) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _peft_wrapping() -> Iterator[None]:
+    """Around peft's building of a `PeftModel`: without transformers' FutureWarning about
+    `is_gradient_checkpointing`.
+
+    `PeftModel.__init__` reads `model.is_gradient_checkpointing` to decide whether to make the
+    inputs require gradients; transformers 5 deprecated that attribute and warns on every
+    read. Neither hfxla_nb nor the user reads it, and nothing they can change stops peft from
+    doing so; the warning names only peft's own line.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                category=FutureWarning)
+        yield
+
+
 def lora_config(settings: Any) -> Any:
     """peft's `LoraConfig` from `lora_settings`' JSON (a `LoraConfig` is returned as it is)."""
     import peft
@@ -146,7 +164,8 @@ def apply_lora(model: Any, settings: Mapping[str, Any], precision: str) -> Any:
     import peft
     import torch
 
-    wrapped = peft.get_peft_model(model, lora_config(settings))
+    with _peft_wrapping():
+        wrapped = peft.get_peft_model(model, lora_config(settings))
     for parameter in wrapped.parameters():
         if parameter.requires_grad:
             parameter.data = parameter.data.float()
@@ -173,7 +192,7 @@ def host_copy(peft_model: Any, settings: Any, state: Mapping[str, Any]) -> Any:
     import torch
 
     base = peft_model.get_base_model()
-    with torch.device("meta"):
+    with torch.device("meta"), _peft_wrapping():
         copy = peft.get_peft_model(type(base)(base.config), lora_config(settings))
     copy.load_state_dict(dict(state), assign=True, strict=False)
     return copy
@@ -243,4 +262,5 @@ def load_adapter_model(output_dir: str | Path, auto_class: Any, **kwargs: Any) -
             "load the base yourself and use peft.PeftModel.from_pretrained(base, folder), or "
             "load the merged model with load_model().")
     base = auto_class.from_pretrained(base_name, **kwargs)
-    return peft.PeftModel.from_pretrained(base, folder)
+    with _peft_wrapping():
+        return peft.PeftModel.from_pretrained(base, folder)

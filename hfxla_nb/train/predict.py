@@ -58,6 +58,8 @@ class Predictions(list):
 
     Attributes:
         task: the task that predicted.
+        inputs: the inputs predicted on, in order (the table shows each row's input by
+            them); None for a list made by hand.
         compiles: graphs compiled (one per length bucket, or none from the compile cache).
         bucket_lengths: the padded lengths used.
         seconds: wall time of the prediction in the worker (model loading left out).
@@ -66,6 +68,7 @@ class Predictions(list):
 
     task: str = ""
     compiles: int = 0
+    inputs: list[Any] | None = None  # what was predicted on, in order (the table names them)
     bucket_lengths: list[int]
     seconds: float = 0.0
     compile_seconds: float = 0.0
@@ -159,6 +162,11 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
     from ..launch import notebook_launcher
     from ..launch.preflight import check_backend
 
+    if "stream" in generation:  # no task's predict streams: said before any library runs
+        raise FineTuneError(
+            "predict does not stream: its answers come back together, as a table. To see a "
+            "causal LM's text as it is generated, use hx.generate(model, prompts, "
+            "stream=True) (or result.generate(prompts, stream=True) on the CPU).")
     check_backend("spmd")  # no torch_xla (TorchTPU only): refused before any work
     if type(model).__name__ == "FineTuneResult":
         if model.output_dir is None:
@@ -166,6 +174,7 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
                                 "with an output_dir to predict with it.")
         task = model.task if task == AUTO else task
         model = model.output_dir
+    inputs = input_list(inputs)  # once: a generator is read here, and kept for the table
     plan = prepare_predict(model, inputs, task, batch_size=batch_size, max_length=max_length,
                            tokenizer=tokenizer, num_processes=num_processes,
                            allow_no_answer=allow_no_answer, max_new_tokens=max_new_tokens,
@@ -176,6 +185,7 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
                             strategy="spmd", progress=progress, timeout=timeout)
     out = Predictions(raw["predictions"])
     out.task, out.compiles, out.seconds = plan.task, raw["compiles"], raw["seconds"]
+    out.inputs = inputs
     out.compile_seconds = raw["compile_seconds"]
     out.bucket_lengths = list(plan.data.bucket_lengths)
     return out
@@ -206,11 +216,7 @@ def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
             + (f"; it takes {', '.join(taken)}." if taken else "; only generating tasks do."))
     if TASKS[task].continues_prompts and generation_config is None:
         generation_config = model_generation_config(model)  # its generation_config.json
-    if isinstance(inputs, (str, dict)) or is_conversation(inputs):
-        inputs = [inputs]
-    if hasattr(inputs, "to_dict") and hasattr(inputs, "columns"):  # a DataFrame
-        inputs = inputs.to_dict("records")
-    inputs = list(inputs)
+    inputs = input_list(inputs)
     if not inputs:
         raise FineTuneError("inputs is empty: pass at least one input.")
     context = PredictContext(model_config, TASKS[task].load_processor(tokenizer, model, source),
@@ -231,6 +237,16 @@ def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
         metrics=(), log_every=1, devices=devices, save=False, task=task,
         auto_class=TASKS[task].auto_class_for(model_config),
     )
+
+
+def input_list(inputs: Any) -> list[Any]:
+    """`predict`'s inputs as a list, one item per input: a single input (a text, a dict, a
+    chat) in a list of its own, a DataFrame's rows as dicts."""
+    if isinstance(inputs, (str, dict)) or is_conversation(inputs):
+        return [inputs]
+    if hasattr(inputs, "to_dict") and hasattr(inputs, "columns"):  # a DataFrame
+        return inputs.to_dict("records")
+    return list(inputs)
 
 
 def default_batch_size(task: str, rows: int, devices: int) -> int:

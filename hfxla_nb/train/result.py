@@ -65,10 +65,10 @@ class FineTuneResult:
         notes: things worth knowing (truncated rows, dropped rows, patches applied).
         task: the task's name ("classification", "causal-lm", "token-classification",
             "question-answering", "masked-lm", "multiple-choice", "seq2seq").
-        task_title, shows_labels, generates, predict_example: what the task says of itself
-            for the result's panel (`Task.title`, `Task.shows_labels`,
-            `Task.continues_prompts`, `Task.predict_example`); filled from the task when not
-            given.
+        task_title, shows_labels, generates, predict_example, processor: what the task says
+            of itself for the result's panel (`Task.title`, `Task.shows_labels`,
+            `Task.continues_prompts`, `Task.predict_example`, `Task.processor`); filled from
+            the task when not given.
         sharding: "data" (parameters replicated) or "fsdp" (FSDPv2: parameters sharded).
         gradient_checkpointing: whether layers were recomputed with torch_xla's checkpoint.
         parameter_sharding: the first parameters' SPMD sharding specs, name -> spec
@@ -128,6 +128,7 @@ class FineTuneResult:
     shows_labels: bool | None = None
     generates: bool | None = None
     predict_example: str | None = None
+    processor: str | None = None
     uploads_per_step: float | None = None
     setup_compiles: int = 0
     save_error: str | None = None
@@ -140,7 +141,8 @@ class FineTuneResult:
         if task is None:  # a task not registered in this process: say nothing of it
             return
         given = {"task_title": task.title or task.name, "shows_labels": task.shows_labels,
-                 "generates": task.continues_prompts, "predict_example": task.predict_example}
+                 "generates": task.continues_prompts, "predict_example": task.predict_example,
+                 "processor": task.processor}
         for name, value in given.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
@@ -343,6 +345,22 @@ class FineTuneResult:
         from .predict import predict
 
         return predict(self, inputs, batch_size=batch_size, **options)
+
+    def load_processor(self, **kwargs: Any):
+        """What the inputs were encoded with, saved next to the model: the tokenizer of a text
+        model, the image processor of an image model, the feature extractor (or processor) of
+        an audio model (`processor` says which)."""
+        if self.processor in (None, "tokenizer"):
+            return self.load_tokenizer(**kwargs)
+        if self.held_model is not None and self.held_model.tokenizer is not None:
+            return self.held_model.tokenizer
+        if self.output_dir is None:
+            raise FileNotFoundError(f"this run saved no {self.processor} (output_dir was None).")
+        import transformers
+
+        auto = {"image processor": "AutoImageProcessor",
+                "feature extractor": "AutoFeatureExtractor"}.get(self.processor, "AutoProcessor")
+        return getattr(transformers, auto).from_pretrained(self.output_dir, **kwargs)
 
     def load_tokenizer(self, **kwargs: Any):
         """The tokenizer saved next to the model."""

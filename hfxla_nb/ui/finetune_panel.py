@@ -110,9 +110,11 @@ def next_step(result: Any) -> str | None:
                 "CPU here; result.load_model() and result.load_tokenizer() give the model "
                 "and its tokenizer (the XLA runtime stays off, so you can launch again)")
     example = result.predict_example or '["a text"]'
+    processor = getattr(result, "processor", None) or "tokenizer"
+    load = "load_tokenizer" if processor == "tokenizer" else "load_processor"
     return (f"result.predict({example}) predicts on every XLA device (in a launched worker); "
-            "result.load_model() and result.load_tokenizer() give the trained model and its "
-            "tokenizer on the CPU here (the XLA runtime stays off, so you can launch again)")
+            f"result.load_model() and result.{load}() give the trained model and its "
+            f"{processor} on the CPU here (the XLA runtime stays off, so you can launch again)")
 
 
 def _time_row(result: Any) -> str:

@@ -108,8 +108,8 @@ def progress_bar_html(bar: BarView, width: int = BAR_WIDTH) -> str:
 
 
 def bar_stats_html(bar: BarView) -> str:
-    """Counts, timing and values next to a bar: pieces that each stay on one line (a narrow
-    output wraps between them, never inside one)."""
+    """Counts, timing and values next to a bar: pieces that each stay whole (`bars_html` keeps
+    them on one line, cut at the end where the output is narrow)."""
     pieces = [f"<b>{escape(text.counts_text(bar))}</b>"]
     pieces += [f'<span style="{MUTED}" title="{escape(means)}">{escape(part)}</span>'
                for part, means in text.timing_pieces(bar)]
@@ -122,10 +122,19 @@ def bar_stats_html(bar: BarView) -> str:
     )
 
 
+# The stats of a bar: one line whatever their length, cut with an ellipsis where the output
+# is too narrow (the whole line is the cell's tooltip). Wrapping between the pieces made the
+# panel taller for the steps whose figures were longer ("ETA 542 ms") and shorter again
+# after; tabular figures keep the pieces' widths steady as the numbers change.
+STATS_STYLE = ("min-width:0;white-space:nowrap;overflow:hidden;text-overflow:ellipsis;"
+               "font-variant-numeric:tabular-nums;")
+
+
 def bars_html(bars: list[BarView]) -> str:
     """Every bar, one grid row each: caption, mark, bar (fixed width), stats. The caption
     column is as wide as the widest caption and the mark has its own column, so bars line up
-    and do not move when a mark appears; the stats take the rest of the row."""
+    and do not move when a mark appears; the stats take the rest of the row, on one line
+    (`STATS_STYLE`)."""
     if not bars:
         return ""
     cells = []
@@ -138,8 +147,8 @@ def bars_html(bars: list[BarView]) -> str:
             f'<span class="hfxla-bar-mark" style="{cell}{text_color(color)}">{mark}</span>',
             f'<span style="{_BOX}display:flex;align-items:center;height:1.4em">'
             f"{progress_bar_html(bar)}</span>",
-            f'<span class="hfxla-bar-stats" style="{_BOX}min-width:0">{bar_stats_html(bar)}'
-            "</span>",
+            f'<span class="hfxla-bar-stats" style="{_BOX}{STATS_STYLE}" '
+            f'title="{escape(" · ".join(text.stat_parts(bar)))}">{bar_stats_html(bar)}</span>',
         ]
     return (
         f'<div class="hfxla-bars" style="{_BOX}display:grid;grid-template-columns:max-content '
@@ -192,15 +201,27 @@ def _sparkline_or_blank(values: list[float], color: str, width: int = 180,
         f'style="vertical-align:middle;width:{width}px;height:{height}px;max-width:none"></svg>')
 
 
+# An "i" in a circle, drawn: the ⓘ character is a missing-glyph box with Debian's default
+# fonts. In the text's colour (currentColor), one text line high, the same width everywhere.
+INFO_ICON = (
+    '<svg width="12" height="12" viewBox="0 0 12 12" xmlns="http://www.w3.org/2000/svg" '
+    'role="img" aria-label="what this counts" '
+    'style="vertical-align:-1px;width:12px;height:12px;max-width:none">'
+    '<circle cx="6" cy="6" r="5.3" fill="none" stroke-width="1.2" style="stroke:currentColor"/>'
+    '<rect x="5.35" y="5" width="1.3" height="4.2" style="fill:currentColor"/>'
+    '<circle cx="6" cy="3.2" r="0.85" style="fill:currentColor"/></svg>')
+
+
 def _above_wall_html(summary: XlaSummary | None, wall_seconds: float,
                      means: str = text.STEP_TIME_MEANS) -> str:
-    """A muted ` ⓘ` after the wall time per step, always there: its tooltip says what the
-    wall time counts, and, when XLA's time per step is the larger, why (`XLA_ABOVE_WALL`).
+    """A muted info icon (`INFO_ICON`) after the wall time per step, always there: its
+    tooltip says what the wall time counts, and, when XLA's time per step is the larger, why
+    (`XLA_ABOVE_WALL`).
     Words that came and went beside it made the live chart line wrap and the panel grow by a
-    line while they were shown (#28 items 2 and 14)."""
+    line while they were shown."""
     if xla_exceeds_wall(summary, wall_seconds):
         means = f"{text.XLA_ABOVE_WALL}: {text.XLA_ABOVE_WALL_MEANS}"
-    return f' <span style="{MUTED}" title="{escape(means)}">ⓘ</span>'
+    return f' <span style="{MUTED}" title="{escape(means)}">{INFO_ICON}</span>'
 
 
 def _row(name: str, value: str, means: str | None = None) -> str:

@@ -13,6 +13,7 @@ from html import escape
 
 from .._words import COUNT_WORDS, is_count  # noqa: F401 - read with the table's rules
 from .table_style import HEAD, HEAD_NUMBER, NAME, NUMBER, aligned_lines, cell, row, table
+from .units import score
 
 # The per-entity statistics of token classification (`eval_<TYPE>_<statistic>`), in the
 # grid's column order.
@@ -23,13 +24,12 @@ _ENTITY_NAME = re.compile(r"^eval_(?P<kind>.+)_(?P<stat>precision|recall|f1|enti
 
 
 def metric_value(name: str, value: float) -> str:
-    """A metric for people: counts as integers (`719`, `12,480`), ratios and losses with 4
-    decimals (`0.0075`), large values with one (`1,234.5`)."""
-    if value != value or value in (float("inf"), float("-inf")):
-        return str(value)
-    if is_count(name, value):
+    """A metric for people: counts as integers (`719`, `12,480`), any other value as
+    `units.score` rounds it (the predictions' scores too): 4 decimals (`0.0075`), one for large
+    values (`1,234.5`)."""
+    if value == value and value not in (float("inf"), float("-inf")) and is_count(name, value):
         return f"{int(value):,}"
-    return f"{value:.4f}" if abs(value) < 1000 else f"{value:,.1f}"
+    return score(value)
 
 
 def split_entity_metrics(metrics: dict[str, float]

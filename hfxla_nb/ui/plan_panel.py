@@ -2,8 +2,8 @@
 line shown in the cell before the fork.
 
 `hx.plan_memory` returns a `MemoryPlan` (plain data, `train.memory_plan`); `ui/formatters.py`
-tells IPython to draw it with `plan_table` (text) and `plan_table_html` (the panel shown
-before the fork, and the changes that would make it fit). `fine_tune` checks its
+tells IPython to draw it with `plan_table` (text) and `plan_table_html` (HTML): a table of
+each part per device, the settings, and the changes that would make it fit. `fine_tune` checks its
 plan in the kernel; the launch layer hands it to `show_memory_plan`, which draws one line in the
 mode the launch panel uses: an ipywidgets `HTML` widget (replaced by static HTML when the launch
 ends, like the launch panel, so a saved notebook holds no widget view), an HTML output, or a
@@ -20,7 +20,21 @@ from types import SimpleNamespace
 from typing import Any, Protocol
 
 from .html_display import HtmlBlock
-from .table_style import TEXT, heading, panel
+from .table_style import (
+    GREEN,
+    MUTED,
+    NUMBER,
+    RED,
+    TD,
+    TEXT,
+    badge,
+    cell,
+    heading,
+    panel,
+    row,
+    table,
+)
+from .table_style import LABEL as LABEL_CELL
 from .units import size
 
 GIB = 2**30
@@ -83,30 +97,48 @@ def _gib(value: float) -> str:
     return size(round(value * GIB))
 
 
+def plan_settings(plan: Plan) -> list[str]:
+    """The settings the plan was made for, in words: batch, precision, LoRA or not, sharding,
+    gradient checkpointing."""
+    return [f"batch {plan.batch_size} x {plan.max_length} tokens", plan.precision,
+            f"LoRA r={plan.lora_rank}" if plan.lora_rank else "full fine-tune",
+            f"{plan.sharding} sharding",
+            "gradient checkpointing" if plan.gradient_checkpointing
+            else "no gradient checkpointing"]
+
+
+def plan_title(plan: Plan) -> str:
+    """`Llama on v5e-1 (1 device, 15.48 GiB each): 1.20 GiB per device, fits`."""
+    verdict = "fits" if plan.fits else "does not fit"
+    return (f"{plan.model} on {plan.hardware} ({plan.devices} device"
+            f"{'s' if plan.devices != 1 else ''}, {plan.device_memory_gib:.2f} GiB each): "
+            f"{plan.total_gib:.2f} GiB per device, {verdict}")
+
+
+def plan_rows(plan: Plan) -> list[tuple[str, str, float | None, str]]:
+    """The plan's table as data: (part, count, GiB per device or None, note) for the
+    parameters, the trainable ones, gradients, optimizer state, activations and the total."""
+    return [
+        ("parameters", _count(plan.parameters), plan.parameters_gib, ""),
+        ("trainable", _count(plan.trainable_parameters), None, ""),
+        ("gradients", "", plan.gradients_gib, ""),
+        ("optimizer state", "AdamW", plan.optimizer_gib, ""),
+        ("activations", "", plan.activations_gib,
+         f"(estimate; {plan.activations_full_gib:.2f} without, "
+         f"{plan.activations_checkpointed_gib:.2f} with gradient checkpointing)"),
+        ("total per device", "", plan.total_gib, f"of {plan.device_memory_gib:.2f}"),
+    ]
+
+
 def plan_table(plan: Plan) -> str:
     """The plan as a small table: the settings, each part per device, the total against the
     device, the notes, and the changes that would make it fit (a `MemoryPlan`'s text)."""
-    settings = [f"batch {plan.batch_size} x {plan.max_length} tokens", plan.precision,
-                f"LoRA r={plan.lora_rank}" if plan.lora_rank else "full fine-tune",
-                f"{plan.sharding} sharding",
-                "gradient checkpointing" if plan.gradient_checkpointing
-                else "no gradient checkpointing"]
-    verdict = "fits" if plan.fits else "does not fit"
-    lines = [
-        f"{plan.model} on {plan.hardware} ({plan.devices} device"
-        f"{'s' if plan.devices != 1 else ''}, {plan.device_memory_gib:.2f} GiB each): "
-        f"{plan.total_gib:.2f} GiB per device, {verdict}",
-        "  " + ", ".join(settings),
-        f"  {'parameters':<18}{_count(plan.parameters):>8}  {plan.parameters_gib:8.2f} GiB",
-        f"  {'trainable':<18}{_count(plan.trainable_parameters):>8}",
-        f"  {'gradients':<18}{'':>8}  {plan.gradients_gib:8.2f} GiB",
-        f"  {'optimizer state':<18}{'AdamW':>8}  {plan.optimizer_gib:8.2f} GiB",
-        f"  {'activations':<18}{'':>8}  {plan.activations_gib:8.2f} GiB  (estimate; "
-        f"{plan.activations_full_gib:.2f} without, {plan.activations_checkpointed_gib:.2f}"
-        " with gradient checkpointing)",
-        f"  {'total per device':<18}{'':>8}  {plan.total_gib:8.2f} GiB  of "
-        f"{plan.device_memory_gib:.2f}",
-    ]
+    lines = [plan_title(plan), "  " + ", ".join(plan_settings(plan))]
+    for label, count, gib, note in plan_rows(plan):
+        line = f"  {label:<18}{count:>8}"
+        if gib is not None:
+            line += f"  {gib:8.2f} GiB"
+        lines.append(f"{line}  {note}" if note else line)
     lines += [f"  note: {note}" for note in plan.notes]
     if plan.changes:
         lines.append(FIT_HEADING)
@@ -117,17 +149,28 @@ def plan_table(plan: Plan) -> str:
 
 
 def plan_table_html(plan: Plan) -> str:
-    """A `MemoryPlan` as a cell's value, as HTML, in the one box: the line `fine_tune` shows
-    before the fork (`plan_html`), then the changes that would make it fit, one line each in
-    the same font (the text form, `plan_table`, keeps every figure in columns)."""
-    if not plan.changes:
-        return plan_panel_html(plan)
-    changes = "".join(
-        f"<li>{escape(change.change)} (<code>{escape(change.argument)}</code>): "
-        f"{escape(_gib(change.total_gib))} per device{', fits' if change.fits else ''}</li>"
-        for change in plan.changes)
-    return panel(f"{plan_html(plan)}{FIT_HEADING}"
-                 f'<ol style="margin:0;padding-left:2em">{changes}</ol>', PLAN_CLASS)
+    """A `MemoryPlan` as a cell's value, as HTML: a panel with the plan's title and settings,
+    a table of each part per device (the rows of `plan_table`), the notes, and the changes
+    that would make it fit. Not the line `fine_tune` shows before the fork (`plan_html`): a
+    cell that shows a plan and then fine-tunes shows that line once."""
+    rows = [row([cell(escape(label), LABEL_CELL, "th"), cell(escape(count), NUMBER),
+                 cell(f"{gib:.2f} GiB" if gib is not None else "", NUMBER),
+                 cell(escape(note), f"{TD}{MUTED}")])
+            for label, count, gib, note in plan_rows(plan)]
+    verdict = "fits" if plan.fits else "does not fit"
+    title = plan_title(plan).rsplit(": ", 1)[0]
+    notes = "".join(f'<div style="{MUTED}">note: {escape(note)}</div>' for note in plan.notes)
+    changes = ""
+    if plan.changes:
+        items = "".join(
+            f"<li>{escape(change.change)} (<code>{escape(change.argument)}</code>): "
+            f"{change.total_gib:.2f} GiB per device{', fits' if change.fits else ''}</li>"
+            for change in plan.changes)
+        changes = f'{FIT_HEADING}<ol style="margin:0;padding-left:2em">{items}</ol>'
+    return panel(f"<div>{heading('memory plan')} {badge(verdict, GREEN if plan.fits else RED)} "
+                 f"{escape(title)}</div>"
+                 f'<div style="{MUTED}">{escape(", ".join(plan_settings(plan)))}</div>'
+                 f"{table(rows)}{notes}{changes}", PLAN_CLASS)
 
 
 def _count(number: int) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from .._units import data_size, duration
 from ..observe.bars import seconds_per_step
 
-__all__ = ["duration", "number", "size", "rate", "clock"]
+__all__ = ["duration", "number", "score", "size", "rate", "clock"]
 
 
 def number(value: float) -> str:
@@ -27,6 +27,15 @@ def number(value: float) -> str:
                 return text
     mantissa, exponent = f"{value:.1e}".split("e")
     return f"{mantissa.removesuffix('.0')}e{int(exponent)}"
+
+
+def score(value: float) -> str:
+    """A score or metric in a table (predictions' scores, the evaluation's metrics): the one
+    rounding rule of hfxla_nb's tables, 4 decimals (`0.9877`, `0.5000`, `12.3457`), one for
+    1000 and more (`1,234.5`), so a column of them lines up."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    return f"{value:.4f}" if abs(value) < 1000 else f"{value:,.1f}"
 
 
 def size(count: int | None) -> str:

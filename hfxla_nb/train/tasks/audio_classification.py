@@ -78,6 +78,7 @@ class AudioClassification(Classification):
     # models do: `claims_model` tells them apart by the config's model type.
     head_suffixes = ("ForAudioClassification", "ForSequenceClassification")
     columns = (audio_data.AUDIO_COLUMN,)
+    processor = "feature extractor"
     peft_task_type = None
     title = "audio classification"
     predict_example = '[{"array": samples, "sampling_rate": 16000}]'

@@ -104,6 +104,13 @@ class Task:
     predict_example = '["a text"]'
     #: Whether `augment=True` is taken (its `augment` changes training batches).
     augments = False
+    #: What `load_processor` loads, saved next to the model: "tokenizer", "image processor",
+    #: "feature extractor" or "processor" (a tokenizer and a feature extractor). The result's
+    #: "next" row names the load call that fits (`FineTuneResult.load_processor`).
+    processor = "tokenizer"
+    #: Whether its models read token sequences (attention masks, packed rows): only then does
+    #: the result note the patches of transformers' sequence masking applied for XLA.
+    reads_sequences = True
 
     def check_model(self, model_config: Any, names: list[str]) -> None:
         """Refuse, with `FineTuneError`, a model this task cannot train (none by default)."""

@@ -1,6 +1,7 @@
 """Image classification: a class per image (any `...ForImageClassification` with its image
-processor); accuracy and top-5 accuracy; predictions as `pipeline("image-classification")`
-gives them. The kernel side (images read, checked, preprocessed) is `image_data.py`."""
+processor); accuracy, and top-5 accuracy for more than 5 classes; predictions as
+`pipeline("image-classification")` gives them. The kernel side (images read, checked,
+preprocessed) is `image_data.py`."""
 
 from __future__ import annotations
 
@@ -41,6 +42,15 @@ def by_row(split: EncodedSplit, per_batch: list, index: int) -> np.ndarray:
     return values
 
 
+def top_k_metrics(probabilities: np.ndarray, labels: np.ndarray,
+                  num_labels: int) -> dict[str, float]:
+    """`eval_top5_accuracy` when the model has more than `TOP_K` labels; else nothing: with
+    `TOP_K` labels or fewer every label is in the top k, and the figure would be 1.0 always."""
+    if num_labels <= TOP_K:
+        return {}
+    return {f"eval_top{TOP_K}_accuracy": top_k_accuracy(probabilities, labels, TOP_K)}
+
+
 def top_k_accuracy(probabilities: np.ndarray, labels: np.ndarray, k: int) -> float:
     """The fraction of rows whose label is among their `k` most probable classes."""
     top = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
@@ -48,7 +58,8 @@ def top_k_accuracy(probabilities: np.ndarray, labels: np.ndarray, k: int) -> flo
 
 
 class ImageClassification(Task):
-    """Image classification: a class per image; accuracy and top-5 accuracy."""
+    """Image classification: a class per image; accuracy, and top-5 accuracy for more than 5
+    classes."""
 
     name = "image-classification"
     pipeline_tag = "image-classification"
@@ -60,6 +71,8 @@ class ImageClassification(Task):
     predict_example = "[PIL.Image.open('cat.jpg')]"
     outputs_per_batch = 2
     augments = True
+    processor = "image processor"
+    reads_sequences = False  # pixels in patches: no attention mask, no packed rows
 
     def check_model(self, model_config: Any, names: list[str]) -> None:
         """Refuse a model that does not take RGB images: the images are made RGB."""
@@ -99,8 +112,8 @@ class ImageClassification(Task):
         return chance_accuracy(split)
 
     def eval_metrics(self, ctx: WorkerContext, batches: list, fetched: list) -> dict[str, float]:
-        """Loss, the config's metrics (accuracy by default) and top-5 accuracy (top-k for k
-        = min(5, labels): 1.0 with 5 labels or fewer)."""
+        """Loss, the config's metrics (accuracy by default) and, for a model of more than 5
+        labels, top-5 accuracy (`top_k_metrics`)."""
         split, plan = ctx.plan.data.eval, ctx.plan
         pairs = self.per_batch(batches, fetched)
         row_losses = by_row(split, pairs, 0).astype(np.float64)
@@ -112,8 +125,7 @@ class ImageClassification(Task):
         values = {"eval_loss": float(row_losses.mean())}
         values.update(compute_metrics(plan.metrics, probabilities.argmax(-1).astype(np.int64),
                                       labels, num_labels))
-        values["eval_top5_accuracy"] = top_k_accuracy(probabilities, labels,
-                                                      min(TOP_K, num_labels))
+        values.update(top_k_metrics(probabilities, labels, num_labels))
         values["eval_rows"] = float(split.num_rows)
         return values
 

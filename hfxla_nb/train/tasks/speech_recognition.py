@@ -80,6 +80,7 @@ class SpeechRecognition(Task):
     name = "speech-recognition"
     pipeline_tag = "automatic-speech-recognition"
     auto_class = "AutoModelForCTC"
+    processor = "processor"  # a tokenizer and a feature extractor, saved together
     head_suffixes = ("ForCTC", "WhisperForConditionalGeneration")
     outputs_per_batch = 2
     eval_ahead = True  # one graph per bucket that syncs nothing itself

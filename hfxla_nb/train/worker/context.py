@@ -32,6 +32,7 @@ class WorkerTask(Protocol):
     name: str
     auto_class: str
     eval_ahead: bool
+    reads_sequences: bool
 
     def train_loss(self, ctx: WorkerContext, batch: Batch) -> torch.Tensor: ...
 

@@ -27,8 +27,14 @@ def evaluate(ctx: WorkerContext, ahead: EvalAhead | None = None) -> dict[str, fl
     """Evaluate `ctx.model` on the plan's evaluation split: padded, weighted batches (one
     graph per bucket), every result fetched in one transfer at the end; the task
     (`tasks/`) says what is computed. `ahead`: the graphs compiled while training ran."""
-    batches, fetched = run_batches(ctx, ahead)
-    return ctx.task.eval_metrics(ctx, batches, fetched)
+    batches, fetched = run_batches(ctx, ahead, finish=False)
+    metrics = ctx.task.eval_metrics(ctx, batches, fetched)
+    # The bar ends with the evaluation, as the result's `eval_seconds` does: the batches' graphs
+    # run while their results are fetched and the metrics computed, after the last batch was
+    # traced, which took a tenth of the time.
+    if batches:
+        emit(Progress(worker_rank(), len(batches), len(batches), {}, None, "eval"))
+    return metrics
 
 
 def announce_bar(ctx: WorkerContext) -> None:
@@ -41,10 +47,13 @@ def announce_bar(ctx: WorkerContext) -> None:
 
 
 def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None,
-                bar: str = "eval") -> tuple[list, list]:
+                bar: str = "eval", finish: bool = True) -> tuple[list, list]:
     """The task's `eval_outputs` of every batch of the plan's evaluation split, on the host:
     `(batches, fetched)` (evaluation and `predict` both); `ahead`'s graphs run the buckets
-    they were compiled for; `bar` names the progress bar ("eval", or "predict")."""
+    they were compiled for; `bar` names the progress bar ("eval", or "predict").
+
+    The bar reaches its total once every result is on the host (the graphs run until then),
+    or, with `finish=False`, where the caller says its work ends."""
     import torch
 
     plan = ctx.plan
@@ -67,7 +76,7 @@ def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None,
                 outputs += traced_outputs(ctx, batch)
                 _xla.sync()
             now = time.monotonic()
-            if i + 1 == len(batches) or now - last_sent >= 0.2:
+            if i + 1 < len(batches) and now - last_sent >= 0.2:
                 # Sent directly, not through report(): its metrics snapshots would make
                 # the panel's per-step figures count evaluation batches as steps.
                 last_sent = now
@@ -76,6 +85,8 @@ def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None,
                 count_in_bar(bar, i + 1)
     fetched = _xla.to_cpu(outputs)  # one transfer for every batch
     ctx.model.train()
+    if finish and batches:
+        emit(Progress(worker_rank(), len(batches), len(batches), {}, None, bar))
     return batches, fetched
 
 

@@ -60,6 +60,11 @@ STEADY_AFTER_STEPS = WARMUP_STEPS
 Steady = tuple[dict[str, int], float, int]
 
 
+#: The patches of transformers' sequence masking (`patches.py`): a model that reads no token
+#: sequences (an image model) never calls them, so its result does not name them.
+SEQUENCE_PATCHES = frozenset({"bidirectional_mask", "causal_mask", "packed_sequences"})
+
+
 def train_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
     """Runs in the launched worker: train, evaluate, save; returns `FineTuneResult` data."""
     if plan.strategy == "spmd" and not _xla.is_spmd():
@@ -67,9 +72,11 @@ def train_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
     with patches.applied() as applied:
         start_time = time.perf_counter()
         notes = list(plan.data.notes)
-        if applied:
-            notes.append("patched for XLA: " + ", ".join(applied) + " (see hfxla_nb.patches)")
         ctx = WorkerContext.load(plan, train=True)
+        noted = applied if ctx.task.reads_sequences else [
+            name for name in applied if name not in SEQUENCE_PATCHES]
+        if noted:
+            notes.append("patched for XLA: " + ", ".join(noted) + " (see hfxla_nb.patches)")
         return TrainingLoop(ctx, notes + ctx.notes, start_time).train_evaluate_save()
 
 
