@@ -155,7 +155,7 @@ def test_the_final_rate_is_the_steady_rate_the_result_counts():
 
 
 def test_the_bars_warm_up_is_the_results():
-    assert bars.WARMUP_STEPS == loop.STEADY_AFTER_STEPS
+    assert bars.BAR_WARMUP_STEPS == loop.STEADY_AFTER_STEPS
 
 
 def test_the_loops_loss_event_is_marked_late(monkeypatch):
@@ -201,7 +201,7 @@ def test_no_eta_before_steady_steps_and_then_the_steady_one():
     sent, ended = fine_tune_events()
     _, drawn = replay(sent)
     running = [bar for bar in drawn if bar.state == "running"]
-    warming = [bar for bar in running if bar.step <= bars.WARMUP_STEPS]
+    warming = [bar for bar in running if bar.step <= bars.BAR_WARMUP_STEPS]
     assert warming and all(bar.eta is None and bar.rate is None for bar in warming)
     assert not any("ETA" in text.bar_line(bar) for bar in warming)
     # At step 6 about 20 s are left (54 steps of 0.37 s), not the 2:51 a rate with the

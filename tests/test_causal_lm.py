@@ -284,7 +284,7 @@ def test_in_the_kernel_loading_shows_no_bar_and_warnings_name_the_users_line(lm_
         cells = (
             f"""
             from transformers import AutoModelForCausalLM
-            from hfxla_nb.demo_lm import TEMPLATE, demo_lm_dataset
+            from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset
             from hfxla_nb.train import FineTuneResult, prepare_fine_tune
             result = FineTuneResult(
                 output_dir={str(lm_dir)!r}, loss_history=[], metrics={{}}, steps=0, epochs=0.0,

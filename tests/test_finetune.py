@@ -572,14 +572,14 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_intact(tmp_path):
             (folder / "config.json").write_text(text)
         return write_model
 
-    first = checkpoint.save_checkpoint(tmp_path, 4, write("four"), {"step": 4})
+    first = checkpoint.write_checkpoint(tmp_path, 4, write("four"), {"step": 4})
 
     def crash(folder):
         (folder / "config.json").write_text("half")
         raise KeyboardInterrupt  # the kernel's stop button, mid-save
 
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.save_checkpoint(tmp_path, 8, crash, {"step": 8})
+        checkpoint.write_checkpoint(tmp_path, 8, crash, {"step": 8})
     assert checkpoint.list_checkpoints(tmp_path) == [(4, first)]
     assert (first / "config.json").read_text() == "four"
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint-4"]

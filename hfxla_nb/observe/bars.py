@@ -8,7 +8,7 @@ what `bar_clock` computed (`ui.bar_view`).
 
 A bar's clock: its elapsed time runs from the bar's start; a late value (a loss fetched for an
 earlier step, `Progress.late`) never moves it. Its rate and ETA leave out the first
-`WARMUP_STEPS` steps, which compile: the same steps `fine_tune`'s result leaves out of its
+`BAR_WARMUP_STEPS` steps, which compile: the same steps `fine_tune`'s result leaves out of its
 `samples_per_second`, so the bar's last rate and the result's agree.
 """
 
@@ -26,7 +26,7 @@ RATE_WINDOW = 20
 #: Steps a bar leaves out of its rate and ETA, counted from where it started: the first steps
 #: compile, and a rate over them says nothing about the steps to come. The training loop's
 #: `STEADY_AFTER_STEPS` (the warm-up of the result's `samples_per_second`) is this number.
-WARMUP_STEPS = 3
+BAR_WARMUP_STEPS = 3
 
 # The rate unit's hysteresis: a bar in steps per second turns to seconds per step below
 # SLOW_BELOW steps per second, and back only at FAST_FROM or more. A rate near 1 step per
@@ -68,7 +68,7 @@ class BarTrack:
             pass that counts from the start again); its warm-up is counted from there.
         grew: whether its step ever grew (its first step ended).
         steady: the `(step, time, samples)` its rates are measured from: its first update at
-            or past `origin + WARMUP_STEPS`; None before.
+            or past `origin + BAR_WARMUP_STEPS`; None before.
         per_step: whether its rate reads as seconds per step (`seconds_per_step`), None
             before its first rate.
         points: the last `RATE_WINDOW` (step, time, samples) at which the step grew.
@@ -145,7 +145,7 @@ def advance(bar: BarTrack, event: Progress) -> None:
 def _rate_point(bar: BarTrack, point: tuple[int, float, int | None]) -> None:
     """Keep a point the step grew at; the first past the warm-up is where rates start."""
     bar.points.append(point)
-    if bar.steady is None and point[0] >= (bar.origin or 0) + WARMUP_STEPS:
+    if bar.steady is None and point[0] >= (bar.origin or 0) + BAR_WARMUP_STEPS:
         bar.steady = point
     rates = steady_rates(bar)
     if rates is not None:  # the unit follows each new rate, within its hysteresis
@@ -183,7 +183,7 @@ def steady_step_time(step_times: list[tuple[int, float]], compiled: list[tuple[i
             to `upto` (`LiveMetrics.compiled_spans`, from the compile counts of the metrics
             snapshots). A step's compile is timed by the next update too (`report` comes
             before the step's sync), so each span counts one step more.
-        first_step: the bar's first step: its first `WARMUP_STEPS` steps compile anyway.
+        first_step: the bar's first step: its first `BAR_WARMUP_STEPS` steps compile anyway.
 
     Returns:
         The median over the updates past the warm-up that cover no compiling step; over every
@@ -195,7 +195,7 @@ def steady_step_time(step_times: list[tuple[int, float]], compiled: list[tuple[i
     for step, seconds in step_times:
         low = previous if previous < step else step - 1  # a new epoch counts from its start
         previous = step
-        if step <= first_step + WARMUP_STEPS:
+        if step <= first_step + BAR_WARMUP_STEPS:
             continue
         if any(low < upto + 1 and step > after for after, upto in compiled):
             continue

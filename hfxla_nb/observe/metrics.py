@@ -25,8 +25,8 @@ from typing import Any
 
 from .. import _xla
 from .._xla import FALLBACK_PREFIX, ITEM_OP
+from . import reshards
 from .compile_records import Frame
-from .reshards import sites as reshard_sites
 
 # PyTorch/XLA's own debug analysis (PT_XLA_DEBUG_LEVEL) judges rates only after 10 steps.
 WARMUP_STEPS = 10
@@ -303,7 +303,7 @@ def summarize(
         input_shapes=dict(data.get("input_shapes") or {}),
     )
     summary.cache = _cache(counters, data.get("compile_cache"))
-    summary.reshards = reshard_sites(data.get("reshards"))
+    summary.reshards = reshards.sites(data.get("reshards"))
     summary.steps_from_syncs = from_syncs and steps is not None
     process = data.get("process") or {}
     summary.ranks = max(len(process.get("ranks") or ()), 1)

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import FineTuneError
+from .memory_device import GIB
 
-KIB, MIB, GIB = 1024, 1024**2, 1024**3
+KIB, MIB = 1024, 1024**2
 
 #: AdamW's two float32 moments per trainable parameter, in each checkpoint's state file.
 ADAMW_BYTES = 8

@@ -29,7 +29,7 @@ def row_cells(row: CompileRow) -> tuple[str, str, str, str, str]:
             duration(row.compile_time), row.cause_words())
 
 
-def memory_text(summary: XlaSummary) -> str | None:
+def graph_memory_text(summary: XlaSummary) -> str | None:
     """`the largest graph needs 14.2 GiB (`train` in cell 5, line 12); a v5e chip has 16.0
     GiB`, or None when no compilation reported its sizes."""
     trace: TraceLog | None = summary.trace
@@ -81,7 +81,7 @@ def compilation_lines(summary: XlaSummary) -> list[str]:
             lines.append(f"  ... and {plural(len(rows) - MAX_ROWS, 'more line')}")
     elif trace is not None:
         lines.append(NONE_COMPILED)
-    memory = memory_text(summary)
+    memory = graph_memory_text(summary)
     if memory:
         lines.append(f"graph memory: {memory}")
     cache = cache_text(summary)
@@ -124,7 +124,7 @@ def compilations_html(summary: XlaSummary) -> str:
         parts.append(
             f"<div>{heading('compilations by line')} "
             f"({escape(plural(trace.compiles, 'graph'))} traced){table([header, *body])}</div>")
-    for name, value in (("graph memory", memory_text(summary)),
+    for name, value in (("graph memory", graph_memory_text(summary)),
                         ("compile cache", cache_text(summary))):
         if value:
             parts.append(f'<div><span style="{MUTED}">{escape(name)}</span> '

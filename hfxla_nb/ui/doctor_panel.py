@@ -28,8 +28,8 @@ from .table_style import (
 if TYPE_CHECKING:
     from ..runtime.doctor_report import DoctorReport
 
-_COLORS = {"ok": GREEN, "warning": AMBER, "failed": RED, "timed out": RED}
-_TEXT_WIDTH = 100
+_CHECK_COLORS = {"ok": GREEN, "warning": AMBER, "failed": RED, "timed out": RED}
+_REPORT_WIDTH = 100
 
 
 def _status_color(report: DoctorReport) -> str:
@@ -39,7 +39,7 @@ def _status_color(report: DoctorReport) -> str:
 
 
 def _mark_html(status: str, mark: str) -> str:
-    color = _COLORS.get(status)
+    color = _CHECK_COLORS.get(status)
     style = themed("color", color) if color else MUTED
     return f'<span style="{style}" title="{html.escape(status)}">{mark}</span>'
 
@@ -71,13 +71,13 @@ def doctor_text(report: DoctorReport) -> str:
     grid = [[check.mark, check.name, f"{check.seconds:.1f} s"] for check in report.checks]
     heads = aligned_lines(grid, [False, False, True])
     for head, check in zip(heads, report.checks, strict=True):
-        lines += textwrap.wrap(check.summary, width=_TEXT_WIDTH, initial_indent=f"  {head}  ",
+        lines += textwrap.wrap(check.summary, width=_REPORT_WIDTH, initial_indent=f"  {head}  ",
                                subsequent_indent=" " * (len(head) + 4),
                                break_on_hyphens=False)
     fixes = [check for check in report.checks if check.fix]
     if fixes:
         lines.append("what to do:")
         for check in fixes:
-            lines += textwrap.wrap(f"{check.name}: {check.fix}", width=_TEXT_WIDTH,
+            lines += textwrap.wrap(f"{check.name}: {check.fix}", width=_REPORT_WIDTH,
                                    initial_indent="  ", subsequent_indent="    ")
     return "\n".join(lines)

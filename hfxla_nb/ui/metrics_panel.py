@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from ..observe.analyzer import Alert
 from ..observe.metrics import XlaSummary
-from . import html, text
-from .table_style import panel
+from . import text
+from .html import metrics_html, note_html
+from .table_style import BLUE, panel
 
 
 class MetricsPanel:
@@ -22,9 +23,9 @@ class MetricsPanel:
         self.note = note  # one line under the panel (what the cell changed in the kernel)
 
     def _repr_html_(self) -> str:
-        note = html.note_html(f"ℹ {self.note}", html.BLUE) if self.note else ""
+        note = note_html(f"ℹ {self.note}", BLUE) if self.note else ""
         # The one box around the table the launch panel holds without one of its own.
-        return panel(html.metrics_html(self.summary, self.alerts, self.title) + note,
+        return panel(metrics_html(self.summary, self.alerts, self.title) + note,
                      "hfxla-metrics-panel")
 
     def __repr__(self) -> str:

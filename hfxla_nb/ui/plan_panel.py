@@ -34,11 +34,11 @@ from .table_style import (
     row,
     table,
 )
-from .table_style import LABEL as LABEL_CELL
+from .table_style import PLAN_LABEL as LABEL_CELL
 from .units import size
 
-GIB = 2**30
-LABEL = "memory"
+GIB_BYTES = 2**30  # bytes per GiB
+PLAN_LABEL = "memory"
 # What introduces the changes of a plan that does not fit (text and HTML).
 FIT_HEADING = "What would make it fit, cheapest first (each on top of the ones before):"
 # The plan's class, on its box: the line alone (the cell before the fork) or with its changes.
@@ -94,7 +94,7 @@ def as_plan(plan: Plan | Mapping[str, Any]) -> Plan:
 
 
 def _gib(value: float) -> str:
-    return size(round(value * GIB))
+    return size(round(value * GIB_BYTES))
 
 
 def plan_settings(plan: Plan) -> list[str]:
@@ -210,7 +210,7 @@ def plan_html(plan: Plan | Mapping[str, Any]) -> str:
     """`plan_line` as one HTML line, under its heading `memory` (no box: the panels that show
     it put it in theirs, `plan_panel_html` and `plan_table_html`)."""
     # The panels' font, so the plan reads as one of them (not as monospaced output).
-    return (f'<div style="{TEXT}">{heading(LABEL)}&nbsp;&nbsp;'
+    return (f'<div style="{TEXT}">{heading(PLAN_LABEL)}&nbsp;&nbsp;'
             f"{escape(plan_line(plan))}</div>")
 
 
@@ -231,7 +231,7 @@ class PlanNotice:
 
     def __init__(self, plan: Plan | Mapping[str, Any], mode: str) -> None:
         self.mode = mode
-        self.text = f"{LABEL}  {plan_line(plan)}"
+        self.text = f"{PLAN_LABEL}  {plan_line(plan)}"
         self.html = plan_panel_html(plan)
         self.widget: Any = None
         self._handle: Any = None

@@ -28,7 +28,7 @@ INPUT_COLUMN = "input"
 NO_ROWS = "(no rows: nothing found)"
 
 
-def cell(value: Any, limit: int = TEXT_CELL_CHARS) -> str:
+def text_cell(value: Any, limit: int = TEXT_CELL_CHARS) -> str:
     """One value of the table for people: floats rounded as the evaluation's metrics are
     (`units.score`: 4 decimals), None as an empty cell, texts cut at `limit` characters
     (`…` says so), lists item by item.
@@ -44,9 +44,9 @@ def cell(value: Any, limit: int = TEXT_CELL_CHARS) -> str:
     if isinstance(value, float):
         return score(value)
     if isinstance(value, (list, tuple)):
-        text = ", ".join(cell(item, limit) for item in value)
+        text = ", ".join(text_cell(item, limit) for item in value)
     elif isinstance(value, dict):
-        text = ", ".join(f"{key}: {cell(item, limit)}" for key, item in value.items())
+        text = ", ".join(f"{key}: {text_cell(item, limit)}" for key, item in value.items())
     else:
         text = str(value)
     text = " ".join(text.split())  # a newline of a generated text would break the row
@@ -80,7 +80,7 @@ def input_text(value: Any, limit: int = TEXT_CELL_CHARS) -> str:
         return f"audio, {shape[0]} samples"
     if isinstance(value, dict) and getattr(value.get("array"), "shape", None) is not None:
         return input_text(value["array"], limit)  # datasets' Audio: {"array", "sampling_rate"}
-    return cell(value, limit)
+    return text_cell(value, limit)
 
 
 def input_html(value: Any, limit: int = HTML_CELL_CHARS) -> str:
@@ -157,7 +157,7 @@ def shown_table(predictions: Any, limit: int = TEXT_CELL_CHARS) -> ShownTable:
     inputs = [given[i] for i in which] if known else None
     shown = []
     for i, row in enumerate(rows[:MAX_ROWS]):
-        values = [cell(row.get(name), limit) for name in columns]
+        values = [text_cell(row.get(name), limit) for name in columns]
         named = input_text(inputs[i], limit) if inputs is not None else str(which[i])
         if indexed:
             values = [named, *values]
@@ -177,7 +177,7 @@ def _is_numeric(values: list[Any]) -> bool:
                                  for value in present)
 
 
-def heading(predictions: Any, table: ShownTable) -> str:
+def predictions_heading(predictions: Any, table: ShownTable) -> str:
     """`Predictions: 3 inputs (classification), 1 graph compiled, 520 ms in the worker`; the
     table's rows too when they are not one per input (one per entity found, ...)."""
     what = plural(len(predictions), "input")
@@ -199,7 +199,7 @@ def footer(more: int) -> str:
 def predictions_text(predictions: Any) -> str:
     """The predictions as aligned text (numbers right): the heading, the table, the footer."""
     table = shown_table(predictions)
-    lines = [heading(predictions, table)]
+    lines = [predictions_heading(predictions, table)]
     if not table.rows:
         return "\n".join([*lines, f"  {NO_ROWS}"])
     lines += [("  " + line).rstrip()
@@ -225,5 +225,5 @@ def predictions_html(predictions: Any) -> str:
     html = style.table(body, head) if shown.rows else f"<div>{NO_ROWS}</div>"
     note = (f'<div style="{style.SMALL}">{escape(footer(shown.more))}</div>'
             if shown.rows else "")
-    title = style.heading(escape(heading(predictions, shown)))
+    title = style.heading(escape(predictions_heading(predictions, shown)))
     return style.panel(title + html + note, "hfxla-predictions")

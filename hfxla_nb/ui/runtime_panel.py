@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..runtime import Problem, RuntimeInfo
 
 # The palette every panel shares (JupyterLab's theme colours, these as their fallbacks).
-_COLORS = {"error": RED, "warning": AMBER, "info": BLUE, "ok": GREEN}
+_PROBLEM_COLORS = {"error": RED, "warning": AMBER, "info": BLUE, "ok": GREEN}
 _TEXT_WIDTH = 100
 _LABEL_WIDTH = 13
 # Joins "name version" pairs so that text wrapping never splits one.
@@ -142,7 +142,7 @@ def runtime_text(info: RuntimeInfo) -> str:
 
 
 def _html_problem(problem: Problem) -> str:
-    color = _COLORS.get(problem.severity, _COLORS["info"])
+    color = _PROBLEM_COLORS.get(problem.severity, _PROBLEM_COLORS["info"])
     return (
         '<li style="list-style:none;margin:4px 0;padding:4px 8px;border-left:4px solid;'
         f'{themed("border-left-color", color)}">'
@@ -156,9 +156,9 @@ def runtime_html(info: RuntimeInfo) -> str:
     """An HTML panel of `info`: the one box and table every panel uses (`table_style`)."""
     status = status_line(info)
     if status == "OK":
-        status_color = _COLORS["ok"]
+        status_color = _PROBLEM_COLORS["ok"]
     else:
-        status_color = _COLORS["warning" if info.ok else "error"]
+        status_color = _PROBLEM_COLORS["warning" if info.ok else "error"]
     rows = [label_row(label, html.escape(value)) for label, value in _facts(info)]
     rows.append(label_row("versions", html.escape(" · ".join(_versions(info)))))
     if info.env:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .._units import duration
 from ..events import Event
 from ..observe.analyzer import Alert
 from ..observe.generated import StreamedRow
@@ -19,7 +20,6 @@ from ..observe.launch_reader import LaunchReader
 from ..observe.metrics import XlaSummary
 from ..states import BaseLaunchRecord, BaseRankRecord, Outcome, PanelState, RankState
 from .bar_view import BarView, aggregate, bar_view, short_bar_note
-from .units import duration
 
 __all__ = ["BarView", "LaunchState", "LaunchView", "short_bar_note"]
 

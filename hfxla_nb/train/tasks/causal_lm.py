@@ -71,9 +71,9 @@ class CausalLM(Task):
     def prepare_predict(self, inputs: list[Any], context: PredictContext,
                         max_length: int | None) -> EncodedData:
         """Prompts, padded on the left into buckets (`lm_predict.py`)."""
-        from .causal_lm_predict import prepare
+        from .causal_lm_predict import prepare_prompts
 
-        return prepare(inputs, context, max_length)
+        return prepare_prompts(inputs, context, max_length)
 
     def decode(self, data: Any, batches: list, fetched: list) -> list[dict[str, str]]:
         """Each prompt's generated text (`predict`)."""

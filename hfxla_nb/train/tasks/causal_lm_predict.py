@@ -55,7 +55,7 @@ class GenerationData(batching.EncodedData):
     prompts: int = 0  # inputs before num_return_sequences repeated them
 
 
-def prepare(inputs: list[Any], context: Any, max_length: int | None) -> GenerationData:
+def prepare_prompts(inputs: list[Any], context: Any, max_length: int | None) -> GenerationData:
     """Prompts (str) or chats (role/content dicts) tokenized and bucketed, padded on the left."""
     tokenizer = context.tokenizer
     try:

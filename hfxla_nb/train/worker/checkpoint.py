@@ -145,7 +145,7 @@ def read_json(path: str | os.PathLike) -> dict[str, Any]:
         return json.load(file)
 
 
-def save_checkpoint(
+def write_checkpoint(
     output_dir: str | os.PathLike,
     step: int,
     write_model: Callable[[Path], None],

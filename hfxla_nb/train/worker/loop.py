@@ -27,7 +27,7 @@ import numpy as np
 
 from ... import _xla
 from ...events import Progress, emit, worker_rank
-from ...observe.bars import WARMUP_STEPS
+from ...observe.bars import BAR_WARMUP_STEPS
 from ...observe.reporting import MIN_INTERVAL, report
 from .. import batching, lora, patches
 from ..counts import COUNTED, EXECUTE
@@ -54,7 +54,7 @@ BAR_INTERVAL = max(0.5, MIN_INTERVAL)
 
 #: Steps left out of the steady-state figures (samples/s, executions and transfers per step):
 #: the first two compile, the third still waits for them. The bar's warm-up is the same one.
-STEADY_AFTER_STEPS = WARMUP_STEPS
+STEADY_AFTER_STEPS = BAR_WARMUP_STEPS
 
 #: `(counts, time, steps left)` at the start of the steady part of the training.
 Steady = tuple[dict[str, int], float, int]

@@ -128,7 +128,7 @@ def save_checkpoint(loop: TrainingState, step: int) -> None:
             plan.tokenizer.save_pretrained(folder)
 
         info = {"step": step, "fingerprint": plan.fingerprint}
-        path = ckpt.save_checkpoint(plan.output_dir, step, write_model, state, info)
+        path = ckpt.write_checkpoint(plan.output_dir, step, write_model, state, info)
         loop.checkpoints.append(str(path))
     after = _xla.metric_counts(COUNTED)
     loop.checkpoint_marks.append(
