@@ -133,11 +133,9 @@ def decoding_worker(config: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hfxla_nb import _xla
-    from hfxla_nb.train import patches
-    from hfxla_nb.train.generation_options import resolve_options
-    from hfxla_nb.train.worker.decoding import DecodeHooks, decode
-    from hfxla_nb.train.worker.generation import left_padded
+    from hfxla_nb import _xla, patches
+    from hfxla_nb.train.config import resolve_options
+    from hfxla_nb.train.worker.generation import DecodeHooks, decode, left_padded
 
     folder, prompts = _prompts(config["rows"])
     tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -189,15 +189,16 @@ def install(clock: PhaseClock, total: int) -> None:
 
 def fine_tune_worker(index: int, plan: Any) -> dict[str, Any]:
     from hfxla_nb.train import batching
-    from hfxla_nb.train.tasks.registry import TASKS
-    from hfxla_nb.train.worker import clipping, context, fetcher, loop
+    from hfxla_nb.train.tasks import TASKS
+    from hfxla_nb.train.worker import context, loop, optimizer
+    from hfxla_nb.train.worker import loop as fetcher
 
     clock = PhaseClock(SKIP)
     install(clock, plan.total_steps)
     batching.train_batch = clock.timed("data", batching.train_batch)
     context.WorkerContext.upload = clock.timed("data", context.WorkerContext.upload)
     loop.report = clock.timed("report", loop.report)
-    clipping.GradientClipper.__call__ = clock.timed("clip", clipping.GradientClipper.__call__)
+    optimizer.GradientClipper.__call__ = clock.timed("clip", optimizer.GradientClipper.__call__)
     fetcher_init = fetcher.Fetcher.__init__
 
     def counted_fetcher(instance, log):

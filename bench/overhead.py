@@ -35,8 +35,7 @@ class HeadlessPanels:
     buffer. Every event reaches both; `refresh` redraws both at their own throttles."""
 
     def __init__(self, world: int) -> None:
-        from hfxla_nb.ui.console import ConsoleDisplay
-        from hfxla_nb.ui.widgets import WidgetDisplay
+        from hfxla_nb.ui.live import ConsoleDisplay, WidgetDisplay
 
         self.lines = io.StringIO()
         with contextlib.redirect_stdout(io.StringIO()):  # display() without IPython prints

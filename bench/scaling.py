@@ -31,7 +31,7 @@ class TraceRecorder:
     """A launch display that draws nothing and keeps the compilations' analysis."""
 
     def __init__(self, world: int) -> None:
-        from hfxla_nb.observe.trace_log import TraceLog
+        from hfxla_nb.observe.tracing import TraceLog
 
         self.trace = TraceLog()
 
@@ -99,7 +99,7 @@ def causal_lm(steps: int) -> list[common.Figure]:
     from transformers import AutoConfig
 
     from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset, demo_lm_model_dir
-    from hfxla_nb.train.tasks.causal_lm_data import BYTES_PER_PARAMETER, parameter_count
+    from hfxla_nb.train.tasks.causal_lm import BYTES_PER_PARAMETER, parameter_count
 
     model = demo_lm_model_dir()
     length, batch = 64, 16

@@ -43,7 +43,7 @@ def generation_worker(rows: int, tokens: int, batch_size: int) -> dict:
     import torch
 
     from hfxla_nb import _xla
-    from hfxla_nb.train.tasks.seq2seq_generation import greedy_generate
+    from hfxla_nb.train.tasks.seq2seq import greedy_generate
 
     model, ids, mask = _model_and_sources(rows)
     device = _xla.device()

@@ -33,29 +33,29 @@ _EXPORTS = {
     "CompileCacheRefusedError": "runtime.compile_cache",
     "notebook_launcher": "launch.launcher",
     "last_launch": "launch.launcher",
-    "LaunchRecord": "launch.record",
-    "RankRecord": "launch.record",
+    "LaunchRecord": "launch.supervision",
+    "RankRecord": "launch.supervision",
     "LaunchError": "launch.errors",
     "LaunchRefusedError": "launch.preflight",
     "report": "observe.reporting",
     "fine_tune": "train.finetune",
-    "prepare_fine_tune": "train.kernel.prepare",
+    "prepare_fine_tune": "train.prepare",
     "generate": "train.worker.generation",
     "predict": "train.predict",
     "FineTuneConfig": "train.config",
     "FineTuneError": "train.config",
     "FineTuneResult": "train.result",
-    "plan_memory": "train.memory_plan",
-    "MemoryPlan": "train.memory_plan",
-    "MemoryPlanError": "train.memory_plan",
-    "XlaProgressCallback": "train.trainer_callback",
+    "plan_memory": "train.memory",
+    "MemoryPlan": "train.memory",
+    "MemoryPlanError": "train.memory",
+    "XlaProgressCallback": "train.trainer",
     "xla_training_arguments": "train.trainer",
     "xla_trainer": "train.trainer",
     "TrainingArgumentsInKernelError": "train.trainer",
 }
 # public module name -> the module it is (imported on first use): `hx.patches.applied()`
 _MODULES = {
-    "patches": "train.patches",
+    "patches": "patches",
 }
 
 __all__ = sorted([*_EXPORTS, *_MODULES]) + ["__version__", "load_ipython_extension",
@@ -68,9 +68,9 @@ def _register_display() -> None:
     as panels (`ui.formatters`). The data classes themselves never import `ui`."""
     global _display_registered
     if not _display_registered:
-        from .ui import formatters
+        from .ui import panels
 
-        _display_registered = formatters.register()
+        _display_registered = panels.register()
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _MODULES, on_first_use=_register_display)
@@ -97,9 +97,9 @@ def _warm_up_in_a_kernel() -> None:
 
     keep_compile_pool_cold()  # no inductor pool in an XLA notebook's kernel (processes.py)
     if "ipykernel" in sys.modules:
-        from .launch import warm_up
+        from .launch import launcher
 
-        warm_up.schedule()
+        launcher.schedule()
 
 
 _warm_up_in_a_kernel()

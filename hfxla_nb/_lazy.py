@@ -24,7 +24,7 @@ def lazy_exports(package: str, exports: Mapping[str, str],
         package: the package's `__name__`.
         exports: public name -> the package's module that defines it.
         modules: public module name -> the package's module it is (`hx.patches` is
-            `hfxla_nb.train.patches`).
+            `hfxla_nb.patches`).
         on_first_use: called after each name is resolved (`hfxla_nb` registers its panels
             with IPython then).
 

@@ -51,8 +51,8 @@ class XlaMagics(Magics):
         """
         _parse(self.xla_info, line)
         from . import runtime
-        from .runtime.stopped_launches import forget
-        from .ui.runtime_panel import RuntimePanel
+        from .runtime.info import forget
+        from .ui.panels import RuntimePanel
 
         info = runtime.detect()
         _display(RuntimePanel(info))
@@ -129,8 +129,9 @@ class XlaMagics(Magics):
         if args.warmup is not None and args.warmup < 0:
             raise UsageError("--warmup must be zero or more")
         from . import _xla
-        from .observe import analyzer, metrics, reporting, tracing
-        from .ui.metrics_panel import MetricsPanel
+        from .observe import alerts as analyzer
+        from .observe import metrics, reporting, tracing
+        from .ui.html import MetricsPanel
 
         started_before = _xla.runtime_is_initialized()
         numbers = self._cell_numbers()
@@ -200,10 +201,10 @@ def _item_lines(cell: str) -> list[int]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register the magics (`%load_ext hfxla_nb`) and the panels of hfxla_nb's results."""
-    from .ui import formatters
+    from .ui import panels
 
     ipython.register_magics(XlaMagics)
-    formatters.register(ipython)
+    panels.register(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:

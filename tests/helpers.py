@@ -316,7 +316,7 @@ def formatted_by_a_shell(value: object) -> dict:
     """`value`'s display bundle as a real IPython shell with hfxla_nb's formatters makes it."""
     from IPython.core.interactiveshell import InteractiveShell
 
-    from hfxla_nb.ui.formatters import register
+    from hfxla_nb.ui.panels import register
 
     shell = InteractiveShell.instance()
     try:

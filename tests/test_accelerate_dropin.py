@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from hfxla_nb.launch.preflight import LaunchRefusedError
-from hfxla_nb.launch.rank_env import tpu_rank_variables
+from hfxla_nb.launch.worker import tpu_rank_variables
 from tests.helpers import kernel_fixture, run_ok, run_python
 
 # A notebook written for accelerate: accelerate (so torch and torch_xla) imported in the kernel.
@@ -55,7 +55,7 @@ def accelerate_parameters() -> dict[str, object]:
 
 def test_every_accelerate_parameter_is_ours_in_its_order_with_its_default():
     from hfxla_nb import notebook_launcher
-    from hfxla_nb.launch.accelerate_options import ACCELERATE_DEFAULTS
+    from hfxla_nb.launch.accelerate import ACCELERATE_DEFAULTS
 
     theirs = accelerate_parameters()
     ours = inspect.signature(notebook_launcher).parameters
@@ -313,7 +313,7 @@ def test_launch_error_is_a_child_failed_error_with_each_failed_rank():
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from hfxla_nb.launch.errors import LaunchError
-    from hfxla_nb.launch.record import LaunchRecord, RankRecord
+    from hfxla_nb.launch.supervision import LaunchRecord, RankRecord
 
     record = LaunchRecord("debug", 3, [
         RankRecord(0, exit_state="stopped"),
@@ -334,7 +334,7 @@ def test_launch_error_is_a_child_failed_error_with_each_failed_rank():
 
 
 def test_cells_are_named_as_ipython_names_them():
-    from hfxla_nb.observe.user_frames import name_cells
+    from hfxla_nb.observe.tracing import name_cells
 
     traceback = (
         'Traceback (most recent call last):\n'
@@ -367,7 +367,7 @@ def test_a_debug_process_gives_accelerate_its_gloo_world_when_accelerate_comes_l
         os.environ.update(RANK="1", LOCAL_RANK="1", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
                                 world_size=1)
-        from hfxla_nb.launch.accelerate_state import gloo_world_for_accelerate
+        from hfxla_nb.launch.accelerate import gloo_world_for_accelerate
         gloo_world_for_accelerate()
         before = "accelerate" in sys.modules
         from accelerate import PartialState
@@ -383,7 +383,7 @@ def test_a_debug_process_gives_accelerate_its_gloo_world_when_accelerate_comes_l
 
 
 def test_record_says_its_attempt():
-    from hfxla_nb.launch.record import LaunchRecord, RankRecord
+    from hfxla_nb.launch.supervision import LaunchRecord, RankRecord
 
     first = LaunchRecord("spmd", 1, [RankRecord(0)], outcome="failed", attempt=1,
                          max_attempts=2)

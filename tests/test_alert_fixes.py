@@ -7,10 +7,9 @@ import json
 import subprocess
 import sys
 
-from hfxla_nb.observe.analyzer import analyze
-from hfxla_nb.observe.compile_records import FETCH_CAUSE, ExecutionSite, Frame
+from hfxla_nb.observe.alerts import analyze
 from hfxla_nb.observe.metrics import XlaSummary
-from hfxla_nb.observe.trace_log import TraceLog
+from hfxla_nb.observe.tracing import FETCH_CAUSE, ExecutionSite, Frame, TraceLog
 from hfxla_nb.ui import text
 from tests.helpers import subprocess_env
 

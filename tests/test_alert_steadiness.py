@@ -5,10 +5,9 @@ every snapshot shows the same alert, whatever the compile rate does."""
 
 from __future__ import annotations
 
-from hfxla_nb.observe.analyzer import analyze
-from hfxla_nb.observe.compile_records import CompileRecord, Frame
+from hfxla_nb.observe.alerts import analyze
 from hfxla_nb.observe.metrics import XlaSummary
-from hfxla_nb.observe.trace_log import TraceLog
+from hfxla_nb.observe.tracing import CompileRecord, Frame, TraceLog
 
 LINE = Frame("train", "/tmp/ipykernel_1/27.py", 27, cell=2)
 CHANGING = 6  # steps 1-6 see a new shape of x; the later ones the last shape again

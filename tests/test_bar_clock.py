@@ -15,9 +15,10 @@ from types import SimpleNamespace
 import pytest
 
 from hfxla_nb.events import Event, Finished, Progress, Started
-from hfxla_nb.observe import bars
+from hfxla_nb.observe import reader
 from hfxla_nb.train.worker import loop
-from hfxla_nb.ui import html, text, units
+from hfxla_nb.ui import html, text
+from hfxla_nb.ui import state as units
 from hfxla_nb.ui.state import BarView, LaunchState
 from tests.helpers import T0, Clock
 
@@ -155,7 +156,7 @@ def test_the_final_rate_is_the_steady_rate_the_result_counts():
 
 
 def test_the_bars_warm_up_is_the_results():
-    assert bars.BAR_WARMUP_STEPS == loop.STEADY_AFTER_STEPS
+    assert reader.BAR_WARMUP_STEPS == loop.STEADY_AFTER_STEPS
 
 
 def test_the_loops_loss_event_is_marked_late(monkeypatch):
@@ -201,7 +202,7 @@ def test_no_eta_before_steady_steps_and_then_the_steady_one():
     sent, ended = fine_tune_events()
     _, drawn = replay(sent)
     running = [bar for bar in drawn if bar.state == "running"]
-    warming = [bar for bar in running if bar.step <= bars.BAR_WARMUP_STEPS]
+    warming = [bar for bar in running if bar.step <= reader.BAR_WARMUP_STEPS]
     assert warming and all(bar.eta is None and bar.rate is None for bar in warming)
     assert not any("ETA" in text.bar_line(bar) for bar in warming)
     # At step 6 about 20 s are left (54 steps of 0.37 s), not the 2:51 a rate with the
@@ -234,7 +235,7 @@ def test_the_unit_never_flips_within_a_run():
 
 
 def test_one_rule_with_hysteresis_decides_the_unit():
-    rule = bars.seconds_per_step
+    rule = reader.seconds_per_step
     assert rule(0.99) and not rule(1.0)  # a first rate: seconds per step below 1 step/s
     assert rule(1.2, before=True) and not rule(1.25, before=True)
     assert not rule(0.85, before=False) and rule(0.79, before=False)
@@ -295,22 +296,22 @@ def test_the_final_wall_time_per_step_is_the_median_of_the_steps_that_did_not_co
     times, spans = growing_run()
     assert times[-1] == (40, 0.625)  # what the final chart used to say
     steady = [seconds for step, seconds in times if seconds < 0.6 and step > 4]
-    assert bars.steady_step_time(times, spans, first_step=1) == sorted(steady)[len(steady) // 2]
+    assert reader.steady_step_time(times, spans, first_step=1) == sorted(steady)[len(steady) // 2]
     # Without snapshots, the median of the steps after the warm-up still is a steady step's.
-    assert 0.256 <= bars.steady_step_time(times, [], first_step=1) <= 0.258
+    assert 0.256 <= reader.steady_step_time(times, [], first_step=1) <= 0.258
     # A run too short for any steady step: the median of what there is.
-    assert bars.steady_step_time([(2, 0.6), (3, 0.2), (4, 0.3)], [(0, 4)]) == 0.3
-    assert bars.steady_step_time([], []) is None
+    assert reader.steady_step_time([(2, 0.6), (3, 0.2), (4, 0.3)], [(0, 4)]) == 0.3
+    assert reader.steady_step_time([], []) is None
 
 
 def test_the_final_chart_says_the_median_and_the_live_one_the_last_step():
     times, spans = growing_run()
     live = BarView("train", 0, 39, 40, 10.0, None, 3.9, None, {}, [0.5],
-                   [seconds for _, seconds in times[:-1]], bars.BarState.RUNNING)
+                   [seconds for _, seconds in times[:-1]], reader.BarState.RUNNING)
     assert text.step_time_label(live)[:2] == ("wall time per step", text.STEP_TIME_MEANS)
     ended = BarView("train", 0, 40, 40, 10.0, None, 3.9, None, {}, [0.5],
-                    [seconds for _, seconds in times], bars.BarState.DONE,
-                    steady_step_time=bars.steady_step_time(times, spans, 1))
+                    [seconds for _, seconds in times], reader.BarState.DONE,
+                    steady_step_time=reader.steady_step_time(times, spans, 1))
     label, means, seconds = text.step_time_label(ended)
     assert label == "median wall time per step" and "compiled nothing" in means
     chart = html.chart_html([ended])
@@ -320,7 +321,7 @@ def test_the_final_chart_says_the_median_and_the_live_one_the_last_step():
 
 def test_the_steps_that_compiled_are_read_from_the_snapshots_compile_counts():
     from hfxla_nb.events import MetricsSnapshot
-    from hfxla_nb.observe.live import LiveMetrics
+    from hfxla_nb.observe.reader import LiveMetrics
 
     live = LiveMetrics()
     for step, compiles in ((1, 1), (3, 2), (5, 2), (7, 2), (9, 3), (11, 3)):

@@ -18,7 +18,7 @@ import hfxla_nb as hx
 from hfxla_nb import _xla
 from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset, demo_lm_model_dir, run_demo_lm
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
-from hfxla_nb.train.worker import checkpoint
+from hfxla_nb.train.worker import saving
 from tests.helpers import losses
 
 ROWS = 400  # 360 training pairs: 22 steps of 16
@@ -125,7 +125,7 @@ def test_the_fsdp_checkpoint_is_gathered_into_the_same_model(fsdp_4):
 
 
 def test_resume_continues_to_the_same_result(cache, one_device, tmp_path):
-    checkpoints = checkpoint.list_checkpoints(one_device.output_dir)
+    checkpoints = saving.list_checkpoints(one_device.output_dir)
     assert [step for step, _ in checkpoints] == [8, 16]
     resumed = run(cache, tmp_path / "resumed", 1, "data",
                   resume_from_checkpoint=checkpoints[0][1])
@@ -245,7 +245,7 @@ def test_auto_sharding_picks_fsdp_when_the_state_outgrows_one_chip():
     where parameters, gradients and AdamW state do not fit one chip's HBM, else data."""
     from transformers import LlamaConfig
 
-    from hfxla_nb.train.memory_plan import plan_memory
+    from hfxla_nb.train.memory import plan_memory
 
     def llama(hidden: int, layers: int, intermediate: int) -> LlamaConfig:
         return LlamaConfig(hidden_size=hidden, intermediate_size=intermediate,

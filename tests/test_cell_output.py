@@ -11,7 +11,7 @@ import os
 import re
 import textwrap
 
-from hfxla_nb.launch.native_output import NativeRelay
+from hfxla_nb.launch.output import NativeRelay
 from tests.helpers import kernel_fixture, run_ok
 
 GSPMD = "Please consider migrating to Shardy"

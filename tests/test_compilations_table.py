@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import re
 
-from hfxla_nb.observe.compile_records import FETCH_CAUSE, CompileRecord, Frame
 from hfxla_nb.observe.metrics import XlaSummary
-from hfxla_nb.observe.trace_log import TraceLog
-from hfxla_nb.ui.compilations import compilations_html, row_cells
+from hfxla_nb.observe.tracing import FETCH_CAUSE, CompileRecord, Frame, TraceLog
+from hfxla_nb.ui.text import compilations_html, row_cells
 
 LIBRARY = Frame("run_batches", "/work/hfxla_nb/train/worker/evaluate.py", 57)
 USER = Frame("train", "/tmp/ipykernel_1/27.py", 12, cell=3)

@@ -16,7 +16,7 @@ import hfxla_nb as hx
 from hfxla_nb.launch.preflight import LaunchRefusedError
 from hfxla_nb.runtime import compile_cache as cache
 from hfxla_nb.runtime.configure import configure
-from hfxla_nb.ui.runtime_panel import runtime_text
+from hfxla_nb.ui.panels import runtime_text
 from tests.helpers import subprocess_env
 from tests.test_runtime import make_tpu_host, tpu
 

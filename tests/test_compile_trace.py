@@ -15,13 +15,23 @@ from pathlib import Path
 import pytest
 
 from hfxla_nb.events import Compiled, MetricsSnapshot
-from hfxla_nb.observe import analyzer, metrics, tracing
-from hfxla_nb.observe.compile_records import CompileRecord, Execution, Frame, cause_text
-from hfxla_nb.observe.compile_trace import TraceParser, execution_sites, tally_executions
-from hfxla_nb.observe.live import LiveMetrics
-from hfxla_nb.observe.trace_log import TraceLog
-from hfxla_nb.observe.user_frames import is_library, locate
-from hfxla_nb.ui import compilations, html, text
+from hfxla_nb.observe import alerts as analyzer
+from hfxla_nb.observe import metrics, tracing
+from hfxla_nb.observe.reader import LiveMetrics
+from hfxla_nb.observe.tracing import (
+    CompileRecord,
+    Execution,
+    Frame,
+    TraceLog,
+    TraceParser,
+    cause_text,
+    execution_sites,
+    is_library,
+    locate,
+    tally_executions,
+)
+from hfxla_nb.ui import html, text
+from hfxla_nb.ui import text as compilations
 from hfxla_nb.ui.state import LaunchState
 from tests.test_runtime import make_tpu_host
 

@@ -19,7 +19,7 @@ import pytest
 import hfxla_nb as hx
 from hfxla_nb import _xla, demo
 from hfxla_nb.train import FineTuneResult
-from hfxla_nb.train.disk_space import (
+from hfxla_nb.train.memory import (
     ADAMW_BYTES,
     ADAPTER_BYTES,
     MARGIN_BYTES,
@@ -249,7 +249,7 @@ import sys
 import torch
 from transformers import GPT2Config, LlamaConfig
 
-from hfxla_nb.train.model_facts import meta_classifier, meta_model
+from hfxla_nb.train.memory import meta_classifier, meta_model
 
 seen = []
 

@@ -12,9 +12,17 @@ from html.parser import HTMLParser
 
 from hfxla_nb.train.predict import Predictions
 from hfxla_nb.train.result import FineTuneResult
-from hfxla_nb.ui.finetune_panel import result_html, result_text, step_axis_html
-from hfxla_nb.ui.metric_table import is_count, metric_value, split_entity_metrics
-from hfxla_nb.ui.predictions_panel import MAX_ROWS, predictions_html, predictions_text
+from hfxla_nb.ui.panels import (
+    MAX_ROWS,
+    is_count,
+    metric_value,
+    predictions_html,
+    predictions_text,
+    result_html,
+    result_text,
+    split_entity_metrics,
+    step_axis_html,
+)
 from tests.helpers import formatted_by_a_shell
 
 SCORES = [0.987654321, 0.123456789, 0.5]
@@ -86,7 +94,7 @@ def ner_metrics() -> dict[str, float]:
 
 def test_scores_are_rounded_by_one_rule_in_the_predictions_and_the_metrics():
     # One formatter (units.score) for both tables: a score of 0.5 reads the same in each.
-    from hfxla_nb.ui.units import score
+    from hfxla_nb.ui.state import score
 
     predicted = predictions("classification", [{"label": "a", "score": 0.5},
                                                {"label": "b", "score": 1.2345678e-5}])

@@ -11,10 +11,10 @@ import pytest
 
 import hfxla_nb as hx
 from hfxla_nb import _xla, diagnosis
-from hfxla_nb.diagnosis import kernel_steps
+from hfxla_nb import diagnosis as kernel_steps
 from hfxla_nb.runtime.doctor_report import Check, DoctorReport
 from hfxla_nb.runtime.info import detect
-from hfxla_nb.ui.doctor_panel import doctor_html, doctor_text
+from hfxla_nb.ui.panels import doctor_html, doctor_text
 from tests.helpers import Kernel, error_of, run_notebook, stderr_of, stdout_of
 from tests.test_runtime import holds, make_tpu_host
 

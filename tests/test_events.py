@@ -109,7 +109,7 @@ def _read_lines(channel: Channel, sender, expected: int) -> tuple[dict, list[int
 def test_log_sender_never_blocks_a_writer_on_a_full_channel_and_keeps_every_line_in_order():
     import threading
 
-    from hfxla_nb.launch.log_sender import LogSender
+    from hfxla_nb.launch.output import LogSender
 
     channel = Channel()
     sender = LogSender(channel)
@@ -135,7 +135,7 @@ def test_log_sender_never_blocks_a_writer_on_a_full_channel_and_keeps_every_line
 def test_log_sender_sends_a_flood_of_one_rank_as_few_large_events():
     # One rank per process, as in a worker. (Two writer threads of different ranks, as above,
     # make one event per switch between them: as many as the thread scheduler makes.)
-    from hfxla_nb.launch.log_sender import BATCH_CHARS, LogSender
+    from hfxla_nb.launch.output import BATCH_CHARS, LogSender
 
     channel = Channel()
     sender = LogSender(channel)

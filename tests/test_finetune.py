@@ -15,12 +15,11 @@ import numpy as np
 import pytest
 
 import hfxla_nb as hx
-from hfxla_nb import _xla, demo
-from hfxla_nb.train import FineTuneError, FineTuneResult, batching, patches, prepare_fine_tune
-from hfxla_nb.train.kernel import data
-from hfxla_nb.train.worker import checkpoint
+from hfxla_nb import _xla, demo, patches
+from hfxla_nb.train import FineTuneError, FineTuneResult, batching, data, prepare_fine_tune
+from hfxla_nb.train.worker import saving
 from hfxla_nb.train.worker.evaluate import compute_metrics
-from hfxla_nb.ui.finetune_panel import result_text
+from hfxla_nb.ui.panels import result_text
 from tests.helpers import refuse_launches
 
 ROWS = 1200  # 960 train, 120 validation (the last evaluation batch of 32 is partly filler)
@@ -104,7 +103,7 @@ def test_saved_model_is_complete_and_exact(trained, small_data):
 
     folder = Path(trained.output_dir)
     files = set(os.listdir(folder))
-    assert {"config.json", "model.safetensors", "tokenizer.json", checkpoint.RUN_FILE} <= files
+    assert {"config.json", "model.safetensors", "tokenizer.json", saving.RUN_FILE} <= files
     assert not [name for name in os.listdir(folder.parent) if ".tmp-" in name]
     model = trained.load_model()
     tokenizer = trained.load_tokenizer()
@@ -128,7 +127,7 @@ def test_saved_model_is_complete_and_exact(trained, small_data):
 
 
 def test_result_reprs(trained):
-    from hfxla_nb.ui.finetune_panel import result_html, result_text
+    from hfxla_nb.ui.panels import result_html, result_text
 
     text = result_text(trained)
     assert "eval_accuracy" in text and "graphs compiled" in text and trained.output_dir in text
@@ -140,7 +139,7 @@ def test_result_reprs(trained):
 
 
 def test_a_run_that_learns_says_what_each_figure_counts_and_is_data(trained):
-    from hfxla_nb.ui.finetune_panel import result_text
+    from hfxla_nb.ui.panels import result_text
 
     assert trained.warnings == [] and trained.chance_accuracy == pytest.approx(0.5, abs=0.06)
     # Launch wall time > training loop + evaluation; throughput over the whole loop (the
@@ -161,7 +160,7 @@ def test_a_run_that_learns_says_what_each_figure_counts_and_is_data(trained):
 def test_a_run_that_learned_nothing_says_so_and_ends_without_lr_0(cache, capsys):
     import re
 
-    from hfxla_nb.ui.finetune_panel import result_html, result_text
+    from hfxla_nb.ui.panels import result_html, result_text
 
     result = demo.run_demo(rows=400, epochs=1, batch_size=32, learning_rate=1e-7, devices=1,
                            output_dir=None, progress="console", cache=cache, log_every=2)
@@ -223,7 +222,7 @@ def test_four_devices_match_one(trained, trained_on_4):
 def test_resume_continues_to_the_same_result(trained, cache, tmp_path):
     from safetensors.numpy import load_file
 
-    checkpoints = checkpoint.list_checkpoints(trained.output_dir)
+    checkpoints = saving.list_checkpoints(trained.output_dir)
     assert [step for step, _ in checkpoints] == [30, 60]
     resumed = demo.run_demo(
         rows=ROWS, epochs=2, batch_size=BATCH, learning_rate=4e-3, devices=1,
@@ -249,7 +248,7 @@ def test_resuming_into_the_folder_of_its_checkpoints_needs_no_overwrite(trained,
     options = dict(epochs=2, batch_size=BATCH, output_dir=trained.output_dir, progress=False)
     with pytest.raises(FineTuneError, match="already holds a saved model"):
         prepare_fine_tune(model_dir, small_data, **options)
-    checkpoints = checkpoint.list_checkpoints(trained.output_dir)
+    checkpoints = saving.list_checkpoints(trained.output_dir)
     for resume, expected in ((True, checkpoints[-1][1]), (checkpoints[0][1], checkpoints[0][1])):
         plan = prepare_fine_tune(model_dir, small_data, resume_from_checkpoint=resume, **options)
         assert (plan.output_dir, plan.resume_from) == (trained.output_dir, str(expected))
@@ -309,8 +308,7 @@ def test_patch_removes_the_mask_sync_without_changing_results(model_dir):
         import torch
         from transformers import AutoModelForSequenceClassification
 
-        from hfxla_nb import _xla
-        from hfxla_nb.train import patches
+        from hfxla_nb import _xla, patches
 
         device = _xla.device()
         torch.manual_seed(0)
@@ -572,30 +570,30 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_intact(tmp_path):
             (folder / "config.json").write_text(text)
         return write_model
 
-    first = checkpoint.write_checkpoint(tmp_path, 4, write("four"), {"step": 4})
+    first = saving.write_checkpoint(tmp_path, 4, write("four"), {"step": 4})
 
     def crash(folder):
         (folder / "config.json").write_text("half")
         raise KeyboardInterrupt  # the kernel's stop button, mid-save
 
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.write_checkpoint(tmp_path, 8, crash, {"step": 8})
-    assert checkpoint.list_checkpoints(tmp_path) == [(4, first)]
+        saving.write_checkpoint(tmp_path, 8, crash, {"step": 8})
+    assert saving.list_checkpoints(tmp_path) == [(4, first)]
     assert (first / "config.json").read_text() == "four"
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint-4"]
     # A process killed mid-write leaves its temporary folder; it is never taken for a checkpoint.
     stray = tmp_path / "checkpoints" / ".checkpoint-8.tmp-abc"
     stray.mkdir()
-    (stray / checkpoint.STATE_FILE).write_text("partial")
-    assert checkpoint.resolve_checkpoint(True, tmp_path) == first
-    assert checkpoint.load_state(first) == {"step": 4}
+    (stray / saving.STATE_FILE).write_text("partial")
+    assert saving.resolve_checkpoint(True, tmp_path) == first
+    assert saving.load_state(first) == {"step": 4}
     # Publishing a final model over an earlier output keeps its checkpoints.
-    (tmp_path / checkpoint.RUN_FILE).write_text("{}")
-    with checkpoint.atomic_folder(tmp_path, keep=(checkpoint.CHECKPOINTS,)) as tmp:
+    (tmp_path / saving.RUN_FILE).write_text("{}")
+    with saving.atomic_folder(tmp_path, keep=(saving.CHECKPOINTS,)) as tmp:
         (tmp / "config.json").write_text("final")
     assert (tmp_path / "config.json").read_text() == "final"
-    assert checkpoint.list_checkpoints(tmp_path) == [(4, first)]
-    assert not (tmp_path / checkpoint.RUN_FILE).exists()
+    assert saving.list_checkpoints(tmp_path) == [(4, first)]
+    assert not (tmp_path / saving.RUN_FILE).exists()
 
 
 def test_precision_auto_is_bf16_on_a_tpu_only():

@@ -15,13 +15,8 @@ import hfxla_nb as hx
 from hfxla_nb import _xla
 from hfxla_nb.demo.lm import TEMPLATE, demo_lm_model_dir
 from hfxla_nb.train import FineTuneError
-from hfxla_nb.train.generation_options import (
-    GenerationError,
-    GenerationOptions,
-    prompt_rows,
-    resolve_options,
-)
-from hfxla_nb.train.worker import sampling
+from hfxla_nb.train.config import GenerationError, GenerationOptions, prompt_rows, resolve_options
+from hfxla_nb.train.worker import generation
 from tests.helpers import refuse_launches
 
 VOCAB = 40
@@ -73,9 +68,9 @@ def test_the_processors_score_as_transformers_does(settings):
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(6, VOCAB, generator=generator) * 3
     input_ids = torch.randint(0, VOCAB, (6, 9), generator=generator)
-    ours = sampling.processed_logits(
+    ours = generation.processed_logits(
         logits, GenerationOptions(do_sample=True, **settings),
-        sampling.seen_tokens(input_ids, torch.ones_like(input_ids), VOCAB))
+        generation.seen_tokens(input_ids, torch.ones_like(input_ids), VOCAB))
     theirs = transformers_scores(logits, input_ids, settings)
     assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
     finite = ~torch.isinf(theirs)
@@ -95,7 +90,7 @@ def test_draws_follow_transformers_distribution_and_repeat_with_the_seed():
     draws, n = [], 20000
     for step in range(4):  # over steps and row keys: the noise is fresh for each
         keys = torch.arange(n // 4, dtype=torch.int32) + step * 7919
-        draws.append(sampling.next_tokens(logits.expand(n // 4, -1), options, None,
+        draws.append(generation.next_tokens(logits.expand(n // 4, -1), options, None,
                                           torch.tensor([7]), keys, torch.tensor([step]))[:, 0])
     counts = torch.bincount(torch.cat(draws), minlength=VOCAB).double() / n
     tolerance = 4.5 * (expected * (1 - expected) / n).sqrt() + 1e-3
@@ -103,7 +98,7 @@ def test_draws_follow_transformers_distribution_and_repeat_with_the_seed():
     assert counts[expected == 0].sum() == 0
 
     def draw(seed):
-        return sampling.next_tokens(logits.expand(64, -1), options, None, torch.tensor([seed]),
+        return generation.next_tokens(logits.expand(64, -1), options, None, torch.tensor([seed]),
                                     torch.arange(64, dtype=torch.int32), torch.tensor([0]))
 
     assert torch.equal(draw(3), draw(3)) and not torch.equal(draw(3), draw(4))
@@ -256,7 +251,7 @@ def launched(chat_dir):
 
         import torch
 
-        from hfxla_nb.train.worker.sampling import uniform_noise
+        from hfxla_nb.train.worker.generation import uniform_noise
 
         device = _xla.device()
         out = {"noise": uniform_noise(*(torch.tensor(v, dtype=torch.int32).to(device)
@@ -412,6 +407,6 @@ def test_the_noise_on_xla_is_the_noise_on_the_cpu(launched):
     int32 differs from the CPU's: the hash shifts only non-negative values)."""
     import torch
 
-    cpu = sampling.uniform_noise(*(torch.tensor(v, dtype=torch.int32) for v in NOISE_INPUTS),
+    cpu = generation.uniform_noise(*(torch.tensor(v, dtype=torch.int32) for v in NOISE_INPUTS),
                                  VOCAB)
     assert torch.equal(launched[2]["noise"], cpu)

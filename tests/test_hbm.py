@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hfxla_nb.observe.hbm import (
+from hfxla_nb.observe.alerts import (
     FIXES,
     explain_hbm_exhaustion,
     format_size,

@@ -10,7 +10,7 @@ import pytest
 
 from hfxla_nb.launch.preflight import plan_launch
 from hfxla_nb.runtime import detect
-from hfxla_nb.ui.runtime_panel import runtime_text
+from hfxla_nb.ui.panels import runtime_text
 
 HOSTS = json.loads((Path(__file__).parent / "data/tpu_hosts.json").read_text())
 NAMES = sorted(name for name in HOSTS if not name.startswith("_"))

@@ -22,8 +22,15 @@ import hfxla_nb
 from hfxla_nb import demo
 from hfxla_nb.runtime import detect_accelerator
 from hfxla_nb.train import FineTuneConfig, FineTuneError
-from hfxla_nb.train.hub import HubError, hub_target, push_after_training, uploaded_files
-from hfxla_nb.train.hub_card import hub_name, model_card, provenance
+from hfxla_nb.train.hub import (
+    HubError,
+    hub_name,
+    hub_target,
+    model_card,
+    provenance,
+    push_after_training,
+    uploaded_files,
+)
 from tests.helpers import refuse_launches
 from tests.hub_standin import HubStandIn, card_metadata, closed_port_url, hub_at
 

@@ -223,7 +223,7 @@ def test_a_supervisor_that_never_exits_is_stopped_once_its_ranks_finished(kernel
     output = run_ok(
         kernel,
         """
-        import hfxla_nb.launch.watching as watching
+        import hfxla_nb.launch.supervision as watching
         watching.EXIT_GRACE, grace = 3.0, watching.EXIT_GRACE
 
         def finish_then_freeze():

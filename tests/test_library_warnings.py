@@ -9,7 +9,7 @@ import sysconfig
 import textwrap
 
 from hfxla_nb.events import LibraryWarning
-from hfxla_nb.launch.library_warnings import STANDARD_LIBRARY, folded_lines, library_package
+from hfxla_nb.launch.output import STANDARD_LIBRARY, folded_lines, library_package
 from tests.helpers import kernel_fixture, run_ok
 
 SITE = "/venv/lib/python3.12/site-packages"

@@ -20,7 +20,7 @@ import hfxla_nb as hx
 from hfxla_nb import _xla
 from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset, demo_lm_model_dir, run_demo_lm
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
-from hfxla_nb.train.worker import checkpoint
+from hfxla_nb.train.worker import saving
 from tests.helpers import losses, run_python
 
 peft = pytest.importorskip("peft")
@@ -156,7 +156,7 @@ def test_adapter_and_merged_folders_load_on_the_cpu_and_generate_the_same(lora_f
 
 
 def test_lora_checkpoints_hold_the_adapter_and_resume_exactly(lora_fsdp, cache, tmp_path):
-    checkpoints = checkpoint.list_checkpoints(lora_fsdp.output_dir)
+    checkpoints = saving.list_checkpoints(lora_fsdp.output_dir)
     assert [step for step, _ in checkpoints] == [8, 16]
     assert (Path(checkpoints[0][1]) / "adapter_config.json").is_file()
     resumed = run(cache, tmp_path / "resumed", resume_from_checkpoint=checkpoints[0][1])

@@ -21,8 +21,7 @@ import pytest
 from hfxla_nb import _xla
 from hfxla_nb.demo import demo_dataset, demo_model_dir, demo_texts
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
-from hfxla_nb.ui.finetune_panel import result_html, result_text
-from hfxla_nb.ui.plan_panel import plan_line, plan_text
+from hfxla_nb.ui.panels import plan_line, plan_text, result_html, result_text
 
 peft = pytest.importorskip("peft")
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hfxla_nb.train.worker.fetcher import Fetcher
+from hfxla_nb.train.worker.loop import Fetcher
 
 
 def _recorder(delay: float = 0.0):

@@ -51,7 +51,7 @@ def test_help_comes_from_docstrings(shell, capsys):
 
 def test_xla_info_shows_detects_problems_with_their_fixes(shell, monkeypatch):
     from hfxla_nb.runtime import detect
-    from hfxla_nb.ui.runtime_panel import runtime_text
+    from hfxla_nb.ui.panels import runtime_text
 
     monkeypatch.setenv("CPU_NUM_DEVICES", "two")  # a problem in this kernel's environment
     with capture_output() as captured:
@@ -165,7 +165,7 @@ def test_magics_in_a_real_kernel():
 
 def test_detect_and_a_result_show_their_panels_without_the_extension():
     # The data classes import nothing from `ui`: IPython's formatters draw them
-    # (`hfxla_nb.ui.formatters`), registered when a public name is first used.
+    # (`hfxla_nb.ui.panels`), registered when a public name is first used.
     cells = run_notebook([
         "import hfxla_nb as hx\nhx.detect()",
         "from hfxla_nb.train.result import FineTuneResult\n"

@@ -11,8 +11,7 @@ import pytest
 
 import hfxla_nb as hx
 from hfxla_nb.train.config import FineTuneError
-from hfxla_nb.train.memory_device import TPU_RESERVED_BYTES
-from hfxla_nb.train.memory_plan import MemoryPlan, MemoryPlanError, plan_memory
+from hfxla_nb.train.memory import TPU_RESERVED_BYTES, MemoryPlan, MemoryPlanError, plan_memory
 from tests.helpers import formatted_by_a_shell
 
 transformers = pytest.importorskip("transformers")
@@ -273,7 +272,7 @@ def test_a_plain_module_or_a_missing_folder_is_refused(tmp_path):
 
 
 def test_public_names_and_the_table():
-    from hfxla_nb.ui.plan_panel import plan_table
+    from hfxla_nb.ui.panels import plan_table
 
     assert hx.plan_memory is plan_memory and hx.MemoryPlan is MemoryPlan
     assert hx.MemoryPlanError is MemoryPlanError
@@ -293,7 +292,7 @@ def test_public_names_and_the_table():
 def test_a_shell_draws_the_plan_as_its_table():
     # IPython's own formatters, registered by type name (ui/formatters.py): train imports
     # nothing from ui, yet a plan as a cell's value shows the table, as text and as HTML.
-    from hfxla_nb.ui.plan_panel import plan_table
+    from hfxla_nb.ui.panels import plan_table
 
     plan = plan_memory(gemma_2b(), hardware="v5e-1", batch_size=8, max_length=1024)
     bundle = formatted_by_a_shell(plan)
@@ -309,7 +308,7 @@ def test_the_plan_is_a_table_of_its_parts_and_settings_not_fine_tunes_line_again
     # that line once.
     import re
 
-    from hfxla_nb.ui.plan_panel import PlanNotice, plan_line, plan_table, plan_table_html
+    from hfxla_nb.ui.panels import PlanNotice, plan_line, plan_table, plan_table_html
 
     plan = plan_memory(gemma_2b(), hardware="v5e-1", batch_size=8, max_length=1024)
     page, text = plan_table_html(plan), plan_table(plan)
@@ -341,7 +340,7 @@ def tiny_bert():
 @pytest.mark.parametrize("lora", [{"r": 4}, {"r": 8, "modules_to_save": ["word_embeddings"]}])
 def test_a_classifiers_lora_counts_equal_peft_seq_cls(lora):
     # SEQ_CLS trains the head whole, and modules_to_save too: counted exactly, each once.
-    from hfxla_nb.train.model_facts import meta_classifier
+    from hfxla_nb.train.memory import meta_classifier
 
     config = tiny_bert()
     model = transformers.BertForSequenceClassification(config)
@@ -366,7 +365,7 @@ def finished(**changes):
 
 
 def test_the_result_shows_the_plan_beside_xlas_measured_graph_memory_as_text_and_html():
-    from hfxla_nb.ui.finetune_panel import result_html, result_text
+    from hfxla_nb.ui.panels import result_html, result_text
 
     result, plan = finished()
     row = next(line for line in result_text(result).splitlines() if "memory" in line)

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from hfxla_nb.events import MetricsSnapshot
-from hfxla_nb.observe import analyzer, metrics
-from hfxla_nb.observe import live as live_metrics
-from hfxla_nb.observe import shapes as input_shapes
+from hfxla_nb.observe import alerts as analyzer
+from hfxla_nb.observe import metrics
+from hfxla_nb.observe import metrics as input_shapes
+from hfxla_nb.observe import reader as live_metrics
 from tests.helpers import run_python
 
 NS = 1e9

@@ -16,14 +16,14 @@ import pytest
 import hfxla_nb as hx
 from hfxla_nb import _xla, demo
 from hfxla_nb.train import FineTuneError, FineTuneResult, prepare_fine_tune
-from hfxla_nb.train.kernel.sources import (
+from hfxla_nb.train.preparation import (
     OUTPUT_ROOT,
     check_output_dir,
     claim_output_dir,
     new_output_dir,
     release_output_dir,
 )
-from hfxla_nb.train.worker import checkpoint
+from hfxla_nb.train.worker import saving
 from tests.helpers import refuse_launches
 
 STARTED = datetime(2026, 12, 5, 22, 45, 1)
@@ -169,15 +169,15 @@ def saved_adapter(folder: Path) -> None:
 
 def saved_checkpoints(folder: Path) -> None:
     """An interrupted fine_tune's folder: checkpoints, no final model."""
-    step = folder / checkpoint.CHECKPOINTS / "checkpoint-2"
+    step = folder / saving.CHECKPOINTS / "checkpoint-2"
     step.mkdir(parents=True)
-    (step / checkpoint.STATE_FILE).write_bytes(b"state")
+    (step / saving.STATE_FILE).write_bytes(b"state")
     (step / "config.json").write_text("{}")
 
 
 def saved_run(folder: Path) -> None:
     folder.mkdir()
-    (folder / checkpoint.RUN_FILE).write_text("{}")
+    (folder / saving.RUN_FILE).write_text("{}")
 
 
 SAVED = {"save_pretrained": saved_model, "adapter": saved_adapter,
@@ -212,7 +212,7 @@ def test_overwrite_output_dir_lets_a_named_folder_be_replaced(kind, model_dir, t
 
 def test_an_empty_or_new_folder_needs_no_overwrite(model_dir, tmp_path):
     (tmp_path / "empty").mkdir()
-    (tmp_path / "logs" / checkpoint.RUNS).mkdir(parents=True)  # TensorBoard's files only
+    (tmp_path / "logs" / saving.RUNS).mkdir(parents=True)  # TensorBoard's files only
     for name in ("empty", "new", "logs"):
         plan = prepare_fine_tune(model_dir, rows(), batch_size=8, output_dir=tmp_path / name)
         assert plan.output_dir == str(tmp_path / name)
@@ -235,14 +235,14 @@ def test_overwrite_output_dir_is_a_known_option_checked_as_the_others(model_dir,
 def test_resuming_into_the_folder_of_the_checkpoints_needs_no_overwrite(tmp_path):
     folder = tmp_path / "interrupted"
     saved_checkpoints(folder)
-    step = folder / checkpoint.CHECKPOINTS / "checkpoint-2"
+    step = folder / saving.CHECKPOINTS / "checkpoint-2"
     for resume in (True, step, folder):
         assert check_output_dir(folder, "tiny-bert", resume=resume) == str(folder)
     # Checkpoints of another folder: resuming from them does not make this one writable.
     other = tmp_path / "other"
     saved_checkpoints(other)
     with pytest.raises(FineTuneError, match="already holds a saved model"):
-        check_output_dir(folder, "tiny-bert", resume=other / checkpoint.CHECKPOINTS)
+        check_output_dir(folder, "tiny-bert", resume=other / saving.CHECKPOINTS)
     with pytest.raises(FineTuneError, match="already holds a saved model"):
         check_output_dir(folder, "tiny-bert", resume=None)
 

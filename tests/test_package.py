@@ -60,7 +60,7 @@ def test_patches_are_public_as_hx_patches():
     from transformers import masking_utils
 
     from hfxla_nb import patches
-    from hfxla_nb.train import patches as internal
+    from hfxla_nb import patches as internal
 
     assert hfxla_nb.patches is patches is internal
     assert "patches" in hfxla_nb.__all__
@@ -82,7 +82,7 @@ def test_hfxla_nb_patches_is_an_import_path(first):
     process, whichever way the module is reached first, and every way gives the one module
     that holds the patches and their state."""
     code = (f"{first}\n"
-            "import sys, hfxla_nb, hfxla_nb.patches, hfxla_nb.train.patches as internal\n"
+            "import sys, hfxla_nb, hfxla_nb.patches, hfxla_nb.patches as internal\n"
             "print(found is internal, hfxla_nb.patches is internal, "
             "sys.modules['hfxla_nb.patches'] is internal, callable(found.applied))")
     result = subprocess.run(
@@ -113,7 +113,7 @@ def test_the_xla_extras_cap_torch_at_the_newest_torch_xla():
 
     import tomllib
 
-    from hfxla_nb.runtime.problems import NEWEST_TORCH_XLA
+    from hfxla_nb.runtime.info import NEWEST_TORCH_XLA
 
     project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     extras = project["project"]["optional-dependencies"]

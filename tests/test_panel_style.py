@@ -18,22 +18,22 @@ from html.parser import HTMLParser
 import pytest
 
 from hfxla_nb.events import Failed, Finished, MetricsSnapshot, Progress, Started
-from hfxla_nb.launch.record import LaunchRecord, RankRecord
-from hfxla_nb.observe import analyzer, metrics
-from hfxla_nb.observe.compile_records import CompileRecord, Frame
-from hfxla_nb.observe.trace_log import TraceLog
+from hfxla_nb.launch.supervision import LaunchRecord, RankRecord
+from hfxla_nb.observe import alerts, metrics
+from hfxla_nb.observe.tracing import CompileRecord, Frame, TraceLog
 from hfxla_nb.runtime import Accelerator, Problem, RuntimeInfo
 from hfxla_nb.train.predict import Predictions
 from hfxla_nb.train.result import FineTuneResult
 from hfxla_nb.ui import html
-from hfxla_nb.ui.finetune_panel import result_html
-from hfxla_nb.ui.metrics_panel import MetricsPanel
-from hfxla_nb.ui.plan_panel import PlanNotice, plan_table_html
-from hfxla_nb.ui.predictions_panel import predictions_html
-from hfxla_nb.ui.runtime_panel import runtime_html
-from hfxla_nb.ui.sharding_words import sharding_words
-from hfxla_nb.ui.state import LaunchState
-from hfxla_nb.ui.table_style import (
+from hfxla_nb.ui.html import MetricsPanel
+from hfxla_nb.ui.panels import (
+    PlanNotice,
+    plan_table_html,
+    predictions_html,
+    result_html,
+    runtime_html,
+)
+from hfxla_nb.ui.state import (
     BORDER,
     BORDER_GREY,
     BOX,
@@ -44,7 +44,9 @@ from hfxla_nb.ui.table_style import (
     PALETTE,
     TABLE,
     TRACK_GREY,
+    LaunchState,
     heading,
+    sharding_words,
 )
 from tests.helpers import T0, Clock
 from tests.test_ui import SNAPSHOT  # one snapshot of a loop that compiled twice
@@ -107,7 +109,7 @@ def traced() -> TraceLog:
 
 def metrics_panel() -> str:
     summary = dataclasses.replace(metrics.summarize(SNAPSHOT), trace=traced())
-    panel = MetricsPanel(summary, analyzer.analyze(summary), title="cell 3",
+    panel = MetricsPanel(summary, alerts.analyze(summary), title="cell 3",
                          note="the XLA runtime started in this kernel")
     return panel._repr_html_()
 
@@ -121,7 +123,7 @@ def tiny_llama():
 def plan_panels() -> list[str]:
     """The plan as a cell's value (with the changes that would make it fit), and the line
     `fine_tune` shows before the fork."""
-    from hfxla_nb.train.memory_plan import plan_memory
+    from hfxla_nb.train.memory import plan_memory
 
     too_big = plan_memory(tiny_llama(), hardware="v5e-1", batch_size=8, max_length=1024)
     assert too_big.changes

@@ -14,7 +14,7 @@ from hfxla_nb._words import ranks_were, series
 from hfxla_nb.observe.metrics import summarize, xla_exceeds_wall
 from hfxla_nb.states import BarState, Outcome, RankState
 from hfxla_nb.ui import html, text
-from hfxla_nb.ui.bar_view import BarView
+from hfxla_nb.ui.state import BarView
 
 MS = 1_000_000  # nanoseconds, as torch_xla's timing metrics count them
 
@@ -27,22 +27,23 @@ def predict_snapshot() -> dict:
 
 
 def test_predict_runs_its_batches_under_a_bar_named_predict(monkeypatch):
-    from hfxla_nb.train.worker import evaluate, predict_worker
+    from hfxla_nb.train.worker import evaluate
 
     calls = []
     ctx = SimpleNamespace(task=SimpleNamespace(decode=lambda data, batches, fetched: []))
-    monkeypatch.setattr(predict_worker, "_xla",
+    monkeypatch.setattr(evaluate, "_xla",
                         SimpleNamespace(is_spmd=lambda: True, compile_times=lambda: (0, [])))
-    monkeypatch.setattr(predict_worker, "patches",
+    monkeypatch.setattr(evaluate, "patches",
                         SimpleNamespace(applied=contextlib.nullcontext))
-    monkeypatch.setattr(predict_worker, "WorkerContext",
+    monkeypatch.setattr(evaluate, "WorkerContext",
                         SimpleNamespace(load=lambda plan, train: ctx))
-    monkeypatch.setattr(predict_worker, "run_batches",
+    monkeypatch.setattr(evaluate, "run_batches",
                         lambda ctx, **options: calls.append(options) or ([], []))
-    predict_worker.predict_worker(0, SimpleNamespace(data=None))
+    evaluate.predict_worker(0, SimpleNamespace(data=None))
     assert calls == [{"bar": "predict"}]
 
     # run_batches emits its Progress under the bar it is given.
+    monkeypatch.undo()
     sent = []
     monkeypatch.setattr(evaluate, "emit", sent.append)
     monkeypatch.setattr(evaluate.batching, "eval_batches", lambda split, size: [])
@@ -101,7 +102,7 @@ def test_rank_lists_are_worded_in_english():
 
 
 def test_a_failing_launch_names_its_stopped_ranks_in_a_sentence():
-    from hfxla_nb.launch.failure import failure_message
+    from hfxla_nb.launch.errors import failure_message
 
     def rank(number, state, error=None):
         return SimpleNamespace(rank=number, exit_state=state, error=error, traceback=None,

@@ -15,14 +15,13 @@ import pytest
 
 from hfxla_nb.events import Channel, Failed, Finished, MetricsSnapshot, Progress, Started
 from hfxla_nb.launch import worker
-from hfxla_nb.launch.failure import failure_message
-from hfxla_nb.launch.record import LaunchRecord, RankRecord
-from hfxla_nb.launch.watching import end_launch
-from hfxla_nb.observe.launch_reader import LaunchReader
+from hfxla_nb.launch.errors import failure_message
+from hfxla_nb.launch.supervision import LaunchRecord, RankRecord, end_launch
+from hfxla_nb.observe.reader import LaunchReader
 from hfxla_nb.states import Outcome
 from hfxla_nb.train.result import FineTuneResult
 from hfxla_nb.ui import html, launch_display, text
-from hfxla_nb.ui.finetune_panel import result_html
+from hfxla_nb.ui.panels import result_html
 from hfxla_nb.ui.state import LaunchState
 from tests.helpers import T0, Clock, run_python
 

@@ -10,11 +10,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from hfxla_nb.train.memory_plan import plan_memory
-from hfxla_nb.ui.finetune_panel import memory_row
-from hfxla_nb.ui.plan_panel import as_plan, plan_line, plan_table, plan_text, show_memory_plan
-from hfxla_nb.ui.table_style import BOX, heading
-from hfxla_nb.ui.widgets import widget_state
+from hfxla_nb.train.memory import plan_memory
+from hfxla_nb.ui.live import widget_state
+from hfxla_nb.ui.panels import (
+    as_plan,
+    memory_row,
+    plan_line,
+    plan_table,
+    plan_text,
+    show_memory_plan,
+)
+from hfxla_nb.ui.state import BOX, heading
 
 transformers = pytest.importorskip("transformers")
 
@@ -123,8 +129,8 @@ def test_in_a_real_kernel_auto_draws_a_widget_and_the_saved_output_is_static():
     code = """
         import dataclasses
         from transformers import LlamaConfig
-        from hfxla_nb.train.memory_plan import plan_memory
-        from hfxla_nb.launch.notices import show_memory_plan
+        from hfxla_nb.train.memory import plan_memory
+        from hfxla_nb.launch.launcher import show_memory_plan
         plan = dataclasses.asdict(plan_memory(LlamaConfig(hidden_size=64, intermediate_size=128,
                                   num_hidden_layers=2, num_attention_heads=4, vocab_size=256),
                                   hardware="v5e-1", lora=True))

@@ -59,7 +59,7 @@ def test_predict_returns_plain_python_with_a_cpu_forwards_probabilities(classifi
 
 
 def test_predict_keeps_its_inputs_and_its_table_names_each_row_by_its_text(classifier):
-    from hfxla_nb.ui.predictions_panel import predictions_text
+    from hfxla_nb.ui.panels import predictions_text
 
     _, data, predicted = classifier
     texts = list(data["validation"]["text"])
@@ -76,7 +76,7 @@ def test_stream_is_refused_in_one_error_before_the_model_is_read(monkeypatch):
     def unread(*args, **kwargs):
         raise AssertionError("the model was read before stream was refused")
 
-    monkeypatch.setattr("hfxla_nb.train.kernel.sources.model_source", unread)
+    monkeypatch.setattr("hfxla_nb.train.preparation.model_source", unread)
     for model in ("no-such-org/no-such-model", "/no/such/folder"):
         with pytest.raises(FineTuneError) as raised:
             hx.predict(model, ["a text"], stream=True)

@@ -256,7 +256,7 @@ def test_a_full_disk_starts_no_process_and_loses_no_trained_model(kernel, tmp_pa
         import torch, accelerate
         from transformers import AutoModelForSequenceClassification
         from hfxla_nb import demo
-        from hfxla_nb.train.disk_space import DiskSpaceError
+        from hfxla_nb.train.memory import DiskSpaceError
         libc = ctypes.CDLL(None, use_errno=True)
         base, mounted = {str(tmp_path)!r}, []
         def tmpfs(name, options):

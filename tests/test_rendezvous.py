@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from hfxla_nb.launch import rendezvous
+from hfxla_nb.launch import processes
 from hfxla_nb.launch.pods.host import HostLaunch
 
 
@@ -20,7 +20,7 @@ def _bind(port: int) -> None:
 
 
 def test_the_store_holds_its_port_while_it_lives():
-    store = rendezvous.open_store(0)
+    store = processes.open_store(0)
     port = int(store.port)
     assert port > 0
     with pytest.raises(OSError) as taken:
@@ -91,7 +91,7 @@ def test_a_store_process_on_a_taken_port_raises_naming_it():
         sock.listen()
         taken = sock.getsockname()[1]
         with pytest.raises(RuntimeError, match=str(taken)):
-            rendezvous.StoreProcess(taken)
+            processes.StoreProcess(taken)
 
 
 def test_a_port_asked_for_that_is_taken_is_refused_at_once():
@@ -99,4 +99,4 @@ def test_a_port_asked_for_that_is_taken_is_refused_at_once():
         sock.bind(("", 0))
         sock.listen()
         with pytest.raises(RuntimeError, match=str(sock.getsockname()[1])):
-            rendezvous.open_store(sock.getsockname()[1])
+            processes.open_store(sock.getsockname()[1])

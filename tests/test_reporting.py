@@ -9,7 +9,8 @@ import pytest
 
 from hfxla_nb import events
 from hfxla_nb.events import Channel, MetricsSnapshot, Progress
-from hfxla_nb.observe import process, reporting
+from hfxla_nb.observe import reporting
+from hfxla_nb.observe import reporting as process
 from tests.helpers import run_python
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 
 from hfxla_nb.train.result import FineTuneResult
-from hfxla_nb.ui.finetune_panel import loss_text_chart, result_html, result_text
-from hfxla_nb.ui.metric_table import metric_value
+from hfxla_nb.ui.panels import loss_text_chart, metric_value, result_html, result_text
 
 
 def result(**changes) -> FineTuneResult:
@@ -95,7 +94,7 @@ def test_quiet_loading_turns_the_bars_off_and_restores_each_as_it_was():
     from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
     from transformers.utils import logging as hf_logging
 
-    from hfxla_nb.train.quiet_loading import quiet_loading
+    from hfxla_nb.launch.output import quiet_loading
 
     def state():
         return hf_logging.is_progress_bar_enabled(), not are_progress_bars_disabled()

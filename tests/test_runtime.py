@@ -29,7 +29,7 @@ from hfxla_nb.runtime import (
     redact_environment,
     scan_device_files,
 )
-from hfxla_nb.ui.runtime_panel import runtime_html, runtime_text
+from hfxla_nb.ui.panels import runtime_html, runtime_text
 from tests.helpers import run_python
 
 EXPECTED = {  # generation: (cores per chip, HBM GiB per chip, device-file kind)
@@ -669,7 +669,7 @@ def test_detect_imports_no_heavy_package():
         """
         import json, sys
         import hfxla_nb as hx
-        from hfxla_nb.ui.runtime_panel import runtime_text
+        from hfxla_nb.ui.panels import runtime_text
         info = hx.detect()
         names = ("torch", "torch_xla", "transformers", "datasets", "IPython")
         heavy = [name for name in names if name in sys.modules]
@@ -693,7 +693,7 @@ def test_detect_without_torch_xla():
 
         sys.meta_path.insert(0, Blocker())
         import hfxla_nb as hx
-        from hfxla_nb.ui.runtime_panel import runtime_text
+        from hfxla_nb.ui.panels import runtime_text
         info = hx.detect()
         configured = hx.configure(device="cpu", cores=2)
         print(json.dumps({
@@ -728,7 +728,7 @@ def test_package_versions_are_what_pip_says():
 def test_a_stopped_launch_note_is_a_warning_once(tmp_path, monkeypatch):
     """A note the supervisor of a dead kernel wrote is a warning of `detect()` until `forget`;
     an old or broken note is not shown; a fake /sys tree reads none of this machine's notes."""
-    from hfxla_nb.runtime import stopped_launches
+    from hfxla_nb.runtime import info as stopped_launches
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the notes' folder: the test's
     now = time.time()

@@ -113,7 +113,7 @@ def test_fixed_shape_generation_equals_generate(architecture, bart_dir, t5_dir):
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
-    from hfxla_nb.train.tasks.seq2seq_generation import generated_texts, greedy_generate
+    from hfxla_nb.train.tasks.seq2seq import generated_texts, greedy_generate
 
     folder = t5_dir if architecture == "t5" else bart_dir
     tokenizer = demo_seq2seq_tokenizer()
@@ -214,8 +214,8 @@ def test_sampling_repeats_with_the_seed_and_early_stop_changes_no_token(bart_dir
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
-    from hfxla_nb.train.generation_options import GenerationOptions
-    from hfxla_nb.train.tasks.seq2seq_generation import greedy_generate
+    from hfxla_nb.train.config import GenerationOptions
+    from hfxla_nb.train.tasks.seq2seq import greedy_generate
 
     tokenizer = demo_seq2seq_tokenizer()
     model = AutoModelForSeq2SeqLM.from_pretrained(bart_dir).eval()

@@ -13,14 +13,13 @@ import pytest
 
 from hfxla_nb.events import Channel, Failed, ProcessExited, Started
 from hfxla_nb.launch import LaunchError, LaunchRecord, RankRecord
-from hfxla_nb.launch.failure import failure_message
+from hfxla_nb.launch.errors import failure_message
 from hfxla_nb.launch.processes import LEFTOVER_GRACE, TERMINATE_GRACE, group_processes
-from hfxla_nb.launch.supervision import Supervision
-from hfxla_nb.launch.watching import STOPPED_AS, shows
-from hfxla_nb.observe.launch_reader import LaunchReader
+from hfxla_nb.launch.supervision import STOPPED_AS, Supervision, shows
+from hfxla_nb.observe.reader import LaunchReader
 from hfxla_nb.states import Outcome, RankState
 from hfxla_nb.ui import NullDisplay
-from hfxla_nb.ui.console import ConsoleDisplay
+from hfxla_nb.ui.live import ConsoleDisplay
 
 
 def supervision(world: int, **options) -> LaunchReader:
@@ -84,7 +83,7 @@ def test_heartbeat_timeout_stops_a_silent_rank_and_a_quiet_one_gets_one_warning(
 
 
 def test_a_rank_quiet_past_the_warning_is_named_once_without_a_heartbeat_timeout():
-    from hfxla_nb.observe.launch_reader import HEARTBEAT_WARNING
+    from hfxla_nb.observe.reader import HEARTBEAT_WARNING
 
     watch = supervision(1)
     watch.handle(Started(rank=0, world=1, pid=1))
@@ -96,7 +95,7 @@ def test_a_rank_quiet_past_the_warning_is_named_once_without_a_heartbeat_timeout
 
 
 def test_a_rank_that_never_starts_is_named_and_stopped_after_the_startup_grace():
-    from hfxla_nb.observe.launch_reader import HEARTBEAT_WARNING, STARTUP_GRACE
+    from hfxla_nb.observe.reader import HEARTBEAT_WARNING, STARTUP_GRACE
 
     watch = supervision(2, heartbeat_timeout=3.0)
     watch.handle(Started(rank=0, world=2, pid=1))
@@ -114,7 +113,7 @@ def test_a_rank_that_never_starts_is_named_and_stopped_after_the_startup_grace()
 
 
 def test_a_rank_that_never_starts_gets_a_warning_without_a_heartbeat_timeout():
-    from hfxla_nb.observe.launch_reader import HEARTBEAT_WARNING
+    from hfxla_nb.observe.reader import HEARTBEAT_WARNING
 
     watch = supervision(1)
     later = watch.record.ranks[0].last_seen + HEARTBEAT_WARNING + 1

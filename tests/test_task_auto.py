@@ -15,7 +15,7 @@ from hfxla_nb.demo.tasks import (
     qa_rows,
 )
 from hfxla_nb.train import FineTuneConfig, FineTuneError, prepare_fine_tune
-from hfxla_nb.train.tasks.registry import TASK_MODULES, TASKS, task_choices
+from hfxla_nb.train.tasks import TASK_MODULES, TASKS, task_choices
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +62,16 @@ def test_a_head_ending_text_and_audio_share_goes_to_the_models_kind(cache):
 
     from hfxla_nb.demo.audio import demo_audio_model_dir
     from hfxla_nb.demo.tasks import classifier_model_dir
-    from hfxla_nb.train.kernel import sources
+    from hfxla_nb.train import preparation
 
     audio = demo_audio_model_dir(cache=cache)
     assert AutoConfig.from_pretrained(audio).architectures == [
         "Wav2Vec2ForSequenceClassification"]
-    assert sources.head_task(audio, AutoConfig.from_pretrained(audio)) == "audio-classification"
+    assert preparation.head_task(audio, AutoConfig.from_pretrained(audio)) == "audio-classification"
     text = classifier_model_dir(cache=cache)
     assert AutoConfig.from_pretrained(text).architectures[0].endswith(
         "ForSequenceClassification")
-    assert sources.head_task(text, AutoConfig.from_pretrained(text)) == "classification"
+    assert preparation.head_task(text, AutoConfig.from_pretrained(text)) == "classification"
 
 
 def test_auto_picks_the_task_from_the_columns_and_says_so(headless_dir):

@@ -49,7 +49,7 @@ def test_it_learns_the_drawn_images(vit):
 
 
 def test_the_result_offers_the_image_processor_and_notes_no_text_model_patch(vit):
-    from hfxla_nb.ui.finetune_panel import next_step
+    from hfxla_nb.ui.panels import next_step
 
     result, _, _ = vit
     hint = next_step(result)

@@ -16,9 +16,9 @@ import pytest
 
 import hfxla_nb
 from hfxla_nb.train import FineTuneConfig, prepare_fine_tune
+from hfxla_nb.train.tasks import TASK_MODULES, TASKS, register_task, unregister_task
 from hfxla_nb.train.tasks.base import Task
 from hfxla_nb.train.tasks.classification import Classification
-from hfxla_nb.train.tasks.registry import TASK_MODULES, TASKS, register_task, unregister_task
 
 PACKAGE = Path(hfxla_nb.__file__).parent
 TASKS_DIR = PACKAGE / "train" / "tasks"

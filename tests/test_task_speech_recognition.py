@@ -93,7 +93,7 @@ def test_the_traced_ctc_loss_equals_torchs_with_its_gradient():
     found = run_python("""
         import json
         import torch
-        from hfxla_nb.train.tasks.ctc_loss import ctc_losses
+        from hfxla_nb.train.tasks.speech_recognition import ctc_losses
 
         torch.manual_seed(0)
         logits = torch.randn(5, 12, 7, dtype=torch.float64, requires_grad=True)

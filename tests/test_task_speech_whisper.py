@@ -85,7 +85,7 @@ def test_whisper_fixed_shape_generation_equals_generate(whisper_dir):
     import torch
     from transformers import AutoModelForSpeechSeq2Seq, AutoProcessor
 
-    from hfxla_nb.train.tasks.seq2seq_generation import greedy_generate
+    from hfxla_nb.train.tasks.seq2seq import greedy_generate
 
     processor = AutoProcessor.from_pretrained(whisper_dir)
     model = AutoModelForSpeechSeq2Seq.from_pretrained(whisper_dir).eval()

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 import hfxla_nb as hx
-from hfxla_nb import _xla
-from hfxla_nb.diagnosis import kernel_steps
+from hfxla_nb import _xla, diagnosis
 from hfxla_nb.launch.preflight import LaunchRefusedError
-from hfxla_nb.runtime import problems
+from hfxla_nb.runtime import info as problems
 from hfxla_nb.runtime.environment import package_versions
 from hfxla_nb.runtime.info import detect
 from tests.test_runtime import tpu
@@ -66,7 +65,7 @@ def test_xla_info_says_torch_tpu_is_there_and_what_runs_with_it():
 def test_the_doctor_fails_the_versions_step_with_what_to_do(tmp_path):
     info = detect(sys_root=str(tmp_path), environ={"PJRT_DEVICE": "CPU"})
     info.versions.update(torch_xla=None, torch_tpu="0.2.0")
-    check = kernel_steps.versions(info, {"PJRT_DEVICE": "CPU"})
+    check = diagnosis.versions(info, {"PJRT_DEVICE": "CPU"})
     assert check.status == "failed" and "torch_tpu 0.2.0" in check.summary
     assert "TorchTPU (torch-tpu 0.2.0) is installed" in check.summary
     assert "torch_xla[tpu]==2.9.*" in check.fix

@@ -13,23 +13,28 @@ from pathlib import Path
 
 import pytest
 
-from hfxla_nb.diagnosis import kernel_steps
-from hfxla_nb.observe.analyzer import analyze
+from hfxla_nb import diagnosis
+from hfxla_nb.observe.alerts import analyze
 from hfxla_nb.observe.metrics import summarize
 from hfxla_nb.runtime.doctor_report import DoctorReport
-from hfxla_nb.runtime.hardware import TPU_GENERATIONS, Accelerator, accelerator_from_facts
-from hfxla_nb.runtime.hosts import host_name, launch_plan
+from hfxla_nb.runtime.environment import (
+    TPU_GENERATIONS,
+    Accelerator,
+    accelerator_from_facts,
+    host_name,
+    launch_plan,
+)
 from hfxla_nb.runtime.info import RuntimeInfo
-from hfxla_nb.train.memory_plan import plan_memory
-from hfxla_nb.ui.doctor_panel import doctor_html, doctor_text
+from hfxla_nb.train.memory import plan_memory
+from hfxla_nb.ui.panels import doctor_html, doctor_text
 
 DATA = Path(__file__).parent / "data"
 RUNS = DATA / "tpu_runs"
 NAMES = sorted(path.stem for path in RUNS.glob("*.json"))
 GIB = 2**30
-KERNEL_STEPS = {"versions": kernel_steps.versions, "host": kernel_steps.host,
-                "device files": kernel_steps.device_files,
-                "environment": kernel_steps.environment}
+KERNEL_STEPS = {"versions": diagnosis.versions, "host": diagnosis.host,
+                "device files": diagnosis.device_files,
+                "environment": diagnosis.environment}
 # What each recording says of its host: the doctor's statuses, %xla_info's name, processes.
 EXPECT = {
     "colab-v2-8": ("Colab TPU v2-8", {"versions": "ok", "host": "ok", "device files": "ok",

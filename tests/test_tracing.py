@@ -14,7 +14,7 @@ import pytest
 
 from hfxla_nb.events import Compiled
 from hfxla_nb.observe import tracing
-from hfxla_nb.observe.compile_records import FETCH_CAUSE
+from hfxla_nb.observe.tracing import FETCH_CAUSE
 from tests.helpers import Kernel, run_python, subprocess_env
 
 DATA = Path(__file__).parent / "data" / "xla_analysis.log"

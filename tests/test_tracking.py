@@ -21,10 +21,11 @@ import hfxla_nb as hx
 from hfxla_nb import _xla, demo
 from hfxla_nb.events import MetricsSnapshot, Progress
 from hfxla_nb.launch import LaunchRefusedError
-from hfxla_nb.observe import tracking, tracking_writers
+from hfxla_nb.observe import tracking
+from hfxla_nb.observe import tracking as tracking_writers
 from hfxla_nb.observe.tracking import Tracker, TrackingSettings, plain
 from hfxla_nb.train import FineTuneConfig, FineTuneError
-from hfxla_nb.train.kernel.sources import check_output_dir
+from hfxla_nb.train.preparation import check_output_dir
 from tests.helpers import refuse_launches
 
 STEPS = 8

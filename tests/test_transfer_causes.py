@@ -10,9 +10,9 @@ import inspect
 import pytest
 
 import hfxla_nb as hx
-from hfxla_nb.observe.analyzer import analyze
-from hfxla_nb.observe.compile_records import Frame
+from hfxla_nb.observe.alerts import analyze
 from hfxla_nb.observe.metrics import XlaSummary
+from hfxla_nb.observe.tracing import Frame
 
 STEPS = 6
 

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from hfxla_nb import ui
 from hfxla_nb.events import (
     Failed,
     Finished,
@@ -19,14 +20,12 @@ from hfxla_nb.events import (
     Progress,
     Started,
 )
-from hfxla_nb.launch.record import LaunchRecord, RankRecord
-from hfxla_nb.ui import NullDisplay, html, launch_display, modes, text, units
-from hfxla_nb.ui.console import ConsoleDisplay
-from hfxla_nb.ui.html_display import HtmlDisplay
-from hfxla_nb.ui.metrics_panel import MetricsPanel
-from hfxla_nb.ui.state import LaunchState
-from hfxla_nb.ui.table_style import BORDER, PADDING
-from hfxla_nb.ui.widgets import WidgetDisplay, widget_state
+from hfxla_nb.launch.supervision import LaunchRecord, RankRecord
+from hfxla_nb.ui import NullDisplay, html, launch_display, text
+from hfxla_nb.ui import state as units
+from hfxla_nb.ui.html import MetricsPanel
+from hfxla_nb.ui.live import ConsoleDisplay, HtmlDisplay, WidgetDisplay, widget_state
+from hfxla_nb.ui.state import BORDER, PADDING, LaunchState
 from tests.helpers import T0, Clock, bundles_of, error_of, run_notebook, stdout_of
 
 
@@ -302,10 +301,10 @@ def test_input_shapes_row_says_when_more_exist():
 
 
 def test_metrics_panel_has_html_and_text():
-    from hfxla_nb.observe import analyzer, metrics
+    from hfxla_nb.observe import alerts, metrics
 
     summary = metrics.summarize(SNAPSHOT)
-    panel = MetricsPanel(summary, analyzer.analyze(summary), title="cell")
+    panel = MetricsPanel(summary, alerts.analyze(summary), title="cell")
     assert "<table" in panel._repr_html_() and "20 executions" not in panel._repr_html_()
     assert "20 (1.0 s, 50 ms XLA per step)" in panel._repr_html_()
     assert repr(panel).startswith("cell\nXLA in 20 steps: 2 compiles")
@@ -529,13 +528,13 @@ def test_html_display_updates_one_output(monkeypatch):
 
 
 def test_select_mode(monkeypatch):
-    assert modes.select_mode("auto", notebook=False) == "console"
-    assert modes.select_mode(True, notebook=True) == "widgets"
-    assert modes.select_mode(False) == "none" and modes.select_mode(None) == "none"
-    assert modes.select_mode("html") == "html"
+    assert ui.select_mode("auto", notebook=False) == "console"
+    assert ui.select_mode(True, notebook=True) == "widgets"
+    assert ui.select_mode(False) == "none" and ui.select_mode(None) == "none"
+    assert ui.select_mode("html") == "html"
     with pytest.raises(ValueError, match="mode='fancy'"):
-        modes.select_mode("fancy")
-    assert not modes.in_notebook()  # pytest is no kernel
+        ui.select_mode("fancy")
+    assert not ui.in_notebook()  # pytest is no kernel
     assert isinstance(launch_display(1, "none"), NullDisplay)
     assert isinstance(launch_display(1, False), NullDisplay)
     assert isinstance(launch_display(2), ConsoleDisplay)
@@ -546,14 +545,14 @@ def test_widgets_missing(monkeypatch):
     with pytest.raises(ImportError, match="mode='widgets' needs ipywidgets"):
         launch_display(1, "widgets")
     with pytest.warns(UserWarning, match="ipywidgets is not installed"):
-        assert modes.select_mode("auto", notebook=True) == "html"
+        assert ui.select_mode("auto", notebook=True) == "html"
 
 
 def test_old_ipywidgets_is_refused(monkeypatch):
     monkeypatch.setitem(sys.modules, "ipywidgets", SimpleNamespace(__version__="7.5.1"))
-    assert "too old" in modes.widgets_problem()
+    assert "too old" in ui.widgets_problem()
     monkeypatch.setitem(sys.modules, "ipywidgets", SimpleNamespace(__version__="7.7.1"))
-    assert modes.widgets_problem() is None
+    assert ui.widgets_problem() is None
 
 
 # -- in a real kernel ----------------------------------------------------------------------------
@@ -561,9 +560,9 @@ def test_old_ipywidgets_is_refused(monkeypatch):
 KERNEL_SETUP = """
 import json, time
 from hfxla_nb.events import Started, Progress, Finished, Failed, MetricsSnapshot
-from hfxla_nb.launch.record import LaunchRecord, RankRecord
+from hfxla_nb.launch.supervision import LaunchRecord, RankRecord
 from hfxla_nb.ui import launch_display
-from hfxla_nb.ui.widgets import widget_state
+from hfxla_nb.ui.live import widget_state
 
 def run(display, fail=False):
     display.min_interval = 0

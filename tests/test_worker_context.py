@@ -10,8 +10,8 @@ import inspect
 from pathlib import Path
 
 import hfxla_nb
+from hfxla_nb.train.tasks import TASKS
 from hfxla_nb.train.tasks.base import Task
-from hfxla_nb.train.tasks.registry import TASKS
 from hfxla_nb.train.worker.context import WorkerTask
 
 PACKAGE = Path(hfxla_nb.__file__).parent

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from hfxla_nb.launch.parent_watch import die_with_parent
+from hfxla_nb.launch.processes import die_with_parent
 
 BUSY_LOOP = "while True: pass"
 

@@ -60,14 +60,6 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     "torch_xla.debug.metrics.executed_fallback_ops": ("2.8", "2.9"),
 }
 
-from .graphs import (  # noqa: E402 - the table above comes first, on purpose
-    clear_pending,
-    compile_graph,
-    graph_inputs,
-    graph_lookups,
-    run_compiled,
-    tensor_id,
-)
 from .loader import (  # noqa: E402
     XlaUnavailableError,
     compiler_flags,
@@ -80,8 +72,7 @@ from .loader import (  # noqa: E402
     require_torch_xla,
     runtime_is_initialized,
 )
-from .metrics import compile_times, graphs_ran, metric_counts, metrics_snapshot  # noqa: E402
-from .names import (  # noqa: E402
+from .process import (  # noqa: E402  # noqa: E402
     BYTES_FROM_DEVICE,
     BYTES_TO_DEVICE,
     CACHED_COMPILE,
@@ -95,21 +86,29 @@ from .names import (  # noqa: E402
     TRANSFER_FROM_DEVICE_TIME,
     TRANSFER_TO_DEVICE_TIME,
     UNCACHED_COMPILE,
-)
-from .process import (  # noqa: E402
     add_step_closure,
     broadcast_master_param,
+    clear_pending,
+    compile_graph,
+    compile_times,
     device,
     get_rng_state,
     global_device_count,
     global_ordinal,
+    graph_inputs,
+    graph_lookups,
+    graphs_ran,
     initialize_cache,
     memory_info,
+    metric_counts,
+    metrics_snapshot,
     optimizer_step,
     process_device_count,
+    run_compiled,
     set_rng_state,
     spawn,
     sync,
+    tensor_id,
     to_cpu,
     use_spmd,
     wait_device_ops,

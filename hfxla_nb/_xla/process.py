@@ -202,3 +202,132 @@ def broadcast_master_param(model) -> None:
     import torch_xla.core.xla_model as xm
 
     xm.broadcast_master_param(model)
+
+
+# Metrics (`torch_xla.debug.metrics.metric_data`: a count, a total, the latest samples).
+COMPILE_TIME = "CompileTime"  # one sample (ns) per compilation
+EXECUTE_TIMES = ("ExecuteTime", "ExecuteReplicatedTime")  # one per execution (SPMD: replicated)
+TRANSFER_FROM_DEVICE_TIME = "TransferFromDeviceTime"  # one per device-to-host transfer
+TRANSFER_TO_DEVICE_TIME = "TransferToDeviceTime"  # one per host-to-device transfer
+BYTES_FROM_DEVICE = "InboundData"  # bytes of those transfers
+BYTES_TO_DEVICE = "OutboundData"
+
+# Counters (`counter_value`): the fallbacks where a metric above is missing, and the rest.
+UNCACHED_COMPILE = "UncachedCompile"  # compilations
+CACHED_COMPILE = "CachedCompile"  # graphs found in the in-memory computation cache
+EXECUTE_COUNTERS = ("ExecuteComputation", "ExecuteReplicated")  # executions
+MARK_STEP = "MarkStep"  # `torch_xla.sync()` / `xm.mark_step()` calls
+FALLBACK_PREFIX = "aten::"  # every op that ran on the CPU has a counter `aten::<op>`
+ITEM_OP = "aten::_local_scalar_dense"  # what `.item()` shows up as among those fallbacks
+# The persistent compile cache: hits, misses, and entries this XLA could not load.
+PERSISTENT_CACHE_COUNTERS = {"hits": "PersistentCacheHit", "misses": "PersistentCacheMiss",
+                             "unreadable": "PersistentCacheDeserializeFailure"}
+
+
+def tensor_id(tensor) -> int:
+    """torch_xla's id of a device tensor (what `graph_inputs` names inputs by)."""
+    return int(require_torch_xla()._XLAC._xla_get_tensor_id(tensor))
+
+
+def graph_inputs(outputs: list, known: list) -> tuple[bytes, list[int], list]:
+    """The graph of `outputs` (traced, not run): `(key, input ids, inputs)`, its device-data
+    inputs in order, each with the id of the tensor it came from. An input from a `known`
+    tensor is that tensor; any other is a new tensor on its data. (A new tensor on a weight's
+    data would take over its buffer's owner id, and the next step would no longer donate
+    that buffer: another graph.)"""
+    xlac = require_torch_xla()._XLAC
+    ids, inputs = xlac._get_tensors_xla_device_data_node(outputs, known)
+    return xlac._get_graph_hash(outputs), list(ids), list(inputs)
+
+
+def compile_graph(outputs: list) -> None:
+    """Compile the graph of `outputs` into torch_xla's cache under `graph_inputs`' key,
+    without running it; the GIL is released while it compiles."""
+    require_torch_xla()._XLAC._xla_warm_up_cache(outputs, [])
+
+
+def clear_pending() -> None:
+    """Drop every pending (traced, not run) tensor's graph: those tensors become
+    placeholders that must not be read, and no later sync includes them."""
+    torch_xla = require_torch_xla()
+    torch_xla._XLAC._clear_pending_irs(str(torch_xla.device()))
+
+
+def run_compiled(key: bytes, inputs: list) -> list:
+    """Run a graph `compile_graph` compiled, on new inputs (same shapes, same order)."""
+    return list(require_torch_xla()._XLAC._run_cached_graph(key, inputs))
+
+
+def graph_lookups() -> int:
+    """How many graphs syncs have looked up in torch_xla's compile cache (found or not): a sync
+    looks up its graph right after it took its pending tensors, before it compiles."""
+    require_torch_xla()
+    import torch_xla.debug.metrics as met
+
+    return sum(int(met.counter_value(name) or 0) for name in (UNCACHED_COMPILE, CACHED_COMPILE))
+
+
+def metrics_snapshot() -> dict[str, Any]:
+    """All torch_xla counters and metrics as plain data (starts the runtime).
+
+    Returns:
+        `{"counters": {name: int}, "metrics": {name: {"count", "total", "samples"}},
+        "fallback_ops": [aten op names]}`. Absent counters are simply missing (torch_xla
+        returns None for them).
+    """
+    require_torch_xla()
+    import torch_xla.debug.metrics as met
+
+    counters = {}
+    for name in met.counter_names():
+        value = met.counter_value(name)
+        if value is not None:
+            counters[name] = int(value)
+    metrics = {}
+    for name in met.metric_names():
+        data = met.metric_data(name)
+        if data is not None:
+            count, total, samples = data
+            metrics[name] = {
+                "count": int(count),
+                "total": float(total),
+                "samples": [(float(t), float(v)) for t, v in samples[-50:]],
+            }
+    fallback_ops = [str(op) for op in met.executed_fallback_ops()]
+    return {"counters": counters, "metrics": metrics, "fallback_ops": fallback_ops}
+
+
+def metric_counts(names: tuple[str, ...]) -> dict[str, int]:
+    """How many samples each torch_xla metric has recorded (0 when absent), e.g.
+    `(COMPILE_TIME, *EXECUTE_TIMES, TRANSFER_FROM_DEVICE_TIME)`."""
+    require_torch_xla()
+    import torch_xla.debug.metrics as met
+
+    counts = {}
+    for name in names:
+        data = met.metric_data(name)
+        counts[name] = int(data[0]) if data is not None else 0
+    return counts
+
+
+def compile_times() -> tuple[int, list[float]]:
+    """(compilations so far, the seconds of those torch_xla still holds samples of, oldest
+    first): the `CompileTime` metric of this process. (0, []) before the runtime started."""
+    if not runtime_is_initialized():
+        return 0, []
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data(COMPILE_TIME)
+    if data is None:
+        return 0, []
+    count, _, samples = data
+    return int(count), [float(value) * 1e-9 for _, value in samples]
+
+
+def graphs_ran() -> bool:
+    """Whether this process has compiled or executed an XLA graph (after which torch_xla no
+    longer reads `PT_XLA_DEBUG_LEVEL`). Never starts the runtime."""
+    if not runtime_is_initialized():
+        return False
+    counts = metric_counts((COMPILE_TIME, *EXECUTE_TIMES))
+    return any(counts.values())

@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .loader import require_torch_xla
-from .names import TRANSFER_FROM_DEVICE_TIME
-from .process import global_device_count
+from .process import TRANSFER_FROM_DEVICE_TIME, global_device_count
 
 
 def data_parallel_mesh(axis: str = "data"):

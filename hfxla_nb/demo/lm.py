@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import (
+    LABELS_3,
     MAX_POSITIONS,
     RECIPE_VERSION,
     build_atomically,
@@ -31,7 +32,6 @@ from . import (
     demo_tokenizer,
     save_seeded_model,
 )
-from .data import LABELS_3
 
 if TYPE_CHECKING:
     import datasets
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="default: a new folder demo_output/tiny-llama-<start time>")
     args = parser.parse_args(argv)
 
-    from hfxla_nb.ui.finetune_panel import result_text
+    from hfxla_nb.ui.panels import result_text
 
     from . import start_demo
 

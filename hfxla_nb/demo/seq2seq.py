@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from hfxla_nb.runtime import detect_accelerator
-    from hfxla_nb.ui.finetune_panel import result_text
+    from hfxla_nb.ui.panels import result_text
 
     from . import start_demo
 

@@ -14,9 +14,9 @@ from .._lazy import lazy_exports
 _EXPORTS = {
     "LaunchError": "errors",
     "LaunchOptions": "launcher",
-    "LaunchRecord": "record",
+    "LaunchRecord": "supervision",
     "LaunchRefusedError": "preflight",
-    "RankRecord": "record",
+    "RankRecord": "supervision",
     "group_processes": "processes",
     "last_launch": "launcher",
     "launch": "launcher",

@@ -7,10 +7,115 @@ launch fails (and by `hx.LaunchError`, through the package's lazy exports), neve
 
 from __future__ import annotations
 
+import os
+import re
+import sys
+import types
+from typing import Any
+
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from ..states import BaseLaunchRecord, RankState
-from .kernel_traceback import hide_launcher_frames
+from .._words import ranks_were
+from ..observe.alerts import explain_hbm_exhaustion
+from ..observe.reader import LaunchReader
+from ..observe.tracing import is_library
+from ..states import BaseLaunchRecord, Outcome, RankState
+
+
+def failure_message(reader: LaunchReader) -> str:
+    """The first failure, its traceback, and the ranks stopped because of it (or, after
+    `timeout=`, the ranks that were still running).
+
+    Args:
+        reader: the reader of the launch that ended.
+    """
+    record = reader.record
+    if record.outcome == Outcome.TIMEOUT:
+        stalled = [
+            f"rank {r.rank} "
+            + (f"at step {r.last_step}" if r.last_step is not None else "before its first step")
+            for r in record.ranks
+            if r.exit_state == RankState.TIMEOUT
+        ]
+        return (
+            f"the launch timed out after {reader.timeout:g}s and was stopped. Still running: "
+            f"{', '.join(stalled) or 'none'}. Every worker process was terminated."
+        )
+    failed = reader.failure or next((r for r in record.ranks if r.error), None)
+    if failed is None:
+        return f"the launch ended without a result ({record.outcome})."
+    others = [r.rank for r in record.ranks if r.exit_state == RankState.STOPPED]
+    stopped = f" {ranks_were(others, 'stopped')}" if others else ""
+    error = failed.error or ""
+    message = f"rank {failed.rank} failed: {error}{'' if error.endswith('.') else '.'}"
+    message += stopped
+    if failed.traceback:
+        # Whole, as Python prints it: it ends with the exception line.
+        message += f"\n\nRemote traceback (rank {failed.rank}):\n{failed.traceback.rstrip()}"
+    # XLA's allocator text is a wall of figures: said first in one line with its fixes
+    # (the whole text stays below, and on the record).
+    explanation = explain_hbm_exhaustion(f"{error}\n{failed.traceback or ''}",
+                                         where=_user_line(failed.traceback or ""))
+    return message if explanation is None else f"{explanation}\n\n{message}"
+
+
+def _user_line(traceback: str) -> str | None:
+    """The innermost frame of a remote traceback that is the user's code ("file:line", or
+    "Cell In[5], line 12" for a notebook cell), or None (`observe.user_frames.is_library`
+    decides what is not theirs)."""
+    frames = re.findall(r'^\s*(?:File "([^"]+)", line (\d+)|(Cell In\[\d+\], line \d+))',
+                        traceback, flags=re.MULTILINE)
+    for path, line, cell in reversed(frames):
+        if cell:
+            return cell
+        if not is_library(path):
+            return f"{path}:{line}"
+    return None
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def hide_launcher_frames(error_class: type[BaseException]) -> None:
+    """Have IPython show `error_class`'s tracebacks without hfxla_nb's frames (installed
+    when the first `LaunchError` is made: `launch.errors` imports torch)."""
+    shell_module = sys.modules.get("IPython.core.interactiveshell")
+    shell = getattr(getattr(shell_module, "InteractiveShell", None), "_instance", None)
+    if shell is None or not hasattr(shell, "set_custom_exc"):
+        return
+    current = tuple(getattr(shell, "custom_exceptions", ()) or ())
+    if current == (error_class,):
+        return
+    if current:
+        return  # the user's (or another library's) handler stays
+    shell.set_custom_exc((error_class,), _show_without_our_frames)
+
+
+def _show_without_our_frames(shell: Any, etype: type, value: BaseException,
+                             tb: types.TracebackType | None,
+                             tb_offset: int | None = None) -> list[str]:
+    value.__traceback__ = without_package_frames(tb)
+    shell.showtraceback((etype, value, value.__traceback__), tb_offset=tb_offset,
+                        running_compiled_code=True)
+    return []
+
+
+def without_package_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The same traceback without the frames of hfxla_nb's own files (outermost first)."""
+    kept = []
+    while tb is not None:
+        if not is_package_file(tb.tb_frame.f_code.co_filename):
+            kept.append(tb)
+        tb = tb.tb_next
+    rebuilt = None
+    for entry in reversed(kept):
+        rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return rebuilt
+
+
+def is_package_file(path: str) -> bool:
+    """Whether `path` is one of hfxla_nb's own files."""
+    return os.path.abspath(path).startswith(_PACKAGE + os.sep)
 
 
 class LaunchError(RuntimeError, ChildFailedError):

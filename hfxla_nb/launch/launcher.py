@@ -7,27 +7,32 @@ docs/architecture.md.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import importlib
 import inspect
 import os
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..observe import tracing, tracking
-from ..observe.launch_reader import LaunchReader
+from ..observe.reader import LaunchReader
 from ..observe.tracking import Tracker
 from ..runtime import compile_cache as cache
 from ..runtime import detect
 from ..states import Outcome
 from ..ui import launch_display
 from . import preflight
-from .accelerate_options import AccelerateOptions, check_accelerate_options, say_notes
+from .accelerate import AccelerateOptions, check_accelerate_options, say_notes
 from .preflight import LaunchPlan, LaunchRefusedError
 from .processes import kernel_gains_no_process
-from .record import LaunchRecord, RankRecord
-from .supervision import POLL_INTERVAL, Supervision
+from .supervision import POLL_INTERVAL, LaunchRecord, RankRecord, Supervision
+
+if TYPE_CHECKING:
+    from ..ui.panels import Plan
+
 
 __all__ = ["notebook_launcher", "launch", "last_launch", "LaunchOptions", "LaunchRecord",
            "RankRecord"]
@@ -256,7 +261,7 @@ def _launch(function: Callable, args: Sequence, options: LaunchOptions, pass_ind
             warnings.warn("hfxla_nb: log_line_prefix_template applies to single-host "
                           "launches; ignored with cluster=/hosts=.", UserWarning,
                           stacklevel=3)
-        from .pods.cluster_launch import launch_on_cluster
+        from .pods import launch_on_cluster
 
         return launch_on_cluster(
             function, tuple(args), pass_index, cluster=options.cluster or "auto",
@@ -395,3 +400,54 @@ def _parse_output(output: str | Iterable[int]) -> set[int] | str:
         ) from None
 
 
+def show_memory_plan(plan: Plan | None, progress: str | bool = "auto") -> Any:
+    """Show a fine-tune's memory plan (plain data) in the cell, drawn like the launch panel.
+
+    Args:
+        plan: the `MemoryPlan` the run was checked with, or None (nothing is shown).
+        progress: the launch's `progress=` mode.
+
+    Returns:
+        An object with `close()` to call once the launch ended (a live widget becomes static
+        HTML), or None when nothing was drawn.
+    """
+    from ..ui.panels import show_memory_plan as show
+
+    return show(plan, progress)
+
+
+# What the first launch would otherwise import in the kernel, heaviest last (ipywidgets:
+# most of it; measured by bench/launch_latency.py).
+MODULES = (
+    "hfxla_nb.launch.launcher",
+    "hfxla_nb.launch.worker",
+    "hfxla_nb.ui",
+    "hfxla_nb.ui.live",
+    "hfxla_nb.ui.panels",
+    "ipywidgets",
+)
+_scheduled = False
+
+
+def schedule() -> bool:
+    """In a running Jupyter kernel, run `warm_up` once the current cell is done (once per
+    process); whether it was scheduled (False outside a kernel's cell)."""
+    global _scheduled
+    if _scheduled or "ipykernel" not in sys.modules:
+        return False
+    try:
+        loop = asyncio.get_running_loop()  # the kernel's, while a cell runs
+    except RuntimeError:
+        return False
+    loop.call_soon(warm_up)
+    _scheduled = True
+    return True
+
+
+def warm_up() -> None:
+    """Import `MODULES` (one that fails to import is left to the launch to report)."""
+    for name in MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001, S112 - a warm-up must never break the kernel
+            continue

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _xla
-from ..runtime.hardware import cpu_device_count
+from ..runtime.environment import cpu_device_count
 
 STRATEGIES = ("replicated", "spmd", "debug")
 MIXED_PRECISIONS = ("no", "bf16", "fp16")
@@ -122,7 +122,7 @@ def check_backend(strategy: str) -> None:
     if strategy == "debug":
         return
     from ..runtime.environment import package_versions
-    from ..runtime.problems import (
+    from ..runtime.info import (
         TORCH_TPU_FIX,
         TORCH_TPU_ONLY,
         major_minor,

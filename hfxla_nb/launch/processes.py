@@ -33,10 +33,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from ..events import Channel, Heartbeat
+from ..runtime.info import StoppedLaunch, record
 
 TERMINATE_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
 # The supervisor's grace for what outlived the ranks: less than the notebook's, whose SIGKILL
@@ -327,3 +333,281 @@ def _same(table: dict[int, tuple[int, int, int]], pid: int, started: int) -> boo
     """Whether `pid` is alive and is still the process that started at `started`."""
     entry = table.get(pid)
     return entry is not None and entry[2] == started
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+POLL_INTERVAL = 0.5  # seconds between looks at the parent where there is no pidfd
+
+
+def die_with_parent(number: int = signal.SIGKILL) -> None:
+    """Have the kernel send signal `number` to this process when its parent exits (Linux); a
+    no-op elsewhere.
+
+    A rank below a one-host supervisor asks for SIGTERM: the notebook stops a launch with
+    SIGTERM to its whole group and SIGKILL after a grace time, and a supervisor that dies of
+    that SIGTERM first must not cut a rank's grace short (a rank may handle SIGTERM to save
+    its state). The parent-death signal fires when the thread that forked this process ends,
+    so call it only in processes forked from their parent's main thread (every fork of a
+    launch is).
+    """
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, number)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request: nobody to signal it
+        os._exit(1)
+
+
+def watch_parent(on_death: Callable[[int], None]) -> threading.Thread:
+    """Call `on_death(parent pid)` from a daemon thread once this process's parent is gone."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        try:
+            descriptor = os.pidfd_open(parent)
+        except (AttributeError, OSError):
+            descriptor = None
+        if os.getppid() == parent:
+            if descriptor is not None:
+                select.select([descriptor], [], [])  # readable once the parent exited
+            while os.getppid() == parent:  # and where there is no pidfd, a poll
+                time.sleep(POLL_INTERVAL)
+        on_death(parent)
+
+    thread = threading.Thread(target=watch, name="hfxla_nb-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+# Held by the watch while it stops an orphaned launch, so that the supervisor's main thread,
+# which sees its ranks end and heads for the exit, does not end the process first.
+_stopping = threading.Lock()
+
+
+def exit_process(code: int) -> None:
+    """`os._exit(code)`, unless the kernel's death is being handled: then the watch exits."""
+    with _stopping:
+        os._exit(code)
+
+
+def watch_kernel() -> threading.Thread:
+    """In the supervisor: when the kernel dies, stop the launch, write it down and exit."""
+    return watch_parent(_stop_orphaned_launch)
+
+
+def _stop_orphaned_launch(kernel_pid: int) -> None:
+    """Stop every process below this supervisor, note what was stopped, end the process."""
+    _stopping.acquire()  # never released: this ends the process
+    me = os.getpid()
+    processes = [describe(me)]
+    try:
+        stopped = stop_descendants(grace=LEFTOVER_GRACE)
+        processes += [stopped[pid] for pid in sorted(stopped)]
+        record(StoppedLaunch(kernel_pid, me, time.time(), processes))
+    finally:
+        os._exit(1)
+
+
+STORE_START_TIMEOUT = 30.0  # seconds for a store process to say its port
+STORE_STOP_TIMEOUT = 5.0  # seconds for it to close at SIGTERM before SIGKILL
+
+
+def open_store(port: int = 0) -> Any:
+    """A store server listening on `port` of every interface (0: a free port, chosen as it is
+    bound); its `port` attribute is the port. Kept alive by the caller for the launch.
+
+    Raises:
+        RuntimeError: `port` is taken (the message names it).
+    """
+    import torch.distributed as dist
+    from torch.distributed.constants import default_pg_timeout
+
+    return dist.TCPStore("127.0.0.1", port, None, True, timeout=default_pg_timeout,
+                         wait_for_workers=False)
+
+
+# A port as the supervisor hands it to its debug ranks: fixed-size records on one pipe, so
+# each rank's read takes exactly one (a write this small is atomic).
+_PORT_RECORD = 8
+
+
+def send_port(fd: int, port: int, ranks: int) -> None:
+    """Hand `port` to `ranks` ranks waiting in `read_port`, then close `fd`."""
+    try:
+        os.write(fd, f"{port:07d}\n".encode() * ranks)
+    finally:
+        os.close(fd)
+
+
+def read_port(fd: int) -> int | None:
+    """In a debug rank: wait for the store's port from the supervisor, close `fd`, and make it
+    this process's `MASTER_PORT`; None when the supervisor could not open the store."""
+    data = os.read(fd, _PORT_RECORD)
+    os.close(fd)
+    if len(data) < _PORT_RECORD:
+        return None
+    port = int(data)
+    os.environ["MASTER_PORT"] = str(port)
+    return port
+
+
+def join_gloo(rank: int, world: int, address: str, port: int) -> None:
+    """Join the gloo group of `world` ranks as `rank`, through the store at `address:port`."""
+    import torch.distributed as dist
+    from torch.distributed.constants import default_pg_timeout
+
+    store = dist.TCPStore(address, int(port), world, False, timeout=default_pg_timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+
+
+class StoreProcess:
+    """A store server (`open_store`) in a forked process of its own, so that the process that
+    starts it can go on forking (host 0's Ray actor forks a supervisor per attempt). It dies
+    with its parent (SIGKILL) and closes at `close()` (SIGTERM).
+
+    Args:
+        port: the port to listen on (0: a free one).
+
+    Raises:
+        RuntimeError: the store did not open (the port is taken, the message names it; or it
+            said nothing within `STORE_START_TIMEOUT`).
+    """
+
+    def __init__(self, port: int = 0) -> None:
+        said, say = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # never returns
+            os.close(said)
+            _serve_store(port, say)
+        os.close(say)
+        self.pid: int | None = pid
+        try:
+            self.port = _read_port_or_error(said)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the store's process and reap it (closed already: nothing to do)."""
+        if self.pid is None:
+            return
+        pid, self.pid = self.pid, None
+        stop_child(pid, grace=STORE_STOP_TIMEOUT)
+
+
+def _serve_store(port: int, say: int) -> None:
+    """Body of a store's process: open the store, write its port (or the error) to `say`,
+    then serve until SIGTERM. Ends the process; never returns."""
+    code = 0
+    try:
+        die_with_parent()
+        # SIGTERM is waited for, not handled: blocked before the server's thread starts.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            store = open_store(port)
+            message = f"{int(store.port)}"
+        except Exception as error:  # noqa: BLE001 - the parent raises it
+            message, code = str(error) or type(error).__name__, 1
+        os.write(say, message.encode())
+        os.close(say)
+        if not code:
+            signal.sigwait({signal.SIGTERM})
+            # Closed in order (its own client first): a killed store can leave its port in
+            # TIME_WAIT, and the next attempt may ask for the same port (`use_port`).
+            del store
+    finally:
+        os._exit(code)
+
+
+def _read_port_or_error(said: int) -> int:
+    """The port a store's process wrote to `said` (closed here), or its error raised."""
+    data = b""
+    try:
+        while True:
+            ready, _, _ = select.select([said], [], [], STORE_START_TIMEOUT)
+            if not ready:
+                raise RuntimeError(f"the rendezvous store did not open within "
+                                   f"{STORE_START_TIMEOUT:.0f} s")
+            chunk = os.read(said, 4096)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(said)
+    text = data.decode(errors="replace")
+    if not text.isdigit():
+        raise RuntimeError(text or "the rendezvous store's process ended without a port")
+    return int(text)
+
+
+HEARTBEAT_INTERVAL = 1.0
+
+
+class _ActiveRanks:
+    """The ranks running in this process, for heartbeats."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ranks: set[int] = set()
+
+    def add(self, rank: int) -> None:
+        with self._lock:
+            self._ranks.add(rank)
+
+    def remove(self, rank: int) -> None:
+        with self._lock:
+            self._ranks.discard(rank)
+
+    def snapshot(self) -> list[int]:
+        with self._lock:
+            return sorted(self._ranks)
+
+
+_active = _ActiveRanks()
+_heartbeat_pid: int | None = None
+_heartbeat_lock = threading.Lock()
+
+
+def _heartbeat(channel: Channel) -> None:
+    """The heartbeat thread: forever (a daemon), every `HEARTBEAT_INTERVAL` s, one `Heartbeat`
+    per rank running in this process, so that a frozen process is told from a busy one."""
+    while True:
+        time.sleep(HEARTBEAT_INTERVAL)
+        for rank in _active.snapshot():
+            channel.send(Heartbeat(rank=rank))
+
+
+def start_heartbeat(channel: Channel) -> None:
+    """One heartbeat thread in each process that runs ranks (xmp.spawn's pool processes too:
+    a forked child has none of its parent's threads)."""
+    global _heartbeat_pid
+    with _heartbeat_lock:
+        if _heartbeat_pid == os.getpid():
+            return
+        _heartbeat_pid = os.getpid()
+        threading.Thread(
+            target=_heartbeat, args=(channel,), name="hfxla_nb-heartbeat", daemon=True
+        ).start()
+
+
+def _after_fork_in_child() -> None:
+    # A lock that a parent's thread held at the fork stays held in the child forever: the
+    # heartbeat's snapshot could leave `_active` locked, and the child's first rank would hang
+    # before it even said it started.
+    global _active, _heartbeat_lock
+    _active = _ActiveRanks()
+    _heartbeat_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def rank_started(rank: int) -> None:
+    """`rank` runs in this process now: the heartbeat names it."""
+    _active.add(rank)
+
+
+def rank_ended(rank: int) -> None:
+    """`rank` ended: the heartbeat no longer names it."""
+    _active.remove(rank)

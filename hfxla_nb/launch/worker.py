@@ -20,13 +20,14 @@ the child.
 from __future__ import annotations
 
 import faulthandler
+import math
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import _xla
@@ -36,19 +37,240 @@ from ..events import (
     Finished,
     ProcessesStopped,
     ProcessExited,
+    Progress,
     Started,
     attach_worker,
+    worker_rank,
 )
-from ..observe import reporting, reshards, tracing, user_frames
+from ..observe import metrics, reporting, tracing
+from ..observe import tracing as user_frames
 from ..runtime import compile_cache
-from . import library_warnings, rank_env, rendezvous
-from .accelerate_state import gloo_world_for_accelerate
-from .event_stream import EventStream, drain_output
-from .heartbeat import rank_ended, rank_started, start_heartbeat
-from .native_output import route_this_process
-from .parent_watch import die_with_parent, exit_process, watch_kernel
-from .processes import LEFTOVER_GRACE, become_subreaper, stop_descendants
-from .script_mode import cell_numbers, finish_like_a_script, leave_the_notebook
+from . import output, processes
+from .accelerate import gloo_world_for_accelerate
+from .output import EventStream, drain_output, route_this_process
+from .processes import (
+    LEFTOVER_GRACE,
+    become_subreaper,
+    die_with_parent,
+    exit_process,
+    rank_ended,
+    rank_started,
+    start_heartbeat,
+    stop_descendants,
+    watch_kernel,
+)
+
+NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+
+
+def rank_variables(rank: int, local_rank: int, world: int,
+                   local_world: int | None = None) -> dict[str, str]:
+    """The four variables of one rank."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world if local_world is None else local_world)}
+
+
+def tpu_rank_variables(environ: Mapping[str, str]) -> dict[str, str] | None:
+    """A TPU process's variables from those torch_xla sets in each process of `xmp.spawn`
+    (`PJRT_LOCAL_PROCESS_RANK`/`_COUNT`, `CLOUD_TPU_TASK_ID`: the process's index in the
+    slice, `TPU_PROCESS_BOUNDS`: the slice's processes as a mesh); None where they are not
+    set (not a TPU process of xmp.spawn)."""
+    local = environ.get("PJRT_LOCAL_PROCESS_RANK")
+    if local is None or not local.strip().isdigit():
+        return None
+    local_rank = int(local)
+    local_world = int(environ.get("PJRT_LOCAL_PROCESS_COUNT", "1") or 1)
+    task = environ.get("CLOUD_TPU_TASK_ID", "")
+    rank = int(task) if task.strip().isdigit() else local_rank
+    bounds = environ.get("TPU_PROCESS_BOUNDS", "")
+    try:
+        world = math.prod(int(dim) for dim in bounds.split(",")) if bounds else local_world
+    except ValueError:
+        world = local_world
+    return rank_variables(rank, local_rank, max(world, rank + 1), local_world)
+
+
+def set_process_variables(variables: Mapping[str, str]) -> None:
+    """The variables of a process that runs exactly one rank."""
+    os.environ.update(variables)
+
+
+class _PerThreadEnviron(dict):
+    """`os.environ`'s storage (bytes -> bytes), answering `NAMES` with the calling rank
+    thread's own values; every other name, and other threads, as before."""
+
+    local = threading.local()
+
+    def __getitem__(self, key: bytes) -> bytes:
+        values = getattr(self.local, "values", None)
+        if values is not None and key in values:
+            return values[key]
+        return super().__getitem__(key)
+
+
+def set_thread_variables(variables: Mapping[str, str]) -> None:
+    """The variables of the calling rank thread (a process running several ranks): Python
+    code reading `os.environ` in this thread sees them; the process's own values (the
+    first rank's) are what native code and other threads see."""
+    storage = getattr(os.environ, "_data", None)
+    if not isinstance(storage, dict):  # another Python's os.environ: the process's only
+        for name, value in variables.items():
+            os.environ.setdefault(name, value)
+        return
+    if not isinstance(storage, _PerThreadEnviron):
+        storage = _PerThreadEnviron(storage)
+        os.environ._data = storage  # type: ignore[attr-defined]
+    for name, value in variables.items():
+        os.environ.setdefault(name, value)  # the names exist for iteration and copies
+    _PerThreadEnviron.local.values = {
+        os.environ.encodekey(name): os.environ.encodevalue(value)  # type: ignore[attr-defined]
+        for name, value in variables.items()}
+
+
+#: A bar reports at most this often (tqdm's own refresh is throttled too); its end always.
+BAR_INTERVAL = 0.2
+
+
+def leave_the_notebook(channel: Channel) -> None:
+    """Make this (forked) process a script as far as notebook machinery goes."""
+    _forget_shell()
+    _route_kernel_streams()
+    _silence_kernel_session()
+    _bars_become_events(channel)
+    _text_progress_for_trainer()
+
+
+def cell_numbers() -> dict[str, int]:
+    """IPython's file name of each notebook cell -> its execution count (`In [5]`), so that a
+    frame in a cell can be named "cell 5"; {} outside IPython (IPython 7 puts the count in
+    the name itself: `<ipython-input-5-...>`)."""
+    shell_module = sys.modules.get("IPython.core.interactiveshell")
+    shell = getattr(getattr(shell_module, "InteractiveShell", None), "_instance", None)
+    names = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    return {str(name): int(count) for name, count in names.items()} if names else {}
+
+
+def _forget_shell() -> None:
+    shell_module = sys.modules.get("IPython.core.interactiveshell")
+    if shell_module is not None:
+        shell_module.InteractiveShell.clear_instance()
+
+
+def _route_kernel_streams() -> None:
+    """ipykernel's `OutStream`s (held by loggers and libraries since the kernel started)
+    write into this process's `sys.stdout` / `sys.stderr` instead of the kernel's socket."""
+    iostream = sys.modules.get("ipykernel.iostream")
+    if iostream is None:
+        return
+
+    def write(self: Any, text: str) -> int:
+        target = sys.stderr if getattr(self, "name", "") == "stderr" else sys.stdout
+        if isinstance(target, iostream.OutStream):  # never loop back into the kernel
+            return len(text)
+        return target.write(text)
+
+    iostream.OutStream.write = write
+    iostream.OutStream.flush = lambda self: None
+
+
+def _silence_kernel_session() -> None:
+    """Messages to the kernel's sockets (display data, comm and widget messages) are dropped
+    before jupyter_client would warn about them."""
+    session = sys.modules.get("jupyter_client.session")
+    if session is not None:
+        session.Session.send = lambda self, *args, **kwargs: None
+
+
+def _bars_become_events(channel: Channel) -> None:
+    """Patch tqdm's classes themselves, so that every bar, including subclasses defined by
+    libraries at import time and names bound in notebook cells, sends `Progress` events."""
+    try:
+        import tqdm.std as std
+    except ImportError:
+        return
+    devnull = open(os.devnull, "w")  # noqa: SIM115 - one for the life of the process
+    original_init = std.tqdm.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs.pop("display", None)  # tqdm.notebook's own argument
+        kwargs["file"] = devnull
+        self._hfxla_sent = 0.0
+        original_init(self, *args, **kwargs)
+
+    def display(self: Any, msg: str | None = None, pos: int | None = None, **_: Any) -> bool:
+        now = time.monotonic()
+        finished = self.total is not None and self.n >= self.total
+        if not finished and now - getattr(self, "_hfxla_sent", 0.0) < BAR_INTERVAL:
+            return True
+        self._hfxla_sent = now
+        channel.send(_bar_event(self))
+        return True
+
+    def close(self: Any) -> None:
+        if not getattr(self, "disable", True) and not getattr(self, "_hfxla_closed", False):
+            self._hfxla_closed = True
+            channel.send(_bar_event(self))
+        original_close(self)
+
+    original_close = std.tqdm.close
+    std.tqdm.__init__ = __init__
+    std.tqdm.display = display
+    std.tqdm.close = close
+    notebook = sys.modules.get("tqdm.notebook")
+    if notebook is not None:
+        # The notebook bar would build widgets: it behaves as the (patched) text bar instead.
+        for name in ("__init__", "display", "close", "clear", "reset", "__iter__", "update",
+                     "__repr__"):
+            setattr(notebook.tqdm_notebook, name, getattr(std.tqdm, name))
+
+
+def _bar_event(bar: Any) -> Progress:
+    values = {}
+    postfix = getattr(bar, "postfix", None)
+    if isinstance(postfix, dict):
+        values = {k: float(v) for k, v in postfix.items() if _is_number(v)}
+    return Progress(
+        rank=worker_rank(),
+        step=int(bar.n),
+        total=int(bar.total) if bar.total else None,
+        values=values,
+        label=str(bar.desc or "tqdm").rstrip(": ") or "tqdm",
+    )
+
+
+def _text_progress_for_trainer() -> None:
+    """transformers chose `NotebookProgressCallback` at import, in the kernel; in a worker
+    it would display HTML nobody sees. Its text callback uses tqdm, which reports events."""
+    trainer = sys.modules.get("transformers.trainer")
+    callbacks = sys.modules.get("transformers.trainer_callback")
+    if trainer is not None and callbacks is not None:
+        trainer.DEFAULT_PROGRESS_CALLBACK = callbacks.ProgressCallback
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return not isinstance(value, bool)
+
+
+def finish_like_a_script(failed: bool = False) -> None:
+    """What a script's exit does that the worker's `os._exit` skips: a W&B run left open is
+    finished, and W&B's service process stopped (W&B's `atexit` hook does both in a script).
+    The Trainer's `report_to="wandb"` never finishes its run: without this, the run's data
+    was lost with the worker, its service killed with the launch's processes. W&B is not
+    imported here: only a worker that imported it has a run to finish."""
+    wandb = sys.modules.get("wandb")
+    run = getattr(wandb, "run", None)
+    if run is None:
+        return
+    try:
+        run.finish(exit_code=1 if failed else 0)
+        wandb.teardown()
+    except Exception as error:  # noqa: BLE001 - the function's outcome matters more
+        print(f"hfxla_nb: could not finish the W&B run: {error!r}", file=sys.stderr)
+
 
 # The notebook's cell file names -> execution counts, read before the shell is cleared.
 _cells: dict[str, int] = {}
@@ -123,7 +345,7 @@ def run_rank(
     """Run the user's function as `rank`, reporting its start and its outcome."""
     route_this_process(channel)
     attach_worker(channel, rank)
-    library_warnings.install(channel)  # after attach: each warning names its rank
+    output.install(channel)  # after attach: each warning names its rank
     start_heartbeat(channel)
     _run_backward_on_this_thread()
     rank_started(rank)
@@ -195,13 +417,13 @@ def _replicated_entry(index: int) -> None:
     channel, world, function, args, pass_index, supervisor = _replicated_job
     if os.getpid() != supervisor:  # a pool process of xmp.spawn, not the supervisor itself
         die_with_parent(signal.SIGTERM)  # for a supervisor killed (parent_watch.py)
-    variables = rank_env.tpu_rank_variables(os.environ)  # torch_xla's, in a TPU process
+    variables = tpu_rank_variables(os.environ)  # torch_xla's, in a TPU process
     if _xla.process_device_count() == 1:
-        rank_env.set_process_variables(
-            variables or rank_env.rank_variables(_xla.global_ordinal(), index, world))
+        set_process_variables(
+            variables or rank_variables(_xla.global_ordinal(), index, world))
     else:  # rank threads of one process (XLA:CPU, TPU v2/v3): each has its own
-        rank_env.set_thread_variables(
-            rank_env.rank_variables(_xla.global_ordinal(), index, world))
+        set_thread_variables(
+            rank_variables(_xla.global_ordinal(), index, world))
     run_rank(channel, index, world, function, args, pass_index)
 
 
@@ -236,7 +458,7 @@ def supervise(
         prepare_process(channel, output_fds, env)
         if strategy == "spmd":
             _xla.use_spmd()
-            reshards.watch(_cells)  # a tensor sharded after use: named by its line
+            metrics.watch(_cells)  # a tensor sharded after use: named by its line
             set_rank_variables(0, 0, 1)
             run_rank(channel, 0, world, function, args, pass_index)
         elif strategy == "replicated":
@@ -379,9 +601,9 @@ def _run_debug(
                 die_with_parent(signal.SIGTERM)
                 set_rank_variables(rank, rank, world)
                 route_this_process(channel, rank)  # gloo's own messages carry the rank too
-                if (port := rendezvous.read_port(ports)) is None:  # the supervisor says why
+                if (port := processes.read_port(ports)) is None:  # the supervisor says why
                     os._exit(1)
-                rendezvous.join_gloo(rank, world, address, port)
+                processes.join_gloo(rank, world, address, port)
                 gloo_world_for_accelerate()  # PartialState(): this group, not XLA's 1 process
                 run_rank(channel, rank, world, function, args, pass_index)
             except BaseException as error:  # noqa: BLE001
@@ -393,12 +615,12 @@ def _run_debug(
         pids[pid] = rank
     os.close(ports)
     try:
-        store = rendezvous.open_store(int(env["MASTER_PORT"]))
+        store = processes.open_store(int(env["MASTER_PORT"]))
     except BaseException:
         os.close(port_write)  # the ranks leave; the error is the launch's
         raise
     os.environ["MASTER_PORT"] = str(store.port)  # the supervisor's (and accelerate's) view
-    rendezvous.send_port(port_write, int(store.port), world)
+    processes.send_port(port_write, int(store.port), world)
     worst = 0
     while pids:
         pid, status = os.wait()
@@ -409,5 +631,3 @@ def _run_debug(
             channel.send(event)
             worst = 1
     return worst
-
-

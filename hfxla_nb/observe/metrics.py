@@ -20,13 +20,70 @@ hits), executions from `ExecuteTime` / `ExecuteReplicatedTime` (SPMD), transfers
 
 from __future__ import annotations
 
+import os
+import threading
+import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import _xla
 from .._xla import FALLBACK_PREFIX, ITEM_OP
-from . import reshards
-from .compile_records import Frame
+from .tracing import Frame, locate
+
+_lock = threading.Lock()
+_counts: dict[tuple[str, str, int, int | None], int] = {}  # (function, file, line, cell) -> n
+_pid: int | None = None
+
+
+def watch(cells: Mapping[str, int] | None = None) -> None:
+    """From now on, count in this process each `xs.mark_sharding` that copied its tensor to the
+    host, under the user's line that called it (`cells` names notebook cells)."""
+    global _pid
+    names = dict(cells or {})
+    with _lock:
+        if _pid == os.getpid():
+            return
+        _pid = os.getpid()
+        _counts.clear()
+
+    def copied(transfers: int) -> None:
+        stack = traceback.extract_stack()[:-2]  # without this function and the wrapper
+        frames = [Frame(entry.name, entry.filename, entry.lineno or 0,
+                        names.get(entry.filename)) for entry in reversed(stack)]
+        where, via = locate(frames)
+        frame = where or via
+        if frame is None:
+            return
+        key = (frame.function, frame.file, frame.line, frame.cell)
+        with _lock:
+            _counts[key] = _counts.get(key, 0) + transfers
+
+    _xla.watch_mark_sharding(copied)
+
+
+def data() -> list[dict[str, Any]]:
+    """The counts so far (plain data, for a snapshot): one dict per line, most first."""
+    with _lock:
+        if _pid != os.getpid():
+            return []
+        items = sorted(_counts.items(), key=lambda item: -item[1])
+    return [{"function": function, "file": file, "line": line, "cell": cell, "count": count}
+            for (function, file, line, cell), count in items]
+
+
+def sites(snapshot_reshards: list[dict[str, Any]] | None) -> list[tuple[Frame, int]]:
+    """A snapshot's "reshards" back as (frame, copies), most first; malformed entries skipped."""
+    found = []
+    for entry in snapshot_reshards or []:
+        try:
+            frame = Frame(str(entry["function"]), str(entry["file"]), int(entry["line"]),
+                          None if entry.get("cell") is None else int(entry["cell"]))
+            found.append((frame, int(entry["count"])))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return sorted(found, key=lambda pair: -pair[1])
+
 
 # PyTorch/XLA's own debug analysis (PT_XLA_DEBUG_LEVEL) judges rates only after 10 steps.
 WARMUP_STEPS = 10
@@ -303,7 +360,7 @@ def summarize(
         input_shapes=dict(data.get("input_shapes") or {}),
     )
     summary.cache = _cache(counters, data.get("compile_cache"))
-    summary.reshards = reshards.sites(data.get("reshards"))
+    summary.reshards = sites(data.get("reshards"))
     summary.steps_from_syncs = from_syncs and steps is not None
     process = data.get("process") or {}
     summary.ranks = max(len(process.get("ranks") or ()), 1)
@@ -324,3 +381,152 @@ def summarize(
         summary.steps_after_warmup = max(steps - warmup_step, 0)
     return summary
 
+
+# How many distinct shapes one input lists in a `ShapeTracker` (the rest are only counted)...
+MAX_SHAPES_PER_INPUT = 16
+# ... exactly up to this many more (past it, the count is a lower bound): bounded memory.
+MAX_SHAPES_COUNTED = 4096
+# More distinct shapes than this for one input gets an alert even when every compilation
+# happened during warm-up. A few fixed bucket lengths are the recommended fix itself
+# (`hfxla_nb.data` pads to at most 3 buckets), so up to 3 shapes stay quiet.
+MAX_QUIET_SHAPES = 3
+
+
+class ShapeTracker:
+    """Remembers the distinct shapes each named input had, cheaply (a dict lookup per input).
+
+    `record(step, {"input_ids": (16, 64), ...})` per step; `data()` gives
+    `{name: [{"shape": [16, 64], "first": step, "last": step, "count": n}, ...]}` in order of
+    first appearance, which the analyzer uses to say which input's shape changed. Thread-safe.
+
+    Storage is bounded: the first `MAX_SHAPES_PER_INPUT` shapes of an input are listed; later
+    ones are only counted (exactly up to `MAX_SHAPES_COUNTED` more) in one last entry
+    `{"shape": ["..."], "first", "last", "count", "more": how many more distinct shapes,
+    "exact": whether "more" is exact}`. Read the data with `input_shapes_of`.
+    """
+
+    def __init__(self) -> None:
+        self._shapes: dict[str, dict[tuple, dict[str, Any]]] = {}
+        self._unlisted: dict[str, set] = {}  # distinct shapes past the listed ones (bounded)
+        self._overflow: dict[str, dict[str, Any]] = {}  # the steps that had unlisted shapes
+        self._lock = threading.Lock()
+
+    def record(self, step: int, shapes: dict[str, tuple]) -> bool:
+        """Record this step's shapes; returns whether any input showed a shape not seen before."""
+        new = False
+        with self._lock:
+            for name, shape in shapes.items():
+                seen = self._shapes.setdefault(name, {})
+                entry = seen.get(shape)
+                if entry is None and len(seen) < MAX_SHAPES_PER_INPUT:
+                    entry = seen[shape] = {"shape": list(shape), "first": step, "count": 0}
+                    new = new or len(seen) > 1
+                elif entry is None:  # too many to list: count the rest
+                    entry = self._overflow.get(name)
+                    if entry is None:
+                        entry = self._overflow[name] = {
+                            "shape": ["..."], "first": step, "count": 0, "more": 0, "exact": True,
+                        }
+                    unlisted = self._unlisted.setdefault(name, set())
+                    if shape not in unlisted:
+                        new = True
+                        if len(unlisted) < MAX_SHAPES_COUNTED:
+                            unlisted.add(shape)
+                            entry["more"] = len(unlisted)
+                        else:
+                            entry["exact"] = False
+                entry["count"] += 1
+                entry["last"] = step
+        return new
+
+    def data(self) -> dict[str, list[dict[str, Any]]]:
+        """A picklable copy of what was recorded."""
+        with self._lock:
+            result = {}
+            for name, seen in self._shapes.items():
+                entries = [dict(entry) for entry in seen.values()]
+                if name in self._overflow:
+                    entries.append(dict(self._overflow[name]))
+                result[name] = entries
+            return result
+
+
+def shape_text(shape: tuple) -> str:
+    """"(16, 64)" for a shape."""
+    return "(" + ", ".join(str(size) for size in shape) + ")"
+
+
+@dataclass(frozen=True)
+class InputShapes:
+    """The shapes one input had: the first ones seen (listed) and how many in all.
+
+    Attributes:
+        shapes: the listed shapes, in order of first appearance.
+        first_steps: the step at which each listed shape first appeared.
+        distinct: how many distinct shapes the input had (at least `len(shapes)`).
+        exact: False when there were so many that `distinct` is only a lower bound.
+    """
+
+    shapes: list[tuple]
+    first_steps: list[int | None]
+    distinct: int
+    exact: bool = True
+
+    @property
+    def more(self) -> int:
+        """How many distinct shapes are not listed."""
+        return max(self.distinct - len(self.shapes), 0)
+
+    def count_text(self) -> str:
+        """`23 different shapes`, or `more than 4112 different shapes`."""
+        return f"{'' if self.exact else 'more than '}{self.distinct} different shapes"
+
+    def listed_text(self, limit: int) -> str:
+        """`(9, 8), (10, 8), (11, 8) and 20 more`: the first `limit` shapes, then how many
+        were not shown."""
+        if self.distinct == limit + 1:
+            limit += 1  # "and 1 more" says less than the shape itself
+        shown = self.shapes[:limit]
+        text = ", ".join(shape_text(shape) for shape in shown)
+        rest = self.distinct - len(shown)
+        if rest > 0:
+            text += f" and {'' if self.exact else 'over '}{rest} more"
+        return text
+
+
+def input_shapes_of(data: dict[str, list[dict[str, Any]]] | None) -> dict[str, InputShapes]:
+    """`ShapeTracker.data()` (or a snapshot's `input_shapes`) as `{name: InputShapes}`."""
+    result = {}
+    for name, entries in (data or {}).items():
+        shapes, first_steps, distinct, exact = [], [], 0, True
+        for entry in entries:
+            if list(entry.get("shape", [])) == ["..."]:  # the shapes that were not listed
+                distinct += int(entry.get("more", 1))
+                exact = exact and "more" in entry and bool(entry.get("exact", True))
+                continue
+            shapes.append(tuple(entry["shape"]))
+            first_steps.append(entry.get("first"))
+            distinct += 1
+        result[name] = InputShapes(shapes, first_steps, distinct, exact)
+    return result
+
+
+def shapes_of(inputs: Any) -> dict[str, tuple]:
+    """`{name: shape}` for the tensors (anything with `.shape`) in a dict or batch; no sync."""
+    items = inputs.items() if hasattr(inputs, "items") else ()
+    shapes = {}
+    for name, value in items:
+        shape = getattr(value, "shape", None)
+        if shape is None:
+            continue
+        try:
+            shapes[str(name)] = tuple(int(size) for size in shape)
+        except (TypeError, ValueError):  # symbolic sizes: keep their text
+            shapes[str(name)] = tuple(str(size) for size in shape)
+    return shapes
+
+
+def shape_changes(input_shapes: dict[str, list[dict[str, Any]]] | None) -> dict[str, InputShapes]:
+    """`{name: InputShapes}` for every input that was seen with more than one shape."""
+    return {name: info for name, info in input_shapes_of(input_shapes).items()
+            if info.distinct > 1}

@@ -25,10 +25,10 @@ _EXPORTS = {
                      "accelerator_from_facts", "cpu_device_count", "detect_accelerator",
                      "find_device_holders", "generation_from_accelerator_type",
                      "scan_device_files", "scan_gpus", "scan_pci", "tpu_generation"),
-                    "hardware"),
+                    "environment"),
     **dict.fromkeys(("RuntimeInfo", "detect"), "info"),
-    **dict.fromkeys(("CHECKS", "Problem", "find_problems"), "problems"),
-    **dict.fromkeys(("StoppedLaunch",), "stopped_launches"),
+    **dict.fromkeys(("CHECKS", "Problem", "find_problems"), "info"),
+    **dict.fromkeys(("StoppedLaunch",), "info"),
 }
 
 __all__ = sorted(_EXPORTS)

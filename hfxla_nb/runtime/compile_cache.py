@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _xla
 
 if TYPE_CHECKING:
-    from .hardware import Accelerator
+    from .environment import Accelerator
 
 #: What `configure(compile_cache=...)` sets: a folder, "on" (the default folder) or "off".
 SETTING = "HFXLA_NB_COMPILE_CACHE"

@@ -7,7 +7,7 @@ from collections.abc import MutableMapping
 
 from .. import _xla
 from . import compile_cache as cache
-from .hardware import Accelerator, detect_accelerator
+from .environment import Accelerator, detect_accelerator
 
 DEVICES = ("auto", "tpu", "cpu")
 

@@ -18,7 +18,7 @@ _EXPORTS = {
     "TrainPlan": "plan",
     "compute_metrics": "worker.evaluate",
     "fine_tune": "finetune",
-    "prepare_fine_tune": "kernel.prepare",
+    "prepare_fine_tune": "prepare",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .kernel.data import DataError
+from .data import DataError
 
 #: Bucket lengths are multiples of this (TPU tiles like multiples of 8).
 LENGTH_MULTIPLE = 8

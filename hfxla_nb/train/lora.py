@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import FineTuneError
-from .lora_sizing import LORA_DEFAULTS
+from .memory import LORA_DEFAULTS
 
 #: Where the adapter goes inside `output_dir` (and inside each checkpoint).
 ADAPTER_DIR = "adapter"
@@ -54,8 +54,8 @@ def lora_settings(lora: Any, model: Any, model_config: Any,
     """
     if lora is None or lora is False:
         return None
-    from .lora_sizing import default_lora_rank, lora_parameter_count
-    from .model_facts import model_facts as _model_facts
+    from .memory import default_lora_rank, lora_parameter_count
+    from .memory import model_facts as _model_facts
 
     peft = require_peft()
     settings = _requested(lora, peft, default_lora_rank(model_config))

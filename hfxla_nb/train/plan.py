@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .precision import resolve_precision as resolve_precision  # its old import path
+from .config import resolve_precision as resolve_precision  # its old import path
 
 if TYPE_CHECKING:
     from .batching import EncodedData
-    from .memory_plan import MemoryPlan
+    from .memory import MemoryPlan
 
 
 @dataclass

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._words import plural
-from .config import FineTuneError
-from .generation_options import is_conversation, model_generation_config
-from .kernel import sources
+from . import preparation
+from .config import FineTuneError, is_conversation, model_generation_config
 from .plan import TrainPlan
-from .tasks.registry import AUTO, DEFAULT_TASK, TASKS, plain_prediction_table
+from .tasks import AUTO, DEFAULT_TASK, TASKS, plain_prediction_table
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -53,7 +52,7 @@ class PredictContext:
 class Predictions(list):
     """One prediction (a dict) per input, in order; `to_dataframe()` makes a table of them.
 
-    In a notebook it is drawn as that table, its values rounded (`hfxla_nb.ui.formatters`);
+    In a notebook it is drawn as that table, its values rounded (`hfxla_nb.ui.panels`);
     the dicts and `to_dataframe()` keep them exact.
 
     Attributes:
@@ -179,7 +178,7 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
                            tokenizer=tokenizer, num_processes=num_processes,
                            allow_no_answer=allow_no_answer, max_new_tokens=max_new_tokens,
                            top_k=top_k, generation_config=generation_config, **generation)
-    from .worker.predict_worker import predict_worker
+    from .worker.evaluate import predict_worker
 
     raw = notebook_launcher(predict_worker, args=(plan,), num_processes=plan.devices,
                             strategy="spmd", progress=progress, timeout=timeout)
@@ -199,12 +198,12 @@ def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
                     generation_config: Any = None, **generation: Any) -> TrainPlan:
     """Everything `predict` does before forking; returns the worker's plan (a `TrainPlan`
     with the inputs as its evaluation split, no training)."""
-    source, model_config, _, _ = sources.model_source(model)
+    source, model_config, _, _ = preparation.model_source(model)
     if task != AUTO and task not in TASKS:
         raise FineTuneError(f"task={task!r} is not one of {', '.join(map(repr, TASKS))}.")
     # Every head counts: fine_tune keeps "auto" a classifier for a ...ForMaskedLM (pretrained
     # encoders are saved so); predicting, a classification head it does not have is random.
-    task = sources.resolve_task(task, model, model_config, every_head=True) or DEFAULT_TASK
+    task = preparation.resolve_task(task, model, model_config, every_head=True) or DEFAULT_TASK
     taken = TASKS[task].generation_options
     if top_k is not None and "top_k" in taken:  # a generating task's top_k is the sampler's
         generation = {**generation, "top_k": top_k}
@@ -223,7 +222,7 @@ def prepare_predict(model: Any, inputs: Any, task: str = "auto", *,
                              allow_no_answer, max_new_tokens, top_k, generation_config,
                              generation)
     encoded = TASKS[task].prepare_predict(inputs, context, max_length)
-    devices = sources.device_count(num_processes)
+    devices = preparation.device_count(num_processes)
     batch_size = int(batch_size or default_batch_size(task, encoded.eval.num_rows, devices))
     if batch_size % devices:
         raise FineTuneError(f"batch_size={batch_size} does not split evenly over the {devices} "

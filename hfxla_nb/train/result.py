@@ -1,25 +1,131 @@
 """`FineTuneResult`: what a `fine_tune` run did and where its model is (plain data).
 
-It is drawn by `hfxla_nb.ui.finetune_panel` (HTML in a notebook, text elsewhere).
+It is drawn by `hfxla_nb.ui.panels` (HTML in a notebook, text elsewhere).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .held_model import HeldModel, save_model
-from .learning import (  # re-exported: read with the result
-    CHANCE_MARGIN,  # noqa: F401
-    MIN_LOSS_DROP,  # noqa: F401
-    learning_warnings,  # noqa: F401
-)
-from .quiet_loading import quiet_loading
-from .tasks.registry import TASKS
-from .worker import checkpoint as ckpt
+from ..launch.output import quiet_loading
+from .memory import on_meta
+from .tasks import TASKS
+from .worker import saving as ckpt
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+
+@dataclass
+class HeldModel:
+    """The trained model in memory, as the worker returned it.
+
+    Attributes:
+        state_dict: the model's state on the CPU (with LoRA: the adapters merged in).
+        config: its transformers config.
+        tokenizer: the tokenizer the run used.
+    """
+
+    state_dict: dict[str, torch.Tensor]
+    config: PretrainedConfig
+    tokenizer: PreTrainedTokenizerBase | None = None
+
+    def model(self, auto_class: str, **kwargs: Any) -> PreTrainedModel:
+        """The model on the CPU, built from the config by `transformers.<auto_class>` with the
+        held weights (buffers that are not saved, such as position ids, made as usual).
+
+        Args:
+            auto_class: the task's Auto class name ("AutoModelForSequenceClassification").
+            kwargs: passed to `from_config`.
+        """
+        import transformers
+
+        model = getattr(transformers, auto_class).from_config(self.config, **kwargs)
+        model.load_state_dict(self.state_dict, strict=False, assign=True)
+        model.tie_weights()  # assigned one by one, tied weights are two tensors again
+        return model.eval()
+
+    def write(self, folder: Path, auto_class: str) -> None:
+        """`save_pretrained` files of the model and the tokenizer into `folder`."""
+        import transformers
+
+        # only the class and the config: the weights are ours
+        shell = on_meta(getattr(transformers, auto_class), self.config)
+        shell.save_pretrained(folder, state_dict=self.state_dict)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(folder)
+
+
+def save_model(folder: str | os.PathLike, summary: dict[str, Any], auto_class: str,
+               output_dir: str | None, held: HeldModel | None) -> Path:
+    """Write a run's model to `folder`, atomically: a copy of `output_dir` (a fallback
+    folder), or the `held` model; with the run's `summary` (its `output_dir` the new folder).
+
+    Args:
+        folder: a new or empty folder.
+        summary: the result's data (`FineTuneResult.to_dict()`).
+        auto_class: the task's Auto class name.
+        output_dir: the folder the model is in now, or None when it is `held`.
+        held: the model in memory, or None.
+
+    Returns:
+        The folder, absolute.
+
+    Raises:
+        FileNotFoundError: there is no model to write.
+        FileExistsError: `folder` exists and is not empty.
+    """
+    target = Path(os.fspath(folder)).expanduser().absolute()
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise FileExistsError(f"{target} exists and is not an empty folder; pass a new one.")
+    if held is None and output_dir is None:
+        raise FileNotFoundError("this run saved no model (output_dir was None).")
+    with ckpt.atomic_folder(target) as tmp:
+        if held is not None:
+            with quiet_loading():  # no "Writing model shards" bar left in the cell
+                held.write(tmp, auto_class)
+        else:
+            shutil.copytree(output_dir, tmp, dirs_exist_ok=True)
+        ckpt.write_json(tmp / ckpt.RUN_FILE, {**summary, "output_dir": str(target)})
+    return target
+
+
+# Evaluation accuracy within this of always predicting the most frequent label is "at chance".
+CHANCE_MARGIN = 0.02
+# A training loss that fell by less than this share from its first logged value learned little.
+MIN_LOSS_DROP = 0.05
+
+
+def learning_warnings(loss_history: list, metrics: dict[str, float],
+                      chance: float | None) -> list[str]:
+    """Signs that a fine-tune learned nothing, each with its likely causes.
+
+    Args:
+        loss_history: `(step, loss)` pairs as logged.
+        metrics: the evaluation metrics (`eval_accuracy` is read).
+        chance: the accuracy of always predicting the most frequent label.
+    """
+    signs = []
+    accuracy = metrics.get("eval_accuracy")
+    if accuracy is not None and chance is not None and accuracy <= chance + CHANCE_MARGIN:
+        signs.append(f"the evaluation accuracy {accuracy:.3f} is at chance level ({chance:.3f} "
+                     "by always predicting the most frequent label)")
+    if len(loss_history) >= 2:
+        first, last = float(loss_history[0][1]), float(loss_history[-1][1])
+        if first > 0 and (first - last) / first < MIN_LOSS_DROP:
+            signs.append(f"the training loss fell only {max(first - last, 0) / first:.0%} "
+                         f"({first:.3f} -> {last:.3f})")
+    if not signs:
+        return []
+    return ["The model learned little: " + " and ".join(signs) + ". Likely causes: a learning "
+            "rate too low (or so high that the loss cannot fall), too few epochs or steps, or "
+            "labels that do not match the texts (a wrong label_column, shuffled labels)."]
 
 
 @dataclass
@@ -307,11 +413,7 @@ class FineTuneResult:
                              f"{self.task} fine-tune (use load_model() and predict).")
         import torch
 
-        from .generation_options import (
-            model_generation_config,
-            prompt_rows,
-            resolve_options,
-        )
+        from .config import model_generation_config, prompt_rows, resolve_options
         from .worker.generation import (
             Streamer,
             cpu_hooks,
@@ -381,4 +483,3 @@ class FineTuneResult:
 
     def _unsaved(self) -> str:
         return "memory (result.save(folder) writes it)" if self.held_model else "None"
-

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 from html import escape
 
-from ..observe.analyzer import Alert
-from ..observe.metrics import XlaSummary, xla_exceeds_wall
-from ..observe.shapes import shape_changes
+from ..observe.alerts import Alert
+from ..observe.metrics import XlaSummary, shape_changes, xla_exceeds_wall
 from ..states import BarState, PanelState
-from . import text, units
-from .compilations import compilations_html
-from .state import BarView, LaunchView
-from .table_style import (
+from . import state, text
+from .state import (
     AMBER,
     BLUE,
     BOX,
@@ -31,12 +28,16 @@ from .table_style import (
     RED,
     TEXT,
     TRACK,
+    BarView,
+    LaunchView,
     heading,
     label_row,
+    panel,
     table,
     text_color,
     themed,
 )
+from .text import compilations_html
 
 STATUS_COLORS = {PanelState.STARTING: GREY, PanelState.RUNNING: BLUE,
                  PanelState.FINISHED: GREEN, PanelState.FAILED: RED}
@@ -172,14 +173,14 @@ def chart_html(bars: list[BarView], summary: XlaSummary | None = None) -> str:
             parts.append(
                 f'<span style="{MUTED}">loss</span> '
                 f"{_sparkline_or_blank(bar.losses, SERIES['loss'])} "
-                f"{escape(units.number(bar.losses[-1]))}"
+                f"{escape(state.number(bar.losses[-1]))}"
             )
         if bar.step_times:
             label, means, seconds = text.step_time_label(bar)
             parts.append(  # wall clock: the metrics' "XLA per step" is the device's share
                 f'<span style="{MUTED}" title="{escape(means)}">{escape(label)}</span> '
                 f"{_sparkline_or_blank(bar.step_times, SERIES['step time'])} "
-                f"{escape(units.duration(seconds))}"
+                f"{escape(state.duration(seconds))}"
                 + _above_wall_html(summary, seconds, means)
             )
         # each chart wraps as a whole when the output is narrow
@@ -334,3 +335,27 @@ def launch_html(view: LaunchView) -> str:
 # The panel's own box, every panel's (`table_style.BOX`); the live widget panel draws the same
 # border and padding around its parts (`widgets.PANEL_LAYOUT`), so both lay out alike.
 PANEL = BOX
+
+
+class MetricsPanel:
+    """What a piece of XLA work compiled, executed, transferred and fell back on, with alerts.
+
+    Displays as HTML in a notebook; `repr()` is the same content as text.
+    """
+
+    def __init__(self, summary: XlaSummary, alerts: list[Alert], title: str = "XLA metrics",
+                 note: str | None = None):
+        self.summary = summary
+        self.alerts = list(alerts)
+        self.title = title
+        self.note = note  # one line under the panel (what the cell changed in the kernel)
+
+    def _repr_html_(self) -> str:
+        note = note_html(f"ℹ {self.note}", BLUE) if self.note else ""
+        # The one box around the table the launch panel holds without one of its own.
+        return panel(metrics_html(self.summary, self.alerts, self.title) + note,
+                     "hfxla-metrics-panel")
+
+    def __repr__(self) -> str:
+        note = f"\nℹ {self.note}" if self.note else ""
+        return f"{self.title}\n{text.metrics_text(self.summary, self.alerts)}{note}"

@@ -8,18 +8,159 @@ the panel shows what the record says, and the two cannot disagree.
 
 from __future__ import annotations
 
+import math
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from html import escape
 
-from .._units import duration
+from .._words import data_size, duration, series
 from ..events import Event
-from ..observe.analyzer import Alert
-from ..observe.generated import StreamedRow
-from ..observe.launch_reader import LaunchReader
+from ..observe.alerts import Alert
 from ..observe.metrics import XlaSummary
-from ..states import BaseLaunchRecord, BaseRankRecord, Outcome, PanelState, RankState
-from .bar_view import BarView, aggregate, bar_view, short_bar_note
+from ..observe.reader import (
+    BarTrack,
+    LaunchReader,
+    StreamedRow,
+    bar_clock,
+    bar_state,
+    seconds_per_step,
+    steady_step_time,
+)
+from ..states import BarState, BaseLaunchRecord, BaseRankRecord, Outcome, PanelState, RankState
+
+# Points kept per bar for the charts.
+HISTORY = 200
+
+
+@dataclass
+class BarView:
+    """One progress bar, ready to draw."""
+
+    label: str
+    rank: int | None
+    step: int
+    total: int | None
+    elapsed: float
+    eta: float | None
+    rate: float | None
+    samples_rate: float | None
+    values: dict[str, float]
+    losses: list[float]
+    step_times: list[float]
+    state: BarState
+    ranks: int = 1  # how many ranks this bar stands for
+    show_rank: bool = True  # False in a one-rank launch: "[rank 0]" would say nothing
+    first_step: int | None = None  # the first step reported (0: counted from 0)
+    rank_name: str | None = None  # "host 1 rank 2" in a launch over several hosts
+    compiling: bool = False  # its first step still runs (see `observe.bars.BarClock`)
+    rate_over: str | None = None  # "steady" (after the warm-up) or "whole"; None: no rate
+    per_step: bool = False  # its rate reads as seconds per step (`seconds_per_step`)
+    waiting: bool = False  # announced, not started (the evaluation while training runs)
+    # Once it ended: the median wall time per step over the steps that compiled nothing
+    # (`observe.bars.steady_step_time`), what its chart says instead of the last step's.
+    steady_step_time: float | None = None
+
+    @property
+    def name(self) -> str:
+        """The bar's caption: its label, with the rank when bars are per rank of several."""
+        if self.rank is None:
+            return self.label if self.ranks == 1 else f"{self.label} ({self.ranks} ranks)"
+        who = self.rank_name or f"rank {self.rank}"
+        return f"{self.label} [{who}]" if self.show_rank else self.label
+
+    @property
+    def fraction(self) -> float | None:
+        """Done fraction in [0, 1], or None without a total."""
+        if not self.total:
+            return None
+        return min(max(self.step / self.total, 0.0), 1.0)
+
+
+def bar_view(bar: BarTrack, now: float, rank: RankState, show_rank: bool,
+             rank_name: str | None, compiled: list[tuple[int, int]] | None = None) -> BarView:
+    """`bar` as drawn at `now`: its time and rates as `observe.bars.bar_clock` reads them
+    (the mean over its steps after the warm-up; the whole bar's for one too short for it).
+
+    Args:
+        bar: the reader's bar.
+        now: the wall time the panel is drawn for (the launch's end once it ended).
+        rank: the state of the bar's rank.
+        show_rank: whether its caption names the rank (a launch of several ranks).
+        rank_name: "host 1 rank 2" where "rank R" is not enough, else None.
+        compiled: the spans of steps in which its process compiled
+            (`LiveMetrics.compiled_spans`), left out of an ended bar's wall time per step.
+    """
+    state = bar_state(bar, rank)
+    running = state == BarState.RUNNING
+    clock = bar_clock(bar, now, running=running)
+    steady = None
+    if not running and not bar.waiting:
+        steady = steady_step_time(bar.step_times, compiled or [], bar.origin or 0)
+    return BarView(
+        label=bar.label, rank=bar.rank, step=bar.step, total=bar.total, elapsed=clock.elapsed,
+        eta=clock.eta, rate=clock.rate, samples_rate=clock.samples_rate,
+        values=dict(bar.values), losses=bar.losses[-HISTORY:],
+        step_times=[seconds for _, seconds in bar.step_times[-HISTORY:]],
+        state=state, show_rank=show_rank, first_step=bar.first_step, rank_name=rank_name,
+        compiling=clock.compiling, rate_over=clock.over, per_step=clock.per_step,
+        waiting=bar.waiting, steady_step_time=steady,
+    )
+
+
+def short_bar_note(bar: BarView) -> str | None:
+    """Why a bar of a finished launch stopped before its total, when it did."""
+    if bar.state != BarState.SHORT or not bar.total:
+        return None
+    if bar.first_step == 0 and bar.step == bar.total - 1:
+        return (f"{bar.name} stopped at {bar.step}/{bar.total}: its steps count from 0. "
+                "Report the steps done, step=i + 1 (or enumerate(loader, start=1)).")
+    return (f"{bar.name} stopped at {bar.step}/{bar.total}: the function returned before "
+            "the total it reported.")
+
+
+def aggregate(bars: list[BarView]) -> list[BarView]:
+    """One bar per label: the slowest rank's step, the summed sample rate."""
+    by_label: dict[str, list[BarView]] = {}
+    for bar in bars:
+        by_label.setdefault(bar.label, []).append(bar)
+    merged = []
+    for label, group in by_label.items():
+        group.sort(key=lambda b: (b.rank is None, b.rank or 0))
+        slowest = min(group, key=lambda b: b.step)
+        first = group[0]
+        rates = [b.rate for b in group if b.rate is not None]
+        samples = [b.samples_rate for b in group if b.samples_rate is not None]
+        states = {b.state for b in group}
+        state = next((s for s in (BarState.FAILED, BarState.RUNNING, BarState.STOPPED,
+                                  BarState.SHORT)
+                      if s in states), BarState.DONE)
+        merged.append(BarView(
+            label=label,
+            rank=None,
+            step=slowest.step,
+            total=max((b.total for b in group if b.total is not None), default=None),
+            elapsed=max(b.elapsed for b in group),
+            eta=max((b.eta for b in group if b.eta is not None), default=None),
+            rate=min(rates) if rates else None,
+            samples_rate=sum(samples) if samples else None,
+            values=first.values,
+            losses=first.losses,
+            step_times=first.step_times,
+            state=state,
+            ranks=len(group),
+            first_step=min((b.first_step for b in group if b.first_step is not None),
+                           default=None),
+            compiling=slowest.compiling,  # the merged bar's step is the slowest rank's
+            rate_over=next((b.rate_over for b in group if b.rate_over is not None), None),
+            # The lowest rank's unit, whichever rank is slowest: one bar, one unit for the run.
+            per_step=next((b.per_step for b in group if b.rate is not None), first.per_step),
+            waiting=all(b.waiting for b in group),
+            steady_step_time=first.steady_step_time,  # the chart's, which is the first's
+        ))
+    return merged
+
 
 __all__ = ["BarView", "LaunchState", "LaunchView", "short_bar_note"]
 
@@ -239,3 +380,300 @@ def _failure_line(rank: int | None, exc_type: str, world: int,
     else:
         who = (names or {}).get(rank, f"rank {rank}") if world > 1 else "the function"
     return f"{who} raised {exc_type}" if exc_type else f"{who} failed"
+
+
+__all__ = ["duration", "number", "score", "size", "rate", "clock"]
+
+
+def number(value: float) -> str:
+    """A value to show, in at most 6 characters (a sign aside): up to 4 significant digits
+    (`0.4213`, `12.35`, `0.0014`), or 2 in short scientific form for very small or large
+    values (`1.7e-4`, `2.5e6`)."""
+    if value == 0:
+        return "0"
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    if 1e-3 <= abs(value) < 1e5:
+        for digits in (4, 3, 2):
+            text = f"{value:.{digits}g}"
+            if "e" not in text and len(text.lstrip("-")) <= 6:
+                return text
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa.removesuffix('.0')}e{int(exponent)}"
+
+
+def score(value: float) -> str:
+    """A score or metric in a table (predictions' scores, the evaluation's metrics): the one
+    rounding rule of hfxla_nb's tables, 4 decimals (`0.9877`, `0.5000`, `12.3457`), one for
+    1000 and more (`1,234.5`), so a column of them lines up."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    return f"{value:.4f}" if abs(value) < 1000 else f"{value:,.1f}"
+
+
+def size(count: int | None) -> str:
+    """Bytes in B, KiB, MiB, GiB; 'n/a' for None (`_units.data_size`, as the alerts say it)."""
+    return data_size(count)
+
+
+def rate(value: float | None, unit: str, per_step: bool | None = None) -> str:
+    """`12.3 it/s`, or `1.20 s/it` for slow steps.
+
+    Args:
+        value: per second.
+        unit: what is counted ("it": steps, which may read per step; "samples").
+        per_step: for steps, the unit the bar chose (`BarView.per_step`); None: the same rule
+            (`observe.bars.seconds_per_step`) for this value alone. The choice is never made
+            here, so a bar keeps one unit for its whole run.
+    """
+    if value is None or value <= 0:
+        return f"? {unit}/s"
+    if unit == "it" and (seconds_per_step(value) if per_step is None else per_step):
+        return f"{1 / value:.2f} s/{unit}"
+    return f"{value:.3g} {unit}/s"
+
+
+def clock(seconds: float | None) -> str:
+    """A bar's time, short: `850 ms`, `12.0 s`, then `1:05` (min:s) and `1:02:05`."""
+    if seconds is None or seconds < 59.95:
+        return duration(seconds)
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes}:{secs:02d}"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+_TILED = re.compile(r"^\{devices=\[(?P<shape>\d+(?:,\d+)*)\](?P<devices>\S+)(?P<rest>.*)\}$")
+_MAXIMAL = re.compile(r"^\{maximal device=(?P<device>\d+)\}$")
+_SUBGROUPS = re.compile(r"last_tile_dims=\{(?P<kinds>[^}]*)\}")
+_METADATA = re.compile(r"metadata=\{.*\}")
+
+
+def sharding_words(spec: str, axis: str | None = None) -> str:
+    """A sharding spec as people say it.
+
+    Args:
+        spec: XLA's text of a sharding (`{replicated}`, `{devices=[4,1]0,1,2,3}`, ...).
+        axis: the mesh axis a single cut dimension lies on, when the mesh is known to have one
+            axis of more than one device (hfxla_nb's `(devices, 1)` meshes: "fsdp", "data");
+            None: the dimension is named instead.
+
+    Returns:
+        `replicated`, `sharded 4 ways on dim 0` (`on fsdp` with `axis`; `on fsdp (dim 1)` for
+        another dimension), `sharded 2x2 (dims 0 and 1)`, `sharded 2 ways on dim 0, each
+        shard on 2 devices`, `on device 0 only`; a spec of another form (manual, a tuple of
+        shardings) as it is.
+
+    Example:
+        `sharding_words("{devices=[4,1]0,1,2,3}", axis="fsdp")` is `sharded 4 ways on fsdp`.
+    """
+    text = spec.strip()
+    if text == "{replicated}":
+        return "replicated"
+    maximal = _MAXIMAL.match(text)
+    if maximal:
+        return f"on device {maximal['device']} only"
+    tiled = _TILED.match(text)
+    cuts = _cuts(tiled) if tiled else None
+    if cuts is None:
+        return spec
+    shape, copies = cuts
+    split = [(dim, ways) for dim, ways in enumerate(shape) if ways > 1]
+    if not split:
+        return "replicated"
+    if len(split) == 1:
+        dim, ways = split[0]
+        # On a named axis, the first dimension goes unsaid: it is the one FSDPv2 cuts.
+        where = f"dim {dim}" if not axis else axis if dim == 0 else f"{axis} (dim {dim})"
+        words = f"sharded {ways} ways on {where}"
+    else:
+        words = (f"sharded {'x'.join(str(ways) for _, ways in split)} "
+                 f"(dims {series([dim for dim, _ in split])})")
+    return words + (f", each shard on {copies} devices" if copies > 1 else "")
+
+
+def _cuts(tiled: re.Match) -> tuple[list[int], int] | None:
+    """(pieces per tensor dimension, devices holding each piece) of a tiled spec; None for a
+    form not read here (manual subgroups, unknown words after the devices)."""
+    shape = [int(ways) for ways in tiled["shape"].split(",")]
+    rest = _METADATA.sub("", tiled["rest"]).strip()
+    copies = 1
+    if rest == "last_tile_dim_replicate":
+        copies = shape.pop()
+    elif rest:
+        subgroups = _SUBGROUPS.fullmatch(rest)
+        kinds = [kind.strip() for kind in subgroups["kinds"].split(",")] if subgroups else []
+        if not kinds or set(kinds) != {"replicated"} or len(kinds) > len(shape):
+            return None
+        copies = math.prod(shape[-len(kinds):])
+        shape = shape[:-len(kinds)]
+    return shape, copies
+
+
+# -- colours -------------------------------------------------------------------------------------
+
+# Mid-tone colours, readable on light and dark backgrounds: the fallbacks of the theme's own.
+BLUE, GREY, GREEN, AMBER, RED = "#1f77b4", "#7f7f7f", "#2ca02c", "#e6a700", "#d62728"
+PURPLE = "#9467bd"  # the step-time chart's line: JupyterLab has no colour of that meaning
+# JupyterLab's theme colour of each meaning (its light and dark themes define them).
+THEME = {
+    BLUE: "--jp-brand-color1",
+    GREEN: "--jp-success-color1",
+    RED: "--jp-error-color1",
+    AMBER: "--jp-warn-color1",
+    GREY: "--jp-ui-font-color2",
+}
+# A fill under white text (the runtime panel's badges): the darker tone of each meaning.
+STRONG = {
+    BLUE: ("--jp-brand-color0", "#1565c0"),
+    GREEN: ("--jp-success-color0", "#2e7d32"),
+    RED: ("--jp-error-color0", "#c62828"),
+    AMBER: ("--jp-warn-color0", "#e65100"),
+}
+# Every colour a panel may write: the fallbacks of the theme's colours, and the SVG lines.
+PALETTE = frozenset({BLUE, GREY, GREEN, AMBER, RED, PURPLE,
+                     *(fallback for _, fallback in STRONG.values())})
+# Borders and grey fills: translucent grey shows on any background.
+BORDER_GREY = "rgba(128,128,128,.5)"
+TRACK_GREY = "rgba(128,128,128,0.25)"
+
+
+def themed(prop: str, color: str, variable: str | None = None, value: str = "{}") -> str:
+    """A CSS declaration in a colour, twice: the plain colour, then the theme's variable with
+    the colour as its fallback.
+
+    Args:
+        prop: the CSS property (`color`, `background`, `border-left-color`, `border`).
+        color: the fallback colour (a `PALETTE` colour, or a grey such as `BORDER_GREY`).
+        variable: the theme variable; None: `THEME`'s for `color` (the plain colour alone when
+            it has none).
+        value: the declaration's value, `{}` standing for the colour (`1px solid {}`).
+
+    Example:
+        `themed("color", RED)` is `color:#d62728;color:var(--jp-error-color1,#d62728);`.
+    """
+    variable = variable or THEME.get(color)
+    plain = f"{prop}:{value.format(color)};"
+    if not variable:
+        return plain
+    return plain + f"{prop}:{value.format(f'var({variable},{color})')};"
+
+
+def strong_fill(color: str) -> str:
+    """A background in the darker tone of `color`'s meaning (`STRONG`), for white text."""
+    variable, fallback = STRONG[color]
+    return themed("background", fallback, variable)
+
+
+def text_color(color: str) -> str:
+    """CSS for text in `color`: JupyterLab's theme colour of the same meaning when the page has
+    one (readable on its light and dark themes), else `color` itself."""
+    return themed("color", color)
+
+
+# Secondary text: JupyterLab's secondary text colour, a mid grey where it has none.
+MUTED = text_color(GREY)
+# Small secondary text under a table or beside a chart (footers, scales).
+SMALL = "font-size:11px;line-height:1.2;" + MUTED
+# The empty part of a progress bar.
+TRACK = f"var(--jp-layout-color3,{TRACK_GREY})"
+
+# -- the box -------------------------------------------------------------------------------------
+
+# The panels' text: JupyterLab's interface font (a sans-serif elsewhere), at one size.
+FONT = "font-family:var(--jp-ui-font-family,sans-serif);font-size:13px;"
+# A part of a panel (a line, the bars, a chart): the font and the line height, no box.
+TEXT = FONT + "line-height:1.4;"
+# The panel's border, the same on every panel (the plain grey first: see the module's doc).
+BORDER = f"1px solid var(--jp-border-color2, {BORDER_GREY})"
+PADDING = "6px 10px"
+# The outer element of every panel: border, radius, padding, font and text colour.
+BOX = (TEXT + "color:var(--jp-content-font-color1,currentColor);"
+       + f"border:1px solid {BORDER_GREY};border:{BORDER};"
+       + f"border-radius:4px;padding:{PADDING};margin:0;")
+# A panel's heading: one element, one size and weight, in every panel.
+HEADING = "font-weight:600;font-size:13px;"
+
+
+def panel(body: str, cls: str) -> str:
+    """A whole panel: `body` in the one box.
+
+    Args:
+        body: the panel's HTML.
+        cls: its class (`hfxla-launch`, `hfxla-nb-runtime`, ...): what tests and pages find
+            it by.
+    """
+    return f'<div class="{cls}" style="{BOX}">{body}</div>'
+
+
+def heading(text: str) -> str:
+    """A panel's heading (`text` is HTML: escape words before)."""
+    return f'<b style="{HEADING}">{text}</b>'
+
+
+def badge(text: str, color: str) -> str:
+    """A status badge beside a heading: `text` (words) in white on the darker tone of
+    `color`'s meaning, readable on light and dark themes."""
+    return (f'<span style="{strong_fill(color)}color:#fff;border-radius:3px;'
+            f'padding:1px 6px;font-size:0.85em;font-weight:600">{escape(text)}</span>')
+
+
+# -- tables --------------------------------------------------------------------------------------
+
+TABLE = ("border-collapse:collapse;border:none;margin:2px 0;table-layout:auto;"
+         "font-size:13px;color:inherit;")
+TR = "background:transparent;border:none;"
+_CELL = ("vertical-align:top;line-height:1.4;border:none;max-width:none;"
+         "background:transparent;padding:1px 12px 1px 0;")
+# A cell of text: it may wrap.
+TD = _CELL + "text-align:left;white-space:normal;"
+# A row's label ("compile cache", "device → host"): never wraps, so its column keeps its width.
+LABEL = _CELL + "text-align:left;white-space:nowrap;font-weight:600;"
+# A name inside a value (a metric's, an entity type's): never wraps, in the text's weight.
+NAME = _CELL + "text-align:left;white-space:nowrap;"
+# A number: right-aligned, every digit the same width, so a column of them lines up.
+NUMBER = _CELL + "text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums;"
+# A column's header: a label, aligned as its column is.
+HEAD = LABEL
+HEAD_NUMBER = NUMBER + "font-weight:600;"
+
+
+def cell(content: str, style: str = TD, tag: str = "td", title: str | None = None) -> str:
+    """One cell: `content` (HTML) in `tag` with `style`; `title` (words) as its tooltip."""
+    tip = f' title="{escape(title)}"' if title else ""
+    return f'<{tag} style="{style}"{tip}>{content}</{tag}>'
+
+
+def row(cells: Iterable[str]) -> str:
+    """A table row of `cells` (made by `cell`)."""
+    return f'<tr style="{TR}">{"".join(cells)}</tr>'
+
+
+def table(rows: Iterable[str], head: str = "") -> str:
+    """A table of `rows` (made by `row`), `head` (a row) as its header."""
+    header = f"<thead>{head}</thead>" if head else ""
+    return f'<table style="{TABLE}">{header}<tbody>{"".join(rows)}</tbody></table>'
+
+
+def label_row(label: str, value: str, title: str | None = None, tag: str = "th") -> str:
+    """A row of a label (words, in a `tag` cell) and its value (HTML), `title` as the value's
+    tooltip."""
+    return row([cell(escape(label), LABEL, tag), cell(value, title=title)])
+
+
+# -- text forms ----------------------------------------------------------------------------------
+
+
+def aligned_lines(grid: list[list[str]], right: list[bool]) -> list[str]:
+    """A text table's lines: each column padded to its widest cell, left-aligned or (where
+    `right` says so: numbers) right-aligned, two spaces between columns, no trailing space.
+
+    Args:
+        grid: the rows of cells, a header row first where there is one.
+        right: for each column, whether it aligns right.
+    """
+    widths = [max(len(line[i]) for line in grid) for i in range(len(right))]
+    return ["  ".join(text.rjust(width) if align else text.ljust(width)
+                      for text, width, align in zip(line, widths, right, strict=True)).rstrip()
+            for line in grid]

@@ -8,10 +8,10 @@ import io
 import re
 
 from hfxla_nb.events import Failed, Finished, Progress, Started
-from hfxla_nb.launch.pods.cluster_launch import _name_ranks
-from hfxla_nb.launch.record import LaunchRecord, RankRecord
-from hfxla_nb.observe.launch_reader import LaunchReader
-from hfxla_nb.ui.console import ConsoleDisplay
+from hfxla_nb.launch.pods import _name_ranks
+from hfxla_nb.launch.supervision import LaunchRecord, RankRecord
+from hfxla_nb.observe.reader import LaunchReader
+from hfxla_nb.ui.live import ConsoleDisplay
 
 
 def test_console_panel_names_host_and_rank():

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from hfxla_nb.launch.pods.preflight import check_capacity, check_versions
-from hfxla_nb.launch.pods.slice_env import SliceError, pjrt_env
+from hfxla_nb.launch.pods import check_capacity, check_versions
+from hfxla_nb.launch.pods.host import SliceError, pjrt_env
 from hfxla_nb.launch.preflight import LaunchRefusedError
 
 V5E_16_HOSTS = ["10.130.0.2", "10.130.0.3", "10.130.0.4", "10.130.0.5"]

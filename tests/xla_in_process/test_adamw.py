@@ -1,4 +1,4 @@
-"""`hfxla_nb.train.worker.adamw.AdamW`: torch's foreach AdamW traced out of place gives torch's
+"""`hfxla_nb.train.worker.optimizer.AdamW`: torch's foreach AdamW traced out of place gives torch's
 results bit for bit on XLA, keeps torch's state, and leaves uncommon settings to torch."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hfxla_nb import _xla
-from hfxla_nb.train.worker.adamw import AdamW
+from hfxla_nb.train.worker.optimizer import AdamW
 
 
 def _train(cls, steps: int = 3, **options):

@@ -1,4 +1,4 @@
-"""`hfxla_nb.train.worker.clipping.GradientClipper`: torch_xla's `clip_grad_norm_` bit for bit on
+"""`hfxla_nb.train.worker.optimizer.GradientClipper`: torch_xla's `clip_grad_norm_` bit for bit on
 XLA, without torch's Python shape check per gradient."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hfxla_nb import _xla
-from hfxla_nb.train.worker.clipping import GradientClipper
+from hfxla_nb.train.worker.optimizer import GradientClipper
 
 
 def _clip(clip, max_norm: float, steps: int = 3):

@@ -13,17 +13,86 @@ from __future__ import annotations
 import dataclasses
 import os
 import select
+import sys
 import threading
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
 
-from ...events import Channel, Event, Log, OutputPipes, Started
+from ...events import Channel, Event, Failed, Log, OutputPipes, ProcessExited, Started
 from ...runtime import compile_cache
-from .. import rendezvous
-from ..native_output import NativeRelay
-from ..processes import stop_group
-from .host_worker import supervise_host
+from .. import processes, worker
+from ..output import NativeRelay, route_this_process
+from ..processes import die_with_parent, stop_group
+
+
+def supervise_host(strategy: str, channel: Channel, output_fds: tuple[int, int],
+                   env: dict[str, str | None], host: int, local_world: int, world: int,
+                   function: Callable, args: tuple, pass_index: bool) -> None:
+    """Body of one host's forked supervisor. Ends the process; never returns."""
+    die_with_parent()
+    if strategy != "debug":
+        worker.supervise(strategy, channel, output_fds, env, local_world, function, args,
+                         pass_index)  # ends with os._exit
+    code = 0
+    try:
+        os.setsid()
+        worker.prepare_process(channel, output_fds, env)
+        code = _run_ranks(channel, host, local_world, world, function, args, pass_index,
+                          env)
+    except BaseException as error:  # noqa: BLE001 - report everything, then leave
+        channel.send(Failed(None, type(error).__name__, str(error),
+                            "".join(traceback.format_exception(error))))
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)
+
+
+def _run_ranks(channel: Channel, host: int, local_world: int, world: int, function: Callable,
+               args: tuple, pass_index: bool, env: dict[str, str | None]) -> int:
+    """Fork this host's ranks of the gloo group; wait for them; 1 if one ended abnormally."""
+    address, port = env["MASTER_ADDR"], env["MASTER_PORT"]
+    pids = {}
+    for local_rank in range(local_world):
+        rank = host * local_world + local_rank
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                die_with_parent()
+                worker.set_rank_variables(rank, local_rank, world)
+                os.environ["LOCAL_WORLD_SIZE"] = str(local_world)
+                route_this_process(channel, rank)
+                # Through host 0's store (`HostLaunch.open_rendezvous`), held since before
+                # any host forked.
+                processes.join_gloo(rank, world, address, int(port))
+                worker.run_rank(channel, rank, world, function, args, pass_index)
+            except BaseException as error:  # noqa: BLE001
+                channel.send(Failed(rank, type(error).__name__, str(error),
+                                    traceback.format_exc()))
+                code = 1
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids[pid] = rank
+    worst = 0
+    while pids:
+        pid, status = os.wait()
+        rank = pids.pop(pid, None)
+        code = os.waitstatus_to_exitcode(status)
+        if code:
+            channel.send(ProcessExited(rank=rank, pid=pid, signal=-code if code < 0 else None,
+                                       exitcode=code if code > 0 else None))
+            worst = 1
+    return worst
+
 
 VERSIONED = ("hfxla_nb", "torch", "torch_xla")
 
@@ -72,7 +141,7 @@ class HostLaunch:
         self._pid_ranks: dict[int, list[int]] = {}
         self._pump: threading.Thread | None = None
         self._attempt = 0  # which start() the relay thread serves (a relaunch starts again)
-        self._store: rendezvous.StoreProcess | None = None  # host 0's (`open_rendezvous`)
+        self._store: processes.StoreProcess | None = None  # host 0's (`open_rendezvous`)
 
     def describe(self) -> dict[str, Any]:
         """Where this host is and what it runs: address, versions, TPU slice figures.
@@ -107,7 +176,7 @@ class HostLaunch:
         thread runs can leave the ranks' store clients waiting forever on a lock it held. A
         fresh store for each attempt: a relaunch must not read the last group's keys."""
         self.close_rendezvous()
-        self._store = rendezvous.StoreProcess(port)
+        self._store = processes.StoreProcess(port)
         return self._store.port
 
     def close_rendezvous(self) -> None:
@@ -224,3 +293,71 @@ class HostLaunch:
                 relay.add_process(event)
             else:
                 self._add(event)
+
+
+# How a host's chips are laid out (x, y, z), by chips per host.
+CHIPS_PER_HOST_BOUNDS = {1: (1, 1, 1), 4: (2, 2, 1), 8: (2, 4, 1)}
+
+
+class SliceError(ValueError):
+    """A slice description that no TPU slice has."""
+
+
+def topology_dims(topology: str) -> tuple[int, int, int]:
+    """`"4x4"` -> (4, 4, 1); `"2x2x4"` -> (2, 2, 4)."""
+    try:
+        dims = tuple(int(part) for part in topology.lower().split("x"))
+    except ValueError:
+        raise SliceError(f"topology {topology!r} is not like '4x4' or '2x2x4'.") from None
+    if len(dims) not in (2, 3) or min(dims) < 1:
+        raise SliceError(f"topology {topology!r} is not like '4x4' or '2x2x4'.")
+    return (*dims, 1) if len(dims) == 2 else dims  # type: ignore[return-value]
+
+
+def host_bounds(topology: str, chips_per_host: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(chips per host bounds, host bounds) for a slice of `topology` with `chips_per_host`."""
+    if chips_per_host not in CHIPS_PER_HOST_BOUNDS:
+        raise SliceError(f"{chips_per_host} chips per host: TPU hosts have 1, 4 or 8.")
+    chips = CHIPS_PER_HOST_BOUNDS[chips_per_host]
+    dims = topology_dims(topology)
+    if any(d % c for d, c in zip(dims, chips, strict=True)):
+        raise SliceError(
+            f"topology {topology} cannot be cut into hosts of {chips_per_host} chips "
+            f"({'x'.join(map(str, chips))}).")
+    return chips, tuple(d // c for d, c in zip(dims, chips, strict=True))
+
+
+def pjrt_env(accelerator_type: str, topology: str, chips_per_host: int, worker_id: int,
+             hostnames: Sequence[str]) -> dict[str, str]:
+    """The variables one host of a slice needs for multi-host PJRT.
+
+    Args:
+        accelerator_type: the slice's type as the TPU API names it ("v5litepod-16", "v4-32").
+        topology: its chip topology ("4x4", "2x2x4").
+        chips_per_host: chips on each host (4 on v4 and v5e slices).
+        worker_id: this host's index in the slice (the TPU worker id).
+        hostnames: every host's address, in worker id order.
+
+    Returns:
+        `TPU_SKIP_MDS_QUERY`, `TPU_ACCELERATOR_TYPE`, `TPU_HOST_BOUNDS`,
+        `TPU_CHIPS_PER_HOST_BOUNDS`, `TPU_WORKER_ID`, `TPU_WORKER_HOSTNAMES`.
+
+    Raises:
+        SliceError: the figures do not describe a slice (hosts that do not fill the topology,
+            a worker id out of range).
+    """
+    chips, hosts = host_bounds(topology, chips_per_host)
+    count = hosts[0] * hosts[1] * hosts[2]
+    if len(hostnames) != count:
+        raise SliceError(f"a {accelerator_type} ({topology}, {chips_per_host} chips per host) "
+                         f"has {count} hosts; {len(hostnames)} were given.")
+    if not 0 <= worker_id < count:
+        raise SliceError(f"worker id {worker_id} is not one of the slice's {count} hosts.")
+    return {
+        "TPU_SKIP_MDS_QUERY": "1",
+        "TPU_ACCELERATOR_TYPE": accelerator_type,
+        "TPU_HOST_BOUNDS": ",".join(map(str, hosts)),
+        "TPU_CHIPS_PER_HOST_BOUNDS": ",".join(map(str, chips)),
+        "TPU_WORKER_ID": str(worker_id),
+        "TPU_WORKER_HOSTNAMES": ",".join(hostnames),
+    }

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .registry import TASKS, plain_prediction_table, register_task
+from . import TASKS, plain_prediction_table, register_task
 
 if TYPE_CHECKING:
     import numpy as np
@@ -22,10 +22,9 @@ if TYPE_CHECKING:
 
     from ..batching import EncodedData, EncodedSplit
     from ..config import FineTuneConfig
-    from ..kernel.preparation import Prepared, Splits, TaskContext
     from ..predict import PredictContext
-    from ..worker.batch import Batch
-    from ..worker.context import WorkerContext
+    from ..preparation import Prepared, Splits, TaskContext
+    from ..worker.context import Batch, WorkerContext
 
 __all__ = ["TASKS", "Task", "register_task"]
 
@@ -133,9 +132,9 @@ class Task:
         loaded in the kernel: by default the tokenizer (`given`: `tokenizer=`, else the
         model's own, `kernel.sources.load_tokenizer`). An audio or image task loads its
         feature extractor or image processor here instead."""
-        from ..kernel import sources
+        from .. import preparation
 
-        return sources.load_tokenizer(given, model, source)
+        return preparation.load_tokenizer(given, model, source)
 
     def prepare(self, splits: Splits, config: FineTuneConfig,
                 context: TaskContext) -> Prepared:

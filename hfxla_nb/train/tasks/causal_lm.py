@@ -3,23 +3,248 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from ..config import FineTuneError
-from ..generation_options import OPTION_NAMES
-from . import causal_lm_data
+import numpy as np
+
+from ... import _xla
+from ..._words import plural
+from .. import batching, data, preparation
+from ..batching import Bucket, EncodedData, EncodedSplit, round_up
+from ..config import (
+    OPTION_NAMES,
+    FineTuneConfig,
+    FineTuneError,
+    GenerationError,
+    GenerationOptions,
+    chat_texts,
+    is_conversation,
+    resolve_options,
+)
+from ..data import DataError
+from ..finetune import warn_user
+from ..memory import meta_model
+from ..preparation import Prepared, Splits, TaskContext
+from ..worker.generation import DecodeHooks, decode, texts_of
+from . import register_task
 from .base import Task
-from .registry import register_task
 
 if TYPE_CHECKING:
     import torch
 
     from ..batching import EncodedData
     from ..config import FineTuneConfig
-    from ..kernel.preparation import Prepared, Splits, TaskContext
     from ..predict import PredictContext
-    from ..worker.batch import Batch
-    from ..worker.context import WorkerContext
+    from ..preparation import Prepared, Splits, TaskContext
+    from ..worker.context import Batch, WorkerContext
+
+
+IGNORE = -100  # the label transformers' causal-LM loss skips
+DEFAULT_TEMPLATE = "{prompt}\n{response}"
+INPUT_NAMES = ["input_ids", "attention_mask", "labels"]
+#: What training keeps per parameter with AdamW in float32: weights, gradients, 2 moments.
+BYTES_PER_PARAMETER = 16
+DEFAULT_MAX_LENGTH = 512
+#: peft's task type for a causal LM.
+PEFT_TASK_TYPE = "CAUSAL_LM"
+
+
+@dataclass
+class LmRows:
+    """One split's token rows before padding: ids and which of them are learned."""
+
+    ids: list[list[int]]
+    learned: list[list[bool]]
+    cut: int = 0  # rows longer than max_length, cut at the end
+
+
+def check_template(template: str) -> tuple[str, str]:
+    """Split a template into the prompt side and the response side, or refuse it."""
+    missing = [name for name in ("{prompt}", "{response}") if name not in template]
+    if missing:
+        raise DataError(
+            f"template {template!r} has no {' and no '.join(missing)} placeholder: write it with "
+            "both, e.g. template='### Question: {prompt}\\n### Answer: {response}'."
+        )
+    head, tail = template.split("{response}", 1)
+    if "{prompt}" not in head:
+        raise DataError(
+            f"template {template!r} puts {{response}} before {{prompt}}: the response must "
+            "come after the prompt (it is what the model learns to continue with)."
+        )
+    return head, "{response}" + tail
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _ends(tokenizer) -> tuple[list[int], list[int]]:
+    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
+    eos = [tokenizer.eos_token_id] if getattr(tokenizer, "eos_token_id", None) is not None else []
+    return bos, eos
+
+
+def pair_rows(tokenizer, prompts: Sequence[str], responses: Sequence[str], template: str | None,
+              max_length: int) -> LmRows:
+    """One row per pair: the prompt side unlearned, the response side (and end token) learned."""
+    bos, eos = _ends(tokenizer)
+    chat = template is None and getattr(tokenizer, "chat_template", None)
+    head, tail = check_template(template or DEFAULT_TEMPLATE)
+    rows = LmRows([], [])
+    for prompt, response in zip(prompts, responses, strict=True):
+        if chat:
+            user = [{"role": "user", "content": prompt}]
+            prompt_ids = list(tokenizer.apply_chat_template(user, add_generation_prompt=True))
+            whole = list(tokenizer.apply_chat_template(
+                user + [{"role": "assistant", "content": response}]))
+            ids, learned_from = whole, len(prompt_ids)
+        else:
+            prompt_ids = bos + _ids(tokenizer, head.format(prompt=prompt))
+            ids = prompt_ids + _ids(tokenizer, tail.format(response=response)) + eos
+            learned_from = len(prompt_ids)
+        if len(ids) > max_length:
+            ids, rows.cut = ids[:max_length], rows.cut + 1
+        rows.ids.append(ids)
+        rows.learned.append([i >= learned_from for i in range(len(ids))])
+    return rows
+
+
+def text_rows(tokenizer, texts: Sequence[str], max_length: int, packing: bool) -> LmRows:
+    """Rows of plain text: packed into `max_length` chunks, or one document per row."""
+    bos, eos = _ends(tokenizer)
+    documents = [bos + _ids(tokenizer, text) + eos for text in texts]
+    if not packing:
+        rows = LmRows([], [])
+        for ids in documents:
+            if len(ids) > max_length:
+                ids, rows.cut = ids[:max_length], rows.cut + 1
+            rows.ids.append(ids)
+            rows.learned.append([True] * len(ids))
+        return rows
+    stream = [token for ids in documents for token in ids]
+    chunks = [stream[start:start + max_length]
+              for start in range(0, len(stream) - max_length + 1, max_length)]
+    return LmRows(chunks, [[True] * max_length for _ in chunks])
+
+
+def longest_row(rows: LmRows) -> int:
+    return max((len(ids) for ids in rows.ids), default=0)
+
+
+def encode_rows(name: str, rows: LmRows, max_length: int, pad_id: int) -> EncodedSplit:
+    """`[input_ids | attention_mask | labels]` int32 rows of `max_length`, in one bucket."""
+    count = len(rows.ids)
+    inputs = np.empty((count, 3 * max_length), dtype=np.int32)
+    inputs[:, :max_length] = pad_id
+    inputs[:, max_length:2 * max_length] = 0
+    inputs[:, 2 * max_length:] = IGNORE
+    for i, (ids, learned) in enumerate(zip(rows.ids, rows.learned, strict=True)):
+        n = len(ids)
+        inputs[i, :n] = ids
+        inputs[i, max_length:max_length + n] = 1
+        inputs[i, 2 * max_length:2 * max_length + n] = np.where(learned, ids, IGNORE)
+    bucket = Bucket(max_length, inputs, np.zeros(count, dtype=np.int64), np.arange(count))
+    return EncodedSplit(name, [bucket] if count else [], count, rows.cut)
+
+
+def prepare(splits: Splits, config: FineTuneConfig, context: TaskContext) -> Prepared:
+    """Every split's rows at one length, the LoRA settings, and the memory plan of the run,
+    which decides `sharding="auto"` and `lora="auto"` (and refuses what cannot fit)."""
+    notes: list[str] = []
+    tokenizer, model_config = context.tokenizer, context.model_config
+    pad_id = _pad_token(tokenizer, notes)
+    max_length = preparation.length_cap(config, model_config, tokenizer, DEFAULT_MAX_LENGTH)
+    rows = _read_splits(splits, config, tokenizer, max_length, notes)
+    encoded = {name: encode_rows(name, split_rows, max_length, pad_id)
+               for name, split_rows in rows.items()}
+    preparation.check_batch_fits(config, encoded["train"].num_rows)
+    lora_json, memory = preparation.lora_and_memory(
+        config, context.instance or model_config, model_config, PEFT_TASK_TYPE, max_length,
+        context.devices, notes)
+    sharding = memory.sharding if context.devices > 1 and config.strategy == "spmd" else None
+    eval_name = splits.eval_name
+    encoded_data = EncodedData(
+        train=encoded["train"], eval=encoded[eval_name] if eval_name is not None else None,
+        input_names=list(INPUT_NAMES), bucket_lengths=[max_length], label_names=[],
+        notes=notes)
+    kwargs = ({} if getattr(model_config, "pad_token_id", None) is not None
+              else {"pad_token_id": int(pad_id)})
+    return Prepared(encoded_data, kwargs, lora=lora_json, memory=memory, sharding=sharding)
+
+
+def _pad_token(tokenizer, notes: list[str]) -> int:
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    if pad_id is not None:
+        return int(pad_id)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        raise FineTuneError(
+            "the tokenizer has neither a padding nor an end-of-text token; set one, e.g. "
+            "tokenizer.pad_token = '<pad>' after adding it, or pass another tokenizer."
+        )
+    notes.append(f"the tokenizer has no padding token: padding with its end-of-text token "
+                 f"{tokenizer.eos_token!r} (padding is masked out of the loss)")
+    return int(eos)
+
+
+def _read_splits(splits: Splits, config: FineTuneConfig, tokenizer, max_length: int,
+                 notes: list[str]) -> dict[str, LmRows]:
+    """Token rows of the training split and of the evaluation split, if any."""
+    pairs = config.prompt_column is not None
+    if config.template is not None and not pairs:
+        raise FineTuneError("template= joins prompt_column and response_column; pass both "
+                            "columns, or drop template to learn the text_column as it is.")
+    if pairs and config.packing:
+        raise FineTuneError("packing=True is for plain text: prompt/response pairs are padded, "
+                            "one pair per row, so that each prompt stays unlearned.")
+    packing = (not pairs) if config.packing is None else bool(config.packing)
+    columns = ([config.prompt_column, config.response_column] if pairs
+               else [config.text_column])
+    try:
+        if config.template is not None:
+            check_template(config.template)
+        result = {}
+        for split, ds in splits.named.items():
+            data.check_columns(ds, split, columns)
+            texts = [data.check_texts(data.column_values(ds, c), c, split) for c in columns]
+            if pairs:
+                result[split] = pair_rows(tokenizer, texts[0], texts[1], config.template,
+                                          max_length)
+            else:
+                result[split] = text_rows(tokenizer, texts[0], max_length, packing)
+    except DataError as error:
+        raise FineTuneError(str(error)) from None
+    _note_lengths(result, max_length, packing, notes)
+    return result
+
+
+def _note_lengths(splits: dict[str, LmRows], max_length: int, packing: bool,
+                  notes: list[str]) -> None:
+    """Say before anything runs how many rows would be cut, and if max_length is wasteful."""
+    for split, rows in splits.items():
+        if rows.cut:
+            message = (f"{rows.cut} of {plural(len(rows.ids), f'{split} row')} are longer than "
+                       f"max_length={max_length} and will be cut at the end")
+            notes.append(message)
+            warn_user(f"hfxla_nb.fine_tune: {message}.")  # at the user's call
+    if packing:
+        notes.append(f"texts packed into rows of {max_length} tokens (no padding)")
+        if not splits["train"].ids:
+            raise FineTuneError(f"the training texts hold fewer than max_length={max_length} "
+                                "tokens in all: pass a smaller max_length or more text.")
+        return
+    longest = max(longest_row(rows) for rows in splits.values())
+    if longest and round_up(longest) < max_length:
+        notes.append(f"the longest row has {longest} tokens: max_length={round_up(longest)} "
+                     f"would compute less than {max_length}")
+
+
+def parameter_count(model_config) -> int:
+    """Parameters of the model a config describes, counted without allocating them."""
+    return sum(parameter.numel() for parameter in meta_model(model_config).parameters())
 
 
 class CausalLM(Task):
@@ -31,7 +256,7 @@ class CausalLM(Task):
     eval_ahead = True
     auto_class = "AutoModelForCausalLM"
     head_suffixes = ("ForCausalLM", "LMHeadModel")
-    peft_task_type = causal_lm_data.PEFT_TASK_TYPE
+    peft_task_type = PEFT_TASK_TYPE
     predict_rows_per_device = 8  # a key/value cache per row grows with the new tokens
     title = "causal LM"
     continues_prompts = True
@@ -52,7 +277,7 @@ class CausalLM(Task):
                 context: TaskContext) -> Prepared:
         """Texts or prompt/response pairs as rows of one length (`causal_lm_data.py`), the
         LoRA settings and the memory plan (`sharding="auto"`, `lora="auto"`)."""
-        return causal_lm_data.prepare(splits, config, context)
+        return prepare(splits, config, context)
 
     def _output(self, ctx: WorkerContext, batch: Batch,
                 with_labels: bool) -> tuple[Any, torch.Tensor]:
@@ -71,20 +296,20 @@ class CausalLM(Task):
     def prepare_predict(self, inputs: list[Any], context: PredictContext,
                         max_length: int | None) -> EncodedData:
         """Prompts, padded on the left into buckets (`lm_predict.py`)."""
-        from .causal_lm_predict import prepare_prompts
+        pass
 
         return prepare_prompts(inputs, context, max_length)
 
     def decode(self, data: Any, batches: list, fetched: list) -> list[dict[str, str]]:
         """Each prompt's generated text (`predict`)."""
-        from .causal_lm_predict import decode_texts
+        pass
 
         return decode_texts(data, batches, fetched, self.per_batch)
 
     def eval_outputs(self, ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]:
         import torch
 
-        from .causal_lm_predict import GenerationData, generate_on_device
+        pass
 
         data = ctx.plan.data
         if isinstance(data, GenerationData):  # predict: generated tokens (and which rows ended)
@@ -112,3 +337,113 @@ class CausalLM(Task):
 
 
 register_task(CausalLM())
+
+
+#: New tokens per prompt when `predict` is not told.
+DEFAULT_NEW_TOKENS = 32
+
+
+@dataclass
+class GenerationData(batching.EncodedData):
+    """A causal LM's predict inputs: left-padded prompts and how to decode them."""
+
+    max_new_tokens: int = DEFAULT_NEW_TOKENS
+    options: GenerationOptions = field(default_factory=GenerationOptions)
+    prompts: int = 0  # inputs before num_return_sequences repeated them
+
+
+def prepare_prompts(inputs: list[Any], context: Any, max_length: int | None) -> GenerationData:
+    """Prompts (str) or chats (role/content dicts) tokenized and bucketed, padded on the left."""
+    tokenizer = context.tokenizer
+    try:
+        options = resolve_options(tokenizer, getattr(context, "generation_config", None),
+                                  getattr(context, "max_new_tokens", None),
+                                  **(getattr(context, "generation", None) or {}))
+        ids = _prompt_ids(inputs, tokenizer)
+    except GenerationError as error:
+        raise FineTuneError(str(error)) from None
+    new, copies = options.max_new_tokens, options.num_return_sequences
+    ids = [row for row in ids for _ in range(copies)]
+    limit = preparation.position_limit(context.model_config)
+    longest = max(map(len, ids))
+    if max_length is not None and max_length < longest:
+        raise FineTuneError(f"max_length={max_length} is shorter than the longest prompt "
+                            f"({longest} tokens); pass max_length>={longest} or leave it out.")
+    room = (limit - new) if limit is not None else batching.round_up(longest)
+    buckets = ([int(max_length)] if max_length else
+               batching.choose_buckets([len(row) for row in ids], max(room, longest)))
+    buckets[-1] = max(buckets[-1], longest)
+    if limit is not None and buckets[-1] + new > limit:
+        raise FineTuneError(
+            f"the prompts ({buckets[-1]} tokens, padded) and max_new_tokens={new} need "
+            f"{buckets[-1] + new} positions; the model has {limit}. Pass a smaller "
+            "max_new_tokens, or shorter prompts.")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (
+        tokenizer.eos_token_id)
+    encoded = {"input_ids": ids, "attention_mask": [[1] * len(row) for row in ids]}
+    names = ["input_ids", "attention_mask"]
+    # The label column is the row's index: the key of its draws (`sampling.py`).
+    split = batching.encode_split("predict", encoded, np.arange(len(ids), dtype=np.int64),
+                                  names, buckets, {"input_ids": int(pad or 0),
+                                                   "attention_mask": 0}, "left")
+    return GenerationData(train=None, eval=split, input_names=names,
+                          bucket_lengths=list(map(int, buckets)), label_names=[], notes=[],
+                          host=tokenizer, max_new_tokens=int(new), options=options,
+                          prompts=len(inputs))
+
+
+def _prompt_ids(inputs: list[Any], tokenizer: Any) -> list[list[int]]:
+    """Each input's ids: a text after the beginning-of-text token, a chat as its template
+    renders it (which writes its own special tokens)."""
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    rows = []
+    for i, value in enumerate(inputs):
+        if is_conversation(value):
+            text = chat_texts(tokenizer, value)[0]
+            rows.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
+        elif isinstance(value, str):
+            rows.append(bos + list(tokenizer(value, add_special_tokens=False)["input_ids"]))
+        else:
+            raise GenerationError(
+                f"input {i} is a {type(value).__name__}; causal-lm predicts on prompts (str) "
+                'or chats (lists of {"role": ..., "content": ...} dicts).')
+    return rows
+
+
+def generate_on_device(ctx: WorkerContext, batch: Batch,
+                       options: GenerationOptions) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[rows, max_new_tokens]` tokens of a batch of left-padded prompts, on the device, and
+    which rows ended (already computed by the last step: returning it costs no graph)."""
+    mesh = ctx.mesh
+    inputs = batch.inputs()
+    keys = batch.tokens[:, 2 * batch.length]  # the label column: the row's index
+
+    def sync(tensors: list) -> None:
+        if mesh is not None:  # the same input shardings for every step: one step graph
+            for tensor in tensors:
+                _xla.replicate(tensor, mesh)
+        _xla.sync()
+
+    hooks = DecodeHooks(sync=sync, fetch=_xla.to_cpu, autocast=ctx.autocast,
+                        tokenizer=ctx.plan.tokenizer)
+    decoded = decode(ctx.model, inputs["input_ids"], inputs["attention_mask"], options, hooks,
+                     keys=keys, live=batch.weights)
+    return decoded.tokens, decoded.done
+
+
+def decode_texts(data: GenerationData, batches: list, fetched: list,
+                 per_batch: Any) -> list[dict[str, Any]]:
+    """`{"generated_text": ...}` per prompt, in order, cut at its end (a list of texts per
+    prompt when `num_return_sequences` > 1)."""
+    split = data.eval
+    texts: list[Any] = [""] * split.num_rows
+    single = replace(data.options, num_return_sequences=1)
+    for (bucket_index, positions, real), (tokens, _) in per_batch(batches, fetched):
+        rows = split.buckets[bucket_index].rows[positions[:real]]
+        for row, text in zip(rows, texts_of(data.host, tokens[:real], single, real),
+                             strict=True):
+            texts[row] = text
+    copies = data.options.num_return_sequences
+    if copies > 1:
+        texts = [texts[i * copies:(i + 1) * copies] for i in range(len(texts) // copies)]
+    return [{"generated_text": text} for text in texts]

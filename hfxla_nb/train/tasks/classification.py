@@ -2,25 +2,191 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import batching, data, preparation
+from ..config import FineTuneConfig, FineTuneError
+from ..memory import meta_classifier
+from ..preparation import Prepared, Splits, TaskContext
 from ..worker.evaluate import chance_accuracy, compute_metrics, row_losses
-from . import classification_data
-from .base import Task
-from .registry import register_task
+from . import register_task
+from .base import MaxLength, Task
 
 if TYPE_CHECKING:
     import torch
 
     from ..batching import EncodedData, EncodedSplit
     from ..config import FineTuneConfig
-    from ..kernel.preparation import Prepared, Splits, TaskContext
     from ..predict import PredictContext
-    from ..worker.batch import Batch
-    from ..worker.context import WorkerContext
+    from ..preparation import Prepared, Splits, TaskContext
+    from ..worker.context import Batch, WorkerContext
 
+
+#: peft's task type for a sequence classifier: the head is trained whole.
+PEFT_TASK_TYPE = "SEQ_CLS"
+
+
+@dataclass
+class Texts:
+    """The checked columns of every split (train first), before tokenizing."""
+
+    texts: dict[str, list[str]]
+    pairs: dict[str, list[str]]
+    label_names: list[str]
+    label_ids: dict[str, np.ndarray]
+    notes: list[str] = field(default_factory=list)
+
+
+def prepare(splits: Splits, config: FineTuneConfig, context: TaskContext) -> Prepared:
+    """Texts and labels read and checked (`read_columns`), tokenized into length buckets,
+    the head sized for the labels, LoRA and its memory plan with `lora=`."""
+    columns = read_columns(splits, config, context)
+    tokenizer = context.tokenizer
+    cap = preparation.length_cap(config, context.model_config, tokenizer)
+    encoded, truncated = {}, {}
+    for split, texts in columns.texts.items():
+        encoded[split], truncated[split] = batching.tokenize(
+            tokenizer, texts, columns.pairs.get(split), cap)
+    preparation.check_batch_fits(config, len(columns.texts["train"]))
+    buckets = batching.split_buckets(encoded, cap, config.max_length, config.rows_per_step)
+    pad_id = preparation.pad_id(tokenizer, columns.notes)
+    input_names = batching.input_names_of(tokenizer, encoded["train"])
+    pads, side = _pad_values(tokenizer, pad_id), _padding_side(tokenizer)
+    encoded_splits = {
+        split: batching.encode_split(split, encoded[split], columns.label_ids[split],
+                                     input_names, buckets, pads, side, truncated[split])
+        for split in encoded
+    }
+    eval_name = splits.eval_name
+    encoded_data = batching.EncodedData(
+        train=encoded_splits["train"],
+        eval=encoded_splits[eval_name] if eval_name is not None else None,
+        input_names=input_names, bucket_lengths=list(map(int, buckets)),
+        label_names=list(columns.label_names), notes=columns.notes)
+    lora_json, memory = None, None
+    if config.lora not in (False, None):
+        # The instance given, else the config's classifier built on the meta device (no
+        # memory), so that the head peft trains whole is counted.
+        labels = context.fixed_labels or len(columns.label_names)
+        model = context.instance or meta_classifier(context.model_config, labels)
+        lora_json, memory = preparation.lora_and_memory(
+            config, model, context.model_config, PEFT_TASK_TYPE, int(buckets[-1]),
+            context.devices, columns.notes)
+    kwargs = head_kwargs(context.model_config, context.fixed_labels, columns.label_names,
+                         pad_id)
+    return Prepared(encoded_data, kwargs, lora=lora_json, memory=memory)
+
+
+def read_columns(splits: Splits, config: FineTuneConfig, context: TaskContext) -> Texts:
+    """Texts, pairs and labels of every split, checked; labels mapped to the model's ids."""
+    try:
+        texts, pairs, raw_labels, class_names = {}, {}, {}, {}
+        for split, ds in splits.named.items():
+            data.check_columns(ds, split, [config.text_column, config.text_pair_column,
+                                           config.label_column])
+            texts[split] = data.check_texts(data.column_values(ds, config.text_column),
+                                            config.text_column, split)
+            if config.text_pair_column:
+                pairs[split] = data.check_texts(data.column_values(ds, config.text_pair_column),
+                                                config.text_pair_column, split)
+            raw_labels[split] = data.column_values(ds, config.label_column)
+            class_names[split] = data.class_label_names(ds, config.label_column)
+        model_names = data.meaningful_label_names(getattr(context.model_config, "id2label",
+                                                          None))
+        label_names, label_ids = data.map_labels(
+            raw_labels, column=config.label_column, dataset_names=class_names,
+            model_names=model_names, model_num_labels=context.fixed_labels)
+    except data.DataError as error:
+        raise FineTuneError(str(error)) from None
+    check_classes(label_ids["train"], raw_labels["train"], label_names, config.label_column)
+    return Texts(texts, pairs, list(label_names), label_ids)
+
+
+def check_classes(ids: np.ndarray, raw: list, label_names: list[str], column: str) -> None:
+    """Refuse training labels of a single class: a classifier learns nothing from them (its
+    loss falls to 0 by always answering that class), whatever the batch size or the head.
+
+    Args:
+        ids: the training split's class ids.
+        raw: its labels as given (the class named in the message).
+        label_names: the class names, by id.
+        column: the label column, for the message.
+    """
+    if len(np.unique(ids)) > 1:
+        return
+    value, name = raw[0], label_names[int(ids[0])]
+    shown = repr(value) if name in (str(value), f"LABEL_{value}") else f"{value!r} ({name!r})"
+    raise FineTuneError(
+        f"the training labels (column {column!r}) hold only one class, {shown}, in all "
+        f"{len(ids)} rows: classification needs at least two classes. Pass training data with "
+        "rows of two classes or more (a filter or a split may have kept only one)."
+    )
+
+
+def head_kwargs(model_config: Any, fixed_labels: int | None, label_names: list[str],
+                pad_id: int | None) -> dict[str, Any]:
+    """`from_pretrained` arguments that size a head for these labels (a loaded instance
+    keeps its own)."""
+    if fixed_labels is not None:
+        return {}
+    kwargs: dict[str, Any] = {
+        "num_labels": len(label_names),
+        "id2label": dict(enumerate(label_names)),
+        "label2id": {name: i for i, name in enumerate(label_names)},
+    }
+    if int(getattr(model_config, "num_labels", 0)) != len(label_names):
+        kwargs["ignore_mismatched_sizes"] = True
+    if getattr(model_config, "pad_token_id", None) is None and pad_id is not None:
+        kwargs["pad_token_id"] = int(pad_id)
+    return kwargs
+
+
+def _pad_values(tokenizer: Any, pad_id: int | None) -> dict[str, int]:
+    """What each input is padded with."""
+    return {"input_ids": pad_id if pad_id is not None else 0,
+            "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0) or 0}
+
+
+def _padding_side(tokenizer: Any) -> str:
+    return getattr(tokenizer, "padding_side", "right") or "right"
+
+
+def prepare_predict(inputs: list[Any], context: PredictContext,
+                    max_length: int | None) -> batching.EncodedData:
+    """Texts, or (text, pair) tuples, tokenized and bucketed like evaluation rows."""
+    texts, pairs = [], []
+    for row, value in enumerate(inputs):
+        if isinstance(value, str):
+            texts.append(value)
+        elif (isinstance(value, (list, tuple)) and len(value) == 2
+              and all(isinstance(v, str) for v in value)):
+            texts.append(value[0])
+            pairs.append(value[1])
+        else:
+            raise FineTuneError(f"input {row} is a {type(value).__name__}; classification "
+                                "predicts on texts or (text, text pair) tuples.")
+    if pairs and len(pairs) != len(texts):
+        raise FineTuneError("pass every input as a text, or every input as a (text, pair) "
+                            "tuple, not both.")
+    tokenizer = context.tokenizer
+    cap = preparation.length_cap(MaxLength(max_length), context.model_config, tokenizer)
+    encoded, cut = batching.tokenize(tokenizer, texts, pairs or None, cap)
+    lengths = [len(ids) for ids in encoded["input_ids"]]
+    buckets = [max_length] if max_length else batching.choose_buckets(lengths, cap)
+    notes: list[str] = []
+    pad_id = preparation.pad_id(tokenizer, notes)
+    input_names = batching.input_names_of(tokenizer, encoded)
+    split = batching.encode_split("predict", encoded, np.zeros(len(texts), np.int64),
+                                  input_names, buckets, _pad_values(tokenizer, pad_id),
+                                  _padding_side(tokenizer), cut)
+    config = context.model_config
+    names = [str(config.id2label[i]) for i in sorted(config.id2label, key=int)]
+    return batching.EncodedData(train=None, eval=split, input_names=input_names,
+                                bucket_lengths=list(map(int, buckets)), label_names=names,
+                                notes=notes)
 
 
 class Classification(Task):
@@ -31,7 +197,7 @@ class Classification(Task):
     eval_ahead = True
     auto_class = "AutoModelForSequenceClassification"
     head_suffixes = ("ForSequenceClassification",)
-    peft_task_type = classification_data.PEFT_TASK_TYPE
+    peft_task_type = PEFT_TASK_TYPE
     title = "classification"
     shows_labels = True
 
@@ -92,12 +258,12 @@ class Classification(Task):
                 context: TaskContext) -> Prepared:
         """Texts and labels checked, tokenized into length buckets, the head sized for the
         labels; peft's SEQ_CLS settings and their memory plan with `lora=`."""
-        return classification_data.prepare(splits, config, context)
+        return prepare(splits, config, context)
 
     def prepare_predict(self, inputs: list[Any], context: PredictContext,
                         max_length: int | None) -> EncodedData:
         """Texts, or (text, pair) tuples, tokenized and bucketed like evaluation rows."""
-        return classification_data.prepare_predict(inputs, context, max_length)
+        return prepare_predict(inputs, context, max_length)
 
 
 

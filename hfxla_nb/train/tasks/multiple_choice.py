@@ -20,23 +20,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import batching
+from .. import batching, data, preparation
 from ..config import FineTuneError
-from ..kernel import data, steps
-from ..kernel.preparation import Prepared
+from ..preparation import Prepared
+from . import register_task
 from .base import MaxLength, Task
-from .registry import register_task
-from .token_classification_data import pad_values
+from .token_classification import pad_values
 
 if TYPE_CHECKING:
     import torch
 
     from ..batching import EncodedData
     from ..config import FineTuneConfig
-    from ..kernel.preparation import Splits, TaskContext
     from ..predict import PredictContext
-    from ..worker.batch import Batch
-    from ..worker.context import WorkerContext
+    from ..preparation import Splits, TaskContext
+    from ..worker.context import Batch, WorkerContext
 
 ENDING = re.compile(r"^ending(\d+)$")
 
@@ -199,7 +197,7 @@ class MultipleChoice(Task):
         length (`pack`); the right ending's index is the label."""
         eval_name = splits.eval_name
         tokenizer = context.tokenizer
-        cap = steps.length_cap(config, context.model_config, tokenizer)
+        cap = preparation.length_cap(config, context.model_config, tokenizer)
         grouped, labels, cut, endings, choices = {}, {}, {}, {}, None
         for split, ds in splits.named.items():
             contexts, endings[split], row_labels = read_rows(ds, split, config.label_column,
@@ -208,7 +206,7 @@ class MultipleChoice(Task):
             grouped[split], cut[split] = encode_choices(tokenizer, contexts, endings[split],
                                                         cap)
             labels[split] = np.asarray(row_labels, np.int64)
-        steps.check_batch_fits(config, len(labels["train"]))
+        preparation.check_batch_fits(config, len(labels["train"]))
         if config.max_length is not None:
             buckets = [int(config.max_length)]
         else:
@@ -255,7 +253,7 @@ class MultipleChoice(Task):
                                 "; predict takes one number at a time.")
         contexts, endings, _ = read_rows(rows, "predict", None)
         tokenizer = context.tokenizer
-        cap = steps.length_cap(MaxLength(max_length), context.model_config, tokenizer)
+        cap = preparation.length_cap(MaxLength(max_length), context.model_config, tokenizer)
         grouped, cut = encode_choices(tokenizer, contexts, endings, cap)
         longest = [max(map(len, row)) for row in grouped["input_ids"]]
         buckets = [int(max_length)] if max_length else batching.choose_buckets(longest, cap)

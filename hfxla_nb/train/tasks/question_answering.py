@@ -25,23 +25,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import batching
+from .. import batching, data, preparation
 from ..config import FineTuneError
-from ..kernel import data, steps
-from ..kernel.preparation import Prepared
+from ..preparation import Prepared
+from . import register_task
 from .base import MaxLength, Task
-from .registry import register_task
-from .token_classification_data import pad_values
+from .token_classification import pad_values
 
 if TYPE_CHECKING:
     import torch
 
     from ..batching import EncodedData
     from ..config import FineTuneConfig
-    from ..kernel.preparation import Splits, TaskContext
     from ..predict import PredictContext
-    from ..worker.batch import Batch
-    from ..worker.context import WorkerContext
+    from ..preparation import Splits, TaskContext
+    from ..worker.context import Batch, WorkerContext
 
 N_BEST = 20
 MAX_ANSWER_TOKENS = 30
@@ -191,7 +189,7 @@ class QuestionAnswering(Task):
         read = {split: read_split(ds, split, *columns) for split, ds in splits.named.items()}
         allow_no_answer = any(not a["text"] for split in read.values() for a in split[2])
         tokenizer = context.tokenizer
-        cap = steps.length_cap(config, context.model_config, tokenizer, DEFAULT_MAX_LENGTH)
+        cap = preparation.length_cap(config, context.model_config, tokenizer, DEFAULT_MAX_LENGTH)
         stride = cap // 4
         notes: list[str] = []
         encoded, labels, hosts = {}, {}, {}
@@ -204,7 +202,7 @@ class QuestionAnswering(Task):
             if split_windows:
                 notes.append(f"{split}: {split_windows} more windows for long contexts "
                              f"({cap} tokens, stride {stride})")
-        steps.check_batch_fits(config, len(labels["train"]))
+        preparation.check_batch_fits(config, len(labels["train"]))
         buckets = batching.split_buckets(encoded, cap, config.max_length, config.rows_per_step)
         pads = pad_values(tokenizer, notes)
         input_names = batching.input_names_of(tokenizer, encoded["train"])
@@ -240,7 +238,7 @@ class QuestionAnswering(Task):
             questions.append(question)
             contexts.append(text)
         tokenizer = context.tokenizer
-        cap = steps.length_cap(MaxLength(max_length), context.model_config, tokenizer,
+        cap = preparation.length_cap(MaxLength(max_length), context.model_config, tokenizer,
                                DEFAULT_MAX_LENGTH)
         encoded, labels, mapping, offsets = encode_examples(tokenizer, questions, contexts,
                                                             None, cap, cap // 4)

@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..._words import plural
-from .. import batching
+from .. import batching, data
 from ..config import FineTuneConfig, FineTuneError
-from ..kernel import data
-from ..kernel.preparation import Prepared, Splits, TaskContext
-from . import audio_data
+from ..preparation import Prepared, Splits, TaskContext
+from . import audio_classification as audio_task
 
 if TYPE_CHECKING:
     from ..predict import PredictContext
@@ -77,11 +76,11 @@ def load_processor(given: Any, model: Any, source: Any) -> Any:
                 "folder), or pass tokenizer=Wav2Vec2Processor.from_pretrained(...).") from None
     names = list(getattr(processor.feature_extractor, "model_input_names", None) or [])
     # Whisper's log-mel features: `whisper_data.check_processor` checks them against the model.
-    if not names or names[0] not in (audio_data.WAVEFORM_INPUT, "input_features"):
+    if not names or names[0] not in (audio_task.WAVEFORM_INPUT, "input_features"):
         raise FineTuneError(
             f"the feature extractor ({type(processor.feature_extractor).__name__}) makes "
             f"{names or 'no inputs'}; task='speech-recognition' trains CTC models that take "
-            f"the waveform ({audio_data.WAVEFORM_INPUT!r}: wav2vec2, HuBERT, WavLM "
+            f"the waveform ({audio_task.WAVEFORM_INPUT!r}: wav2vec2, HuBERT, WavLM "
             "...ForCTC) and Whisper (log-mel 'input_features'). Pass such a model and its "
             "processor.")
     return processor
@@ -215,36 +214,36 @@ def prepare(splits: Splits, config: FineTuneConfig, context: TaskContext) -> Pre
     (`audio_data.py`), the labels padded to one length; `layerdrop` and SpecAugment off."""
     processor, notes = context.tokenizer, []
     extractor, tokenizer = processor.feature_extractor, processor.tokenizer
-    if list(extractor.model_input_names)[0] != audio_data.WAVEFORM_INPUT:
+    if list(extractor.model_input_names)[0] != audio_task.WAVEFORM_INPUT:
         raise FineTuneError(
             f"a CTC model takes the waveform, and the processor's feature extractor "
             f"({type(extractor).__name__}) makes {list(extractor.model_input_names)}. Pass "
             "the model's own processor (e.g. Wav2Vec2Processor.from_pretrained(...)).")
     rate = int(extractor.sampling_rate)
-    audio = config.source_column or audio_data.AUDIO_COLUMN
+    audio = config.source_column or audio_task.AUDIO_COLUMN
     column = transcript_column(splits.train, config)
     labels, clips = {}, {}
     for split, ds in splits.named.items():
         check_columns(ds, split, audio, column)
         labels[split] = read_transcripts(ds, split, column, tokenizer)
     for split, ds in splits.named.items():
-        clips[split] = audio_data.read_clips(ds, split, audio, rate, notes)
+        clips[split] = audio_task.read_clips(ds, split, audio, rate, notes)
     lengths = {split: [len(clip) for clip in values] for split, values in clips.items()}
-    buckets = audio_data.choose_buckets(lengths["train"], max(max(v) for v in lengths.values()),
+    buckets = audio_task.choose_buckets(lengths["train"], max(max(v) for v in lengths.values()),
                                         rate, config.max_length, 4 * config.rows_per_step)
     frames = {split: clip_frames(context.model_config, values, buckets)
               for split, values in clips.items()}
     for split in clips:
         check_frames(split, labels[split], frames[split])
     width = label_length(labels, config.max_target_length)
-    encoded = {split: audio_data.encode_split(split, clips[split], padded(labels[split], width),
+    encoded = {split: audio_task.encode_split(split, clips[split], padded(labels[split], width),
                                               buckets, extractor) for split in clips}
     eval_name = splits.eval_name
     notes.append(f"speech recognition: transcripts from {column!r}, labels padded to {width}; "
                  "evaluation decodes greedily (CTC) and reports word error rate")
     encoded_data = SpeechData(
         train=encoded["train"], eval=encoded[eval_name] if eval_name is not None else None,
-        input_names=audio_data.input_names(extractor), bucket_lengths=buckets, label_names=[],
+        input_names=audio_task.input_names(extractor), bucket_lengths=buckets, label_names=[],
         notes=notes, host=tokenizer, label_length=width,
         eval_frames=frames[eval_name] if eval_name is not None else None)
     return Prepared(encoded_data, model_kwargs(context, tokenizer, notes))
@@ -263,7 +262,7 @@ def model_kwargs(context: TaskContext, tokenizer: Any, notes: list[str]) -> dict
                 f"tokenizer {size} tokens: pass a model whose vocab_size is {size}, or its "
                 "name or folder (the head is then resized).")
         return {}
-    kwargs = audio_data.graph_kwargs(model_config, notes)
+    kwargs = audio_task.graph_kwargs(model_config, notes)
     if getattr(model_config, "vocab_size", None) != size:
         kwargs.update(vocab_size=size, ignore_mismatched_sizes=True)
         notes.append(f"the CTC head sized for the tokenizer's {size} tokens (newly initialized)")
@@ -279,15 +278,15 @@ def prepare_predict(inputs: list[Any], context: PredictContext,
     processor, notes, mixed = context.tokenizer, [], []
     extractor = processor.feature_extractor
     rate = int(extractor.sampling_rate)
-    clips = [audio_data.clip_of(value, rate, f"input {row}", rate, mixed)
+    clips = [audio_task.clip_of(value, rate, f"input {row}", rate, mixed)
              for row, value in enumerate(inputs)]
     if mixed:
         notes.append(f"{len(mixed)} clips mixed down to one channel")
     lengths = [len(clip) for clip in clips]
-    buckets = audio_data.choose_buckets(lengths, max(lengths), rate, max_length, 1)
+    buckets = audio_task.choose_buckets(lengths, max(lengths), rate, max_length, 1)
     labels = np.full((len(clips), 1), IGNORE, np.int64)
-    split = audio_data.encode_split("predict", clips, labels, buckets, extractor)
-    return SpeechData(train=None, eval=split, input_names=audio_data.input_names(extractor),
+    split = audio_task.encode_split("predict", clips, labels, buckets, extractor)
+    return SpeechData(train=None, eval=split, input_names=audio_task.input_names(extractor),
                       bucket_lengths=buckets, label_names=[], notes=notes,
                       host=processor.tokenizer, label_length=1,
                       eval_frames=clip_frames(context.model_config, clips, buckets))

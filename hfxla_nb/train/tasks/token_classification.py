@@ -14,34 +14,289 @@ conlleval mode), per entity type too, and the token accuracy over words.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import token_classification_data
-from .base import Task
-from .registry import register_task
-from .token_classification_data import (  # noqa: F401 - the task's names, read from here too
-    IGNORE,
-    TAGS_COLUMN,
-    WORD_PATTERN,
-    WORDS_COLUMN,
-    WordRows,
-    encode_blocks,
-    encode_words,
-    pad_values,
-    tag_names_of,
-)
+from .. import batching, data, preparation
+from ..config import FineTuneConfig, FineTuneError
+from ..preparation import Prepared, Splits, TaskContext
+from . import register_task
+from .base import MaxLength, Task
+from .classification import head_kwargs
 
 if TYPE_CHECKING:
     import torch
 
     from ..batching import EncodedData
     from ..config import FineTuneConfig
-    from ..kernel.preparation import Prepared, Splits, TaskContext
     from ..predict import PredictContext
-    from ..worker.batch import Batch
-    from ..worker.context import WorkerContext
+    from ..preparation import Prepared, Splits, TaskContext
+    from ..worker.context import Batch, WorkerContext
+
+
+IGNORE = -100
+WORDS_COLUMN = "tokens"
+TAGS_COLUMN = "ner_tags"
+#: How `predict` splits a plain text into words: runs of word characters, or one symbol.
+WORD_PATTERN = re.compile(r"\w+|[^\w\s]")
+
+
+@dataclass
+class WordRows:
+    """What the host keeps per row of a split to decode tags back to words."""
+
+    words: list[list[str]]
+    first_tokens: list[np.ndarray]  # per row: the position of each kept word's first sub-token
+    tags: list[list[str]] | None  # the reference tags (evaluation), None for predict
+    spans: list[list[tuple[int, int]]] | None = None  # predict: each word's characters
+    texts: list[str] | None = None  # predict: the texts as given
+
+
+def _columns(config: Any) -> tuple[str, str]:
+    """The words and tags columns: the config's, or conll2003's names when left at default."""
+    words = config.text_column if config.text_column != "text" else WORDS_COLUMN
+    tags = config.label_column if config.label_column != "label" else TAGS_COLUMN
+    return words, tags
+
+
+def _check_columns(ds: Any, split: str, words: str, tags: str) -> None:
+    present = list(ds.column_names)
+    missing = [c for c in (words, tags) if c not in present]
+    if missing:
+        raise FineTuneError(
+            f"the {split} data has no column {' and no '.join(map(repr, missing))}; its columns "
+            f"are: {', '.join(map(repr, present)) or '(none)'}. task='token-classification' "
+            f"needs a column of word lists ({words!r}) and one of tag lists ({tags!r}), one tag "
+            "per word: pass text_column=... (the words) and label_column=... (the tags) with "
+            "the names of yours."
+        )
+
+
+def tag_names_of(ds: Any, column: str) -> list[str] | None:
+    """The names of a `Sequence(ClassLabel)` column (conll2003's `ner_tags`), else None."""
+    feature = ds.features.get(column) if hasattr(ds, "features") else None
+    inner = getattr(feature, "feature", None)
+    if inner is None and isinstance(feature, list) and feature:
+        inner = feature[0]
+    names = getattr(inner, "names", None)
+    return list(names) if names else None
+
+
+def _check_rows(words: list, tags: list, split: str, words_column: str,
+                tags_column: str) -> None:
+    """Every row: a list of strings, and as many tags as words; say how many do not."""
+    for row, value in enumerate(words):
+        if isinstance(value, str):
+            raise FineTuneError(
+                f"row {row} of {words_column!r} ({split}) is a string ({value[:40]!r}), not a "
+                "list of words: split it first, e.g. dataset.map(lambda r: {"
+                f"{words_column!r}: r[{words_column!r}].split()}})."
+            )
+        if not isinstance(value, (list, tuple)) or not all(isinstance(w, str) for w in value):
+            raise FineTuneError(
+                f"row {row} of {words_column!r} ({split}) must be a list of words (strings); "
+                f"it is {data.short(value)}."
+            )
+    bad = [row for row, (w, t) in enumerate(zip(words, tags, strict=True))
+           if not isinstance(t, (list, tuple)) or len(t) != len(w)]
+    if bad:
+        row = bad[0]
+        got = (f"{len(tags[row])} tags" if isinstance(tags[row], (list, tuple))
+               else f"a {type(tags[row]).__name__}")
+        raise FineTuneError(
+            f"{len(bad)} {split} row(s) have tags that do not match their words (one tag per "
+            f"word in {tags_column!r}); the first is row {row}: {len(words[row])} words, {got}. "
+            "Fix or drop those rows, e.g. dataset.filter(lambda r: len(r[tags]) == "
+            "len(r[words]))."
+        )
+
+
+def _tag_ids(raw: dict[str, list], names_from_data: list[str] | None,
+             model_names: list[str] | None, column: str) -> tuple[list[str], dict[str, list]]:
+    """Tag names and every row's tags as ids."""
+    values = [tag for rows in raw.values() for row in rows for tag in row]
+    kinds = {data.value_kind(v) for v in values}
+    if kinds - {"int", "str"} or len(kinds) > 1:
+        raise FineTuneError(
+            f"tags in {column!r} must be all tag names (str) or all tag ids (int); found "
+            f"{', '.join(sorted(kinds))}."
+        )
+    if kinds == {"str"}:
+        present = set(values)
+        if model_names and present <= set(model_names):
+            names = list(model_names)
+        else:
+            names = sorted(present, key=lambda t: (t != "O", t[2:], t))  # "O" first, B- before I-
+        index = {name: i for i, name in enumerate(names)}
+        return names, {split: [[index[t] for t in row] for row in rows]
+                       for split, rows in raw.items()}
+    names = names_from_data or model_names
+    highest = max(values, default=0)
+    if names is None:
+        names = [f"LABEL_{i}" for i in range(highest + 1)]
+    if highest >= len(names) or min(values, default=0) < 0:
+        raise FineTuneError(
+            f"tag id {highest if highest >= len(names) else min(values)} in {column!r} is out "
+            f"of range: the tags are {len(names)} ({', '.join(names[:6])}...)."
+        )
+    return list(names), {split: [list(map(int, row)) for row in rows]
+                         for split, rows in raw.items()}
+
+
+def _first_tokens(word_ids: list[int | None]) -> np.ndarray:
+    """Positions of each word's first sub-token, in word order."""
+    first, previous = [], None
+    for position, word in enumerate(word_ids):
+        if word is not None and word != previous:
+            first.append(position)
+        previous = word
+    return np.asarray(first, dtype=np.int64)
+
+
+def encode_words(tokenizer: Any, words: list[list[str]], tag_ids: list[list[int]] | None,
+                 cap: int) -> tuple[dict, list[np.ndarray], int]:
+    """Tokenize pre-split words (at most `cap` tokens) and put each word's tag on its first
+    sub-token. Returns the tokenizer's output with "labels", the first sub-token positions of
+    each row, and how many rows lost words to truncation."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise FineTuneError(
+            "task='token-classification' needs a fast tokenizer (it maps sub-tokens back to "
+            "words): pass tokenizer=AutoTokenizer.from_pretrained(..., use_fast=True)."
+        )
+    encoded = tokenizer(words, is_split_into_words=True, truncation=True, max_length=cap,
+                        padding=False, return_attention_mask=True)
+    firsts, labels, cut = [], [], 0
+    for row in range(len(words)):
+        word_ids = encoded.word_ids(row)
+        first = _first_tokens(word_ids)
+        firsts.append(first)
+        cut += len(first) < len(words[row])
+        label = np.full(len(word_ids), IGNORE, dtype=np.int64)
+        if tag_ids is not None:
+            label[first] = np.asarray(tag_ids[row][:len(first)], dtype=np.int64)
+        labels.append(label)
+    result = {key: list(value) for key, value in encoded.items()}
+    result["labels"] = labels
+    return result, firsts, cut
+
+
+def encode_blocks(name: str, encoded: dict, input_names: list[str], label_name: str,
+                  buckets: list[int], pad_values: dict[str, int], side: str,
+                  truncated: int) -> batching.EncodedSplit:
+    """Bucket rows whose labels are one token-aligned block (`label_name`, padded with -100):
+    the block becomes the bucket's `[rows, length]` labels."""
+    split = batching.encode_split(name, encoded, np.zeros(len(encoded["input_ids"]), np.int64),
+                                  [*input_names, label_name], buckets,
+                                  {**pad_values, label_name: IGNORE}, side, truncated)
+    k = len(input_names)
+    for bucket in split.buckets:
+        bucket.labels = bucket.inputs[:, k * bucket.length:].astype(np.int64)
+        bucket.inputs = np.ascontiguousarray(bucket.inputs[:, :k * bucket.length])
+    return split
+
+
+def pad_values(tokenizer: Any, notes: list[str]) -> dict[str, int]:
+    pad_id = preparation.pad_id(tokenizer, notes)
+    return {"input_ids": pad_id if pad_id is not None else 0,
+            "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0) or 0}
+
+
+def prepare(splits: Splits, config: FineTuneConfig, context: TaskContext) -> Prepared:
+    """Words and tags checked, each word's tag on its first sub-token, rows bucketed;
+    the head sized for the tags."""
+    words_column, tags_column = _columns(config)
+    eval_name = splits.eval_name
+    words, raw_tags, names_from_data = {}, {}, None
+    for split, ds in splits.named.items():
+        _check_columns(ds, split, words_column, tags_column)
+        words[split] = [list(row) if isinstance(row, (list, tuple)) else row
+                        for row in ds[words_column]]
+        raw_tags[split] = list(ds[tags_column])
+        _check_rows(words[split], raw_tags[split], split, words_column, tags_column)
+        names_from_data = names_from_data or tag_names_of(ds, tags_column)
+    model_names = data.meaningful_label_names(getattr(context.model_config, "id2label",
+                                                      None))
+    names, tag_ids = _tag_ids(raw_tags, names_from_data, model_names, tags_column)
+    if context.fixed_labels is not None and len(names) > context.fixed_labels:
+        raise FineTuneError(
+            f"the tags need {len(names)} classes, but the model's head has "
+            f"{context.fixed_labels} outputs. Create it with num_labels={len(names)}, or "
+            "pass the model's name or folder so fine_tune can size the head.")
+    tokenizer = context.tokenizer
+    cap = preparation.length_cap(config, context.model_config, tokenizer)
+    notes: list[str] = []
+    encoded, host, cut = {}, {}, {}
+    for split in splits.named:
+        encoded[split], firsts, cut[split] = encode_words(tokenizer, words[split],
+                                                          tag_ids[split], cap)
+        host[split] = WordRows(words[split], firsts,
+                               [[names[i] for i in row] for row in tag_ids[split]])
+    preparation.check_batch_fits(config, len(words["train"]))
+    buckets = batching.split_buckets(encoded, cap, config.max_length, config.rows_per_step)
+    pads = pad_values(tokenizer, notes)
+    input_names = batching.input_names_of(tokenizer, encoded["train"])
+    side = getattr(tokenizer, "padding_side", "right") or "right"
+    encoded_splits = {split: encode_blocks(split, encoded[split], input_names, "labels",
+                                           buckets, pads, side, cut[split])
+                      for split in splits.named}
+    encoded_data = batching.EncodedData(
+        train=encoded_splits["train"],
+        eval=encoded_splits.get(eval_name) if eval_name is not None else None,
+        input_names=input_names, bucket_lengths=list(map(int, buckets)),
+        label_names=list(names), notes=notes,
+        host={"eval": host.get(eval_name) if eval_name is not None else None},
+    )
+    kwargs = head_kwargs(context.model_config, context.fixed_labels, names,
+                         pads["input_ids"])
+    return Prepared(encoded_data, kwargs)
+
+
+def prepare_predict(inputs: list[Any], context: PredictContext,
+                    max_length: int | None) -> batching.EncodedData:
+    """Texts (split into words by `WORD_PATTERN`) or lists of words, encoded like
+    evaluation rows (labels unknown)."""
+    texts, words, spans = [], [], []
+    for row, value in enumerate(inputs):
+        if isinstance(value, str):
+            found = list(WORD_PATTERN.finditer(value))
+            texts.append(value)
+            words.append([m.group() for m in found])
+            spans.append([m.span() for m in found])
+        elif isinstance(value, (list, tuple)) and all(isinstance(w, str) for w in value):
+            row_spans, at = [], 0
+            for word in value:
+                row_spans.append((at, at + len(word)))
+                at += len(word) + 1
+            texts.append(" ".join(value))
+            words.append(list(value))
+            spans.append(row_spans)
+        else:
+            raise FineTuneError(
+                f"input {row} is a {type(value).__name__}; token-classification predicts "
+                "on texts (str) or lists of words.")
+    tokenizer = context.tokenizer
+    cap = preparation.length_cap(MaxLength(max_length), context.model_config, tokenizer)
+    encoded, firsts, cut = encode_words(tokenizer, words, None, cap)
+    lengths = [len(ids) for ids in encoded["input_ids"]]
+    buckets = ([max_length] if max_length else
+               batching.choose_buckets(lengths, cap, min_rows=1))
+    notes: list[str] = []
+    input_names = batching.input_names_of(tokenizer, encoded)
+    split = encode_blocks("predict", encoded, input_names, "labels", buckets,
+                          pad_values(tokenizer, notes),
+                          getattr(tokenizer, "padding_side", "right") or "right", cut)
+    return batching.EncodedData(
+        train=None, eval=split, input_names=input_names,
+        bucket_lengths=list(map(int, buckets)), label_names=_model_tags(context),
+        notes=notes, host={"eval": WordRows(words, firsts, None, spans, texts)})
+
+
+def _model_tags(context: Any) -> list[str]:
+    id2label = context.model_config.id2label
+    return [str(id2label[key]) for key in sorted(id2label, key=int)]
 
 
 class TokenClassification(Task):
@@ -62,7 +317,7 @@ class TokenClassification(Task):
                 context: TaskContext) -> Prepared:
         """Words and tags checked, each word's tag on its first sub-token, rows bucketed;
         the head sized for the tags (`token_classification_data.py`)."""
-        return token_classification_data.prepare(splits, config, context)
+        return prepare(splits, config, context)
 
     def prediction_table(self, predictions: list[dict[str, Any]]
                          ) -> tuple[list[dict[str, Any]], list[str] | None]:
@@ -75,7 +330,7 @@ class TokenClassification(Task):
                         max_length: int | None) -> EncodedData:
         """Texts (split into words by `WORD_PATTERN`) or lists of words, encoded like
         evaluation rows (labels unknown)."""
-        return token_classification_data.prepare_predict(inputs, context, max_length)
+        return prepare_predict(inputs, context, max_length)
 
     # -- worker side -----------------------------------------------------------------------
 

@@ -13,20 +13,185 @@ and scores them with jiwer's word error rate.
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .seq2seq import generate_synced
-from .seq2seq_generation import generated_texts
+from .. import batching
+from ..config import FineTuneConfig, FineTuneError
+from ..preparation import Prepared, Splits, TaskContext
+from . import audio_classification as audio_task
+from . import speech_data
+from .seq2seq import generate_synced, generated_texts
 from .speech_data import IGNORE
-from .whisper_data import FEATURES_INPUT, WhisperData
 
 if TYPE_CHECKING:
     import torch
 
-    from ..worker.batch import Batch
-    from ..worker.context import WorkerContext
+    from ..predict import PredictContext
+    from ..worker.context import Batch, WorkerContext
+
+
+FEATURES_INPUT = "input_features"
+#: The config attribute (saved with the model) that keeps the target length for `predict`.
+SETTINGS_KEY = "hfxla_nb_speech"
+
+
+@dataclass
+class WhisperData(batching.EncodedData):
+    """`EncodedData` of a Whisper run: the length every row's labels (and the decoder
+    inputs, and what evaluation generates) are padded to, the decoder prompt, the metrics
+    to report."""
+
+    target_length: int = 0
+    prompt: list[int] = field(default_factory=list)
+    text_metrics: tuple[str, ...] = ("wer",)
+    #: Evaluation generates a token per graph and syncs after each: not compiled ahead.
+    eval_ahead: bool = False
+
+
+def is_whisper(model_config: Any) -> bool:
+    """Whether the model is a Whisper encoder-decoder (log-mel features in, tokens out)."""
+    return getattr(model_config, "model_type", None) == "whisper"
+
+
+def check_processor(processor: Any, model_config: Any) -> None:
+    """Refuse a processor that is not Whisper's, or whose feature extractor's window is not
+    the one the encoder embeds (`max_source_positions`, two frames each)."""
+    extractor = processor.feature_extractor
+    names = list(getattr(extractor, "model_input_names", None) or [])
+    frames = getattr(extractor, "nb_max_frames", None)
+    if not names or names[0] != FEATURES_INPUT or frames is None:
+        raise FineTuneError(
+            f"a Whisper model takes log-mel features, and the processor's feature extractor "
+            f"({type(extractor).__name__}) makes {names or 'no inputs'}. Pass the model's "
+            "WhisperProcessor: tokenizer=WhisperProcessor.from_pretrained(...).")
+    positions = int(model_config.max_source_positions)
+    if int(frames) != 2 * positions:
+        raise FineTuneError(
+            f"the feature extractor makes {frames} frames a clip (chunk_length="
+            f"{extractor.chunk_length} s) and the Whisper encoder embeds {2 * positions} "
+            f"(max_source_positions={positions}, two frames each). Pass the feature extractor "
+            "saved with the model, or one whose chunk_length gives "
+            f"{2 * positions} frames.")
+
+
+def target_length(labels: dict[str, list[list[int]]], config: FineTuneConfig,
+                  model_config: Any, prompt: list[int]) -> int:
+    """The labels' one length (`speech_data.label_length`: `max_target_length`, refused when
+    a transcript is longer), refused beyond the decoder's `max_target_positions`."""
+    try:
+        width = speech_data.label_length(labels, config.max_target_length)
+    except FineTuneError as error:
+        raise FineTuneError(
+            f"{error} A Whisper label counts the prompt after its start token "
+            f"({len(prompt) - 1} tokens), the transcript's tokens and the end token.") from None
+    limit = int(model_config.max_target_positions)
+    if width > limit:
+        longest = max(len(ids) for rows in labels.values() for ids in rows)
+        raise FineTuneError(
+            f"the labels would be {width} tokens (the prompt, the transcript and its end "
+            f"token; the longest is {longest}), and the Whisper decoder embeds "
+            f"{limit} (max_target_positions). Drop or split the longer transcripts, or pass "
+            f"max_target_length={limit} or less.")
+    return width
+
+
+def encode_split(name: str, clips: list[np.ndarray], labels: np.ndarray,
+                 extractor: Any) -> batching.EncodedSplit:
+    """One bucket: every clip as log-mel features padded or cut to the extractor's window
+    (as the ASR pipeline makes them), the labels as label columns."""
+    features = extractor(clips, sampling_rate=extractor.sampling_rate,
+                         return_tensors="np")[FEATURES_INPUT].astype(np.float32)
+    window = int(extractor.n_samples)
+    cut = int(sum(len(clip) > window for clip in clips))
+    bucket = batching.Bucket(window, np.zeros((len(clips), 0), np.int32), labels,
+                             np.arange(len(clips)))
+    bucket.fields[FEATURES_INPUT] = features
+    return batching.EncodedSplit(name, [bucket], len(clips), cut)
+
+
+def prepare(splits: Splits, config: FineTuneConfig, context: TaskContext,
+            metrics: tuple[str, ...]) -> Prepared:
+    """Clips and transcripts read and checked, features made, labels padded to one length;
+    the target length kept in the saved model's config (for `predict`)."""
+    processor, notes = context.tokenizer, []
+    check_processor(processor, context.model_config)
+    extractor, tokenizer = processor.feature_extractor, processor.tokenizer
+    audio = config.source_column or audio_task.AUDIO_COLUMN
+    column = speech_data.transcript_column(splits.train, config)
+    labels, clips = {}, {}
+    for split, ds in splits.named.items():
+        speech_data.check_columns(ds, split, audio, column)
+        # The prompt's first token is the decoder's start: the model adds it back.
+        labels[split] = [ids[1:] for ids in speech_data.read_transcripts(ds, split, column,
+                                                                         tokenizer)]
+        clips[split] = audio_task.read_clips(ds, split, audio, int(extractor.sampling_rate),
+                                             notes)
+    prompt = [int(i) for i in tokenizer.prefix_tokens]
+    width = target_length(labels, config, context.model_config, prompt)
+    encoded = {split: encode_split(split, clips[split], speech_data.padded(labels[split], width),
+                                   extractor) for split in clips}
+    notes.append(f"speech recognition (Whisper): clips as {extractor.chunk_length} s of "
+                 f"log-mel features, transcripts from {column!r} after the prompt "
+                 f"{''.join(tokenizer.convert_ids_to_tokens(prompt))}, labels padded to "
+                 f"{width}; evaluation generates greedily and reports word error rate")
+    eval_name = splits.eval_name
+    data = WhisperData(
+        train=encoded["train"], eval=encoded[eval_name] if eval_name is not None else None,
+        input_names=[FEATURES_INPUT], bucket_lengths=[int(extractor.n_samples)],
+        label_names=[], notes=notes, host=tokenizer, target_length=width, prompt=prompt,
+        text_metrics=metrics)
+    return Prepared(data, model_kwargs(context, tokenizer, width, notes))
+
+
+def model_kwargs(context: TaskContext, tokenizer: Any, width: int,
+                 notes: list[str]) -> dict[str, Any]:
+    """`from_pretrained` arguments: the target length kept in the config, layer drop and
+    SpecAugment off (a random draw per step: a new graph per step on XLA); a vocabulary
+    smaller than the tokenizer's refused."""
+    model_config = context.model_config
+    if int(model_config.vocab_size) < len(tokenizer):
+        raise FineTuneError(
+            f"the Whisper model embeds {model_config.vocab_size} tokens and the tokenizer has "
+            f"{len(tokenizer)}: pass the tokenizer saved with the model, or resize the "
+            "model's embeddings first (model.resize_token_embeddings(len(tokenizer))).")
+    if context.instance is not None:
+        return {}
+    config = copy.deepcopy(model_config)
+    changed = [name for name in ("encoder_layerdrop", "decoder_layerdrop", "apply_spec_augment")
+               if getattr(config, name, 0)]
+    for name in changed:
+        setattr(config, name, False if name == "apply_spec_augment" else 0.0)
+    if changed:
+        notes.append(f"{' and '.join(changed)} turned off: a random draw per step would "
+                     "compile a new graph per step on XLA")
+    setattr(config, SETTINGS_KEY, {"max_target_length": width})
+    return {"config": config}
+
+
+def prepare_predict(inputs: list[Any], context: PredictContext) -> WhisperData:
+    """Clips (`{"array", "sampling_rate"}` dicts, or 1-D arrays at the extractor's rate, as
+    the ASR pipeline takes them) as features; the target length the model was fine-tuned
+    with (kept in its config), else its decoder's `max_target_positions`."""
+    processor, notes, mixed = context.tokenizer, [], []
+    check_processor(processor, context.model_config)
+    extractor, tokenizer = processor.feature_extractor, processor.tokenizer
+    rate = int(extractor.sampling_rate)
+    clips = [audio_task.clip_of(value, rate, f"input {row}", rate, mixed)
+             for row, value in enumerate(inputs)]
+    if mixed:
+        notes.append(f"{len(mixed)} clips mixed down to one channel")
+    settings = getattr(context.model_config, SETTINGS_KEY, None) or {}
+    width = int(settings.get("max_target_length")
+                or context.model_config.max_target_positions)
+    labels = np.full((len(clips), width), speech_data.IGNORE, np.int64)
+    return WhisperData(train=None, eval=encode_split("predict", clips, labels, extractor),
+                       input_names=[FEATURES_INPUT], bucket_lengths=[int(extractor.n_samples)],
+                       label_names=[], notes=notes, host=tokenizer, target_length=width,
+                       prompt=[int(i) for i in tokenizer.prefix_tokens])
 
 
 def _forward(ctx: WorkerContext, batch: Batch) -> tuple[Any, Any, Any]:

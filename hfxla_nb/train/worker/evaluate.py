@@ -6,21 +6,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ... import _xla
+from ... import _xla, patches
 from ...events import Progress, emit, worker_rank
 from ...observe.reporting import count_in_bar
 from .. import batching
+from ..plan import TrainPlan
+from .context import WorkerContext
 
 if TYPE_CHECKING:
     import torch
 
     from ..batching import EncodedSplit
-    from .batch import Batch
-    from .context import WorkerContext
+    from .context import Batch, WorkerContext
 
 
 def evaluate(ctx: WorkerContext, ahead: EvalAhead | None = None) -> dict[str, float]:
@@ -255,3 +256,21 @@ def row_losses(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     losses = torch.nn.functional.cross_entropy(logits, batch.tokens[:, -2].long(),
                                                reduction="none")
     return torch.where(weights > 0, losses, torch.zeros_like(losses))
+
+
+def predict_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
+    """Runs in the launched worker: returns the predictions (plain Python), the graphs
+    compiled, the seconds taken and the seconds of them spent compiling."""
+    if not _xla.is_spmd():
+        _xla.use_spmd()  # before any tensor touches the device
+    with patches.applied():
+        ctx = WorkerContext.load(plan, train=False)
+        before, _ = _xla.compile_times()
+        start = time.perf_counter()
+        batches, fetched = run_batches(ctx, bar="predict")  # the bar says what runs
+        predictions = ctx.task.decode(plan.data, batches, fetched)
+        seconds = time.perf_counter() - start
+        count, times = _xla.compile_times()
+        compiles = count - before
+        return {"predictions": predictions, "seconds": seconds, "compiles": compiles,
+                "compile_seconds": sum(times[len(times) - compiles:]) if compiles else 0.0}

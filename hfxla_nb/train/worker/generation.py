@@ -11,25 +11,297 @@ tokens and however early every row ends: the prompt's and one decoding step's.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from ... import _xla
+from ... import _xla, patches
 from ...events import Generated, emit, worker_channel, worker_rank
-from .. import patches
-from ..generation_options import (
+from ...launch.output import quiet_loading
+from .. import preparation
+from ..config import (
     GenerationOptions,
     check_room,
+    cut_at_stop,
     finished_text,
     model_generation_config,
     prompt_rows,
     resolve_options,
 )
-from ..kernel import sources
-from ..quiet_loading import quiet_loading
-from .decoding import Decoded, DecodeHooks, decode
+
+if TYPE_CHECKING:
+    import torch
+
+
+# lowbias32's constants (Chris Wellons' hash prospector), written as signed int32.
+_MULTIPLY_1 = 0x7FEB352D
+_MULTIPLY_2 = 0x846CA68B - 2**32
+_GOLDEN = 0x9E3779B9 - 2**32
+
+
+def uses_seen(options: GenerationOptions) -> bool:
+    """Whether the decoding keeps a mask of the tokens seen so far (repetition penalty)."""
+    return options.repetition_penalty is not None and options.repetition_penalty != 1.0
+
+
+def seen_tokens(ids: torch.Tensor, mask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """`[rows, vocab]` bool: the prompt's tokens (padding, `mask` 0, left out)."""
+    import torch
+
+    seen = torch.zeros(ids.shape[0], vocab, dtype=torch.bool, device=ids.device)
+    return seen.scatter(1, ids.long(), mask.bool())
+
+
+def add_seen(seen: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """`seen` with each row's new token (`[rows, 1]`) marked (a comparison, no scatter)."""
+    import torch
+
+    return seen | (torch.arange(seen.shape[1], device=seen.device)[None, :] == token)
+
+
+def processed_logits(logits: torch.Tensor, options: GenerationOptions,
+                     seen: torch.Tensor | None = None) -> torch.Tensor:
+    """`[rows, vocab]` float32 logits after transformers' processors for these options
+    (removed tokens at -inf), as `generate` would apply them."""
+    import torch
+
+    scores = logits.float()
+    if seen is not None and uses_seen(options):
+        penalty = float(options.repetition_penalty)
+        penalised = torch.where(scores < 0, scores * penalty, scores / penalty)
+        scores = torch.where(seen, penalised, scores)
+    if not options.do_sample:
+        return scores
+    if options.temperature is not None and options.temperature != 1.0:
+        scores = scores / float(options.temperature)
+    if options.top_k is not None and options.top_k != 0:
+        k = min(max(int(options.top_k), 1), scores.shape[-1])
+        kth = torch.topk(scores, k)[0][..., -1, None]
+        scores = scores.masked_fill(scores < kth, -float("inf"))
+    if options.top_p is not None and options.top_p < 1.0:
+        scores = _top_p(scores, float(options.top_p))
+    if options.min_p is not None:
+        probs = scores.softmax(-1)
+        # The most likely token always stays (its probability is the maximum).
+        floor = float(options.min_p) * probs.amax(-1, keepdim=True)
+        scores = scores.masked_fill(probs < floor, -float("inf"))
+    return scores
+
+
+def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """TopPLogitsWarper: drop the least likely tokens whose total probability is at most
+    1 - top_p, keeping at least the most likely one."""
+    import torch
+
+    ordered, order = torch.sort(scores, descending=False)
+    cumulative = ordered.softmax(-1).cumsum(-1)
+    drop = cumulative <= (1 - top_p)
+    last = torch.arange(drop.shape[-1], device=drop.device)[None, :] == drop.shape[-1] - 1
+    drop = drop & ~last
+    removed = drop.scatter(1, order, drop)
+    return scores.masked_fill(removed, -float("inf"))
+
+
+def next_tokens(logits: torch.Tensor, options: GenerationOptions, seen: torch.Tensor | None,
+                seed: torch.Tensor, keys: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """`[rows, 1]` int64: each row's next token, greedy or drawn.
+
+    Args:
+        logits: `[rows, vocab]` of the last position.
+        options: the decoding's options.
+        seen: the tokens seen so far (repetition penalty), or None.
+        seed: `[1]` int32 on the device (data: another seed compiles nothing).
+        keys: `[rows]` int32 row keys (the prompt's index: draws do not depend on the batch).
+        step: `[1]` int32, the new token's index.
+    """
+    scores = processed_logits(logits, options, seen)
+    if options.do_sample:
+        scores = scores + gumbel_noise(seed, keys, step, scores.shape[-1])
+    return scores.argmax(-1, keepdim=True)
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int32 `x`, shifting only non-negative values: torch_xla's `>>`
+    of a negative int32 rounds toward zero (a division), torch's CPU one toward -inf."""
+    return ((x & 0x7FFFFFFF) >> bits) + (x < 0).int() * (1 << (31 - bits))
+
+
+def _hash(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 on int32 tensors (products wrap around, as on any two's-complement device)."""
+    x = x ^ _shift_right(x, 16)
+    x = x * _MULTIPLY_1
+    x = x ^ _shift_right(x, 15)
+    x = x * _MULTIPLY_2
+    return x ^ _shift_right(x, 16)
+
+
+def uniform_noise(seed: torch.Tensor, keys: torch.Tensor, step: torch.Tensor,
+                  vocab: int) -> torch.Tensor:
+    """`[rows, vocab]` float32 in (0, 1): a hash of (seed, row key, step, token)."""
+    import torch
+
+    row = _hash(_hash(_hash(seed.int()) ^ keys.int()) ^ (step.int() * _GOLDEN))
+    tokens = torch.arange(vocab, dtype=torch.int32, device=keys.device)
+    bits = _hash(row[:, None] ^ (tokens[None, :] * _GOLDEN + 0x632BE5AB))
+    return (_shift_right(bits, 8).float() + 0.5) / float(1 << 24)
+
+
+def gumbel_noise(seed: torch.Tensor, keys: torch.Tensor, step: torch.Tensor,
+                 vocab: int) -> torch.Tensor:
+    """`[rows, vocab]` Gumbel(0, 1) noise: argmax(logits + noise) draws from softmax(logits)."""
+    return -(-uniform_noise(seed, keys, step, vocab).log()).log()
+
+
+@dataclass
+class DecodeHooks:
+    """What the engine does between steps, by where it runs.
+
+    Attributes:
+        sync: called with the state's tensors after the prompt and after every step (on XLA:
+            replicate them over the mesh, then `torch_xla.sync()`; on the CPU: nothing).
+        fetch: copies device tensors to the host in one transfer (on the CPU: as they are).
+        autocast: the context the forward passes run in (mixed precision), or None.
+        tokenizer: decodes the tokens at a check when there are stop strings.
+        on_check: called at each check with every row's tokens so far (host lists) and the
+            steps run: the tokens come in the check's one transfer (streaming).
+    """
+
+    sync: Callable[[list], None]
+    fetch: Callable[[list], list]
+    autocast: Callable[[], Any] | None = None
+    tokenizer: Any = None
+    on_check: Callable[[list[list[int]], int], None] | None = None
+
+
+@dataclass
+class Decoded:
+    """What a decoding returns.
+
+    Attributes:
+        tokens: `[rows, max_new_tokens]` on the device: the new tokens (after a row ended,
+            or after the last step run, whatever the buffer held).
+        steps: the decoding steps run (tokens chosen per row), `max_new_tokens` at most.
+        checks: the early-stop checks made (one small transfer each).
+        done: `[rows]` bool on the device: which rows produced an end-of-text token.
+    """
+
+    tokens: torch.Tensor
+    steps: int
+    checks: int
+    done: torch.Tensor
+
+
+def cache_argument(model: Any) -> str:
+    """The forward's name for the key/value cache (transformers 5: `cache`, before:
+    `past_key_values`)."""
+    return ("cache" if "cache" in inspect.signature(model.forward).parameters
+            else "past_key_values")
+
+
+def decode(model: Any, ids: torch.Tensor, mask: torch.Tensor, options: GenerationOptions,
+           hooks: DecodeHooks, keys: torch.Tensor | None = None,
+           live: torch.Tensor | None = None) -> Decoded:
+    """Decode up to `options.max_new_tokens` tokens for a batch of left-padded prompts.
+
+    Args:
+        model: a causal LM in eval mode, on the device of `ids`.
+        ids, mask: `[rows, length]` prompt ids and their attention mask (0 on padding).
+        options: the decoding's options.
+        hooks: sync, fetch and autocast for where it runs.
+        keys: `[rows]` row keys for the draws (default: the row's index).
+        live: `[rows]`, 0 for filler rows (never waited for); default every row.
+
+    Returns:
+        `Decoded`: the token buffer, the steps run and the checks made.
+    """
+    import torch
+    from transformers import StaticCache
+
+    rows, length = ids.shape
+    new, device = options.max_new_tokens, ids.device
+    ids, mask = ids.long(), mask.long()
+    full = torch.cat([mask, torch.ones(rows, new, dtype=mask.dtype, device=device)], dim=1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = StaticCache(config=model.config, max_cache_len=length + new)
+    name, autocast = cache_argument(model), hooks.autocast or nullcontext
+    state = {
+        "tokens": torch.zeros(rows, new, dtype=torch.long, device=device),
+        "done": (torch.zeros(rows, dtype=torch.bool, device=device) if live is None
+                 else live.reshape(rows) == 0),
+        "seen": (seen_tokens(ids, mask, model.config.vocab_size)
+                 if uses_seen(options) else None),
+        "position": positions[:, -1:],
+    }
+    seed = torch.tensor([options.seed & 0x7FFFFFFF], dtype=torch.int32, device=device)
+    keys = (torch.arange(rows, dtype=torch.int32, device=device) if keys is None
+            else keys.reshape(rows).int())
+    # Padded to 8 ids with -1 (no token): one, two or three end tokens share the graphs.
+    ends = list(options.eos_token_ids)
+    eos = torch.tensor(ends + [-1] * max(8 - len(ends), 0), dtype=torch.long, device=device)
+    columns = torch.arange(new, device=device)[None, :]
+    with autocast():
+        output = model(input_ids=ids, attention_mask=full[:, :length], position_ids=positions,
+                       cache_position=torch.arange(length, device=device), use_cache=True,
+                       **{name: cache})
+    step_tensor = torch.zeros(1, dtype=torch.int32, device=device)
+    state = _chosen(state, output.logits[:, -1], options, (seed, keys, step_tensor), columns,
+                    eos)
+    hooks.sync([tensor for tensor in state.values() if tensor is not None] + [full])
+    steps, checks, ended = 1, 0, [False] * rows
+    while steps < new:
+        if steps % options.check_every == 0:
+            checks += 1
+            if _all_ended(state, steps, options, hooks, ended):
+                break
+        state["position"] = state["position"] + 1
+        # Data, not constants: every step is the same graph.
+        where = torch.tensor([length + steps - 1], device=device)
+        step_tensor = torch.tensor([steps], dtype=torch.int32, device=device)
+        with autocast():
+            output = model(input_ids=state["token"], attention_mask=full,
+                           position_ids=state["position"], cache_position=where,
+                           use_cache=True, **{name: cache})
+        state = _chosen(state, output.logits[:, -1], options, (seed, keys, step_tensor),
+                        columns, eos)
+        hooks.sync([tensor for tensor in state.values() if tensor is not None] + [full])
+        steps += 1
+    return Decoded(state["tokens"], steps, checks, state["done"])
+
+
+def _chosen(state: dict, logits: torch.Tensor, options: GenerationOptions, draw: tuple,
+            columns: torch.Tensor, eos: torch.Tensor) -> dict:
+    """The state after choosing each row's token at step `draw[2]` and writing it down."""
+    import torch
+
+    seed, keys, step = draw
+    token = next_tokens(logits, options, state["seen"], seed, keys, step)
+    tokens = torch.where(columns == step.long(), token, state["tokens"])
+    done = state["done"] | (token == eos[None, :]).any(-1)
+    seen = add_seen(state["seen"], token) if state["seen"] is not None else None
+    return {"tokens": tokens, "done": done, "seen": seen, "position": state["position"],
+            "token": token}
+
+
+def _all_ended(state: dict, steps: int, options: GenerationOptions, hooks: DecodeHooks,
+               ended: list[bool]) -> bool:
+    """Whether every row has ended: an end-of-text token (on the device), or a stop string
+    in its text so far (on the host; `ended` remembers those rows). One transfer."""
+    with_tokens = bool(options.stop_strings) or hooks.on_check is not None
+    fetched = hooks.fetch([state["done"], state["tokens"]] if with_tokens else [state["done"]])
+    done = fetched[0].tolist()
+    rows = fetched[1][:, :steps].tolist() if with_tokens else []
+    if hooks.on_check is not None:
+        hooks.on_check(rows, steps)
+    if options.stop_strings:
+        for i, row in enumerate(rows):
+            if not (done[i] or ended[i]):
+                text = hooks.tokenizer.decode(row, skip_special_tokens=True)
+                ended[i] = cut_at_stop(text, options.stop_strings)[1]
+    return all(d or e for d, e in zip(done, ended, strict=True))
 
 
 def generate(model: str | os.PathLike, prompts: str | list[str] | None = None,
@@ -138,7 +410,7 @@ def generate_rows(network: Any, tokenizer: Any, rows: list[list[int]],
         GenerationError: the padded prompts and the new tokens exceed the model's positions.
     """
     ids, mask, length = left_padded(tokenizer, rows, bucket, options.num_return_sequences)
-    check_room(rows, length, options, sources.position_limit(network.config))
+    check_room(rows, length, options, preparation.position_limit(network.config))
     device = next(network.parameters()).device
     return decode(network, ids.to(device), mask.to(device), options, hooks)
 

@@ -21,29 +21,70 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ... import _xla
+from ... import _xla, patches
 from ...events import Progress, emit, worker_rank
-from ...observe.bars import BAR_WARMUP_STEPS
+from ...observe.reader import BAR_WARMUP_STEPS
 from ...observe.reporting import MIN_INTERVAL, report
-from .. import batching, lora, patches
-from ..counts import COUNTED, EXECUTE
-from ..learning import learning_warnings
+from .. import batching, lora
+from ..config import COUNTED, EXECUTE
 from ..plan import TrainPlan
-from . import checkpoint as ckpt
+from ..result import learning_warnings
+from . import saving as ckpt
 from .context import WorkerContext
 from .evaluate import EvalAhead, announce_bar, evaluate
-from .fetcher import Fetcher
 from .optimizer import make_first_step_steady, make_optimizer
 from .saving import save_checkpoint, save_final
 
 if TYPE_CHECKING:
     import torch
 
-    from .clipping import GradientClipper
+    from .optimizer import GradientClipper
+
+
+class Fetcher:
+    """Runs the loop's loss fetches (`log`) one at a time on a thread of their own, in order.
+
+    A fetch in a step closure would wait there for the execution the closure's sync just
+    launched, and the next step could not be traced meanwhile. `drain` waits for the fetches
+    queued so far (and raises what one raised); `close` drains, then runs the last fetch, if
+    any, on the calling thread (after the final sync: nothing is left to overlap).
+
+    Args:
+        log: called as `log(step, loss_total, lr)`: reads the running loss (a device tensor)
+            and records it.
+    """
+
+    def __init__(self, log: Callable[[int, Any, float], None]) -> None:
+        self.log = log
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hfxla_nb-fetch")
+        self.pending: list[Future] = []
+
+    def submit(self, step: int, loss_total: Any, lr: float) -> None:
+        """Queues the fetch of logging point `step` (`loss_total`: the running loss tensor)."""
+        self.pending.append(self.pool.submit(self.log, step, loss_total, lr))
+
+    def drain(self) -> None:
+        """Waits for the fetches queued so far; raises what one raised."""
+        pending, self.pending = self.pending, []
+        for future in pending:
+            future.result()
+
+    def close(self, last: tuple | None) -> None:
+        """Drains, stops the thread, then runs the fetch `last` (`(step, loss_total, lr)`),
+        if any, here."""
+        try:
+            self.drain()
+        finally:
+            self.pool.shutdown(wait=True)
+        if last is not None:
+            self.log(*last)
+
 
 __all__ = ["STEADY_AFTER_STEPS", "Fetcher", "TrainingLoop", "counts", "train_worker"]
 
@@ -215,7 +256,7 @@ class TrainingLoop:
         moves the bar back."""
         plan = self.plan
         parameters = [p for p in self.ctx.model.parameters() if p.requires_grad]
-        from .clipping import GradientClipper  # imports torch: only in the worker
+        from .optimizer import GradientClipper  # imports torch: only in the worker
 
         # torch_xla's clip_grad_norm_, same ops, less host work per step (train/clipping.py).
         clip = (GradientClipper(parameters, plan.max_grad_norm)

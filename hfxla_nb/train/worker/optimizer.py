@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from ... import _xla
 from ..plan import TrainPlan
 
 if TYPE_CHECKING:
     import torch
-
-    from .adamw import AdamW
+    pass
     from .context import WorkerContext
 
 
@@ -20,7 +21,7 @@ def make_optimizer(model: torch.nn.Module, plan: TrainPlan
     transformers' "linear" schedule (warm up, then decay to 0 at the last step)."""
     import torch
 
-    from .adamw import AdamW  # imports torch: only in the worker
+    pass  # imports torch: only in the worker
 
     decay, no_decay = [], []
     for name, parameter in model.named_parameters():
@@ -72,3 +73,115 @@ def make_first_step_steady(ctx: WorkerContext, optimizer: AdamW,
     if ctx.spmd:
         _xla.replicate_unsharded([*ctx.model.parameters(), *states, loss_total], ctx.mesh)
     _xla.sync()
+
+
+class AdamW(torch.optim.AdamW):
+    """`torch.optim.AdamW` whose foreach update is traced out of place (same results)."""
+
+    def _plain(self, group: dict[str, Any]) -> bool:
+        return (group.get("foreach") is True and not group["amsgrad"] and not group["maximize"]
+                and not group["capturable"] and not group["differentiable"]
+                and not group.get("fused") and group.get("decoupled_weight_decay", True)
+                and all(isinstance(group[k], float) for k in ("lr", "eps", "weight_decay"))
+                and all(isinstance(beta, float) for beta in group["betas"])
+                and getattr(self, "grad_scale", None) is None
+                and getattr(self, "found_inf", None) is None
+                and hasattr(self, "_init_group"))
+
+    def step(self, closure=None):  # noqa: ANN001, ANN201 - torch's signature
+        """One update of every parameter group; torch's own step for uncommon settings."""
+        if not all(self._plain(group) for group in self.param_groups):
+            return super().step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with torch.no_grad():
+            for group in self.param_groups:
+                params, grads, exp_avgs, exp_avg_sqs, max_sqs, steps = [], [], [], [], [], []
+                has_complex = self._init_group(group, params, grads, exp_avgs, exp_avg_sqs,
+                                               max_sqs, steps)
+                if has_complex:
+                    raise NotImplementedError("complex parameters: use torch.optim.AdamW")
+                if params:
+                    _update(self.state, params, grads, exp_avgs, exp_avg_sqs, steps, group)
+        return loss
+
+
+def _same_or_each(values: list[float]) -> float | list[float]:
+    """One scalar when every tensor's is the same (the usual case: every parameter had a
+    gradient at every step), else one per tensor. On XLA each distinct scalar of a step is a
+    graph input uploaded on its own; the same value divides or multiplies the same way."""
+    first = values[0]
+    return first if all(value == first for value in values) else values
+
+
+def _update(state: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
+            steps: list, group: dict[str, Any]) -> None:
+    """torch's `_multi_tensor_adam` (capturable=False, decoupled weight decay), op for op,
+    with the in-place foreach ops written out of place: the parameters' new values are
+    copied in, the moments' new tensors replace the old ones in `state` (a copy would only
+    add ops to trace)."""
+    beta1, beta2 = group["betas"]
+    lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+    grouped = torch.optim.Optimizer._group_tensors_by_device_and_dtype(
+        [params, grads, exp_avgs, exp_avg_sqs, steps], with_indices=True)
+    for (device_params, device_grads, device_avgs, device_sqs, device_steps), indices in (
+            grouped.values()):
+        if device_steps[0].is_cpu:
+            torch._foreach_add_(device_steps, torch.tensor(1.0, device="cpu"), alpha=1.0)
+        else:
+            torch._foreach_add_(device_steps, 1)
+        new_params = device_params
+        if weight_decay != 0:
+            new_params = torch._foreach_mul(device_params, 1 - lr * weight_decay)
+        new_avgs = torch._foreach_lerp(device_avgs, device_grads, 1 - beta1)
+        new_sqs = torch._foreach_mul(device_sqs, beta2)
+        new_sqs = torch._foreach_addcmul(new_sqs, device_grads, device_grads, 1 - beta2)
+        step_values = [float(step) for step in device_steps]
+        bias_correction1 = [1 - beta1 ** step for step in step_values]
+        bias_correction2 = [1 - beta2 ** step for step in step_values]
+        step_size = [(lr / bc) * -1 for bc in bias_correction1]
+        bias_correction2_sqrt = [bc ** 0.5 for bc in bias_correction2]
+        denominator = torch._foreach_sqrt(new_sqs)
+        denominator = torch._foreach_div(denominator, _same_or_each(bias_correction2_sqrt))
+        denominator = torch._foreach_add(denominator, eps)
+        new_params = torch._foreach_addcdiv(new_params, new_avgs, denominator,
+                                            _same_or_each(step_size))
+        torch._foreach_copy_(device_params, new_params)
+        for index, avg, square in zip(indices, new_avgs, new_sqs, strict=True):
+            moments = state[params[index]]
+            moments["exp_avg"], moments["exp_avg_sq"] = avg, square
+
+
+class GradientClipper:
+    """Clips the gradients of `parameters` to a total L2 norm of `max_norm`.
+
+    Args:
+        parameters: the trained parameters (those without a gradient at a step are skipped).
+        max_norm: the largest total norm kept.
+    """
+
+    def __init__(self, parameters: list, max_norm: float) -> None:
+        self.parameters = list(parameters)
+        self.max_norm = float(max_norm)
+
+    def __call__(self) -> torch.Tensor:
+        """Clip now; returns the total norm before clipping (a device tensor)."""
+        with_grad = [p for p in self.parameters if p.grad is not None]
+        if not with_grad:
+            return torch.tensor(0.0)
+        grads = [p.grad for p in with_grad]
+        dtype, device = grads[0].dtype, grads[0].device
+        with torch.no_grad():
+            # The foreach forms trace the same per-gradient ops from one Python call each
+            # (a Python loop over the gradients was most of the clipping's host time).
+            total = torch.norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+            limit = torch.full((), self.max_norm, dtype=dtype, device=device)
+            coefficient = limit / (total + 1e-6)
+            one = torch.full((), 1.0, dtype=dtype, device=device)
+            value = torch.where(coefficient < 1, coefficient, one)
+            for parameter, clipped in zip(with_grad, torch._foreach_mul(grads, value),
+                                          strict=True):
+                parameter.grad = clipped
+        return total
