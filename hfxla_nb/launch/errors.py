@@ -1,8 +1,16 @@
-"""`LaunchError`: what the cell raises when a launched function failed.
+"""`LaunchError`: what the cell raises when a launched function failed, and what it says.
 
-It is also torch's `ChildFailedError`, so this module imports torch: it is imported only when a
-launch fails (and by `hx.LaunchError`, through the package's lazy exports), never by
-`import hfxla_nb` or the launcher's own import.
+The message says how the launch failed or timed out: the first failure and its traceback,
+and the ranks stopped because of it (or, after `timeout=`, the ranks still running).
+
+The cell's traceback ends at the user's call, not in the launcher. IPython shows every frame
+of a traceback, the last one always (it ignores `__tracebackhide__` there), so a failed launch
+would show a launcher frame between the user's cell and the message, which already holds the
+remote traceback. In IPython, `LaunchError` gets a custom exception handler that shows the
+same traceback without hfxla_nb's frames; nothing changes where another handler is already
+set, or outside IPython.
+
+`LaunchError` is also torch's `ChildFailedError`, so importing this module imports torch.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from ..observe.reader import LaunchReader
 from ..observe.tracing import is_library
 from ..states import BaseLaunchRecord, Outcome, RankState
 
+# -- what the message says --
 
 def failure_message(reader: LaunchReader) -> str:
     """The first failure, its traceback, and the ranks stopped because of it (or, after
@@ -73,6 +82,8 @@ def _user_line(traceback: str) -> str | None:
     return None
 
 
+# -- the traceback without hfxla_nb's frames --
+
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -117,6 +128,8 @@ def is_package_file(path: str) -> bool:
     """Whether `path` is one of hfxla_nb's own files."""
     return os.path.abspath(path).startswith(_PACKAGE + os.sep)
 
+
+# -- LaunchError: what the cell raises --
 
 class LaunchError(RuntimeError, ChildFailedError):
     """A launched function failed. `record` holds every rank's state; the message carries

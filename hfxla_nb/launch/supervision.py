@@ -1,8 +1,16 @@
 """The notebook side of a launch: fork the supervisor, relay its output, watch, stop, record.
 
 Runs on the cell's main thread (ipykernel drops display updates from other threads). What the
-events mean for the record is `observe.launch_reader.LaunchReader`'s job; this module moves
-bytes and signals.
+events mean for the record is `observe.reader.LaunchReader`'s job; this module moves bytes and
+signals, and keeps what the launch did.
+
+- The records: `LaunchRecord` and `RankRecord`, what a launch did rank by rank. Their plain
+  data and states are `hfxla_nb.states`' (the panels, a layer below, draw the same types);
+  here they gain each rank's XLA figures and the launch's table.
+- What the two watchers of a launch share (`LaunchWatch`): `Supervision` on one host, and
+  `launch.pods`' watch on the hosts of a Ray cluster. Which ranks' lines reach the cell, how
+  often the panel is redrawn and how a launch ends are decided once for both.
+- `Supervision`: the watch loop on one host.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from .processes import stop_group
 if TYPE_CHECKING:
     from ..ui import LaunchDisplay
 
+
+# -- the records: what a launch did, rank by rank --
 
 @dataclass
 class RankRecord(BaseRankRecord):
@@ -137,6 +147,8 @@ def _rank_row(rank: RankRecord) -> dict[str, Any]:
         row.update(figures)
     return row
 
+
+# -- what the watchers of one host and of a cluster share --
 
 REFRESH_INTERVAL = 0.25  # seconds between two redraws of the panel while a launch runs
 # Seconds a launch's processes have to exit once every rank finished. Past it the results are
@@ -316,6 +328,8 @@ def end_launch(reader: LaunchReader, display: LaunchDisplay, outcome: Outcome, b
     if outcome == Outcome.INTERRUPTED:
         print(interrupted_line, file=sys.stderr)
 
+
+# -- the watch loop on one host --
 
 POLL_INTERVAL = 0.1
 
