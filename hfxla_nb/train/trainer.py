@@ -34,7 +34,8 @@ try:  # transformers is optional for the package; the callback needs it
 except ImportError:  # pragma: no cover - transformers missing
     TrainerCallback = object  # type: ignore[assignment,misc]
 
-__all__ = ["XlaProgressCallback"]
+__all__ = ["XlaProgressCallback", "xla_training_arguments", "xla_trainer",
+           "TrainingArgumentsInKernelError"]
 
 _PROGRESS_CALLBACKS = ("ProgressCallback", "NotebookProgressCallback", "PrinterCallback")
 _SUMMARY_SUFFIXES = ("_runtime", "_per_second")
@@ -160,10 +161,6 @@ class XlaProgressCallback(TrainerCallback):
 
 
 # -- XLA-safe TrainingArguments, only inside a launched function --
-
-__all__ = ["XlaProgressCallback", "xla_training_arguments", "xla_trainer",
-           "TrainingArgumentsInKernelError"]
-
 
 class TrainingArgumentsInKernelError(RuntimeError):
     """`TrainingArguments` would start the XLA runtime in the notebook kernel."""

@@ -185,7 +185,8 @@ def aggregate(bars: list[BarView]) -> list[BarView]:
 
 # -- LaunchState: the launch's view --
 
-__all__ = ["BarView", "LaunchState", "LaunchView", "short_bar_note"]
+__all__ = ["BarView", "LaunchState", "LaunchView", "short_bar_note", "duration", "number", "score",
+           "size", "rate", "clock"]
 
 # Ranks are drawn one bar each up to this world size; above it, one bar per label.
 PER_RANK_MAX = 4
@@ -406,9 +407,6 @@ def _failure_line(rank: int | None, exc_type: str, world: int,
 
 
 # -- units for people --
-
-__all__ = ["duration", "number", "score", "size", "rate", "clock"]
-
 
 def number(value: float) -> str:
     """A value to show, in at most 6 characters (a sign aside): up to 4 significant digits

@@ -37,9 +37,9 @@ from ...runtime import detect
 from ...states import Outcome
 from ...ui import LaunchDisplay, launch_display
 from .. import preflight as local_preflight
-from ..errors import failure_message, launch_error
+from ..errors import launch_error
 from ..preflight import LaunchPlan, LaunchRefusedError
-from ..supervision import LaunchRecord, LaunchWatch, RankRecord, end_launch, shows
+from ..supervision import LaunchRecord, LaunchWatch, RankRecord, end_launch, failure_message, shows
 from .host import HostLaunch, installed_versions, pjrt_env
 
 # -- checks before anything starts on any host --
