@@ -48,7 +48,6 @@ SLOW = frozenset({
     "tests/test_lora.py::test_lora_auto_and_the_plan_decide_before_the_fork",  # 15 s, for 2
     "tests/test_lora_classifier.py::test_lora_on_a_task_without_it_is_refused_before_anything_happens",
     "tests/test_trainer.py::test_training_arguments_refuse_in_the_kernel",  # its module: peft
-    "tests/test_claims.py::test_every_test_the_claims_table_names_exists",  # parses every test
     "tests/test_task_plugins.py::test_no_task_name_is_compared_outside_the_tasks_package",
     "tests/test_causal_lm.py::test_bad_inputs_are_refused_before_anything_happens",  # a Llama
     "tests/test_task_auto.py::test_auto_picks_the_task_of_the_models_head",  # builds 4 models
