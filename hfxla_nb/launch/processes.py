@@ -214,6 +214,8 @@ def kernel_gains_no_process() -> Iterator[None]:
 
 
 COMPILE_WORKER = "torch/_inductor/compile_worker"
+#: Seconds torch's own shutdown of a compile-worker pool gets before its sidecar is stopped.
+COMPILE_POOL_GRACE = 5.0
 
 
 def keep_compile_pool_cold() -> bool:
@@ -242,7 +244,15 @@ def _shut_down_new_compile_workers(before: set[int]) -> None:
     async_compile = sys.modules.get("torch._inductor.async_compile")
     shutdown = getattr(async_compile, "shutdown_compile_workers", None)
     if shutdown is not None:
-        shutdown()
+        # torch's shutdown waits up to 300 s for the pool's sidecar to exit, and on Python 3.12
+        # with torch 2.9.1 the sidecar was seen ignoring it: the cell would hang for 5 minutes
+        # after the launch. torch is given a few seconds; a sidecar still there is stopped.
+        asked = threading.Thread(target=shutdown, name="hfxla_nb-pool-shutdown", daemon=True)
+        asked.start()
+        asked.join(COMPILE_POOL_GRACE)
+    for pid in set(children_of(os.getpid())) - before:
+        if COMPILE_WORKER in describe(pid):
+            stop_child(pid)
 
 
 def children_of(pid: int) -> list[int]:
