@@ -1,4 +1,4 @@
-"""Group 18: generation with the decoding engine (`train/worker/decoding.py`) on the demo's
+"""Group 18: generation with the decoding engine (`train/worker/generation.py`) on the demo's
 tiny Llama (`hfxla_nb/demo/lm.py`: freshly initialized, so its answers rarely end by
 themselves: every row runs `NEW_TOKENS` steps unless the end ids are chosen to end them).
 

@@ -23,7 +23,7 @@ CLASSIFICATION_ROWS = 400 if common.QUICK else 2000
 ROWS = 64 if common.QUICK else 128
 TARGET = 3.0
 #: Graphs per bucket where a task needs more than one: a causal LM's prompt and one decoding
-#: step (`lm_predict.py`).
+#: step (`train/tasks/causal_lm.py`).
 GRAPHS_PER_BUCKET = {"causal-lm": 2}
 
 

@@ -13,7 +13,7 @@ result = hx.fine_tune("bert-base-cased", dataset)
 Importing the package is cheap: torch, torch_xla and transformers are imported only by the
 functions that need them, and nothing here starts the XLA runtime. In a Jupyter kernel, what
 the first launch needs in the kernel is imported once the importing cell is done, while the
-kernel is idle (`launch/warm_up.py`), so the first launch is as quick as the next ones.
+kernel is idle (`launch.launcher.warm_up`), so the first launch is as quick as the next ones.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ _display_registered = False
 
 def _register_display() -> None:
     """Once per process, in a running IPython shell: draw `RuntimeInfo` and `FineTuneResult`
-    as panels (`ui.formatters`). The data classes themselves never import `ui`."""
+    as panels (`ui.panels.register`). The data classes themselves never import `ui`."""
     global _display_registered
     if not _display_registered:
         from .ui import panels

@@ -46,7 +46,7 @@ class Progress(Event):
 
     `late` marks values fetched for an earlier step and sent later (the training loop's loss,
     read on the fetcher's thread): they are not progress, so the bar keeps the values and
-    moves neither its step nor its clock (`observe.bars.advance`).
+    moves neither its step nor its clock (`observe.reader.advance`).
 
     `waiting` announces a bar that starts later (the evaluation after training): the panels
     draw it from now on, so they keep their height when it starts; its clock starts with its
@@ -79,7 +79,7 @@ class Compiled(Event):
     Attributes:
         pid: the process whose compilations these are (rank threads share one).
         records: compilations since the previous `Compiled` of this process
-            (`observe.compile_records.CompileRecord`, each sent once).
+            (`observe.tracing.CompileRecord`, each sent once).
         executions: every execution site so far (`ExecutionSite`: cumulative counts).
         device: what one device of the process has, when known from the hardware:
             `{"memory": bytes, "name": "a v5e chip"}`.
@@ -122,7 +122,7 @@ class Generated(Event):
 @dataclass(frozen=True)
 class LibraryWarning(Event):
     """A Python warning whose reported location is a library's, not the user's code
-    (`launch.library_warnings`): the notebook folds these into one line per kind."""
+    (`launch.output`): the notebook folds these into one line per kind."""
 
     category: str  # "FutureWarning"
     message: str

@@ -1,7 +1,7 @@
 """The states of a launch, of its ranks and of its progress bars, and the plain records that
 carry them.
 
-Defined once, below every layer that speaks them: the launch sets them (`observe.launch_reader`,
+Defined once, below every layer that speaks them: the launch sets them (`observe.reader`,
 `launch.supervision`) and the panels draw them (`ui.state`, `ui.text`, `ui.html`), so a panel
 imports the very type the launcher fills in, instead of reading it by attribute names. Each
 state is a `str` whose value is the word the panels, `repr()` and `LaunchRecord.to_dataframe()`

@@ -391,7 +391,7 @@ def test_record_says_its_attempt():
                           outcome="finished", attempt=2, max_attempts=2,
                           previous_attempts=[first])
     assert second.attempts == [first, second] and first.attempts == [first]
-    # Durations in the panels' one format (`_units.duration`), not "65.4s".
+    # Durations in the panels' one format (`_words.duration`), not "65.4s".
     assert str(second).splitlines() == [
         "spmd launch, 1 rank: finished in 1 min 05 s (attempt 2 of 2)",
         "  rank 0: pending, 1 min 05 s",

@@ -1,4 +1,4 @@
-"""Named batches of any dtype (`batching.HostBatch`, `worker.batch.Batch`): a task that carries a
+"""Named batches of any dtype (`batching.HostBatch`, `worker.context.Batch`): a task that carries a
 float32 field beside its token ids is one module, uploads its batch in one call per step,
 and compiles exactly what a token-only task compiles; the field's values reach the device
 unchanged, in training and in the evaluation graphs compiled ahead."""
@@ -134,7 +134,7 @@ def test_a_float_field_goes_up_in_the_batchs_one_call(runs):
     # One call, one transfer: the int32 tokens and the float32 field together.
     assert weighted["replicated"] == plain["replicated"]
     # Under SPMD torch_xla transfers each sharded array by itself: one more for the float32
-    # buffer (worker/batch.py says so).
+    # buffer (worker/context.py says so).
     assert weighted["spmd"] == plain["spmd"] + 1
 
 

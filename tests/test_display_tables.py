@@ -93,7 +93,7 @@ def ner_metrics() -> dict[str, float]:
 
 
 def test_scores_are_rounded_by_one_rule_in_the_predictions_and_the_metrics():
-    # One formatter (units.score) for both tables: a score of 0.5 reads the same in each.
+    # One formatter (ui.state.score) for both tables: a score of 0.5 reads the same in each.
     from hfxla_nb.ui.state import score
 
     predicted = predictions("classification", [{"label": "a", "score": 0.5},

@@ -1,7 +1,7 @@
-"""The evaluation's graphs compiled ahead (`train/evaluate.py`, `EvalAhead`), on real XLA:CPU:
-with two length buckets, both evaluation graphs compile while training runs, evaluation
-compiles nothing, training still compiles one graph per bucket, and the metrics are those of
-the saved model evaluated on the CPU."""
+"""The evaluation's graphs compiled ahead (`train/worker/evaluate.py`, `EvalAhead`), on real
+XLA:CPU: with two length buckets, both evaluation graphs compile while training runs,
+evaluation compiles nothing, training still compiles one graph per bucket, and the metrics are
+those of the saved model evaluated on the CPU."""
 
 from __future__ import annotations
 

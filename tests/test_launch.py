@@ -551,7 +551,7 @@ def test_accelerate_style_function(kernel):
             loss = model(x).pow(2).mean()
             accelerator.backward(loss)
             optimizer.step()
-            if accelerator.is_local_main_process:  # LOCAL_RANK set per rank (rank_env)
+            if accelerator.is_local_main_process:  # LOCAL_RANK set per rank (launch.worker)
                 print("accelerate device", accelerator.device.type)
             return (accelerator.num_processes, accelerator.device.type, float(loss.detach().cpu()))
 

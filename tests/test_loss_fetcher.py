@@ -1,4 +1,4 @@
-"""The training loop's loss fetcher (`train/worker/fetcher.py`'s `Fetcher`): a logging point's
+"""The training loop's loss fetcher (`train/worker/loop.py`'s `Fetcher`): a logging point's
 loss is fetched off the training thread, in order, all of them before a checkpoint and before
 the last one; a failed fetch is raised, not lost."""
 

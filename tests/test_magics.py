@@ -17,7 +17,7 @@ from tests.helpers import bundles_of, error_of, run_notebook, stderr_of, stdout_
 @pytest.fixture
 def shell():
     """IPython's shell with the extension loaded; removed afterwards so no other test sees a
-    shell (the launcher and `ui.modes` look for one)."""
+    shell (the launcher and `ui.select_mode` look for one)."""
     saved_env = dict(os.environ)
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "hfxla_nb")

@@ -290,7 +290,7 @@ def test_public_names_and_the_table():
 
 
 def test_a_shell_draws_the_plan_as_its_table():
-    # IPython's own formatters, registered by type name (ui/formatters.py): train imports
+    # IPython's own formatters, registered by type name (ui/panels.py): train imports
     # nothing from ui, yet a plan as a cell's value shows the table, as text and as HTML.
     from hfxla_nb.ui.panels import plan_table
 

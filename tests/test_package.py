@@ -108,7 +108,7 @@ def test_a_launch_record_lists_its_leftover_processes():
 
 def test_the_xla_extras_cap_torch_at_the_newest_torch_xla():
     # pip pairs its newest torch with the newest torch_xla, built for an older torch: the
-    # extras cap both, at the release `runtime.problems` names in its fixes.
+    # extras cap both, at the release `runtime.info` names in its fixes.
     from pathlib import Path
 
     import tomllib

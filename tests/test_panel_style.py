@@ -1,7 +1,7 @@
 """One visual language for every panel (issue #28, item 13): each HTML panel (`%xla_info`, the
 launch's status and progress, a failed launch, `%%xla_metrics`, the memory plan, a
 `FineTuneResult`, `Predictions`, the compilations table) is drawn in the one box of
-`ui.table_style`, with its one table style, labels that never wrap, numbers right-aligned,
+`ui.state`, with its one table style, labels that never wrap, numbers right-aligned,
 and colours only from JupyterLab's theme variables (their fallbacks from the one palette).
 A result's parameter layout is said in words, not as XLA's sharding text.
 

@@ -3,7 +3,7 @@ the words are a person's, and the figures shown are the record's (`hx.last_launc
 
 One reader (`LaunchReader`) applies real events to the launch's record; the panel
 (`LaunchState`, text, HTML) draws that reader, and the launch ends as the launcher ends it
-(`watching.end_launch`); the remote traceback comes from the launcher's own `run_rank`.
+(`supervision.end_launch`); the remote traceback comes from the launcher's own `run_rank`.
 """
 
 from __future__ import annotations

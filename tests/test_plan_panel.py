@@ -1,5 +1,5 @@
-"""The memory plan in the cell before the fork (`ui.plan_panel`, shown by `fine_tune` through
-`launch.notices`): one line, the words of the result's memory row, in each display mode. Real
+"""The memory plan in the cell before the fork (`ui.panels`, shown by `fine_tune` through
+`launch.launcher`): one line, the words of the result's memory row, in each display mode. Real
 plans (`plan_memory` on published configs), real ipywidgets; `IPython.display.display` is
 recorded, as in tests/test_ui.py, so no kernel is needed."""
 

@@ -150,7 +150,7 @@ def test_states_read_as_their_words_and_a_misspelt_one_is_refused():
 
 
 def test_each_way_a_launch_ends_sets_its_outcome_and_the_state_of_the_ranks_left(capsys):
-    """`Supervision._end` (`watching.end_launch`, as on a cluster) is where every exit of `run`
+    """`Supervision._end` (`supervision.end_launch`, as on a cluster) is where every exit of `run`
     goes: the outcome is set there, the ranks still running end in the state of that outcome,
     and the final panel is drawn from it."""
     assert set(STOPPED_AS) == set(Outcome) - {Outcome.RUNNING}
@@ -191,7 +191,7 @@ def _forked_launch(display, timeout=None):
 def test_output_main_all_none_and_a_list_say_whose_lines_reach_the_cell():
     """README: `output="main"` shows rank 0, `"all"` every rank, or a list of ranks; the
     launcher's own lines (no rank) show unless it is "none" (one decision for one host and
-    a cluster: `watching.shows`)."""
+    a cluster: `supervision.shows`)."""
     from hfxla_nb.launch.launcher import _parse_output
 
     main, listed = _parse_output("main"), _parse_output([1, 3])

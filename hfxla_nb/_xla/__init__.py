@@ -10,11 +10,10 @@ all, so an upgrade fails in one place, naming what is missing. The submodules:
 
 - `loader`: importing torch_xla, and checks that never start the runtime (safe in the kernel
   before a fork);
-- `names`: torch_xla's metric and counter names (plain strings);
 - `process`: SPMD mode, spawning, the device, syncs, ranks, random state, the compile cache;
-- `graphs`: graphs compiled off the step and run later by key;
-- `sharding`: meshes, shardings, FSDPv2, layer checkpointing;
-- `metrics`: counters and metrics as plain data.
+  graphs compiled off the step and run later by key; torch_xla's metric and counter names
+  (plain strings), and its counters and metrics as plain data;
+- `sharding`: meshes, shardings, FSDPv2, layer checkpointing.
 
 Functions that start the runtime must only run inside a launched worker (or in the kernel
 when the user asked for in-kernel work); each submodule says which of its functions do.
@@ -39,7 +38,7 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     "torch_xla.experimental.plugins.DevicePlugin.physical_chip_count": ("2.8", "2.9"),
     # process.to_cpu: many tensors to the host in one transfer
     "torch_xla._XLAC._xla_get_cpu_tensors": ("2.8", "2.9"),
-    # graphs: compile a traced graph under its key, run it later with new inputs
+    # process: compile a traced graph under its key, run it later with new inputs
     "torch_xla._XLAC._xla_get_tensor_id": ("2.8", "2.9"),
     "torch_xla._XLAC._get_tensors_xla_device_data_node": ("2.8", "2.9"),
     "torch_xla._XLAC._get_graph_hash": ("2.8", "2.9"),
@@ -52,7 +51,7 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     "torch_xla._XLAC._xla_mark_sharding": ("2.8", "2.9"),
     "torch_xla.experimental.spmd_fully_sharded_data_parallel.SpmdFullyShardedDataParallel":
         ("2.8", "2.9"),
-    # metrics: torch_xla's debug metrics (the names they count are in `names`)
+    # process: torch_xla's debug metrics (the names they count are there too)
     "torch_xla.debug.metrics.counter_names": ("2.8", "2.9"),
     "torch_xla.debug.metrics.counter_value": ("2.8", "2.9"),
     "torch_xla.debug.metrics.metric_names": ("2.8", "2.9"),

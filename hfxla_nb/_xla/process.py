@@ -7,7 +7,7 @@
   (`train.config.COUNTED`). A rename upstream is one edit.
 - Graphs compiled off the step (torch_xla's Dynamo API: compile a traced graph under its own
   key, run it later by that key with new inputs). Evaluation compiles this way while
-  training compiles (`train.worker.evaluate`); docs/architecture.md says why `sync()` cannot.
+  training compiles (`train.worker.evaluate`); `EvalAhead` there says why `sync()` cannot.
 - torch_xla's counters and metrics (`torch_xla.debug.metrics`) as plain data.
 
 Which calls start the runtime matters: a kernel that started it cannot launch workers.

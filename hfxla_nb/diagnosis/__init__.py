@@ -38,7 +38,7 @@ from . import device_checks
 PACKAGES = ("python", "torch", "torch_xla", "torch_tpu", "libtpu", "jax", "transformers",
             "accelerate", "peft", "datasets", "ipywidgets", "ipykernel", "hfxla_nb")
 ProblemCheck = Callable[[Facts], Iterator[Problem]]
-#: The checks of `runtime/problems.py` each step reports (the environment step: the rest).
+#: The checks of `runtime/info.py` each step reports (the environment step: the rest).
 _VERSION_CHECKS: tuple[ProblemCheck, ...] = (
     known.torch_missing, known.torch_xla_missing, known.torch_tpu_too,
     known.versions_mismatch, known.libtpu_missing)

@@ -82,7 +82,7 @@ class LaunchError(RuntimeError, ChildFailedError):
     failed rank to a `ProcessFailure` whose `message` is that rank's error.
 
     Args:
-        message: what went wrong (`launch.failure.failure_message`).
+        message: what went wrong (`launch.supervision.failure_message`).
         record: the launch's `LaunchRecord`.
     """
 
@@ -114,6 +114,6 @@ def _process_failures(record: BaseLaunchRecord | None,
 
 def launch_error(message: str, record: BaseLaunchRecord) -> LaunchError:
     """The `LaunchError` the cell raises, with IPython set to show its traceback without
-    hfxla_nb's frames (`kernel_traceback`)."""
+    hfxla_nb's frames (`hide_launcher_frames`)."""
     hide_launcher_frames(LaunchError)
     return LaunchError(message, record)

@@ -2,7 +2,7 @@
 
 A drop-in for `accelerate.notebook_launcher` (same first four parameters), built for
 PyTorch/XLA in a notebook; what it guarantees is in docs/launcher.md, how in
-docs/architecture.md.
+docs/architecture.md ("The path of one `notebook_launcher` launch").
 
 Before it forks, the launcher also shows what the train layer hands it besides the launch
 panel (`show_memory_plan`). The train layer never renders (pyproject's import-linter
@@ -271,7 +271,7 @@ def _launch(function: Callable, args: Sequence, options: LaunchOptions, pass_ind
         log_line_prefix_template=options.log_line_prefix_template, cluster=pods)
     say_notes(accelerate, stacklevel=3)
     if pods:
-        if accelerate.line_prefix is not None:  # max_restarts works there (pods/cluster_launch)
+        if accelerate.line_prefix is not None:  # max_restarts works there (launch.pods)
             warnings.warn("hfxla_nb: log_line_prefix_template applies to single-host "
                           "launches; ignored with cluster=/hosts=.", UserWarning,
                           stacklevel=3)
@@ -358,7 +358,7 @@ class _Attempts:
         """Run one attempt to its end (every process of it gone)."""
         plan, options = self.plan, self.options
         env = dict(plan.env)
-        if plan.strategy == "debug":  # 0: the supervisor binds a free port (`rendezvous.py`)
+        if plan.strategy == "debug":  # 0: the supervisor binds a free port (`processes.py`)
             address, port = options.rendezvous
             env["MASTER_ADDR"] = address
             env["MASTER_PORT"] = str(port or 0)

@@ -151,7 +151,7 @@ class EventStream(io.TextIOBase):
 
     Partial lines wait for their newline or an explicit `flush()` (tqdm and `print(...,
     flush=True)` flush), per thread, so lines from rank threads never interleave. Whole
-    lines go to this process's `log_sender.LogSender`, which sends them at once or, while the
+    lines go to this process's `LogSender`, which sends them at once or, while the
     notebook catches up, in batches: `flush()` never waits for the notebook (a logging
     handler flushes every record); `drain_output()` does, before a rank's last events.
     """

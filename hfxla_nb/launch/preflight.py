@@ -41,7 +41,7 @@ class LaunchPlan:
         warnings: things that will work but deserve a word.
         collective_notes: what explains a failure of XLA collectives (XLA:CPU's replicated
             ranks are threads of one process), said only when a launch fails that way
-            (`watching.involves_collectives`): not under a failure of one rank's own.
+            (`supervision.involves_collectives`): not under a failure of one rank's own.
     """
 
     strategy: str

@@ -118,7 +118,7 @@ class LaunchRecord(BaseLaunchRecord):
 
     def __str__(self) -> str:
         """`spmd launch, 2 ranks: finished in 3.2 s`, then one line per rank (durations in the
-        panels' one format, `_units.duration`)."""
+        panels' one format, `_words.duration`)."""
         attempt = f" ({self.attempt_text})" if self.attempt_text else ""
         lines = [
             f"{self.strategy} launch, {plural(self.world, 'rank')}: {self.outcome} in "
@@ -194,7 +194,7 @@ def failure_message(reader: LaunchReader) -> str:
 
 def _user_line(traceback: str) -> str | None:
     """The innermost frame of a remote traceback that is the user's code ("file:line", or
-    "Cell In[5], line 12" for a notebook cell), or None (`observe.user_frames.is_library`
+    "Cell In[5], line 12" for a notebook cell), or None (`observe.tracing.is_library`
     decides what is not theirs)."""
     frames = re.findall(r'^\s*(?:File "([^"]+)", line (\d+)|(Cell In\[\d+\], line \d+))',
                         traceback, flags=re.MULTILINE)
@@ -424,8 +424,8 @@ class Supervision(LaunchWatch):
         """Fork the launch's supervisor, watch it until the launch ends, stop what is left.
 
         The launch ends in one of three ways; for each, the record's `outcome` is set in one
-        place, `_end` (`watching.end_launch`), and the ranks still running end in the state
-        `watching.STOPPED_AS` gives it:
+        place, `_end` (`end_launch`), and the ranks still running end in the state
+        `STOPPED_AS` gives it:
 
         - `_watch` returns it: "finished" (the supervisor exited and every rank finished),
           "failed" (a rank failed, was killed or went silent, or the supervisor exited
@@ -480,7 +480,7 @@ class Supervision(LaunchWatch):
             self._end(outcome, channel, start)
 
     def failure_message(self) -> str:
-        """What the cell's `LaunchError` says (`failure.failure_message`)."""
+        """What the cell's `LaunchError` says (this module's `failure_message`)."""
         return failure_message(self.reader)
 
     def _watch(self, channel: Channel, start: float) -> Outcome:
@@ -593,7 +593,7 @@ class Supervision(LaunchWatch):
             self.pid = None
 
     def _end(self, outcome: Outcome, channel: Channel, start: float) -> None:
-        """The one place a launch ends (`watching.end_launch`, as on a cluster): stop what is
+        """The one place a launch ends (`end_launch`, as on a cluster): stop what is
         left, set the record's outcome, apply the last events, draw the final panel."""
         end_launch(
             self.reader, self.display, outcome, start,

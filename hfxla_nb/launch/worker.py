@@ -427,7 +427,7 @@ _replicated_job: tuple | None = None
 def _replicated_entry(index: int) -> None:
     channel, world, function, args, pass_index, supervisor = _replicated_job
     if os.getpid() != supervisor:  # a pool process of xmp.spawn, not the supervisor itself
-        die_with_parent(signal.SIGTERM)  # for a supervisor killed (parent_watch.py)
+        die_with_parent(signal.SIGTERM)  # for a supervisor killed (processes.py)
     variables = tpu_rank_variables(os.environ)  # torch_xla's, in a TPU process
     if _xla.process_device_count() == 1:
         set_process_variables(
@@ -465,7 +465,7 @@ def supervise(
         # Orphans of the launch become this process's children, whatever session they moved
         # to, so that the end of the launch stops them too (processes.py says why here).
         become_subreaper()
-        watch_kernel()  # a kernel that dies takes its launch with it (parent_watch.py)
+        watch_kernel()  # a kernel that dies takes its launch with it (processes.py)
         prepare_process(channel, output_fds, env)
         if strategy == "spmd":
             _xla.use_spmd()
@@ -596,7 +596,7 @@ def _run_debug(
     env: dict[str, str],
 ) -> int:
     """Fork `world` CPU processes joined by a gloo process group; wait for all of them. The
-    group's store is this process's (`rendezvous.py`), on the port asked for (`MASTER_PORT`;
+    group's store is this process's (`processes.py`), on the port asked for (`MASTER_PORT`;
     0: a free one), held until the ranks are gone."""
     address = os.environ.get("MASTER_ADDR", "127.0.0.1")  # master_addr / rdzv_endpoint
     # Ranks forked before the store opens: its server thread, running at a fork, left a lock

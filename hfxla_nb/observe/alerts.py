@@ -323,7 +323,7 @@ def _transfers_alert(summary: XlaSummary) -> Alert | None:
 
 
 def _reshard_alert(summary: XlaSummary) -> Alert:
-    """The transfers made by `xs.mark_sharding` on tensors already used (`observe.reshards`
+    """The transfers made by `xs.mark_sharding` on tensors already used (`observe.metrics.watch`
     counted each by its line): found, not guessed (#28 item 3)."""
     steps, transfers = summary.steps, summary.transfers_from_device
     copies = sum(count for _, count in summary.reshards)

@@ -164,7 +164,7 @@ def diff(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]
 @dataclass
 class XlaCounts:
     """The figures of a stretch of XLA work that a panel's summary and a launch's per-rank
-    record share (`XlaSummary`, `observe.rank_metrics.RankMetrics`): one set of names.
+    record share (`XlaSummary`, `observe.reader.RankMetrics`): one set of names.
 
     Times are in seconds, sizes in bytes; None means "not measured" (bytes where torch_xla
     does not count them).
@@ -205,13 +205,13 @@ class XlaSummary(XlaCounts):
     warmup_compiles: int | None = None
     ranks: int = 1
     rank_steps: int | None = None
-    # torch_xla's analysis of each compilation (`compile_trace.TraceLog`), when traced.
+    # torch_xla's analysis of each compilation (`tracing.TraceLog`), when traced.
     trace: Any = None
     # Where the code calls `.item()` ("cell 4, line 10"), read from its source: named when
     # the trace does not (a value read after its graph ran runs no graph of its own).
     item_lines: list[str] = field(default_factory=list)
     # `xs.mark_sharding` calls that copied their tensor to the host (a tensor sharded after it
-    # was used), per user line, most first (`observe.reshards`; SPMD launches only).
+    # was used), per user line, most first (counted by `watch` above; SPMD launches only).
     reshards: list[tuple[Frame, int]] = field(default_factory=list)
     # Whether the code iterates a DataLoader (None: not known); fixes that need one depend on it.
     dataloader: bool | None = None
@@ -404,7 +404,7 @@ MAX_SHAPES_PER_INPUT = 16
 MAX_SHAPES_COUNTED = 4096
 # More distinct shapes than this for one input gets an alert even when every compilation
 # happened during warm-up. A few fixed bucket lengths are the recommended fix itself
-# (`hfxla_nb.data` pads to at most 3 buckets), so up to 3 shapes stay quiet.
+# (`train.batching` pads to at most 3 buckets), so up to 3 shapes stay quiet.
 MAX_QUIET_SHAPES = 3
 
 

@@ -240,7 +240,7 @@ def name_cells(traceback: str, cells: dict[str, int]) -> str:
     """A formatted traceback whose notebook-cell frames are named as IPython names them:
     `File "/tmp/ipykernel_7/2093.py", line 12, in train` becomes `Cell In[5], line 12, in
     train`. `cells` maps IPython's cell file names to execution counts
-    (`launch.script_mode.cell_numbers`); IPython 7's `<ipython-input-5-...>` names carry it."""
+    (`launch.worker.cell_numbers`); IPython 7's `<ipython-input-5-...>` names carry it."""
 
     def rename(match: re.Match) -> str:
         indent, path, line = match.groups()

@@ -1,8 +1,9 @@
 """The runtime layer: what hardware and environment this is, and how torch_xla is set up.
 
 Nothing here starts the XLA runtime or imports torch, torch_xla or transformers
-(docs/architecture.md). Public names are resolved lazily (PEP 562), like the package's own: a
-worker that needs `runtime.compile_cache` does not load the hardware scans.
+(docs/architecture.md, "The rules that protect users"). Public names are resolved lazily
+(PEP 562), like the package's own: a worker that needs `runtime.compile_cache` does not load
+the hardware scans.
 """
 
 from __future__ import annotations

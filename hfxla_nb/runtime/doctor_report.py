@@ -1,6 +1,6 @@
 """What `hx.doctor()` found: `DoctorReport`, a `Check` per step, as data, JSON and markdown.
 
-Plain data (the steps are in `hfxla_nb.doctor`, the panel in `ui.doctor_panel`): the JSON is
+Plain data (the steps are in `hfxla_nb.doctor`, the panel in `ui.panels`): the JSON is
 the format in which a host's facts travel (a user's report, a recorded TPU run for the tests),
 the markdown is what a user pastes into an issue. Neither holds a secret: the environment
 variables come from `detect()`, secrets already replaced by "<hidden>".

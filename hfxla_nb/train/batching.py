@@ -11,7 +11,7 @@ XLA compiles one graph per input shape, so:
 A batch is a set of named arrays (`HostBatch`): the token ids, labels and weights packed side
 by side in one int32 array, and any further per-row arrays of any dtype (pixel values, audio
 features: `Bucket.fields`) packed into one buffer per dtype. The worker uploads them all in
-one call per step (`worker.batch.Batch`).
+one call per step (`worker.context.Batch`).
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ class FineTuneConfig:
         project, run_name: the W&B project (default `WANDB_PROJECT`, else "hfxla_nb") and
             the run's name. W&B's variables are its own (`WANDB_MODE=offline`, `WANDB_DIR`).
         timeout: stop the worker after this many seconds.
-        task: "auto" (default), or one of the registered tasks (`tasks.registry.TASKS`):
+        task: "auto" (default), or one of the registered tasks (`tasks.TASKS`):
             "classification", "causal-lm", "token-classification", "question-answering",
             "masked-lm", "multiple-choice", "seq2seq". "auto" takes the task whose head the
             model has (`...ForCausalLM`: "causal-lm", `...ForTokenClassification`, ...; a
@@ -325,7 +325,7 @@ def _check_choices(config: FineTuneConfig) -> None:
 
 
 def _check_hub_options(config: FineTuneConfig) -> None:
-    """push_to_hub= and its options (the token and the Hub are checked in `kernel/hub.py`)."""
+    """push_to_hub= and its options (the token and the Hub are checked in `hub.check_hub`)."""
     if not isinstance(config.push_to_hub, bool):
         raise FineTuneError(f"push_to_hub must be True or False, got {config.push_to_hub!r}.")
     if config.hub_model_id is not None and (not isinstance(config.hub_model_id, str)

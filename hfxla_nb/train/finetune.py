@@ -11,7 +11,8 @@ result.generate("A prompt")                    # task "causal-lm", from the arch
 ```
 
 In the kernel `prepare_fine_tune` checks and tokenizes everything; then `notebook_launcher`
-forks the worker (`worker/loop.py`). docs/architecture.md tells how the shapes stay fixed.
+forks the worker (`worker/loop.py`). docs/fine-tune.md ("What one call does") tells how the
+shapes stay fixed.
 
 With `report_to=`, the run's tracker (`observe.tracking.Tracker`) follows the launch's events
 in the notebook process, as the panels do, and gets the run's hyper-parameters and final
@@ -195,7 +196,7 @@ def fine_tune(
     progress = "auto" if config.progress is True else config.progress
     memory = dataclasses.asdict(plan.memory) if plan.memory is not None else None
     notice = show_memory_plan(plan.memory, progress)  # the plan in the cell before the fork
-    tracker = fine_tune_tracker(config, plan)  # report_to= (train/tracking.py)
+    tracker = fine_tune_tracker(config, plan)  # report_to=: the run's tracker, or None
     try:
         raw, record = launch(train_worker, (plan,), LaunchOptions.with_defaults(
             num_processes=config.num_processes, strategy=config.strategy, progress=progress,

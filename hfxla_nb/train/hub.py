@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 class FineTuneRun(Protocol):
     """What the card and the push read of a `FineTuneResult` (a Protocol, so that this module
-    and `hub.py` do not import `result.py`, which imports them)."""
+    does not import `result.py`, which imports it)."""
 
     output_dir: str | None
     held_model: Any

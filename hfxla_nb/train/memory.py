@@ -606,7 +606,7 @@ class MemoryPlan:
     def __str__(self) -> str:
         """The plan in words, for messages and `print()`: the total against the device, the
         parts, and the changes that would make it fit. A notebook draws it as a table
-        (`ui/plan_panel.py`, registered by `ui/formatters.py`)."""
+        (`ui/panels.py`, which registers it with IPython)."""
         verdict = "fits" if self.fits else "does not fit"
         lines = [
             f"{self.model} on {self.hardware} ({self.devices} device"

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class TrainPlan:
-    """What the worker does, for any task (`task`: a name in `tasks.registry.TASKS`). Built by
+    """What the worker does, for any task (`task`: a name in `tasks.TASKS`). Built by
     `prepare_fine_tune` (and by `predict.prepare_predict`, with no training); crosses the fork
     by memory."""
 
@@ -43,15 +43,15 @@ class TrainPlan:
     save: bool = True
     fallback_dir: str | None = None  # where the final save goes when output_dir fails
     augment: bool = False  # the task's `augment` on each training batch (image classification)
-    task: str = "classification"  # a registered task's name (tasks/registry.py)
+    task: str = "classification"  # a registered task's name (`tasks.TASKS`)
     sharding: str = "data"  # or "fsdp": FSDPv2, parameters sharded over the devices
     gradient_checkpointing: bool = False
     # The LoRA settings of a task that has them (`lora.lora_settings`' JSON, peft `LoraConfig`
-    # fields; None: a full fine-tune) and the `memory_plan.MemoryPlan` the run was checked
+    # fields; None: a full fine-tune) and the `memory.MemoryPlan` the run was checked
     # with (a causal LM's decides `sharding="auto"` and `lora="auto"`; None when not planned).
     lora: dict[str, Any] | None = None
     memory: MemoryPlan | None = None
-    # Base model, data, settings, hardware: plain data for the model card (`hub_card.py`).
+    # Base model, data, settings, hardware: plain data for the model card (`hub.py`).
     provenance: dict[str, Any] = field(default_factory=dict)
     # The transformers Auto class the worker loads a model name or folder with
     # (`Task.auto_class_for`); "" means the task's `auto_class`.

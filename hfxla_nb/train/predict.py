@@ -7,10 +7,10 @@ hx.predict(folder, [{"question": q, "context": c}], task="question-answering")
 ```
 
 In the kernel the inputs are checked and tokenized into length buckets (the task's
-`prepare_predict`); the worker (`predict_worker.py`) shards each padded batch over every
-device (SPMD, data parallel), one graph per bucket, fetches everything in one transfer and
-decodes on the host with the task's `decode`, the function evaluation uses. What comes back
-is plain Python: one dict per input.
+`prepare_predict`); the worker (`worker.evaluate.predict_worker`) shards each padded batch
+over every device (SPMD, data parallel), one graph per bucket, fetches everything in one
+transfer and decodes on the host with the task's `decode`, the function evaluation uses. What
+comes back is plain Python: one dict per input.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class Predictions(list):
 
     def __repr__(self) -> str:
         # One line of data, as `FineTuneResult`'s: the dicts' floats at 16 digits are no
-        # way to read predictions; the notebook draws the table (`ui.predictions_panel`).
+        # way to read predictions; the notebook draws the table (`ui.panels`).
         return (f"<Predictions: {len(self)} from {self.task or 'no task'}, "
                 f"{plural(self.compiles, 'graph')} compiled; to_dataframe() for the table>")
 

@@ -162,7 +162,7 @@ def prepare_fine_tune(
     if picked:
         prepared.data.notes.insert(0, f"task={AUTO!r} picked {picked!r} from the data's columns")
     plan = build_plan(config, context, task, prepared, output_dir)
-    # Where the model comes from, for its model card (`hub_card.py`), on the result too.
+    # Where the model comes from, for its model card (`hub.provenance`), on the result too.
     plan.provenance = provenance(
         model, dataset, config, list(getattr(splits.train, "column_names", None) or []),
         {name: len(ds) for name, ds in splits.named.items()}, detect_accelerator().description)
@@ -225,7 +225,7 @@ def check_lora_task(config: FineTuneConfig, task: Task) -> None:
 def build_plan(config: FineTuneConfig, context: TaskContext, task: Task,
                prepared: Prepared, output_dir: str | None) -> TrainPlan:
     """The `TrainPlan` of a task's prepared data: steps per epoch and in total, devices,
-    output folder (`output_dir`, checked by `sources.check_output_dir`), the checkpoint to
+    output folder (`output_dir`, checked by `preparation.check_output_dir`), the checkpoint to
     resume."""
     encoded = prepared.data
     per_epoch = steps_of_an_epoch(config, encoded)

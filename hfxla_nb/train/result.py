@@ -204,7 +204,7 @@ class FineTuneResult:
             as a dict; `hx.plan_memory` gives one without training.
         provenance: where the model comes from, for its model card: the base model, the
             data (a Hub name, or its columns and rows), the settings, the hardware,
-            hfxla_nb's version (`hub_card.provenance`).
+            hfxla_nb's version (`hub.provenance`).
         hub_url: the Hub repository the model was pushed to (`push_to_hub`), else None.
     """
 

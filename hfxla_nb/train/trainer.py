@@ -189,7 +189,7 @@ def xla_training_arguments(*, fsdp: bool = False, model: Any = None,
     - `report_to="none"` (unless given), as transformers 5's default (4.x reported to every
       tracker installed). Pass `report_to="tensorboard"` or `"wandb"` to use the Trainer's
       own trackers in the launched worker (a W&B run the Trainer leaves open is finished when the
-      function returns: `launch.script_mode.finish_like_a_script`).
+      function returns: `launch.worker.finish_like_a_script`).
     - `disable_tqdm=True` (unless given): tqdm bars cannot draw from a forked worker; add
       `XlaProgressCallback()` to see progress in the notebook instead.
     - a warning (no change) for `logging_steps` under 10: every logging step fetches the loss

@@ -48,7 +48,7 @@ BAR_COLORS = {BarState.RUNNING: BLUE, BarState.DONE: GREEN, BarState.SHORT: AMBE
               BarState.FAILED: RED, BarState.STOPPED: GREY}
 SEVERITY_COLORS = {"error": RED, "warning": AMBER, "info": BLUE}
 # Every colour by the word of what it means (a state or an alert severity), for the panels
-# that name a meaning rather than hold a state (`finetune_panel`: "warning").
+# that name a meaning rather than hold a state (`panels.result_html`: "warning").
 COLORS: dict[str, str] = {**STATUS_COLORS, **BAR_COLORS, **SEVERITY_COLORS}
 # One colour per chart series, in every panel (live, final, FineTuneResult): the loss is never
 # drawn in the colour of a failure.
@@ -335,8 +335,8 @@ def launch_html(view: LaunchView) -> str:
     return f'<div class="hfxla-launch" style="{PANEL}">{"".join(parts)}</div>'
 
 
-# The panel's own box, every panel's (`table_style.BOX`); the live widget panel draws the same
-# border and padding around its parts (`widgets.PANEL_LAYOUT`), so both lay out alike.
+# The panel's own box, every panel's (`state.BOX`); the live widget panel draws the same
+# border and padding around its parts (`live.PANEL_LAYOUT`), so both lay out alike.
 PANEL = BOX
 
 

@@ -196,7 +196,7 @@ class HtmlDisplay(PanelDisplay):
 
 # -- ipywidgets --
 
-# The final panel is the one box (`table_style.BOX`: border, padding) inside JupyterLab's
+# The final panel is the one box (`ui.state.BOX`: border, padding) inside JupyterLab's
 # rendered HTML, which keeps 20 px free on the right. The live panel draws the same border and
 # padding, 20 px of margin on its right and no other, so both lay out in the same box
 # (ipywidgets' layout has no corner radius: the live panel's corners are square).

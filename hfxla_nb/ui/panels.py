@@ -90,7 +90,7 @@ _ENTITY_NAME = re.compile(r"^eval_(?P<kind>.+)_(?P<stat>precision|recall|f1|enti
 
 def metric_value(name: str, value: float) -> str:
     """A metric for people: counts as integers (`719`, `12,480`), any other value as
-    `units.score` rounds it (the predictions' scores too): 4 decimals (`0.0075`), one for large
+    `ui.state.score` rounds it (the predictions' scores too): 4 decimals (`0.0075`), one for large
     values (`1,234.5`)."""
     if value == value and value not in (float("inf"), float("-inf")) and is_count(name, value):
         return f"{int(value):,}"
@@ -171,7 +171,7 @@ NO_ROWS = "(no rows: nothing found)"
 
 def text_cell(value: Any, limit: int = TEXT_CELL_CHARS) -> str:
     """One value of the table for people: floats rounded as the evaluation's metrics are
-    (`units.score`: 4 decimals), None as an empty cell, texts cut at `limit` characters
+    (`ui.state.score`: 4 decimals), None as an empty cell, texts cut at `limit` characters
     (`…` says so), lists item by item.
 
     Args:
@@ -382,7 +382,7 @@ PLAN_CLASS = "hfxla-plan"
 
 
 class PlanChange(Protocol):
-    """One change of a plan that does not fit (`train.memory_plan.MemoryChange`)."""
+    """One change of a plan that does not fit (`train.memory.MemoryChange`)."""
 
     change: str
     argument: str
@@ -391,7 +391,7 @@ class PlanChange(Protocol):
 
 
 class Plan(Protocol):
-    """The fields of `train.memory_plan.MemoryPlan` drawn here (ui sits below train, so it
+    """The fields of `train.memory.MemoryPlan` drawn here (ui sits below train, so it
     names them instead of importing the class)."""
 
     model: str
@@ -1075,7 +1075,8 @@ def _html_problem(problem: Problem) -> str:
 
 
 def runtime_html(info: RuntimeInfo) -> str:
-    """An HTML panel of `info`: the one box and table every panel uses (`table_style`)."""
+    """An HTML panel of `info`: the one box and table every panel uses (`ui.state.panel`,
+    `ui.state.table`)."""
     status = status_line(info)
     if status == "OK":
         status_color = _PROBLEM_COLORS["ok"]

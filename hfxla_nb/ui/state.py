@@ -75,12 +75,12 @@ class BarView:
     show_rank: bool = True  # False in a one-rank launch: "[rank 0]" would say nothing
     first_step: int | None = None  # the first step reported (0: counted from 0)
     rank_name: str | None = None  # "host 1 rank 2" in a launch over several hosts
-    compiling: bool = False  # its first step still runs (see `observe.bars.BarClock`)
+    compiling: bool = False  # its first step still runs (see `observe.reader.BarClock`)
     rate_over: str | None = None  # "steady" (after the warm-up) or "whole"; None: no rate
     per_step: bool = False  # its rate reads as seconds per step (`seconds_per_step`)
     waiting: bool = False  # announced, not started (the evaluation while training runs)
     # Once it ended: the median wall time per step over the steps that compiled nothing
-    # (`observe.bars.steady_step_time`), what its chart says instead of the last step's.
+    # (`observe.reader.steady_step_time`), what its chart says instead of the last step's.
     steady_step_time: float | None = None
 
     @property
@@ -101,7 +101,7 @@ class BarView:
 
 def bar_view(bar: BarTrack, now: float, rank: RankState, show_rank: bool,
              rank_name: str | None, compiled: list[tuple[int, int]] | None = None) -> BarView:
-    """`bar` as drawn at `now`: its time and rates as `observe.bars.bar_clock` reads them
+    """`bar` as drawn at `now`: its time and rates as `observe.reader.bar_clock` reads them
     (the mean over its steps after the warm-up; the whole bar's for one too short for it).
 
     Args:
@@ -435,7 +435,7 @@ def score(value: float) -> str:
 
 
 def size(count: int | None) -> str:
-    """Bytes in B, KiB, MiB, GiB; 'n/a' for None (`_units.data_size`, as the alerts say it)."""
+    """Bytes in B, KiB, MiB, GiB; 'n/a' for None (`_words.data_size`, as the alerts say it)."""
     return data_size(count)
 
 
@@ -446,7 +446,7 @@ def rate(value: float | None, unit: str, per_step: bool | None = None) -> str:
         value: per second.
         unit: what is counted ("it": steps, which may read per step; "samples").
         per_step: for steps, the unit the bar chose (`BarView.per_step`); None: the same rule
-            (`observe.bars.seconds_per_step`) for this value alone. The choice is never made
+            (`observe.reader.seconds_per_step`) for this value alone. The choice is never made
             here, so a bar keeps one unit for its whole run.
     """
     if value is None or value <= 0:

@@ -241,7 +241,7 @@ def launch_on_cluster(function: Callable, args: tuple, pass_index: bool, *, clus
     follows the events, as on one host.
 
     Raises:
-        LaunchRefusedError: before anything starts on any host (see `preflight`).
+        LaunchRefusedError: before anything starts on any host (the checks above).
         LaunchError: a rank on some host failed, was killed, timed out, or its host left
             (after the last attempt).
     """
@@ -380,7 +380,7 @@ def _host_envs(ray: Any, actors: list[Any], described: list[dict], plan: Any, st
                use_port: int | None, trace_compiles: bool,
                reservation: Reservation) -> list[dict[str, str | None]]:
     """Each host's worker variables: the local plan's, the rendezvous at host 0, and on a TPU
-    slice the multi-host PJRT variables (`slice_env.pjrt_env`)."""
+    slice the multi-host PJRT variables (`host.pjrt_env`)."""
     port = ray.get(actors[0].open_rendezvous.remote(use_port or 0), timeout=30)
     envs = []
     for info in described:
@@ -470,7 +470,7 @@ class _Watch(LaunchWatch):
 
     def run(self, start: Callable[[], list[Any]]) -> None:
         """Start every host (`start()` returns the actors' start calls), watch them until the
-        launch ends, and end it in one place (`watching.end_launch`, as on one host): the
+        launch ends, and end it in one place (`supervision.end_launch`, as on one host): the
         record's outcome, the ranks still running, the final panel. "interrupted" (the stop
         button) raises KeyboardInterrupt again; any other exception ends the launch "failed"
         and is raised again. The hosts' processes are still to stop when this returns."""

@@ -79,7 +79,7 @@ TASKS = TaskRegistry()
 
 
 def register_task(task: Any) -> Any:
-    """Make `task` (a `tasks.Task`) available as `fine_tune(..., task=task.name)`."""
+    """Make `task` (a `tasks.base.Task`) available as `fine_tune(..., task=task.name)`."""
     return TASKS.register(task)
 
 

@@ -404,7 +404,7 @@ class AudioClassification(Classification):
 
     def prepare(self, splits: Splits, config: FineTuneConfig,
                 context: TaskContext) -> Prepared:
-        """Clips and labels checked, resampled and bucketed by duration (`audio_data.py`)."""
+        """Clips and labels checked, resampled and bucketed by duration (`prepare`)."""
         return prepare(splits, config, context)
 
     def prepare_predict(self, inputs: list[Any], context: PredictContext,

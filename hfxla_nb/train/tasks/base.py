@@ -1,13 +1,13 @@
 """What differs between fine-tuning tasks: `Task`, the hooks every task fills in. Each task is a
 module of this package (`classification.py` is the smallest); tasks are found by name in
-`registry.TASKS`.
+`tasks.TASKS`.
 
-A batch (`worker.batch.Batch`) is a set of named tensors: `batch.tokens`, one int32 tensor
+A batch (`worker.context.Batch`) is a set of named tensors: `batch.tokens`, one int32 tensor
 holding the token inputs side by side, then the label columns (one for a class id, `length`
 for a label per token, two for a span), then (evaluation) a weight column (`batch.weights`, 0
 for filler rows); and fields of any dtype by name (`batch["pixel_values"]`) from
 `Bucket.fields`. `batch.inputs()` gives the model inputs by name. Every tensor of a batch goes
-up in one call: one transfer (under SPMD, one per array: `worker/batch.py`).
+up in one call: one transfer (under SPMD, one per array: `worker/context.py`).
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ class Task:
             tokenizer; an audio or image task: its feature extractor or image processor),
             carried as `plan.tokenizer` and saved with the model.
         prepare(splits, config, context) -> Prepared: read and check the picked splits
-            (`kernel.preparation.Splits`, none empty; refusing with `FineTuneError` and what
+            (`preparation.Splits`, none empty; refusing with `FineTuneError` and what
             to do), tokenize them into fixed-shape buckets (`batching.Bucket`; labels of any
             width per row, further inputs of any dtype in `Bucket.fields`), keep what the
             host needs later (offsets, word ids, answers) in `EncodedData.host`; return them
             with the `from_pretrained` arguments, and the LoRA settings and memory plan where
-            the task has them (`steps.lora_and_memory`).
+            the task has them (`preparation.lora_and_memory`).
             `prepare_fine_tune` builds the plan from it.
         prepare_predict(inputs, context, max_length) -> EncodedData: the same for `predict`'s
             inputs (labels unknown: zeros).
@@ -130,7 +130,7 @@ class Task:
     def load_processor(self, given: Any, model: Any, source: Any) -> Any:
         """What the data is encoded with (`TaskContext.tokenizer`, saved next to the model),
         loaded in the kernel: by default the tokenizer (`given`: `tokenizer=`, else the
-        model's own, `kernel.sources.load_tokenizer`). An audio or image task loads its
+        model's own, `preparation.load_tokenizer`). An audio or image task loads its
         feature extractor or image processor here instead."""
         from .. import preparation
 
@@ -182,7 +182,7 @@ class Task:
 
 
 class MaxLength:
-    """The one field `steps.length_cap` reads."""
+    """The one field `preparation.length_cap` reads."""
 
     def __init__(self, max_length: int | None) -> None:
         self.max_length = max_length

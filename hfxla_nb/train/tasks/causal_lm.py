@@ -290,7 +290,7 @@ class CausalLM(Task):
     continues_prompts = True
     generation_options = OPTION_NAMES
 
-    # -- kernel side (causal_lm_data.py) -----------------------------------------------------
+    # -- kernel side ---------------------------------------------------------------------------
 
     def check_model(self, model_config: Any, names: list[str]) -> None:
         """Refuse an encoder-decoder model (a name or folder too, before any fork)."""
@@ -303,7 +303,7 @@ class CausalLM(Task):
 
     def prepare(self, splits: Splits, config: FineTuneConfig,
                 context: TaskContext) -> Prepared:
-        """Texts or prompt/response pairs as rows of one length (`causal_lm_data.py`), the
+        """Texts or prompt/response pairs as rows of one length (`prepare`), the
         LoRA settings and the memory plan (`sharding="auto"`, `lora="auto"`)."""
         return prepare(splits, config, context)
 
@@ -323,7 +323,7 @@ class CausalLM(Task):
 
     def prepare_predict(self, inputs: list[Any], context: PredictContext,
                         max_length: int | None) -> EncodedData:
-        """Prompts, padded on the left into buckets (`lm_predict.py`)."""
+        """Prompts, padded on the left into buckets (`prepare_prompts`)."""
         pass
 
         return prepare_prompts(inputs, context, max_length)
@@ -412,7 +412,7 @@ def prepare_prompts(inputs: list[Any], context: Any, max_length: int | None) -> 
         tokenizer.eos_token_id)
     encoded = {"input_ids": ids, "attention_mask": [[1] * len(row) for row in ids]}
     names = ["input_ids", "attention_mask"]
-    # The label column is the row's index: the key of its draws (`sampling.py`).
+    # The label column is the row's index: the key of its draws (`worker/generation.py`).
     split = batching.encode_split("predict", encoded, np.arange(len(ids), dtype=np.int64),
                                   names, buckets, {"input_ids": int(pad or 0),
                                                    "attention_mask": 0}, "left")

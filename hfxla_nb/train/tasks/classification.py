@@ -263,7 +263,7 @@ class Classification(Task):
                  "probabilities": {name: float(v) for name, v in zip(names, p, strict=True)}}
                 for p in probabilities]
 
-    # -- kernel side (classification_data.py) ------------------------------------------------
+    # -- kernel side ---------------------------------------------------------------------------
 
     def prepare(self, splits: Splits, config: FineTuneConfig,
                 context: TaskContext) -> Prepared:

@@ -364,14 +364,14 @@ class ImageClassification(Task):
                 "feeds it RGB images (3 channels). Pass a model with num_channels=3.")
 
     def load_processor(self, given: Any, model: Any, source: Any) -> Any:
-        """The model's image processor (`image_data.load_processor`)."""
+        """The model's image processor (`load_processor`)."""
         return load_processor(given, model, source)
 
     # -- worker side -------------------------------------------------------------------------
 
     def augment(self, fields: dict[str, np.ndarray],
                 rng: np.random.Generator) -> dict[str, np.ndarray]:
-        """A random resized crop and flip of each image (`image_augment.augment_pixels`)."""
+        """A random resized crop and flip of each image (`augment_pixels`)."""
         return {**fields, "pixel_values": augment_pixels(fields["pixel_values"],
                                                                        rng)}
 
@@ -431,7 +431,7 @@ class ImageClassification(Task):
                 for rank, candidate in enumerate(item["top"], start=1)]
         return rows, ["input", "rank", "label", "score"]
 
-    # -- kernel side (image_data.py) ---------------------------------------------------------
+    # -- kernel side ---------------------------------------------------------------------------
 
     def prepare(self, splits: Splits, config: FineTuneConfig,
                 context: TaskContext) -> Prepared:

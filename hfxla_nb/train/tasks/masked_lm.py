@@ -162,7 +162,7 @@ class MaskedLM(Task):
 
     def prepare_predict(self, inputs: list[Any], context: PredictContext,
                         max_length: int | None) -> EncodedData:
-        """Texts with mask tokens, bucketed like evaluation rows (`mlm_predict.py`)."""
+        """Texts with mask tokens, bucketed like evaluation rows (this module's `prepare`)."""
         pass
 
         return prepare(inputs, context, max_length)

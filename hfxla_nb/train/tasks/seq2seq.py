@@ -580,7 +580,7 @@ class Seq2Seq(Task):
 
     def prepare(self, splits: Splits, config: FineTuneConfig,
                 context: TaskContext) -> Prepared:
-        """Sources and targets read (`seq2seq_data.py`) and encoded (`encode`); the prefix
+        """Sources and targets read and encoded (`encode`); the prefix
         and target length kept in the saved model's config."""
         columns = columns_of(config)
         metrics = metric_names(config, columns.translation)

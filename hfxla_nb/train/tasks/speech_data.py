@@ -1,6 +1,6 @@
 """The kernel side of `fine_tune(task="speech-recognition")` for CTC models (wav2vec2, HuBERT,
 WavLM `...ForCTC`): the processor (a CTC tokenizer and a feature extractor) loaded; the clips
-read as audio classification reads them (`audio_data.py`: mono, resampled, cut or padded to a
+read as audio classification reads them (`audio_classification`: mono, resampled, cut or padded to a
 few durations, one bucket each); the transcripts read, checked against the tokenizer's
 vocabulary and the frames each clip gives, and tokenized into labels padded with -100 to one
 label length. Also `predict`'s clips, bucketed like evaluation rows.
@@ -75,7 +75,7 @@ def load_processor(given: Any, model: Any, source: Any) -> Any:
                 "Wav2Vec2Processor(feature_extractor=..., tokenizer=...).save_pretrained("
                 "folder), or pass tokenizer=Wav2Vec2Processor.from_pretrained(...).") from None
     names = list(getattr(processor.feature_extractor, "model_input_names", None) or [])
-    # Whisper's log-mel features: `whisper_data.check_processor` checks them against the model.
+    # Whisper's log-mel features: `whisper.check_processor` checks them against the model.
     if not names or names[0] not in (audio_task.WAVEFORM_INPUT, "input_features"):
         raise FineTuneError(
             f"the feature extractor ({type(processor.feature_extractor).__name__}) makes "
@@ -211,7 +211,7 @@ def clip_frames(model_config: Any, clips: list[np.ndarray], buckets: list[int]) 
 
 def prepare(splits: Splits, config: FineTuneConfig, context: TaskContext) -> Prepared:
     """Clips and transcripts read and checked, the clips bucketed by duration
-    (`audio_data.py`), the labels padded to one length; `layerdrop` and SpecAugment off."""
+    (`audio_classification`), the labels padded to one length; `layerdrop` and SpecAugment off."""
     processor, notes = context.tokenizer, []
     extractor, tokenizer = processor.feature_extractor, processor.tokenizer
     if list(extractor.model_input_names)[0] != audio_task.WAVEFORM_INPUT:
@@ -252,7 +252,7 @@ def prepare(splits: Splits, config: FineTuneConfig, context: TaskContext) -> Pre
 def model_kwargs(context: TaskContext, tokenizer: Any, notes: list[str]) -> dict[str, Any]:
     """`from_pretrained` arguments: the CTC head sized for the tokenizer's vocabulary, its
     blank the padding token (as Hugging Face's CTC fine-tuning sets them), and the random
-    draws per step off (`audio_data.graph_kwargs`)."""
+    draws per step off (`audio_classification.graph_kwargs`)."""
     model_config = context.model_config
     size, blank = len(tokenizer), tokenizer.pad_token_id
     if context.instance is not None:

@@ -321,7 +321,7 @@ class TokenClassification(Task):
     def prepare(self, splits: Splits, config: FineTuneConfig,
                 context: TaskContext) -> Prepared:
         """Words and tags checked, each word's tag on its first sub-token, rows bucketed;
-        the head sized for the tags (`token_classification_data.py`)."""
+        the head sized for the tags (`prepare`)."""
         return prepare(splits, config, context)
 
     def prediction_table(self, predictions: list[dict[str, Any]]

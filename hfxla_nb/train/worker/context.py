@@ -119,7 +119,7 @@ class WorkerContext:
 
     Attributes:
         plan: the `TrainPlan` made in the kernel.
-        task: the plan's `Task` (from `registry.TASKS`).
+        task: the plan's `Task` (from `tasks.TASKS`).
         device: this worker's XLA device.
         spmd: whether one process drives every device (the batch sharded over `mesh`).
         mesh: the SPMD mesh, or None.

@@ -118,7 +118,7 @@ class EvalAhead:
     training's syncs never see them. Evaluation then runs each graph by its key on the
     trained weights (`run_batch`): same graph, no compilation. A `sync()` cannot do this: a sync in
     progress leaves its tensors with neither graph nor value, which fails the training's next
-    sync, and pending outputs would be swept into the training's graph (docs/architecture.md).
+    sync, and pending outputs would be swept into the training's graph.
     Any failure here leaves evaluation to compile when it starts, as before.
     """
 

@@ -126,7 +126,7 @@ def train_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
 
 
 def counts() -> dict[str, int]:
-    """torch_xla's counters the run's figures are made of (`counts.COUNTED`)."""
+    """torch_xla's counters the run's figures are made of (`config.COUNTED`)."""
     return _xla.metric_counts(COUNTED)
 
 
@@ -262,7 +262,7 @@ class TrainingLoop:
         parameters = [p for p in self.ctx.model.parameters() if p.requires_grad]
         from .optimizer import GradientClipper  # imports torch: only in the worker
 
-        # torch_xla's clip_grad_norm_, same ops, less host work per step (train/clipping.py).
+        # torch_xla's clip_grad_norm_, same ops, less host work per step (optimizer.py).
         clip = (GradientClipper(parameters, plan.max_grad_norm)
                 if plan.max_grad_norm is not None else None)
         steady = None

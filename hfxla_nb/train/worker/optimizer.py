@@ -55,7 +55,7 @@ def make_optimizer(model: torch.nn.Module, plan: TrainPlan
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
     # foreach: the multi-tensor update traces far fewer ops per step than the per-parameter
-    # loop torch picks for XLA by default (same arithmetic, same results); adamw.AdamW
+    # loop torch picks for XLA by default (same arithmetic, same results); `AdamW`
     # traces it out of place, skipping torch's Python shape checks (~4x less host time).
     optimizer = AdamW(groups, lr=plan.learning_rate, foreach=True)
     total, warmup = plan.total_steps, plan.warmup_steps
