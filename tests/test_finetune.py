@@ -178,6 +178,28 @@ def test_a_run_that_learned_nothing_says_so_and_ends_without_lr_0(cache, capsys)
     assert re.search(r" · lr=\d(\.\d)?e-\d+$", bar), bar
 
 
+def test_one_fine_tune_scans_the_host_once_and_checks_the_backend_once(model_dir,
+                                                                       monkeypatch):
+    """Every step of one call (the checks, the device count, the memory plan, the model card's
+    hardware, the launch's plan) shares one look at the host: on a TPU host each look reads
+    sysfs and every process's open files. The next call looks again."""
+    from hfxla_nb.launch import preflight
+    from hfxla_nb.runtime import environment
+
+    scans, checks = [], []
+    scan_pci, check_backend = environment.scan_pci, preflight._check_backend
+    monkeypatch.setattr(environment, "scan_pci",
+                        lambda sys_root="/": scans.append(sys_root) or scan_pci(sys_root))
+    monkeypatch.setattr(preflight, "_check_backend",
+                        lambda: checks.append(1) or check_backend())
+    result = hx.fine_tune(model_dir, demo.demo_dataset(n=200), epochs=1, batch_size=BATCH,
+                          num_processes=1, output_dir=None, progress=False)
+    assert result.steps > 0
+    assert len(scans) == 1 and len(checks) == 1
+    hx.runtime.detect_accelerator()  # after the call: a new look
+    assert len(scans) == 2
+
+
 def test_the_evaluation_bar_times_the_same_span_as_the_results_evaluation(cache, capsys):
     import re
 

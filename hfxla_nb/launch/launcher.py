@@ -22,6 +22,7 @@ from ..observe.reader import LaunchReader
 from ..observe.tracking import Tracker
 from ..runtime import compile_cache as cache
 from ..runtime import detect
+from ..runtime.environment import one_call
 from ..states import Outcome
 from ..ui import launch_display
 from . import preflight
@@ -228,6 +229,7 @@ def launch(function: Callable, args: Sequence, options: LaunchOptions,
         LaunchRefusedError, LaunchError, KeyboardInterrupt: as `notebook_launcher`.
     """
     __tracebackhide__ = True
+    given_tracker = tracker is not None
     pass_index = preflight.check_function(function, args)
     preflight.check_timeout(options.timeout)
     if tracker is None:  # the one `options` ask for: refused here, before any fork
@@ -236,10 +238,13 @@ def launch(function: Callable, args: Sequence, options: LaunchOptions,
                                            options.run_name, options.hparams)
         except tracking.TrackingError as error:
             raise LaunchRefusedError(str(error)) from None
-        if tracker is not None:
+    # One look at the host for the launch (or for the `fine_tune` / `predict` that calls it):
+    # the checks and the plan share it; the next launch looks again.
+    with one_call():
+        if tracker is not None and not given_tracker:
             with tracking.closed_after(tracker):
                 return _launch(function, args, options, pass_index, tracker)
-    return _launch(function, args, options, pass_index, tracker)
+        return _launch(function, args, options, pass_index, tracker)
 
 
 def _launch(function: Callable, args: Sequence, options: LaunchOptions, pass_index: bool,
