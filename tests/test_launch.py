@@ -42,6 +42,36 @@ def assert_clean(kernel: Kernel) -> None:
     assert kernel.value("hfxla_nb._xla.runtime_is_initialized()") is False
 
 
+def test_the_launch_defaults_are_written_once_and_the_strategy_docs_agree():
+    """`LaunchOptions` holds `notebook_launcher`'s defaults; the signature reads them from
+    there (shift-tab shows the values). The default strategy is "replicated", accelerate's
+    semantics, said so in the docstring and docs/launcher.md; `fine_tune` uses "spmd"."""
+    import dataclasses
+    import inspect
+
+    from hfxla_nb.launch import LaunchOptions, notebook_launcher
+    from hfxla_nb.train import FineTuneConfig
+
+    options = LaunchOptions()  # every default, from one place
+    parameters = inspect.signature(notebook_launcher).parameters
+    names = [field.name for field in dataclasses.fields(LaunchOptions)]
+    assert names == list(parameters)[2:]  # after `function` and `args`
+    for name in names:
+        assert parameters[name].default == getattr(options, name), name
+    source = inspect.getsource(notebook_launcher).split('"""')[0]
+    assert all(f" = _DEFAULTS.{name}," in source for name in names)
+    assert LaunchOptions(strategy="spmd").timeout is options.timeout is None
+
+    assert options.strategy == "replicated" and FineTuneConfig().strategy == "spmd"
+    doc = notebook_launcher.__doc__
+    entry = doc[doc.index("strategy:"):doc.index("timeout:")]
+    assert '"replicated", the default' in entry and "recommended" not in entry
+    assert "`fine_tune`" in entry
+    page = (ROOT / "docs/launcher.md").read_text()
+    assert '| `"replicated"` (default) |' in page
+    assert '`"replicated"` is the default because it is what accelerate\'s launcher does' in page
+
+
 def test_replicated_one_device_returns_value_and_output(kernel):
     output = run_ok(
         kernel,

@@ -187,7 +187,7 @@ def fine_tune(
         notice = show_memory_plan(plan.memory, progress)  # the plan in the cell before the fork
         tracker = fine_tune_tracker(config, plan)  # report_to= (train/tracking.py)
         try:
-            raw, record = launch(train_worker, (plan,), LaunchOptions.with_defaults(
+            raw, record = launch(train_worker, (plan,), LaunchOptions(
                 num_processes=config.num_processes, strategy=config.strategy, progress=progress,
                 timeout=config.timeout, trace_compiles=config.trace_compiles,
                 compile_cache=config.compile_cache, cluster=cluster, hosts=hosts), tracker=tracker)
