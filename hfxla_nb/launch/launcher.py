@@ -358,8 +358,8 @@ class _Attempts:
                               [RankRecord(rank) for rank in range(plan.world)],
                               attempt=len(earlier) + 1, max_attempts=options.max_attempts,
                               previous_attempts=list(earlier),
-                              # Under the bars, not as a red UserWarning at ipykernel's file
-                              # for the cell (#28, item 12).
+                              # Under the bars: as a Python warning it would be a red
+                              # UserWarning that points at ipykernel's file for the cell.
                               notes=list(plan.warnings),
                               collective_notes=list(plan.collective_notes))
         reader = LaunchReader(record, self.timeout, self.heartbeat_timeout,

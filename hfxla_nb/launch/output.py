@@ -12,7 +12,7 @@ output (`output=`). XLA's C++ log lines (absl/TSL `W ... file.cc:123] text`) are
 - its notices and warnings (`I`, `W`: the GSPMD deprecation notice at every SPMD compilation,
   with its raw timestamp) are said at the end of the launch, one muted line per kind with its
   count, as library warnings are (`library_warnings.print_folded`); a user need not know
-  `TF_CPP_MIN_LOG_LEVEL` to keep them out of the way (#28 item 4);
+  `TF_CPP_MIN_LOG_LEVEL` to keep them out of the way;
 - its errors (`E`, `F`) are written at once, the first of a kind wrapped at spaces
   (JupyterLab breaks a long stream line anywhere, mid-word), and the end of the launch says
   how many more times each came.

@@ -337,6 +337,6 @@ def _cpu_env(strategy: str, count: int, env: dict[str, str | None],
         collective_notes.append(
             f"XLA on the CPU runs the {count} replicated ranks as threads of one process, "
             "and XLA collectives between them (all_reduce, xm.optimizer_step's gradient "
-            "reduction) hang or abort upstream (pytorch/xla #5005, #9089). Code without "
+            "reduction) hang or abort upstream (pytorch/xla#5005, pytorch/xla#9089). Code without "
             "collectives runs; for data-parallel training use strategy='spmd'."
         )

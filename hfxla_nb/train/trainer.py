@@ -414,7 +414,7 @@ def _drop_default_progress(trainer: Any) -> None:
 
 def _save_fsdp_v2_adapter(peft_model: Any, output_dir: str, processing_class: Any) -> None:
     """A `PeftModel` trained under FSDPv2, saved as peft saves it (the Trainer's own save
-    writes the wrapper's raw state dict, transformers #29659): its state gathered to the
+    writes the wrapper's raw state dict, huggingface/transformers#29659): its state gathered to the
     host, FSDPv2's wrapper names removed, saved from a host copy (`lora.host_copy`)."""
     from .lora import host_copy
 
