@@ -85,7 +85,7 @@ def test_compile_contract(trained):
     assert trained.eval_compiles == 1
     assert trained.bucket_lengths == [48]  # demo texts are short: one length for all
     # The graph that makes AdamW's first state before step 1: counted, so that the result and
-    # the XLA metrics add up (#28 item 9: the metrics said 3 where the result said 1 + 1).
+    # the XLA metrics add up (else the metrics say 3 where the result says 1 + 1).
     assert trained.setup_compiles == 1
     assert trained.xla["compiles"] == 3
     assert "; and 1 before step 1 (AdamW's first state), 3 in all" in result_text(trained)

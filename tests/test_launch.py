@@ -92,7 +92,7 @@ def test_replicated_one_device_returns_value_and_output(kernel):
     record = kernel.value("(last_launch().outcome, last_launch().world, last_launch().results)")
     assert record == ("finished", 1, [{"rank": 0, "sum": 12.0}])
     # Where xmp.spawn would fork one process (XLA:CPU), the supervisor is that process: no
-    # second fork of a process as big as the kernel (bench figure 7).
+    # second fork of a process as big as the kernel (`bench/launch_latency.py` times it).
     assert kernel.value("last_launch().ranks[0].pid == last_launch().process_group") is True
     assert_clean(kernel)
 
@@ -233,7 +233,7 @@ def test_a_frozen_process_is_stopped_by_heartbeat_timeout(kernel):
                 os.kill(os.getpid(), signal.SIGSTOP)  # no heartbeat thread runs any more
                 # The stop reaches the thread that sent it a moment after `kill` returns
                 # (another thread took the signal): without this, under load the function
-                # returned and the rank finished first (#29).
+                # returned and the rank finished first.
                 time.sleep(600)
 
             hx.notebook_launcher(freeze, heartbeat_timeout=3, progress=False)
