@@ -1,8 +1,17 @@
-"""Counted nouns written as a person would ("1 step", "2 steps"), and which metrics count
-things (`is_count`), for every layer."""
+"""Words and units that every layer writes the same way.
+
+Counted nouns as a person writes them ("1 step", "2 steps"), and which metrics count things
+(`is_count`). The one duration format (`40 µs`, `3.2 s`, `4 min 05 s`) and the one size
+format (`82.5 KiB`). The choices that several layers check (`PROGRESS_MODES`).
+
+This module sits below every layer that writes one of these: the panels (through
+`ui.state`'s units) and the analyzer's alerts, so a compile time or a transfer's size reads
+the same in the table and in the alert.
+"""
 
 from __future__ import annotations
 
+# -- counted nouns --
 
 def plural(count: float, noun: str, plural_form: str | None = None) -> str:
     """`count` and `noun`, the noun in the plural unless the count is exactly one."""
@@ -46,6 +55,8 @@ def is_count(name: str, value: float) -> bool:
     return name.rsplit("_", 1)[-1].lower() in COUNT_WORDS and float(value).is_integer()
 
 
+# -- durations and sizes --
+
 def duration(seconds: float | None) -> str:
     """`40 µs`, `3.5 ms`, `24 ms`, `3.2 s`, `4 min 05 s`, `1 h 02 min`; '?' for None."""
     if seconds is None:
@@ -80,6 +91,8 @@ def data_size(count: float | None) -> str:
         value /= 1024
     return f"{value:.1f} GiB"  # pragma: no cover
 
+
+# -- choices that several layers check --
 
 #: How panels are drawn: `progress=` of `notebook_launcher` and `fine_tune`.
 PROGRESS_MODES = ("auto", "widgets", "html", "console", "none")

@@ -102,7 +102,7 @@ def test_rank_lists_are_worded_in_english():
 
 
 def test_a_failing_launch_names_its_stopped_ranks_in_a_sentence():
-    from hfxla_nb.launch.errors import failure_message
+    from hfxla_nb.launch.supervision import failure_message
 
     def rank(number, state, error=None):
         return SimpleNamespace(rank=number, exit_state=state, error=error, traceback=None,

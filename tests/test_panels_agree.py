@@ -15,8 +15,7 @@ import pytest
 
 from hfxla_nb.events import Channel, Failed, Finished, MetricsSnapshot, Progress, Started
 from hfxla_nb.launch import worker
-from hfxla_nb.launch.errors import failure_message
-from hfxla_nb.launch.supervision import LaunchRecord, RankRecord, end_launch
+from hfxla_nb.launch.supervision import LaunchRecord, RankRecord, end_launch, failure_message
 from hfxla_nb.observe.reader import LaunchReader
 from hfxla_nb.states import Outcome
 from hfxla_nb.train.result import FineTuneResult

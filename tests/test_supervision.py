@@ -13,9 +13,8 @@ import pytest
 
 from hfxla_nb.events import Channel, Failed, ProcessExited, Started
 from hfxla_nb.launch import LaunchError, LaunchRecord, RankRecord
-from hfxla_nb.launch.errors import failure_message
 from hfxla_nb.launch.processes import LEFTOVER_GRACE, TERMINATE_GRACE, group_processes
-from hfxla_nb.launch.supervision import STOPPED_AS, Supervision, shows
+from hfxla_nb.launch.supervision import STOPPED_AS, Supervision, failure_message, shows
 from hfxla_nb.observe.reader import LaunchReader
 from hfxla_nb.states import Outcome, RankState
 from hfxla_nb.ui import NullDisplay

@@ -1,9 +1,19 @@
-"""One process's XLA: SPMD mode, spawning, the device, syncs, step closures, transfers, ranks,
-random state and the persistent compile cache.
+"""One process's XLA: its runtime, the graphs it compiles and its counters.
 
-`use_spmd`, `spawn`, `add_step_closure` and `initialize_cache` never start the runtime (they
-must run before it does); every other function here starts it: only inside a launched worker
-(or in the kernel when the user asked for in-kernel work).
+- The process: SPMD mode, spawning, the device, syncs, step closures, transfers, ranks,
+  random state and the persistent compile cache.
+- torch_xla's metric and counter names (torch_xla 2.8 and 2.9, XLA on the CPU and TPU),
+  written only here: `observe.metrics` summarizes them and `fine_tune` counts some
+  (`train.config.COUNTED`). A rename upstream is one edit.
+- Graphs compiled off the step (torch_xla's Dynamo API: compile a traced graph under its own
+  key, run it later by that key with new inputs). Evaluation compiles this way while
+  training compiles (`train.worker.evaluate`); docs/architecture.md says why `sync()` cannot.
+- torch_xla's counters and metrics (`torch_xla.debug.metrics`) as plain data.
+
+Which calls start the runtime matters: a kernel that started it cannot launch workers.
+`use_spmd`, `spawn`, `add_step_closure` and `initialize_cache` never start it (they must run
+before it does), nor do `compile_times` and `graphs_ran`. Every other function here starts
+it: only inside a launched worker, or in the kernel when the user asked for in-kernel work.
 """
 
 from __future__ import annotations
@@ -13,6 +23,7 @@ from typing import Any
 
 from .loader import degraded, require_torch_xla, runtime_is_initialized
 
+# -- the process: SPMD, spawning, the device, syncs, ranks, random state, cache --
 
 def use_spmd() -> None:
     """Turn on SPMD mode; must run before any tensor is placed on the device."""
@@ -205,6 +216,8 @@ def broadcast_master_param(model) -> None:
     xm.broadcast_master_param(model)
 
 
+# -- torch_xla's metric and counter names --
+
 # Metrics (`torch_xla.debug.metrics.metric_data`: a count, a total, the latest samples).
 COMPILE_TIME = "CompileTime"  # one sample (ns) per compilation
 EXECUTE_TIMES = ("ExecuteTime", "ExecuteReplicatedTime")  # one per execution (SPMD: replicated)
@@ -224,6 +237,8 @@ ITEM_OP = "aten::_local_scalar_dense"  # what `.item()` shows up as among those 
 PERSISTENT_CACHE_COUNTERS = {"hits": "PersistentCacheHit", "misses": "PersistentCacheMiss",
                              "unreadable": "PersistentCacheDeserializeFailure"}
 
+
+# -- graphs compiled off the step --
 
 def tensor_id(tensor) -> int:
     """torch_xla's id of a device tensor (what `graph_inputs` names inputs by)."""
@@ -267,6 +282,8 @@ def graph_lookups() -> int:
 
     return sum(int(met.counter_value(name) or 0) for name in (UNCACHED_COMPILE, CACHED_COMPILE))
 
+
+# -- counters and metrics as plain data --
 
 def metrics_snapshot() -> dict[str, Any]:
     """All torch_xla counters and metrics as plain data (starts the runtime).

@@ -1,10 +1,11 @@
 """The embedded default for demos, tests and tutorials: data, tokenizer and a tiny BERT, offline.
 
-Nothing here needs the network. The dataset (`demo_data`) is made deterministically from word
-lists and templates (short reviews, "negative" / "positive", optionally "neutral"), the
-tokenizer is a WordPiece whose vocabulary is built from that corpus, and the model is a
-2-layer BERT built from a config and written with `save_pretrained`, so that demos and tests
-go through the real `from_pretrained(folder)` loading path.
+Nothing here needs the network. The dataset is made from word lists and templates (short
+reviews, "negative" / "positive", optionally "neutral"): its rows are a pure function of
+`(n, seed, num_classes)`, the same on every machine. The tokenizer is a WordPiece whose
+vocabulary is built from that corpus, and the model is a 2-layer BERT built from a config and
+written with `save_pretrained`, so that demos and tests go through the real
+`from_pretrained(folder)` loading path.
 
 ```python
 from hfxla_nb.demo import demo_dataset, demo_model_dir
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
     import datasets
     import transformers
 
+
+# -- the corpus: short reviews from word lists and templates --
 
 LABELS_2 = ("negative", "positive")
 LABELS_3 = ("negative", "neutral", "positive")
@@ -210,6 +213,8 @@ def demo_dataset(
         }
     )
 
+
+# -- the tokenizer and the tiny BERT, built and cached --
 
 # Bump when the recipe of any artefact changes: cached folders are keyed on it.
 RECIPE_VERSION = 2

@@ -5,8 +5,15 @@ In at most `TIME_LIMIT` seconds, each step with a limit of its own (`STEPS`): th
 whether they pair, the host and its chips, who holds the device files, the environment
 variables, a trivial launch, every device (a compile and execution, an all-reduce over an SPMD
 mesh, a bf16 matmul against fp32, memory), the compile cache across two processes (TPU only),
-and a 20-step demo fine-tune. Every step that launches does it in workers: the kernel's XLA
-runtime stays unstarted, and a step that hangs is stopped at its limit ("timed out").
+and a 20-step demo fine-tune.
+
+The steps that only read run in the kernel and start nothing. Each is a function of what
+`detect()` found and of the real environment (`environ`: `detect()` keeps only a redacted
+copy), and returns a `Check`.
+
+The steps that launch do it in workers, so the kernel's XLA runtime stays unstarted. Each gets
+a time limit (its `timeout=`): a step that hangs becomes a "timed out" line, and nothing is
+left running.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from ..runtime import info as known
 from ..runtime.doctor_report import Check, DoctorReport
 from ..runtime.info import Facts, Problem, RuntimeInfo, detect
 from . import device_checks
+
+# -- the steps that only read, in the kernel --
 
 #: The packages the versions step names, in this order (None: not installed).
 PACKAGES = ("python", "torch", "torch_xla", "torch_tpu", "libtpu", "jax", "transformers",
@@ -111,6 +120,8 @@ def environment(info: RuntimeInfo, environ: Mapping[str, str] | None = None) -> 
     return _with_problems("environment", f"{len(info.env)} set: {names}", problems,
                           {"variables": sorted(info.env)})
 
+
+# -- the steps that launch workers, each with a time limit --
 
 #: The demo fine-tune's steps, rows and batch.
 FINE_TUNE_STEPS, FINE_TUNE_ROWS, FINE_TUNE_BATCH = 20, 400, 16
@@ -229,6 +240,8 @@ def fine_tune(info: RuntimeInfo, limit: float) -> Check:
                      fix="a graph per length is the contract: report this report.")
     return Check("fine-tune", "ok", summary, seconds=seconds, details=details)
 
+
+# -- the doctor: every step in turn, within one time limit --
 
 __all__ = ["STEPS", "TIME_LIMIT", "doctor"]
 

@@ -1,10 +1,21 @@
-"""`accelerate.notebook_launcher`'s own parameters, with what each means for this launcher.
+"""accelerate in a launch: `notebook_launcher`'s accelerate parameters, and accelerate's state
+in a debug process.
 
-accelerate hands them to torchelastic (`elastic_launch`); here one host forks its workers,
-so each parameter either acts (restarts, the supervision loop's period, the debug strategy's
-gloo rendezvous, the output prefix), is refused when it asks for what one host cannot do
-(several nodes), or is accepted and ignored with one line saying so. Everything is checked in
-the kernel before anything is forked.
+accelerate's own `notebook_launcher` hands its parameters to torchelastic; here one host forks
+its workers. So each parameter either acts (restarts, the supervision loop's period, the debug
+strategy's gloo rendezvous, the output prefix), is refused when it asks for what one host
+cannot do (several nodes), or is accepted and ignored with one line saying so. Everything is
+checked in the kernel before anything is forked.
+
+In a `strategy="debug"` process, `PartialState` must see the gloo world, not XLA's. accelerate
+picks its XLA backend whenever torch_xla can be imported, and then every debug process (an
+XLA:CPU client of its own) said "process 0 of 1"; neither `ACCELERATE_USE_CPU` nor
+`USE_TORCH_XLA=0` helps. So each debug process, once its gloo group is up, makes accelerate's
+state itself, as accelerate's `debug_launcher` would: `PartialState(cpu=True)` with
+`is_torch_xla_available` answering False while it is made (patched in this process only, and
+restored). Later `PartialState()` and `Accelerator()` calls share it. Where the function
+imports accelerate itself, this happens when `accelerate.state` is first imported (an import
+hook), so a launch that never uses accelerate pays nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +32,8 @@ from types import ModuleType
 from typing import Any
 
 from .preflight import LaunchRefusedError
+
+# -- accelerate's launcher parameters, checked in the kernel --
 
 #: accelerate's defaults (1.14, 1.15) for the parameters after its first four. `use_port` is
 #: the one default kept different: None picks a free port (accelerate's "29500" is taken as
@@ -203,6 +216,8 @@ def _check_template(template: str) -> str:
             f"{', '.join(sorted(unknown))}; use ${{rank}}, ${{local_rank}} or ${{role_name}}.")
     return template
 
+
+# -- accelerate's state in a debug process: the gloo world --
 
 MODULE = "accelerate.state"
 

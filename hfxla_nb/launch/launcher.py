@@ -3,6 +3,18 @@
 A drop-in for `accelerate.notebook_launcher` (same first four parameters), built for
 PyTorch/XLA in a notebook; what it guarantees is in docs/launcher.md, how in
 docs/architecture.md.
+
+Before it forks, the launcher also shows what the train layer hands it besides the launch
+panel (`show_memory_plan`). The train layer never renders (pyproject's import-linter
+contracts), so its displays go through this layer to `ui`, with the same `progress=` mode.
+
+The first launch in a kernel is as quick as the next ones. `import hfxla_nb` stays cheap
+(public names are resolved lazily); in a Jupyter kernel it schedules `warm_up` on the kernel's
+event loop, which imports what a launch needs in the kernel (the launcher, its records and
+panels, ipywidgets) while the kernel is idle after the importing cell. It runs in the kernel's
+main thread: a thread would import while a launch may fork, and a forked child can inherit a
+held import lock. It imports modules only: no process, no XLA runtime. A cell run right after
+the import cell waits for it, once (about what the first launch would have spent on it).
 """
 
 from __future__ import annotations
@@ -33,6 +45,8 @@ from .supervision import POLL_INTERVAL, LaunchRecord, RankRecord, Supervision
 if TYPE_CHECKING:
     from ..ui.panels import Plan
 
+
+# -- notebook_launcher and launch --
 
 __all__ = ["notebook_launcher", "launch", "last_launch", "LaunchOptions", "LaunchRecord",
            "RankRecord"]
@@ -406,6 +420,8 @@ def _parse_output(output: str | Iterable[int]) -> set[int] | str:
         ) from None
 
 
+# -- what the cell shows before the fork, besides the launch panel --
+
 def show_memory_plan(plan: Plan | None, progress: str | bool = "auto") -> Any:
     """Show a fine-tune's memory plan (plain data) in the cell, drawn like the launch panel.
 
@@ -421,6 +437,8 @@ def show_memory_plan(plan: Plan | None, progress: str | bool = "auto") -> Any:
 
     return show(plan, progress)
 
+
+# -- warm-up: what a launch imports, imported while the kernel is idle --
 
 # What the first launch would otherwise import in the kernel, heaviest last (ipywidgets:
 # most of it; measured by bench/launch_latency.py).

@@ -1,23 +1,22 @@
-"""What native code writes to file descriptors 1 and 2, relayed to the cell per process.
+"""What a launch's processes write, brought to the cell: prints, warnings, native output.
 
-Worker side: each process of a launch gets its own pipes for fds 1 and 2 when its first rank
-starts, and hands their read ends to the notebook over the event channel (SCM_RIGHTS). The
-notebook holds the read ends, so what a process wrote just before a crash (a segfault's
-faulthandler traceback) is still read after it died. Until a process has its own pipes (the
-supervisor, xmp.spawn's own messages), fds 1 and 2 go to the launch's shared pipes.
-
-Notebook side: `NativeRelay` reads every pipe, keeps stdout on stdout and stderr on stderr,
-and writes whole lines tagged with the ranks of the writing process, filtered like Python
-output (`output=`). XLA's C++ log lines (absl/TSL `W ... file.cc:123] text`) are folded:
-- its notices and warnings (`I`, `W`: the GSPMD deprecation notice at every SPMD compilation,
-  with its raw timestamp) are said at the end of the launch, one muted line per kind with its
-  count, as library warnings are (`library_warnings.print_folded`); a user need not know
-  `TF_CPP_MIN_LOG_LEVEL` to keep them out of the way;
-- its errors (`E`, `F`) are written at once, the first of a kind wrapped at spaces
-  (JupyterLab breaks a long stream line anywhere, mid-word), and the end of the launch says
-  how many more times each came.
-Every such line is kept, verbatim, on `kept` (`hx.last_launch().native_log`). What is written
-at all is still XLA's to decide (`TF_CPP_MIN_LOG_LEVEL`).
+- Prints: a worker's `sys.stdout` and `sys.stderr` become `EventStream`s, which send whole
+  lines as `Log` events tagged with the rank of the writing thread. `LogSender` sends a line at
+  once while the channel has room; when it is full, lines queue in the process and one thread
+  sends them as a few large `Log` events (`BATCH_CHARS`), so a chatty function is never paced
+  by the cell's output. No line is dropped or cut, each rank's lines stay in order, and memory
+  stays bounded (`MAX_QUEUED_CHARS`). Lines still queued when a process is killed are lost, as
+  a pipe's buffer is; every normal way out of a worker calls `drain()` first.
+- Warnings of libraries the user did not call (located in site-packages or the standard
+  library: the user cannot act on where they point) go to the notebook as `LibraryWarning`
+  events, kept on the record and said once per kind with a count (`folded_lines`).
+- Native output (file descriptors 1 and 2): each process gets its own pipes, whose read ends
+  the notebook holds, so what a process wrote just before a crash is still read after it
+  died. `NativeRelay` writes whole lines tagged with the process's ranks. XLA's C++ log lines
+  are folded: notices and warnings are said at the end of the launch, one line per kind with
+  its count; errors are written at once. Every such line is kept (`native_log`).
+- `quiet_loading`: library progress bars kept out of the cell while hfxla_nb loads a model in
+  the kernel; the user's own `from_pretrained` calls keep theirs.
 """
 
 from __future__ import annotations
@@ -39,6 +38,8 @@ from pathlib import PurePath
 from typing import TextIO
 
 from ..events import Channel, LibraryWarning, Log, OutputPipes, worker_rank
+
+# -- a process's Log events, sent in order and batched --
 
 # Text per batched `Log`: one datagram once pickled (the channel's limit is 64 KiB).
 BATCH_CHARS = 32 * 1024
@@ -143,6 +144,8 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+# -- a worker's stdout and stderr as Log events --
+
 class EventStream(io.TextIOBase):
     """A text stream that sends what a worker prints to the notebook, in whole lines.
 
@@ -203,6 +206,8 @@ def drain_output() -> None:
             pass
     drain()
 
+
+# -- library warnings, folded into one line per kind --
 
 # Folders whose files are libraries' code, not the user's.
 LIBRARY_FOLDERS = ("site-packages", "dist-packages")
@@ -294,6 +299,8 @@ def print_folded(caught: Sequence[LibraryWarning],
         sys.stderr.write("".join(f"{MUTED}{line}{PLAIN}\n" for line in lines))
         sys.stderr.flush()
 
+
+# -- native output: file descriptors 1 and 2, relayed per process --
 
 _routed_pid: int | None = None
 
@@ -507,6 +514,8 @@ def _tag(ranks: list[int], pid: int) -> str:
         return "[ranks " + ",".join(map(str, ranks)) + "]"
     return f"[pid {pid}]"
 
+
+# -- library progress bars kept out of the cell --
 
 @contextmanager
 def quiet_loading() -> Iterator[None]:

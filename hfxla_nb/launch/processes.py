@@ -1,31 +1,26 @@
-"""A launch's processes: who is still alive (read from /proc), and stopping all of them, also
-those that left the launch's process group.
+"""A launch's processes: who is alive, how they meet, how they stop, and how they die with the
+kernel.
 
-Every process of a launch starts in the supervisor's process group (the supervisor calls
-`os.setsid`), so one `killpg` reaches them. A process the function starts in a session or
-group of its own (`subprocess.Popen(..., start_new_session=True)`, a server, a daemon that
-double-forks) is out of that group's reach. Two things catch it:
-
-- The supervisor is a *child subreaper* (`become_subreaper`, `PR_SET_CHILD_SUBREAPER`,
-  Linux 3.4+): a process of the launch whose parent exits is adopted by the supervisor, not
-  by init, so every descendant stays in the supervisor's process tree, whatever session or
-  group it moved to. Before the supervisor exits, `stop_descendants` stops what is still
-  running below it (the launcher names them on `last_launch().stopped_processes`).
-- Stopping from the notebook (`stop_group`: a failure, a timeout, the stop button) signals
-  the group *and* every descendant of its processes, read from /proc before the first
-  signal and again while waiting, since the supervisor's own death hands its adoptees to
-  init.
-
-Why the supervisor and not the kernel: a subreaper adopts every orphan below it for the rest
-of its life. Made one, the notebook kernel would adopt (and never reap: ipykernel waits
-only for the processes it started) every orphan of everything the user runs in the kernel,
-`!` shell commands and `%pip` included, launch or not. The supervisor lives only as long
-as its launch, and its descendants are the launch's by definition.
-
-What is still out of reach: a process that was started by a process of the launch after
-the last look at /proc and whose parent then died while the supervisor was already gone
-(a window of a few milliseconds while the launch is being stopped), and processes that
-change their user (the kernel cannot signal them).
+- Stopping every process, also those that left the launch's process group. Every process
+  starts in the supervisor's group, so one `killpg` reaches them; a process started in a
+  session of its own (a server, a daemon) is out of its reach. So the supervisor is a child
+  subreaper (`become_subreaper`): every descendant stays in its process tree, and it stops
+  what is still running before it exits (`stop_descendants`). Stopping from the notebook
+  (`stop_group`) signals the group and every descendant read from /proc. The kernel is never
+  made a subreaper: it would adopt, and never reap, every orphan of everything the user runs.
+- Dying with the kernel. A killed kernel cannot stop its launch, which would train on and keep
+  the TPU's device files open. The supervisor watches the kernel (`watch_kernel`) and, when it
+  is gone, stops every process below it and writes down what it stopped (shown by the next
+  `%xla_info`). Every other process asks for a signal when its parent dies
+  (`die_with_parent`).
+- The gloo rendezvous of `strategy="debug"`: one `TCPStore` server that every rank joins. A
+  port picked free and bound later by rank 0 can be taken in between; the server is held by
+  the process that forks the ranks. No process forks while a store's server thread runs in it
+  (a forked rank could inherit a held lock): on one host the store opens after the fork and
+  hands the ranks its port through a pipe; host 0 of a cluster keeps its store in a process
+  of its own (`StoreProcess`).
+- The heartbeat: one `Heartbeat` per rank every `HEARTBEAT_INTERVAL` seconds, so that the
+  notebook tells a frozen process from a busy one.
 """
 
 from __future__ import annotations
@@ -43,6 +38,8 @@ from typing import Any
 
 from ..events import Channel, Heartbeat
 from ..runtime.info import StoppedLaunch, record
+
+# -- who is alive, and stopping all of them --
 
 TERMINATE_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
 # The supervisor's grace for what outlived the ranks: less than the notebook's, whose SIGKILL
@@ -335,6 +332,8 @@ def _same(table: dict[int, tuple[int, int, int]], pid: int, started: int) -> boo
     return entry is not None and entry[2] == started
 
 
+# -- a launch dies with its kernel --
+
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 POLL_INTERVAL = 0.5  # seconds between looks at the parent where there is no pidfd
 
@@ -408,6 +407,8 @@ def _stop_orphaned_launch(kernel_pid: int) -> None:
     finally:
         os._exit(1)
 
+
+# -- the gloo rendezvous --
 
 STORE_START_TIMEOUT = 30.0  # seconds for a store process to say its port
 STORE_STOP_TIMEOUT = 5.0  # seconds for it to close at SIGTERM before SIGKILL
@@ -540,6 +541,8 @@ def _read_port_or_error(said: int) -> int:
         raise RuntimeError(text or "the rendezvous store's process ended without a port")
     return int(text)
 
+
+# -- the heartbeat --
 
 HEARTBEAT_INTERVAL = 1.0
 

@@ -1,13 +1,25 @@
 """The notebook side of a launch: fork the supervisor, relay its output, watch, stop, record.
 
 Runs on the cell's main thread (ipykernel drops display updates from other threads). What the
-events mean for the record is `observe.launch_reader.LaunchReader`'s job; this module moves
-bytes and signals.
+events mean for the record is `observe.reader.LaunchReader`'s job; this module moves bytes and
+signals, and keeps what the launch did.
+
+- The records: `LaunchRecord` and `RankRecord`, what a launch did rank by rank. Their plain
+  data and states are `hfxla_nb.states`' (the panels, a layer below, draw the same types);
+  here they gain each rank's XLA figures and the launch's table.
+- What a failed launch says (`failure_message`): the first failure and its traceback, the
+  ranks stopped because of it (or, after `timeout=`, the ranks still running), XLA's
+  out-of-memory text explained first. The cell's `LaunchError` carries it.
+- What the two watchers of a launch share (`LaunchWatch`): `Supervision` on one host, and
+  `launch.pods`' watch on the hosts of a Ray cluster. Which ranks' lines reach the cell, how
+  often the panel is redrawn and how a launch ends are decided once for both.
+- `Supervision`: the watch loop on one host.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import select
 import sys
 import time
@@ -15,18 +27,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._words import duration, plural
+from .._words import duration, plural, ranks_were
 from ..events import Channel, Event, Generated, LibraryWarning, Log, OutputPipes
+from ..observe.alerts import explain_hbm_exhaustion
 from ..observe.reader import LaunchReader, RankMetrics, dataframe
+from ..observe.tracing import is_library
 from ..runtime import compile_cache
 from ..states import BaseLaunchRecord, BaseRankRecord, Outcome, RankState
-from .errors import failure_message
 from .output import NativeRelay, print_folded
 from .processes import stop_group
 
 if TYPE_CHECKING:
     from ..ui import LaunchDisplay
 
+
+# -- the records: what a launch did, rank by rank --
 
 @dataclass
 class RankRecord(BaseRankRecord):
@@ -137,6 +152,61 @@ def _rank_row(rank: RankRecord) -> dict[str, Any]:
         row.update(figures)
     return row
 
+
+# -- what the message says --
+
+def failure_message(reader: LaunchReader) -> str:
+    """The first failure, its traceback, and the ranks stopped because of it (or, after
+    `timeout=`, the ranks that were still running).
+
+    Args:
+        reader: the reader of the launch that ended.
+    """
+    record = reader.record
+    if record.outcome == Outcome.TIMEOUT:
+        stalled = [
+            f"rank {r.rank} "
+            + (f"at step {r.last_step}" if r.last_step is not None else "before its first step")
+            for r in record.ranks
+            if r.exit_state == RankState.TIMEOUT
+        ]
+        return (
+            f"the launch timed out after {reader.timeout:g}s and was stopped. Still running: "
+            f"{', '.join(stalled) or 'none'}. Every worker process was terminated."
+        )
+    failed = reader.failure or next((r for r in record.ranks if r.error), None)
+    if failed is None:
+        return f"the launch ended without a result ({record.outcome})."
+    others = [r.rank for r in record.ranks if r.exit_state == RankState.STOPPED]
+    stopped = f" {ranks_were(others, 'stopped')}" if others else ""
+    error = failed.error or ""
+    message = f"rank {failed.rank} failed: {error}{'' if error.endswith('.') else '.'}"
+    message += stopped
+    if failed.traceback:
+        # Whole, as Python prints it: it ends with the exception line.
+        message += f"\n\nRemote traceback (rank {failed.rank}):\n{failed.traceback.rstrip()}"
+    # XLA's allocator text is a wall of figures: said first in one line with its fixes
+    # (the whole text stays below, and on the record).
+    explanation = explain_hbm_exhaustion(f"{error}\n{failed.traceback or ''}",
+                                         where=_user_line(failed.traceback or ""))
+    return message if explanation is None else f"{explanation}\n\n{message}"
+
+
+def _user_line(traceback: str) -> str | None:
+    """The innermost frame of a remote traceback that is the user's code ("file:line", or
+    "Cell In[5], line 12" for a notebook cell), or None (`observe.user_frames.is_library`
+    decides what is not theirs)."""
+    frames = re.findall(r'^\s*(?:File "([^"]+)", line (\d+)|(Cell In\[\d+\], line \d+))',
+                        traceback, flags=re.MULTILINE)
+    for path, line, cell in reversed(frames):
+        if cell:
+            return cell
+        if not is_library(path):
+            return f"{path}:{line}"
+    return None
+
+
+# -- what the watchers of one host and of a cluster share --
 
 REFRESH_INTERVAL = 0.25  # seconds between two redraws of the panel while a launch runs
 # Seconds a launch's processes have to exit once every rank finished. Past it the results are
@@ -316,6 +386,8 @@ def end_launch(reader: LaunchReader, display: LaunchDisplay, outcome: Outcome, b
     if outcome == Outcome.INTERRUPTED:
         print(interrupted_line, file=sys.stderr)
 
+
+# -- the watch loop on one host --
 
 POLL_INTERVAL = 0.1
 

@@ -3,18 +3,23 @@
 The launcher forks one *supervisor* into a new session (so one signal to its process group
 stops everything it started). The supervisor becomes the worker itself (spmd), runs
 `xmp.spawn(..., start_method="fork")` (replicated), or forks one process per rank (debug).
-In every worker process:
+The user's function runs between `Started` and `Finished`/`Failed` events, and a heartbeat
+thread shows the process is alive. Every path out of a forked process is `os._exit`:
+returning would run the kernel's code in the child.
 
-- `sys.stdout`/`sys.stderr` become streams that send whole lines to the notebook as `Log`
-  events tagged with the rank of the thread that wrote them; file descriptors 1 and 2 go to a
-  pipe the notebook reads, for what native code prints.
-- IPython's shell instance is cleared, so nothing tries to display into the kernel's sockets
-  (a forked child cannot), and `tqdm.auto` bars become `Progress` events the notebook draws.
-- the user's function runs between `Started` and `Finished`/`Failed` events; a heartbeat
-  thread shows the process is alive.
+A forked worker behaves like a script: nothing it does reaches the kernel's sockets. After the
+fork it still holds what the notebook imported (the IPython shell, ipykernel's streams,
+jupyter_client's session, tqdm's notebook bars), and a forked child cannot use the kernel's
+sockets. So, in the worker only: the shell is cleared (`display` prints a text form); the
+kernel's stream objects write `Log` events; the session sends nothing (widgets stay silent);
+every tqdm bar sends `Progress` events instead of drawing; transformers' Trainer picks its
+text progress callback.
 
-Every path out of a forked process is `os._exit`: returning would run the kernel's code in
-the child.
+Each rank also gets the torch.distributed-style variables (RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE), so that accelerate's `PartialState()` knows its indexes: accelerate reads
+the local one from `LOCAL_RANK` on XLA devices other than a TPU (-1 when unset). Where a
+process runs several rank threads (XLA:CPU, TPU v2/v3), `os.environ` answers these four names
+per thread.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ from .processes import (
     stop_descendants,
     watch_kernel,
 )
+
+# -- each rank's torch.distributed variables --
 
 NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 
@@ -126,6 +133,8 @@ def set_thread_variables(variables: Mapping[str, str]) -> None:
         os.environ.encodekey(name): os.environ.encodevalue(value)  # type: ignore[attr-defined]
         for name, value in variables.items()}
 
+
+# -- script mode: nothing reaches the kernel's sockets --
 
 #: A bar reports at most this often (tqdm's own refresh is throttled too); its end always.
 BAR_INTERVAL = 0.2
@@ -271,6 +280,8 @@ def finish_like_a_script(failed: bool = False) -> None:
     except Exception as error:  # noqa: BLE001 - the function's outcome matters more
         print(f"hfxla_nb: could not finish the W&B run: {error!r}", file=sys.stderr)
 
+
+# -- the worker: ranks, the supervisor and its strategies --
 
 # The notebook's cell file names -> execution counts, read before the shell is cleared.
 _cells: dict[str, int] = {}

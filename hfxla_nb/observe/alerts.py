@@ -1,4 +1,5 @@
-"""The analyzer: a run's `XlaSummary` in, alerts in plain language out.
+"""The analyzer: a run's `XlaSummary` in, alerts in plain language out; and XLA's
+out-of-memory texts explained.
 
 It applies PyTorch/XLA's own thresholds (the ones `PT_XLA_DEBUG_LEVEL` reports): more than 0.5
 compiles per step once past 10 warm-up steps, more than 0.5 device-to-host transfers per step,
@@ -8,17 +9,23 @@ is named even when every compilation fell in the warm-up; a run that compiled a 
 nearly every step is flagged even in its warm-up; transfers per step wait for
 `MIN_RATE_STEPS` steps.
 
-When the run was traced (`summary.trace`, torch_xla's own analysis of each compilation), the
-alerts name the line: the one that compiled the different graphs, the one that fetched a
-value, the one whose graph needs more device memory than the device has. The trace alone is
-enough to warn of recompiling (`recompiling_line`): a line of the user's that first compiled
-a graph after the warm-up, or more graphs than a few buckets explain, is named whether or not
-`report(inputs=...)` said which input changed shape; `inputs=` adds that.
-
+When the run was traced (`summary.trace`), the alerts name the line: the one that compiled the
+different graphs, the one that fetched a value, the one whose graph needs more device memory
+than the device has. The trace alone is enough to warn of recompiling (`recompiling_line`).
 Severity follows what a problem costs, not how often it happens: recompilation that took most
 of the XLA time (`COSTLY_COMPILE_SHARE`) is a warning even below torch_xla's rate threshold.
-The fix for changing shapes names the kind of input: tokenizer outputs are padded by the
-tokenizer, other tensors by the code that builds them.
+
+The alerts' words (`Alert`, and what a change of input shapes, a fetch or a fallback is said to
+cause and how to fix it) are written apart from the rules. The fix for changing shapes names
+the kind of input: tokenizer outputs are padded by the tokenizer, other tensors by the code
+that builds them.
+
+TPU memory (HBM) exhaustion: XLA says a program does not fit a TPU's HBM in a few forms, all a
+wall of allocator text (at compile time "Ran out of memory in memory space hbm...", at run time
+"Attempting to reserve 10.51G ... There are 8.97G free", PJRT's "Error allocating device
+buffer: ...", the older "Resource exhausted: ..."). `parse_hbm_exhaustion` reads any of them
+into an `HbmExhaustion`; its `explain()` gives one line that says what needed how much of how
+much, then the fixes in order of cost. Pure functions of the text.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from typing import Literal
 from .._words import data_size, duration, plural
 from .metrics import MAX_QUIET_SHAPES, WARMUP_STEPS, InputShapes, XlaSummary, shape_changes
 from .tracing import CompileRow
+
+# -- the alerts' words: causes and fixes --
 
 # torch_xla/csrc/runtime/metrics_analysis.cc
 MAX_TRANSFERS_PER_STEP = 0.5
@@ -161,6 +170,8 @@ def compile_cause(summary: XlaSummary) -> tuple[str, str]:
         "Keep shapes and Python control flow the same in every step.",
     )
 
+
+# -- the analyzer: torch_xla's thresholds, and the traced lines --
 
 # torch_xla/csrc/runtime/metrics_analysis.cc
 MAX_COMPILES_PER_STEP = 0.5
@@ -530,6 +541,8 @@ def graph_memory_alert(summary: XlaSummary) -> Alert | None:
         "shard parameters and optimizer state over the devices (FSDP via SPMD).",
     )
 
+
+# -- TPU memory exhaustion, read from XLA's texts and explained --
 
 # XLA prints sizes with tsl's HumanReadableNumBytes: binary units, "0B", "4.0K", "21.95G".
 _SIZE = r"(-?[\d.,]+\s*(?:[KMGTPE](?:iB|B)?|B))"

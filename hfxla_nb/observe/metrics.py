@@ -1,5 +1,5 @@
-"""Snapshots and diffs of torch_xla's counters, and the summary of a run (input shapes:
-`observe.shapes`).
+"""Snapshots and diffs of torch_xla's counters, and the summary of a run, with its input shapes
+and its reshards.
 
 Plain data in, plain data out; only `snapshot()` and `device_memory()` reach torch_xla (through
 `_xla`). A snapshot is the dict `_xla.metrics_snapshot()` returns:
@@ -16,6 +16,16 @@ the metric `CompileTime` (counter `UncachedCompile` as a fallback, `CachedCompil
 hits), executions from `ExecuteTime` / `ExecuteReplicatedTime` (SPMD), transfers from
 `TransferFromDeviceTime` / `TransferToDeviceTime` with their bytes in `InboundData` /
 `OutboundData`, CPU fallbacks from the `aten::*` counters, steps from `MarkStep`.
+
+Input shapes say which input of a step changed shape, and when (`hx.report(inputs=...)`): a
+`ShapeTracker` in the worker remembers each input's distinct shapes, the snapshot carries them,
+and `shape_changes` reads back the inputs whose shape changed.
+
+Reshards: `xs.mark_sharding(x, mesh, spec)` on a tensor that an operation of the step already
+used makes torch_xla copy `x` to the host and back, sharded, every step it runs. torch_xla's
+analysis has no block for it (no graph runs), so the transfer alert could only guess. In an
+SPMD worker, `watch` wraps `xs.mark_sharding`; each call that copied is counted under its user
+frame, and the counts travel with the snapshots (their "reshards").
 """
 
 from __future__ import annotations
@@ -30,6 +40,8 @@ from typing import Any
 from .. import _xla
 from .._xla import FALLBACK_PREFIX, ITEM_OP
 from .tracing import Frame, locate
+
+# -- reshards: sharding annotations that copied a tensor to the host --
 
 _lock = threading.Lock()
 _counts: dict[tuple[str, str, int, int | None], int] = {}  # (function, file, line, cell) -> n
@@ -84,6 +96,8 @@ def sites(snapshot_reshards: list[dict[str, Any]] | None) -> list[tuple[Frame, i
             continue
     return sorted(found, key=lambda pair: -pair[1])
 
+
+# -- snapshots, diffs and the summary of a run --
 
 # PyTorch/XLA's own debug analysis (PT_XLA_DEBUG_LEVEL) judges rates only after 10 steps.
 WARMUP_STEPS = 10
@@ -381,6 +395,8 @@ def summarize(
         summary.steps_after_warmup = max(steps - warmup_step, 0)
     return summary
 
+
+# -- input shapes: which input changed shape, and when --
 
 # How many distinct shapes one input lists in a `ShapeTracker` (the rest are only counted)...
 MAX_SHAPES_PER_INPUT = 16

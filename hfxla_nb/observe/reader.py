@@ -1,10 +1,23 @@
-"""`LaunchReader`: the one reader of a launch's events.
+"""`LaunchReader`: the one reader of a launch's events, and what it keeps.
 
 Every event of a launch is applied here, once: to its record (each rank's state, result,
-error, bars), to its progress bars (`observe.bars`) and to its metrics (`LiveMetrics`). The
-launcher's decisions (a failure, a silent rank, the end) and every panel (`ui.state`) read
-what this reader holds, so the record, the panels and `last_launch()` cannot disagree. It
-forks, reads and draws nothing, so tests drive it with events alone.
+error, bars), to its progress bars and to its metrics. The launcher's decisions (a failure, a
+silent rank, the end) and every panel (`ui.state`) read what this reader holds, so the record,
+the panels and `last_launch()` cannot disagree. It forks, reads and draws nothing, so tests
+drive it with events alone.
+
+- Progress bars as data (`BarTrack`): what each `Progress` event does to its bar, and its time
+  and speed at a moment (`bar_clock`). The panels' bars, their rates and ETAs, and each rank's
+  `step_times` are read from the same track. A bar's elapsed time runs from its start; a late
+  value (a loss fetched for an earlier step) never moves it. Its rate and ETA leave out the
+  first `BAR_WARMUP_STEPS` steps, which compile: the same steps `fine_tune`'s result leaves
+  out of its `samples_per_second`, so the bar's last rate and the result's agree.
+- Generations as they stream in (`Generated` events): each row's prompt and its text so far,
+  for the panels to draw (`hx.generate(..., stream=True)`).
+- `LiveMetrics`: the `MetricsSnapshot` events of a launch, kept per process and summarized.
+- Each rank's final XLA figures as plain data (`RankRecord.metrics`), to put in a DataFrame or
+  assert instead of reading them off a panel. They have `XlaSummary`'s names
+  (`compile_seconds`, `execute_seconds`...): a rank's figures are its process's summary.
 """
 
 from __future__ import annotations
@@ -32,6 +45,8 @@ from ..states import BarState, BaseLaunchRecord, BaseRankRecord, Outcome, RankSt
 from .alerts import Alert, analyze
 from .metrics import WARMUP_STEPS, XlaCounts, XlaSummary, compile_count, summarize
 from .tracing import TraceLog
+
+# -- progress bars as data --
 
 # Points kept per bar for its step times.
 RATE_WINDOW = 20
@@ -320,6 +335,8 @@ def bar_start(event: Progress, bars: list[BarTrack], rank: RankState,
     return min(max(candidates), event.time) if candidates else event.time
 
 
+# -- generations as they stream in --
+
 @dataclass
 class StreamedRow:
     """One row of a generation: its prompt, the text generated so far, whether it ended."""
@@ -353,6 +370,8 @@ class StreamedText:
         rank = min(self.by_rank, key=lambda r: (r is None, r or 0))
         return [StreamedRow(row.prompt, row.text, row.done) for row in self.by_rank[rank]]
 
+
+# -- LiveMetrics: the metrics snapshots, per process --
 
 def snapshot_ranks(event: Any) -> list[int]:
     """The ranks whose work a `MetricsSnapshot`'s counters hold: every rank thread of the
@@ -498,6 +517,8 @@ class LiveMetrics:
         return alerts
 
 
+# -- each rank's final XLA figures --
+
 @dataclass
 class RankMetrics(XlaCounts):
     """What XLA did for one rank, as of the launch's last metrics snapshot: its process's
@@ -571,6 +592,8 @@ def dataframe(rows: list[dict[str, Any]]) -> Any:
         raise ImportError("to_dataframe() needs pandas: pip install pandas") from error
     return pandas.DataFrame(rows)
 
+
+# -- LaunchReader: every event applied once --
 
 HEARTBEAT_WARNING = 60.0  # seconds of silence before a rank is said to be quiet
 # A rank that has not started may be waiting on a slow runtime start (a TPU's takes seconds):

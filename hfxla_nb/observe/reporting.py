@@ -14,19 +14,18 @@ A device tensor is never read inline: `report` queues a step closure
 copies the values to the host after the graph has run anyway: one transfer per `log_every`
 steps at most, no extra execution, no `.item()`. Plain numbers are sent as they are. Events
 are throttled by time (a few per second per bar; the final step always goes out). When the
-function returns with a last step whose values were not fetched (no `total`, or a loop that
-stopped short of it), they are fetched then, every bar's in one transfer, so each bar ends at
-its real last step with its real last values.
+function returns with a last step whose values were not fetched, they are fetched then, every
+bar's in one transfer, so each bar ends at its real last step with its real last values.
 
-Each process also sends a `MetricsSnapshot` every `process.SNAPSHOT_INTERVAL` seconds while steps
-go on, just past the warm-up steps and at the final step: torch_xla's host-side counters (no
-device sync), device memory on TPU, and the input shapes seen so far (`inputs=`), so a
-recompilation can be explained by the input whose shape changed. The counters belong to the
-process, so when several ranks run as threads of one process the snapshot is that of all of
-them: it names them (`data["process"]`) and carries the lowest one as its rank, whichever
-thread sent it. The launcher's worker tells this module when each rank starts and ends
-(`rank_started`, `rank_ended`), so that a last snapshot goes out when a rank fails and after
-the last rank of a process finished, even where no final step was reported (no `total`).
+Each process also sends a `MetricsSnapshot` every `SNAPSHOT_INTERVAL` seconds while steps go
+on, just past the warm-up steps, at the final step and when a rank ends: torch_xla's host-side
+counters (no device sync), device memory on TPU, and the input shapes seen so far (`inputs=`),
+so a recompilation can be explained by the input whose shape changed. The counters belong to
+the process, so when several ranks run as threads of one process the snapshot is that of all
+of them: it names them and their steps (`data["process"]`) and carries the lowest one as its
+rank. The launcher's worker says when each rank starts and ends (`rank_started`,
+`rank_ended`), so that a last snapshot goes out when a rank fails and after the last rank of a
+process finished, even where no final step was reported.
 
 Outside a launched worker (in the notebook kernel itself), `report` does nothing and costs a
 function call, unless a local receiver is installed with `local_events` (`%%xla_metrics`
@@ -49,6 +48,8 @@ from ..events import MetricsSnapshot, Progress
 from ..runtime import compile_cache
 from . import metrics
 from .metrics import WARMUP_STEPS, ShapeTracker, shapes_of
+
+# -- what report keeps per worker process, and its metrics snapshots --
 
 # Seconds between two MetricsSnapshot events of one process (the panel says "as of step N";
 # a few a second keep it close to the bar, and reading the counters is host-side only).
@@ -164,6 +165,8 @@ def memory(process: ProcessState) -> dict[str, int] | None:
     process.memory = info
     return info
 
+
+# -- report: progress and metrics from inside a training function --
 
 # Seconds between two Progress events of one bar (the final step is always sent).
 MIN_INTERVAL = 0.2

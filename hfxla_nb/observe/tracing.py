@@ -1,20 +1,30 @@
-"""Compilation tracing: switch torch_xla's own analysis on, read it, send it as events.
+"""Compilation tracing: torch_xla's own analysis of each compilation, switched on, read, parsed
+and grouped by the user's line.
 
 torch_xla reads `PT_XLA_DEBUG_LEVEL`, `PT_XLA_DEBUG_FILE` and `PT_XLA_DEBUG_MAX_FRAME` once,
-at the first graph a process compiles or executes (C++ function-level statics in
-`torch_xla/csrc/debug_util.cpp`), not when it is imported or when its runtime starts. So a
-forked worker can switch the analysis on for itself just before running the user's function,
-even when the kernel imported torch_xla, as long as the worker has run no graph yet; and the
-kernel can do the same for `%%xla_metrics` until its first graph.
+at the first graph a process compiles or executes, not when it is imported or when its runtime
+starts. So a forked worker can switch the analysis on for itself just before running the
+user's function, as long as it has run no graph yet; and the kernel can do the same for
+`%%xla_metrics` until its first graph.
 
 - In a worker (`start_in_worker`, `rank_ended`): the analysis goes to a file of the launch's
   channel folder (never raw into the cell); a thread reads what was appended every
-  `POLL_INTERVAL` seconds, parses it (`compile_trace`) and sends `Compiled` events: each
-  compilation once, with its compile time from torch_xla's `CompileTime` metric, and the
-  execution sites counted per line. The last rank of the process to end reads the rest.
-- In the kernel (`begin_cell`): `%%xla_metrics` switches the analysis on for the kernel's
-  life (torch_xla cannot switch it off again) and reads what the cell's graphs wrote; when
-  the kernel already ran graphs without it, the panel says so in one line.
+  `POLL_INTERVAL` seconds and sends `Compiled` events: each compilation once, with its compile
+  time from torch_xla's `CompileTime` metric, and the execution sites counted per line.
+- In the kernel (`begin_cell`): `%%xla_metrics` switches the analysis on for the kernel's life
+  (torch_xla cannot switch it off again) and reads what the cell's graphs wrote; when the
+  kernel already ran graphs without it, the panel says so in one line.
+
+The text (`PT_XLA_DEBUG_LEVEL=2`: a block per compilation and per execution) is parsed by
+`TraceParser`, fed in any pieces, into `CompileRecord`s and `Execution`s. Each names the first
+frame in the user's own code (`Frame`, "`train` in cell 5, line 12": their notebook, script or
+own modules, not Python's, an installed package's or hfxla_nb's) and, when the graph was cut
+inside a library, the innermost library frame too. The text names no input and no shape, so
+which input changed shape comes from `report(inputs=...)` alone.
+
+`TraceLog` keeps one process's records and answers the compilations view's questions: which
+lines compiled how many graphs, how many of them different, in how long and why; which graph
+needs the most device memory; where values were read from the device inside the step.
 
 torch_xla writes its analysis only in the process whose `PJRT_LOCAL_PROCESS_RANK` is 0: on a
 TPU host with one process per chip, the compilations shown are those of the first process.
@@ -40,6 +50,8 @@ from typing import Any
 
 from .. import _xla
 from ..events import Channel, Compiled
+
+# -- the records: a frame, a compilation, an execution --
 
 # What torch_xla prints as the cause when a tensor's value is read before the step's sync.
 FETCH_CAUSE = "most likely user code trying to access tensor value"
@@ -168,6 +180,8 @@ def cause_text(cause: str) -> str:
     return cause
 
 
+# -- which frames are the user's --
+
 def _library_roots() -> tuple[str, ...]:
     roots = set()
     for name in ("stdlib", "platstdlib", "purelib", "platlib"):
@@ -238,6 +252,8 @@ def name_cells(traceback: str, cells: dict[str, int]) -> str:
 
     return _FILE_LINE.sub(rename, traceback)
 
+
+# -- the analysis's text, parsed into records --
 
 # Block prefixes of torch_xla/csrc/debug_util.cpp (torch_xla 2.5 to 2.9).
 _COMPILE = "Compilation Analysis: "
@@ -435,6 +451,8 @@ def execution_sites(sites: dict[tuple, list]) -> tuple[ExecutionSite, ...]:
     return tuple(sorted(result, key=lambda site: -site.count))
 
 
+# -- the compilations view as data: records grouped by the user's line --
+
 # Compile records kept for `records` (the rows keep counting past it).
 MAX_RECORDS = 2000
 
@@ -565,6 +583,8 @@ class TraceLog:
         """Executions started by reading a tensor's value, per line, most first."""
         return [site for site in self.executions if site.fetched]
 
+
+# -- tracing: the analysis switched on and read, in a worker or the kernel --
 
 #: Set to "0" in a worker's environment (the launcher's `trace_compiles=False`) to turn off.
 SWITCH = "HFXLA_NB_TRACE_COMPILES"

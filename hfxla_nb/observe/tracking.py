@@ -6,7 +6,7 @@ adds no device sync and nothing runs in the workers for it:
 
 - a `Progress` event's values: `<label>/<name>` at its step (`train/loss`, `train/lr`, the
   values a user's `hx.report(...)` sends), with `<label>/samples_per_second` at each logging
-  point (the bar's steady rate, `observe.bars.steady_rates`);
+  point (the bar's steady rate, `observe.reader.steady_rates`);
 - a `MetricsSnapshot`: `xla/compiles`, `xla/executions`, `xla/transfers_from_device`,
   `xla/transfers_to_device` and `xla/compile_seconds` at its step (the latest reading of
   each step);
@@ -14,8 +14,10 @@ adds no device sync and nothing runs in the workers for it:
   throughput, compile and transfer counts).
 
 Rank 0's events only, as `transformers.Trainer` logs from its main process. The names are
-checked in the kernel before the fork (`check_report_to`); the writers
-(`tracking_writers`) import their library only when the first event arrives, after the fork.
+checked in the kernel before the fork (`check_report_to`). The writers are each library's own
+(TensorBoard through `torch.utils.tensorboard`, W&B through `wandb`), given a
+`TrackingSettings`; this is the only module that imports either library, and only when a
+writer is made: at a launch's first value, after the fork.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from typing import Any, Protocol
 from ..events import Event, MetricsSnapshot, Progress, Started
 from .metrics import summarize
 from .reader import BarTrack, advance, snapshot_ranks, steady_rates
+
+# -- the writers: TensorBoard and W&B --
 
 #: What a hyper-parameter can be in every tracker.
 HParam = str | int | float | bool | None
@@ -169,6 +173,8 @@ class WandbWriter:
         self.run.summary.update(dict(final))
         self.run.finish(exit_code=1 if failed else 0)
 
+
+# -- the tracker: a launch's events, written --
 
 __all__ = ["TRACKERS", "HParam", "Tracker", "TrackerWriter", "TrackingError", "TrackingSettings",
            "check_report_to", "closed_after", "default_log_dir", "plain", "tracker_for"]

@@ -1,5 +1,16 @@
-"""Where this runs (Colab, Kaggle, a TPU VM, Jupyter...), package versions and the variables
-that matter, with secrets hidden. Pure functions of the environment and `sys.modules`."""
+"""The machine and the place this runs in: the host, its chips, the packages, the variables.
+
+Pure functions of the environment, `sys.modules` and the file system. Nothing here imports
+torch_xla or starts the XLA runtime, so `detect()` can call them first thing in a notebook.
+
+- Where this runs (Colab, Kaggle, a TPU VM, Jupyter...), the package versions and the
+  variables that matter, with secrets hidden.
+- TPU chips, device files and the processes that hold them, read from sysfs, /dev and /proc.
+  Every function takes the file-system root (`sys_root`) and the environment as arguments,
+  so tests drive them with fake trees.
+- Which host this is (Colab's v5e-1, Kaggle's v5e-8, a TPU VM, a machine without a TPU) and
+  what the launcher does there, in words a person reads in `%xla_info`.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +29,8 @@ from typing import Any, Literal
 
 from .._version import __version__
 from .._words import plural
+
+# -- where this runs, package versions, environment variables --
 
 # Environment variables worth showing (exact names) and families of them (prefixes).
 _RELEVANT_NAMES = frozenset(
@@ -204,10 +217,7 @@ def relevant_environment(environ: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-# ---------------------------------------------------------------------------------------------
-# Problems: a pure function of the gathered facts
-# ---------------------------------------------------------------------------------------------
-
+# -- TPU chips, device files and their holders --
 
 # Tables from tpu-info (`tpu_info/device.py`) and torch_xla's `_internal/tpu.py`; HBM per chip
 # from Google's TPU pages (v2: 16 GiB and v3: 32 GiB per chip, shared by its two cores).
@@ -635,12 +645,6 @@ def detect_accelerator(
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# Where it runs, versions, environment variables
-# ---------------------------------------------------------------------------------------------
-
-
-
 def _positive_int(value: str | None) -> int | None:
     try:
         number = int(value or "")
@@ -648,6 +652,8 @@ def _positive_int(value: str | None) -> int | None:
         return None
     return number if number > 0 else None
 
+
+# -- the host and the launch plan, in words --
 
 _HOSTED = {"colab": "Colab", "kaggle": "Kaggle"}
 # Each `detect_environment()` word as a person writes it (a host without a TPU is named so).

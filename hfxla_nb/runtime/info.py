@@ -3,6 +3,17 @@
 A kernel that started the XLA runtime cannot fork workers that use XLA any more (they hang), so
 `detect()` must be safe first thing in a notebook: it reads sysfs, `/dev` and package metadata,
 and asks `_xla` only about an already imported torch_xla.
+
+Problems are found by small checks, one per kind of problem, each with a concrete fix. A check
+takes the gathered `Facts` and returns the problems it finds (usually none or one). Only
+variable names and non-secret values (PJRT_DEVICE, CPU_NUM_DEVICES) go into the messages, so
+the result is safe to show.
+
+`detect()` also says which launches were stopped because their kernel died. A kernel killed
+mid-launch (a crash, the out-of-memory killer, a forced restart) cannot stop its launch or say
+so. The launch's supervisor notices that its parent is gone, stops every process of the launch
+and writes down what it stopped: one small JSON file in the system's temporary folder. The
+next `detect()` (`%xla_info`) reads these notes and shows them once; `forget` removes them.
 """
 
 from __future__ import annotations
@@ -33,6 +44,8 @@ from .environment import (
     redact_environment,
     relevant_environment,
 )
+
+# -- problems: one small check per kind, each with its fix --
 
 RESTART_ADVICE = (
     "Restart the kernel and move device code (torch_xla.device(), "
@@ -366,6 +379,8 @@ def find_problems(
     return sorted(problems, key=lambda problem: _ORDER[problem.severity])
 
 
+# -- launches stopped because their kernel died --
+
 #: Notes older than this are not shown (a machine's temporary folder outlives many sessions).
 SHOWN_FOR = 7 * 24 * 3600.0
 
@@ -443,6 +458,8 @@ def forget(launches: Iterable[StoppedLaunch]) -> None:
         if launch.path:
             Path(launch.path).unlink(missing_ok=True)
 
+
+# -- detect(): every fact and problem, without starting the runtime --
 
 @dataclass(repr=False)
 class RuntimeInfo:

@@ -1,4 +1,21 @@
-"""`FineTuneConfig`: every option of `fine_tune` and `prepare_fine_tune`, written once."""
+"""`FineTuneConfig` and `GenerationOptions`: every option of a run, written and checked once.
+
+- `FineTuneConfig`: every option of `fine_tune` and `prepare_fine_tune`.
+- The precision a run uses (`resolve_precision`), decided once for the kernel's memory plan
+  and the worker alike.
+- Which torch_xla metrics a run counts (`COUNTED`): compiles, executions and transfers. The
+  names themselves are torch_xla's, written once in `_xla`; this module only chooses.
+- `GenerationOptions`: how `generate` and `predict` decode, decided and checked in the kernel.
+  The options mean what transformers' `GenerationConfig` means by them (greedy or sampling,
+  `temperature`, `top_k`, `top_p`, `min_p`, `repetition_penalty`, `num_return_sequences`,
+  `max_new_tokens`, `eos_token_id`, `stop_strings`). The model's `generation_config.json` is
+  the default, a `GenerationConfig` is taken as it is, and keyword arguments override both.
+  Everything that cannot work is refused before any fork, saying what to change.
+- The prompts: plain texts get the beginning-of-text token, as training saw them; chat
+  `messages` go through the tokenizer's chat template with the assistant's turn opened
+  (`add_generation_prompt=True`). On the way back, `finished_text` cuts a row at its first
+  end-of-text token or stop string.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +34,8 @@ from .._words import PROGRESS_MODES
 from .._xla import COMPILE_TIME, EXECUTE_TIMES, TRANSFER_FROM_DEVICE_TIME, TRANSFER_TO_DEVICE_TIME
 from ..observe.tracking import TrackingError, check_report_to
 from .tasks import task_choices
+
+# -- FineTuneConfig: every option of fine_tune --
 
 STRATEGIES = ("spmd", "replicated")
 SHARDINGS = ("auto", "data", "fsdp")
@@ -374,6 +393,8 @@ def _check_numbers(config: FineTuneConfig) -> None:
         raise FineTuneError(f"timeout must be a positive number of seconds, got {timeout!r}.")
 
 
+# -- the precision a run uses --
+
 def resolve_precision(requested: str, device_type: str | None) -> str:
     """The precision a run uses: "auto" is bfloat16 autocast on a TPU (its native fast
     type), float32 elsewhere (XLA on the CPU has no fast bfloat16)."""
@@ -382,9 +403,13 @@ def resolve_precision(requested: str, device_type: str | None) -> str:
     return "bf16" if device_type == "TPU" else "fp32"
 
 
+# -- the torch_xla metrics a run counts --
+
 EXECUTE = EXECUTE_TIMES
 COUNTED = (COMPILE_TIME, *EXECUTE, TRANSFER_FROM_DEVICE_TIME, TRANSFER_TO_DEVICE_TIME)
 
+
+# -- GenerationOptions: how generate and predict decode, and the prompts --
 
 #: New tokens per prompt when neither the caller nor the generation config says.
 DEFAULT_NEW_TOKENS = 32

@@ -12,6 +12,15 @@ result.generate("A prompt")                    # task "causal-lm", from the arch
 
 In the kernel `prepare_fine_tune` checks and tokenizes everything; then `notebook_launcher`
 forks the worker (`worker/loop.py`). docs/architecture.md tells how the shapes stay fixed.
+
+With `report_to=`, the run's tracker (`observe.tracking.Tracker`) follows the launch's events
+in the notebook process, as the panels do, and gets the run's hyper-parameters and final
+figures; the worker sends nothing more for it.
+
+Warnings are attributed to the user's call, not to hfxla_nb's internals (`warn_user`). A fixed
+`stacklevel` would point at whichever of our functions sits there; here the level is counted
+to the first frame outside Python, installed packages and hfxla_nb: the line the user can
+change.
 """
 
 from __future__ import annotations
@@ -45,6 +54,8 @@ from .prepare import prepare_fine_tune
 from .result import FineTuneResult
 from .worker.loop import train_worker
 from .worker.saving import RUNS
+
+# -- report_to=: the run's tracker, its hyper-parameters, its final figures --
 
 #: The result's figures written when the run ends, as `final/<name>`.
 FINAL_FIGURES = ("samples_per_second", "samples_per_second_overall", "executions_per_step",
@@ -111,6 +122,8 @@ def finish_tracker(tracker: Tracker | None, result: FineTuneResult) -> None:
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
+
+# -- fine_tune: prepare in the kernel, launch the worker, return the result --
 
 def fine_tune(
     model: Any, dataset: Any, config: FineTuneConfig | None = None, *,
@@ -232,6 +245,8 @@ def _signature_with_options(function: Any) -> inspect.Signature:
 fine_tune.__signature__ = _signature_with_options(fine_tune)  # type: ignore[attr-defined]
 prepare_fine_tune.__signature__ = _signature_with_options(prepare_fine_tune)  # type: ignore
 
+
+# -- warnings attributed to the user's call --
 
 def user_stacklevel(skip: int = 0) -> int:
     """The `stacklevel` for a `warnings.warn` made `skip` frames above the caller of this

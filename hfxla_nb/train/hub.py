@@ -1,11 +1,18 @@
 """The Hub: a fine-tuned model's folder and its model card, uploaded with `huggingface_hub`.
 
-`fine_tune(..., push_to_hub=True)` checks the token and the Hub in the kernel before the fork
-(`kernel/hub.py` calls `hub_target`), and after the launch returns, still in the kernel, pushes
-the saved folder (`push_after_training`); `FineTuneResult.push_to_hub` pushes a result later.
-One commit holds every file of the output folder but its checkpoints (the merged model and,
-for LoRA, `adapter/`), and the model card (`hub_card.py`) as `README.md`; nothing is written
-to the folder itself.
+`fine_tune(..., push_to_hub=True)` checks the Hub in the kernel before the fork (`check_hub`):
+a token, a Hub that answers, a token that may write, a valid repository id. A refusal is a
+`FineTuneError` that says what to do (log in, set HF_TOKEN, check HF_ENDPOINT). After the
+launch returns, still in the kernel, it pushes the saved folder (`push_after_training`);
+`FineTuneResult.push_to_hub` pushes a result later. One commit holds every file of the output
+folder but its checkpoints (the merged model and, for LoRA, `adapter/`), and the model card as
+`README.md`; nothing is written to the folder itself.
+
+The model card is `huggingface_hub`'s `ModelCard` with its `ModelCardData` (README.md's YAML
+metadata) and a short text. `provenance` is written in the kernel before the fork and rides on
+the result (`FineTuneResult.provenance`, also in the run summary): the base model, the data by
+name or by shape, the training settings, the hardware and hfxla_nb's version. `model_card`
+adds what the run did: metrics, steps, graphs compiled.
 
 The token is read by `huggingface_hub` (`HF_TOKEN`, else the saved login) and never printed:
 every message that leaves this module has it replaced (`_hidden`).
@@ -28,6 +35,8 @@ from .worker import saving as ckpt
 if TYPE_CHECKING:
     from .config import FineTuneConfig
 
+
+# -- the model card and the run's provenance --
 
 class FineTuneRun(Protocol):
     """What the card and the push read of a `FineTuneResult` (a Protocol, so that this module
@@ -192,6 +201,8 @@ def _table(values: Mapping[str, Any], heading: str) -> list[str]:
     return [f"| {heading} | value |", "|---|---|",
             *(f"| {name} | {value} |" for name, value in values.items())]
 
+
+# -- pushing to the Hub --
 
 #: What the refusals say to do when there is no token.
 LOGIN = ("log in once with `hf auth login` (formerly `huggingface-cli login`) in a terminal, "
@@ -387,6 +398,8 @@ def push_after_training(result: FineTuneRun, target: HubTarget) -> None:
         return
     result.notes.append(f"pushed to the Hub: {url}")
 
+
+# -- push_to_hub=True checked in the kernel before the fork --
 
 def check_hub(config: FineTuneConfig, output_dir: str | None) -> HubTarget | None:
     """Where the run's push goes, checked against the Hub now; None without push_to_hub.

@@ -1,18 +1,31 @@
-"""`hx.plan_memory`: what a fine-tune needs per device, against what the device has, before any
-fork.
+"""`hx.plan_memory`: what a fine-tune needs per device and on disk, against what there is,
+before any fork.
 
 ```python
 plan = hx.plan_memory("google/gemma-2b", batch_size=8, max_length=1024, hardware="v5e-1")
 plan.fits, plan.total_gib, plan.changes     # the changes that would make it fit, cheapest first
 plan.check()                                # raises MemoryPlanError with the numbers when not
-plan                                        # in a notebook: the table (ui/plan_panel.py)
+plan                                        # in a notebook: the table (ui.panels)
 ```
 
-Parameters are counted exactly on a model built on the `meta` device (`model_facts.py`);
-LoRA's adapters by walking its linear layers as peft's `target_modules="all-linear"` does
-(`lora_sizing.py`); the device's memory comes from `memory_device.py`. Activations are an
-estimate (docs/memory.md gives the formulas and what is verified where). torch and
-transformers are imported inside the functions that need them: `import hfxla_nb` stays cheap.
+- The device: a TPU host by name (`runtime.environment.TPU_HOSTS`), this machine, or the CPU's
+  virtual devices; how many XLA devices it has and what one of them can use.
+- The model's facts, read from a build on the `meta` device (no weights, no memory): exact
+  parameter counts, the linear layers LoRA may target, the sizes the activations depend on.
+- LoRA's size before any adapter exists: the default rank, the layers a `target_modules`
+  matches (as peft's `"all-linear"` matches them) and the parameters the adapters train.
+  `train.lora` checks `lora=` with these.
+- The sums: bytes per device of the weights, gradients, optimizer state and activations for
+  one setting. Activations are an estimate (docs/memory.md gives the formulas and what is
+  verified where).
+- The plan (`MemoryPlan`), and the changes that would make it fit.
+- The disk: what a run writes to its output folder, against the free space there, so a full
+  disk is refused before any training, not found at the final save (docs/fine-tune.md, "A
+  full disk", says what is counted).
+
+All but the meta builds and `free_space` (which reads the file system) are pure functions.
+torch and transformers are imported inside the functions that need them: `import hfxla_nb`
+stays cheap.
 """
 
 from __future__ import annotations
@@ -30,6 +43,8 @@ from typing import Any
 
 from ..runtime.environment import TPU_GENERATIONS, TPU_HOSTS, cpu_device_count, detect_accelerator
 from .config import FineTuneError, resolve_precision
+
+# -- the device a plan is for --
 
 GIB = 2**30
 # What a TPU device's runtime keeps for itself: "reserved 530.00M" in XLA's own HBM reports
@@ -105,6 +120,8 @@ def host_memory() -> int:
     """The host's memory: a CPU's virtual XLA devices share it."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
+
+# -- the model's facts, from a build on the meta device --
 
 #: The heads peft leaves out of "all-linear" for task_type="SEQ_CLS" (and trains whole).
 SEQUENCE_CLASSIFIER_HEADS = ("classifier", "score")
@@ -282,6 +299,8 @@ def _excluded_heads(module: Any, output: Any) -> tuple[set[str], int]:
     return set(), 0
 
 
+# -- LoRA's size before any adapter exists --
+
 #: `lora=True`: peft's own defaults except these (optimum-tpu's notebooks target all linear
 #: layers too); the rank comes from `default_lora_rank`.
 LORA_DEFAULTS = {"target_modules": "all-linear", "lora_dropout": 0.05, "bias": "none"}
@@ -385,6 +404,8 @@ def lora_dropout(lora: Any) -> float:
     value = getattr(lora, "lora_dropout", None)  # a peft LoraConfig; True/"auto": defaults
     return float(LORA_DEFAULTS["lora_dropout"] if value is None else value)
 
+
+# -- the sums: bytes per device of each part --
 
 TRAINED_BYTES = {"weights": 4, "gradients": 4, "optimizer": 8}  # fp32 master, grad, AdamW m+v
 FROZEN_BYTES = {"fp32": 4, "bf16": 2}
@@ -502,6 +523,8 @@ def adapter_activation_bytes(facts: ModelFacts, settings: PlanSettings) -> int:
         kept += sum(fan_in for _, fan_in, _ in targeted) * 2 * element
     return kept
 
+
+# -- the plan, and the changes that would make it fit --
 
 class MemoryPlanError(FineTuneError):
     """A fine-tune that cannot fit the device's memory; the message has the numbers and the
@@ -791,6 +814,8 @@ def _decide_auto(facts: ModelFacts, settings: PlanSettings, device: PlanDevice, 
                          f"so it is split over {settings.devices}")
     return settings, tuple(notes)
 
+
+# -- the disk: what a run writes, against the free space --
 
 KIB, MIB = 1024, 1024**2
 

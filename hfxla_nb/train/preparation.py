@@ -1,6 +1,17 @@
-"""What a task's kernel side receives and returns: `Splits` (the data's splits, picked once),
-`TaskContext` (the model as loaded in the kernel) and `Prepared` (the encoded data and what
-the plan needs besides). `prepare.py` builds the first two and turns the third into the plan.
+"""The kernel side of fine_tune and predict: what every task's preparation shares.
+
+- What a task's kernel side receives and returns: `Splits` (the data's splits, picked once),
+  `TaskContext` (the model as loaded in the kernel) and `Prepared` (the encoded data and what
+  the plan needs besides). `train.prepare` builds the first two and turns the third into the
+  plan.
+- What `fine_tune` loads in the kernel: the model's source and config, the task its head
+  names, its tokenizer, and the output folder.
+- The steps every task's preparation shares: the row length, the batch size against the
+  data, the padding token, the devices, the LoRA settings and the memory plan, the checkpoint
+  to resume, a digest of the training rows.
+
+Runs before any fork, without starting the XLA runtime. Each function refuses what cannot
+work with a `FineTuneError` that says what to pass instead.
 """
 
 from __future__ import annotations
@@ -29,6 +40,8 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
+
+# -- what a task's kernel side receives and returns --
 
 @dataclass
 class Splits:
@@ -93,6 +106,8 @@ class Prepared:
     memory: MemoryPlan | None = None
     sharding: str | None = None
 
+
+# -- what fine_tune loads: the model, its tokenizer, the output folder --
 
 def _fail(message: str) -> FineTuneError:
     return FineTuneError(message)
@@ -433,6 +448,8 @@ def device_count(num_processes: int | None) -> int:
     except LaunchRefusedError as error:
         raise _fail(str(error)) from None
 
+
+# -- the steps every task's preparation shares --
 
 def length_cap(config: FineTuneConfig, model_config: Any, tokenizer: Any,
                default: int | None = None) -> int:

@@ -1,5 +1,25 @@
-"""The kernel side of fine_tune and predict: load, check and encode the data, then plan the
-run, before any fork."""
+"""`prepare_fine_tune`: everything `fine_tune` does before forking, one step after the other.
+
+1. load: the model's source and config, the task its head names, the tokenizer, the devices
+   (`train.preparation`);
+2. pick the data's splits, once (`pick_splits`);
+3. check: the task (for `task="auto"` without a task head: from the training split's
+   columns), the model for the task, `lora=` for the task, no empty split;
+4. the task's `prepare` (its module in `tasks/`): the encoded data and what the plan needs
+   besides (a `preparation.Prepared`);
+5. the plan: steps per epoch and in total, room in the output folder for what the run
+   writes, the checkpoint to resume, and where the model comes from (for its model card:
+   `hub.provenance`).
+
+The output folder is checked right after the model's config is read, before the data:
+`output_dir="auto"` names a new folder for the run, and a folder that holds a saved model is
+refused without `overwrite_output_dir=True` (`preparation.check_output_dir`). Its free space
+is checked against what this run writes (`check_output_space`: the counts of the run, the
+memory plan's parameters when there is one, estimated by `train.memory`).
+
+Runs in the notebook kernel without starting the XLA runtime. Writes nothing; any refusal is
+a `FineTuneError` that says what to change.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +45,8 @@ if TYPE_CHECKING:
 
 
 
+
+# -- the output folder's free space --
 
 #: Bytes per parameter of the dtype names a config may give (`config.dtype`).
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
@@ -107,6 +129,8 @@ def _unique_count(model: torch.nn.Module) -> int:
     # parameters() yields a tied weight (embeddings and LM head) once, as it is saved.
     return sum(parameter.numel() for parameter in model.parameters())
 
+
+# -- prepare_fine_tune, step by step --
 
 def prepare_fine_tune(
     model: Any, dataset: Any, config: FineTuneConfig | None = None, **options: Any

@@ -1,6 +1,13 @@
 """`FineTuneResult`: what a `fine_tune` run did and where its model is (plain data).
 
-It is drawn by `hfxla_nb.ui.panels` (HTML in a notebook, text elsewhere).
+It is drawn by `hfxla_nb.ui.panels` (HTML in a notebook, text elsewhere). It also holds:
+
+- a trained model whose final save failed twice (a full disk): kept in the kernel as CPU
+  tensors (`HeldModel`) and written later where the user says (`FineTuneResult.save(folder)`),
+  as is a model saved to a fallback folder;
+- signs that a run learned nothing (accuracy at chance, a loss that barely fell), each with
+  its likely causes (`learning_warnings`): plain logic that the worker runs and the result
+  carries.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+
+# -- a trained model held in the kernel --
 
 @dataclass
 class HeldModel:
@@ -96,6 +105,8 @@ def save_model(folder: str | os.PathLike, summary: dict[str, Any], auto_class: s
     return target
 
 
+# -- signs that a run learned nothing --
+
 # Evaluation accuracy within this of always predicting the most frequent label is "at chance".
 CHANCE_MARGIN = 0.02
 # A training loss that fell by less than this share from its first logged value learned little.
@@ -127,6 +138,8 @@ def learning_warnings(loss_history: list, metrics: dict[str, float],
             "rate too low (or so high that the loss cannot fall), too few epochs or steps, or "
             "labels that do not match the texts (a wrong label_column, shuffled labels)."]
 
+
+# -- FineTuneResult: what the run did and where its model is --
 
 @dataclass
 class FineTuneResult:

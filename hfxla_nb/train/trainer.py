@@ -7,6 +7,9 @@ def train(index):                                  # launched: hx.notebook_launc
     trainer.train()
 ```
 
+`XlaProgressCallback` shows the run in hfxla_nb's live panels, from a launched worker
+(`Progress` events; the Trainer's own bars removed).
+
 Constructing `TrainingArguments` starts the XLA runtime (its `__post_init__` reads the
 device), and a notebook kernel whose runtime has started can no longer launch workers. So
 `xla_training_arguments` only works inside a launched function; in the kernel it refuses with
@@ -23,12 +26,15 @@ from typing import Any
 from .. import _xla, events
 from ..events import Progress
 
+# -- XlaProgressCallback: a Trainer run in the live panels --
+
 try:  # transformers is optional for the package; the callback needs it
     from transformers import TrainerCallback
 except ImportError:  # pragma: no cover - transformers missing
     TrainerCallback = object  # type: ignore[assignment,misc]
 
-__all__ = ["XlaProgressCallback"]
+__all__ = ["XlaProgressCallback", "xla_training_arguments", "xla_trainer",
+           "TrainingArgumentsInKernelError"]
 
 _PROGRESS_CALLBACKS = ("ProgressCallback", "NotebookProgressCallback", "PrinterCallback")
 _SUMMARY_SUFFIXES = ("_runtime", "_per_second")
@@ -125,9 +131,7 @@ class XlaProgressCallback(TrainerCallback):
         self._send(state.global_step, state.global_step, samples=self._samples(args, state))
 
 
-__all__ = ["XlaProgressCallback", "xla_training_arguments", "xla_trainer",
-           "TrainingArgumentsInKernelError"]
-
+# -- XLA-safe TrainingArguments, only inside a launched function --
 
 class TrainingArgumentsInKernelError(RuntimeError):
     """`TrainingArguments` would start the XLA runtime in the notebook kernel."""

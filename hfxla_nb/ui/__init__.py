@@ -1,12 +1,18 @@
 """Renderers: the same data drawn as ipywidgets, HTML (display_id) or console text.
 
-Logic never renders: `metrics.py` and the launcher hand plain data to these renderers.
+Logic never renders: `observe` and the launcher hand plain data to these renderers. The
+notebook process calls them from the cell's main thread only (ipykernel 7 drops display
+updates sent from background threads).
 
-Modules: `state` (events -> `LaunchView`, the data every renderer draws), `text` and `html`
-(plain functions that format that data), `base` (throttling), `widgets`, `html_display`,
-`console` (the three live renderers), `metrics_panel` (the static `%%xla_metrics` panel),
-`modes` (choosing a renderer like `tqdm.auto`). The notebook process calls them from the
-cell's main thread only (ipykernel 7 drops display updates sent from background threads).
+Modules: `state` (events -> `LaunchView`, the data every renderer draws, and the units, words
+and styles every panel shares), `text` and `html` (plain functions that format that data;
+`html` also holds the static `%%xla_metrics` panel), `live` (the three live renderers:
+widgets, HTML and console), `panels` (the result, predictions, memory plan, doctor and
+runtime panels, and their IPython formatters).
+
+This module holds what the launcher draws a launch with (`LaunchDisplay`, `launch_display`),
+and which renderer that is, chosen like `tqdm.auto`: widgets in a notebook, else console
+(`select_mode`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ if TYPE_CHECKING:
     from ..events import Event
     from ..observe.reader import LaunchReader
 
+
+# -- what the launcher draws a launch with --
 
 class LaunchDisplay(Protocol):
     """What the launcher draws a launch with. Every method runs on the cell's main thread.
@@ -99,6 +107,8 @@ def launch_display(world: int, mode: str | bool = "auto", attempt: str = "",
         return ConsoleDisplay(world, attempt=attempt, reader=reader)
     return NullDisplay()
 
+
+# -- which renderer, chosen like tqdm.auto --
 
 MODES = PROGRESS_MODES
 MIN_IPYWIDGETS = (7, 6)

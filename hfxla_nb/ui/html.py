@@ -1,12 +1,13 @@
-"""HTML forms of the panels, built by plain functions (no IPython needed, easy to test).
+"""HTML forms of the panels, built by plain functions (no IPython needed, easy to test); and the
+static `%%xla_metrics` panel.
 
-Every function takes the data of `ui.state` / `metrics` and returns a string of HTML with
-inline styles, so it renders the same in Jupyter, Colab, Kaggle, VS Code and nbconvert output.
+Every function takes the data of `ui.state` / `observe.metrics` and returns a string of HTML
+with inline styles, so it renders the same in Jupyter, Colab, Kaggle, VS Code and nbconvert
+output. The chrome (the panel's box, its heading, the tables, the colours) is `ui.state`'s, the
+one style every panel shares: colours are JupyterLab's theme variables of the same meaning,
+each with a mid-tone fallback; only the chart lines are plain mid-tone colours.
 
-The chrome (the panel's box, its heading, the tables, the colours) is `table_style`'s, the one
-style every panel shares: colours are JupyterLab's theme variables of the same meaning
-(`--jp-error-color1`, `--jp-ui-font-color2` for secondary text, ...), each with a mid-tone
-fallback for notebooks without them; only the chart lines are plain mid-tone colours.
+`MetricsPanel` is what `%%xla_metrics` shows: HTML in notebooks, text elsewhere.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from .state import (
     themed,
 )
 from .text import compilations_html
+
+# -- the panels as HTML --
 
 STATUS_COLORS = {PanelState.STARTING: GREY, PanelState.RUNNING: BLUE,
                  PanelState.FINISHED: GREEN, PanelState.FAILED: RED}
@@ -336,6 +339,8 @@ def launch_html(view: LaunchView) -> str:
 # border and padding around its parts (`widgets.PANEL_LAYOUT`), so both lay out alike.
 PANEL = BOX
 
+
+# -- the static %%xla_metrics panel --
 
 class MetricsPanel:
     """What a piece of XLA work compiled, executed, transferred and fell back on, with alerts.

@@ -1,8 +1,19 @@
-"""The base of every live launch renderer: follows events, throttles drawing.
+"""The live launch renderers: ipywidgets, an HTML output updated in place, and console lines.
 
-Like fastprogress's progress-bar base class, timing and throttling live here once; a renderer
-implements only `_open`, `_draw(view)` and `_finish(view)` and gets nothing but the data of a
-`LaunchView` to draw.
+`PanelDisplay` is the base of all three: it follows events and throttles drawing, once (like
+fastprogress's progress-bar base class). A renderer implements only `_open`, `_draw(view)` and
+`_finish(view)`, and gets nothing but the data of a `LaunchView` to draw.
+
+- `ConsoleDisplay`: plain, throttled lines for terminals, scripts and CI logs.
+- `HtmlDisplay`: one output updated in place (`display_id`), for notebooks without widgets.
+- `WidgetDisplay` (ipywidgets 7.6+ and 8: only APIs both have): a `VBox` of four `HTML`
+  widgets: the status line, the bars, the chart with notes, and the XLA metrics with alerts.
+  Each holds what `ui.html` builds for that part of the final panel, so the live panel and the
+  final one have one geometry. When the launch ends, the output is replaced
+  (`update_display_data`) by the final state as static HTML with its text form, and the
+  widgets are closed: a saved notebook holds no widget view that would need the kernel's
+  widget models (reopened, it would show "Error displaying widget: model not found"), and
+  nbconvert, nbval and terminals read the same final state.
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ from ..states import PanelState
 from . import html, text
 from .state import BORDER, PADDING, LaunchState, LaunchView
 
+# -- the base: follows events, throttles drawing --
 
 class PanelDisplay:
     """A `LaunchDisplay` that draws a `LaunchState` and redraws at most every `min_interval`.
@@ -94,6 +106,8 @@ class PanelDisplay:
         self._draw(view)
 
 
+# -- console lines --
+
 class ConsoleDisplay(PanelDisplay):
     """Prints a line per bar that moved, at most every `min_interval` seconds, and the full
     final state (status, bars, XLA metrics, alerts) at the end.
@@ -141,6 +155,8 @@ class ConsoleDisplay(PanelDisplay):
         self._print(text.launch_text(view))
 
 
+# -- one HTML output updated in place --
+
 class HtmlBlock:
     """A displayable with an HTML form and a text form (for terminals and nbconvert)."""
 
@@ -177,6 +193,8 @@ class HtmlDisplay(PanelDisplay):
         if self._handle is not None:
             self._handle.update(self._block(view))
 
+
+# -- ipywidgets --
 
 # The final panel is the one box (`table_style.BOX`: border, padding) inside JupyterLab's
 # rendered HTML, which keeps 20 px free on the right. The live panel draws the same border and

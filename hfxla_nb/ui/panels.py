@@ -1,4 +1,27 @@
-"""The `FineTuneResult` panel: rows of plain text, as HTML (notebooks) and as text."""
+"""The panels of the lower layers' data objects, as HTML (notebooks) and as text (terminals,
+nbconvert, logs), and how IPython is told to draw them.
+
+`RuntimeInfo`, `DoctorReport`, `FineTuneResult`, `Predictions` and `MemoryPlan` are plain
+data and import nothing from `ui`; `register()` tells IPython's own formatters, by type name,
+how to draw each. The package's entry points call it when a shell is running. Every panel is a
+plain function of its data, so tests call them directly.
+
+- A result's evaluation metrics as people read them: counts whole, scores to 4 decimals, and
+  token classification's per-entity metrics as one grid (entity x precision, recall, F1,
+  entities) rather than a long column.
+- `Predictions`: `predict`'s answers as a table. The rows and columns are the task's own
+  (`Task.prediction_table`); this module only rounds and shortens them for people. The first
+  `MAX_ROWS` rows are shown, and a line says how many more there are; the dicts and
+  `to_dataframe()` keep every value exact.
+- The memory plan: its table (each part per device, the settings, and the changes that would
+  make it fit), and the one line shown in the cell before the fork (`show_memory_plan`), in
+  the launch panel's mode (a widget replaced by static HTML when the launch ends, an HTML
+  output, or a printed line). The fields are read by name: a `MemoryPlan`, or the plain dict
+  a `FineTuneResult` keeps. The result's memory row (`memory_row`) says what the cell said.
+- `FineTuneResult`: rows of plain text, with the loss chart.
+- `DoctorReport`: a row per step, its mark, what it found and its time, then what to do.
+- `RuntimeInfo`: every value escaped; secrets were already replaced by "<hidden>".
+"""
 
 from __future__ import annotations
 
@@ -54,6 +77,8 @@ if TYPE_CHECKING:
     from ..runtime import Problem, RuntimeInfo
     from ..runtime.doctor_report import DoctorReport
 
+
+# -- a result's evaluation metrics --
 
 # The per-entity statistics of token classification (`eval_<TYPE>_<statistic>`), in the
 # grid's column order.
@@ -130,6 +155,8 @@ def evaluation_html(metrics: dict[str, float]) -> str:
                            for i, text in enumerate(line)) for line in grid[1:]), head)
     return html
 
+
+# -- Predictions --
 
 #: Rows shown; a longer table says how many more `to_dataframe()` has.
 MAX_ROWS = 20
@@ -343,6 +370,8 @@ def predictions_html(predictions: Any) -> str:
     title = style.heading(escape(predictions_heading(predictions, shown)))
     return style.panel(title + html + note, "hfxla-predictions")
 
+
+# -- the memory plan: its table, and its line before the fork --
 
 GIB_BYTES = 2**30  # bytes per GiB
 PLAN_LABEL = "memory"
@@ -602,6 +631,8 @@ def show_memory_plan(plan: Plan | Mapping[str, Any] | None,
     return PlanNotice(plan, chosen)
 
 
+# -- FineTuneResult --
+
 # Loss entries shown in the text chart; longer histories are sampled down to this many.
 TEXT_CHART_WIDTH = 32
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
@@ -860,6 +891,8 @@ def result_html(result: Any) -> str:
     return panel(heading("FineTuneResult") + table(rows), "hfxla-result")
 
 
+# -- DoctorReport --
+
 _CHECK_COLORS = {"ok": GREEN, "warning": AMBER, "failed": RED, "timed out": RED}
 _REPORT_WIDTH = 100
 
@@ -914,6 +947,8 @@ def doctor_text(report: DoctorReport) -> str:
                                    initial_indent="  ", subsequent_indent="    ")
     return "\n".join(lines)
 
+
+# -- RuntimeInfo --
 
 # The palette every panel shares (JupyterLab's theme colours, these as their fallbacks).
 _PROBLEM_COLORS = {"error": RED, "warning": AMBER, "info": BLUE, "ok": GREEN}
@@ -1082,6 +1117,8 @@ class RuntimePanel:
     def __repr__(self) -> str:
         return runtime_text(self.info)
 
+
+# -- IPython's formatters, told how to draw each --
 
 # (module, class name) -> (html, text) renderers
 RENDERERS: dict[tuple[str, str], tuple[Callable[[Any], str], Callable[[Any], str]]] = {

@@ -1,9 +1,28 @@
-"""What the launch panels show: a view of the launch's one reader, no drawing here.
+"""What the launch panels show, and what every panel shares: data and styles, no drawing here.
 
-The events of a launch are applied once, by `observe.launch_reader.LaunchReader`, to the
-launch's record, its bars and its metrics. `LaunchState` computes from those a `LaunchView`:
-plain data (bars, status, metrics summary, alerts) that every renderer draws the same way. So
-the panel shows what the record says, and the two cannot disagree.
+The events of a launch are applied once, by `observe.reader.LaunchReader`, to the launch's
+record, its bars and its metrics. `LaunchState` computes from those a `LaunchView`: plain data
+(bars, status, metrics summary, alerts) that every renderer draws the same way. So the panel
+shows what the record says, and the two cannot disagree. A bar as the panels draw it
+(`BarView`) takes its rates, ETAs and elapsed times from `observe.reader.bar_clock`, once, so
+renderers only format.
+
+What every panel shares, below the panels that use it:
+
+- Units for people: durations, clock times, rates, sizes and values, each as a short string.
+- XLA sharding specs in words: `{devices=[4,1]0,1,2,3}` reads "sharded 4 ways on dim 0".
+  torch_xla names a tensor's SPMD layout with XLA's `HloSharding` text: the tile assignment's
+  shape, one entry per tensor dimension (how many pieces that dimension is cut into), then the
+  devices, listed (`0,1,2,3`) or as an iota (`<=[4]`, `<=[2,2]T(1,0)`). With
+  `last_tile_dim_replicate`, or `last_tile_dims={replicated}`, the last entries are not tensor
+  dimensions but how many devices hold each piece. The data keeps the spec as XLA wrote it.
+- The panels' one look: the box, the heading, the tables, the colours, and the alignment of
+  their text forms, so every panel reads as one family. Styles are inline: a panel is drawn
+  inside a widget while the launch runs and as a notebook's rendered HTML once it ended, where
+  JupyterLab styles tables; every table, row and cell states its own style, so both places lay
+  it out the same. Colours are JupyterLab's theme variables (`--jp-*`), each with a mid-tone
+  fallback for pages without them (Colab, VS Code, nbconvert). A colour is written twice, the
+  plain fallback first: a sanitizer that drops `var()` (an untrusted notebook) keeps it.
 """
 
 from __future__ import annotations
@@ -29,6 +48,8 @@ from ..observe.reader import (
     steady_step_time,
 )
 from ..states import BarState, BaseLaunchRecord, BaseRankRecord, Outcome, PanelState, RankState
+
+# -- one progress bar as the panels draw it --
 
 # Points kept per bar for the charts.
 HISTORY = 200
@@ -162,7 +183,10 @@ def aggregate(bars: list[BarView]) -> list[BarView]:
     return merged
 
 
-__all__ = ["BarView", "LaunchState", "LaunchView", "short_bar_note"]
+# -- LaunchState: the launch's view --
+
+__all__ = ["BarView", "LaunchState", "LaunchView", "short_bar_note", "duration", "number", "score",
+           "size", "rate", "clock"]
 
 # Ranks are drawn one bar each up to this world size; above it, one bar per label.
 PER_RANK_MAX = 4
@@ -382,8 +406,7 @@ def _failure_line(rank: int | None, exc_type: str, world: int,
     return f"{who} raised {exc_type}" if exc_type else f"{who} failed"
 
 
-__all__ = ["duration", "number", "score", "size", "rate", "clock"]
-
+# -- units for people --
 
 def number(value: float) -> str:
     """A value to show, in at most 6 characters (a sign aside): up to 4 significant digits
@@ -443,6 +466,8 @@ def clock(seconds: float | None) -> str:
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}"
 
+
+# -- XLA sharding specs in words --
 
 _TILED = re.compile(r"^\{devices=\[(?P<shape>\d+(?:,\d+)*)\](?P<devices>\S+)(?P<rest>.*)\}$")
 _MAXIMAL = re.compile(r"^\{maximal device=(?P<device>\d+)\}$")
@@ -510,6 +535,8 @@ def _cuts(tiled: re.Match) -> tuple[list[int], int] | None:
         shape = shape[:-len(kinds)]
     return shape, copies
 
+
+# -- the panels' one look --
 
 # -- colours -------------------------------------------------------------------------------------
 

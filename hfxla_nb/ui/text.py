@@ -1,7 +1,14 @@
-"""Plain-text forms of the panels: console output and every panel's `__repr__`.
+"""Plain-text forms of the panels: console output and every panel's `__repr__`; and the
+compilations view of the metrics panel.
 
-Pure functions of the data in `ui.state` and `metrics`; nothing is computed here but format
-(the units are `units`').
+Pure functions of the data in `ui.state` and `observe.metrics`; nothing is computed here but
+format (the units are `ui.state`'s).
+
+The compilations view: one row per user line that compiled (from torch_xla's own analysis,
+`summary.trace`): how many graphs were compiled there, how many of them were different, the
+total compile time and the cause. Then the largest graph's memory need, compared with what one
+device has on a TPU, and the persistent compile cache's hits, misses and folder. Text lines
+for `summary_lines`, HTML for `ui.html.summary_html`.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from .state import (
     size,
     table,
 )
+
+# -- the compilations view, the graph memory line, the compile cache row --
 
 # Rows shown; the rest are counted in one last line.
 MAX_ROWS = 8
@@ -147,6 +156,8 @@ def compilations_html(summary: XlaSummary) -> str:
                          f"{escape(value)}</div>")
     return "".join(parts)
 
+
+# -- the panels as text --
 
 SYMBOLS = {PanelState.FINISHED: "✔", PanelState.FAILED: "✖", PanelState.RUNNING: "…",
            PanelState.STARTING: "…"}

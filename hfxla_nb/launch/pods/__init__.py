@@ -2,6 +2,18 @@
 
 `notebook_launcher(..., cluster=..., hosts=N)` lands here (docs/pods.md). Nothing in this
 package is imported by a launch on one host, and only its modules import `ray`, on first use.
+
+- Checks, in the notebook, before anything starts on any host. Each refusal is a
+  `LaunchRefusedError` that says what to do. The checks that need the cluster take what they
+  read from it as arguments (node lists, versions), so tests drive each case.
+- Placement: one placement-group bundle per host, one host per node. On a TPU slice, Ray's
+  slice placement reserves the slice's hosts; elsewhere a STRICT_SPREAD placement group puts
+  each bundle on a node of its own.
+- The launch: one `HostLaunch` actor per host forks there what the kernel forks on one host.
+  Each host gets its variables; every host's events go into one `LaunchReader` and display,
+  as the local watch loop does, with ranks numbered across hosts (host h runs ranks
+  h*P .. h*P+P-1) and output tagged `[host H rank R]`. However the launch ends, every host is
+  stopped, its actor killed and the placement group removed before this returns.
 """
 
 from __future__ import annotations
@@ -25,10 +37,12 @@ from ...runtime import detect
 from ...states import Outcome
 from ...ui import LaunchDisplay, launch_display
 from .. import preflight as local_preflight
-from ..errors import failure_message, launch_error
+from ..errors import launch_error
 from ..preflight import LaunchPlan, LaunchRefusedError
-from ..supervision import LaunchRecord, LaunchWatch, RankRecord, end_launch, shows
+from ..supervision import LaunchRecord, LaunchWatch, RankRecord, end_launch, failure_message, shows
 from .host import HostLaunch, installed_versions, pjrt_env
+
+# -- checks before anything starts on any host --
 
 INSTALL = 'pip install "hfxla_nb[ray]"'
 CONNECT_SECONDS = 3.0
@@ -127,6 +141,8 @@ def check_versions(notebook: Mapping[str, str | None],
             "(pip install hfxla_nb==... torch==... torch_xla==...) and restart Ray there.")
 
 
+# -- placement: one bundle per host, one host per node --
+
 RESERVE_SECONDS = 30.0
 
 
@@ -200,6 +216,8 @@ def reserve(hosts: int, chips: int, seconds: float = RESERVE_SECONDS) -> Reserva
             f"resources free. ray.available_resources(): {ray.available_resources()}.") from None
     return reservation
 
+
+# -- the launch on every host, watched from the notebook --
 
 POLL_WAIT = 0.2
 STOP_SECONDS = 30.0

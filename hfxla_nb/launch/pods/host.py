@@ -1,11 +1,20 @@
-"""One host of a multi-host launch: the Ray actor that does there what the kernel does locally.
+"""One host of a multi-host launch: what runs there, and the variables it runs with.
 
-The actor forks the host's supervisor (`host_worker.supervise_host`) with a launch channel and
-output pipes of its own, and a thread of the actor reads them as the kernel's watch loop does:
-events, and native output turned into `Log` events of the process's rank. The notebook takes
-them with `poll()`; `stop()` stops the host's process group (SIGTERM, then SIGKILL) and
-reaps it. The class is made a Ray actor by `cluster_launch` (`ray.remote`), so importing this
-module does not import Ray.
+- The forked processes of one host (`supervise_host`). Workers never draw. The host's actor
+  forks a supervisor into its own session, as the launcher does on one host. For
+  `strategy="debug"` the supervisor forks one process per local rank, each joining the gloo
+  group that spans every host (global rank = host x processes + local rank, rendezvous at
+  host 0); for "replicated" and "spmd" it runs the one-host supervisor with the slice's
+  multi-host PJRT variables. Each process asks for SIGKILL when its parent dies, so a host
+  whose actor is killed, or a node that leaves the cluster, leaves no process behind.
+- The Ray actor (`HostLaunch`) that does on the host what the kernel does locally: it forks
+  the supervisor with a launch channel and output pipes of its own, and a thread reads them
+  as the kernel's watch loop does. The notebook takes the events with `poll()`; `stop()`
+  stops the host's process group and reaps it. `launch.pods` makes the class a Ray actor
+  (`ray.remote`), so importing this module does not import Ray.
+- The variables multi-host PJRT reads on each host of a TPU slice, as a pure function
+  (`pjrt_env`). On a TPU VM, libtpu and torch_xla learn the slice from the metadata server;
+  where a launcher places the processes itself (Ray, GKE) they come from variables instead.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from .. import processes, worker
 from ..output import NativeRelay, route_this_process
 from ..processes import die_with_parent, stop_group
 
+# -- the forked processes of one host --
 
 def supervise_host(strategy: str, channel: Channel, output_fds: tuple[int, int],
                    env: dict[str, str | None], host: int, local_world: int, world: int,
@@ -93,6 +103,8 @@ def _run_ranks(channel: Channel, host: int, local_world: int, world: int, functi
             worst = 1
     return worst
 
+
+# -- the host's Ray actor --
 
 VERSIONED = ("hfxla_nb", "torch", "torch_xla")
 
@@ -294,6 +306,8 @@ class HostLaunch:
             else:
                 self._add(event)
 
+
+# -- the slice's multi-host PJRT variables --
 
 # How a host's chips are laid out (x, y, z), by chips per host.
 CHIPS_PER_HOST_BOUNDS = {1: (1, 1, 1), 4: (2, 2, 1), 8: (2, 4, 1)}

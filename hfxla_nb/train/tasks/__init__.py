@@ -1,4 +1,21 @@
-"""The fine-tuning tasks, one plug-in module each (see docs/tasks.md)."""
+"""The fine-tuning tasks, by name: the one place a task plugs in (see docs/tasks.md).
+
+`TASKS` maps each task name to its task object (a `tasks.base.Task`), which says everything
+that differs between tasks: in the kernel, how the picked splits are read, checked and encoded
+(`prepare`, returning a `preparation.Prepared`), how `predict`'s inputs are, and what the
+result says of the task; in the worker, the training loss, what evaluation computes on the
+device and then on the host, and how a prediction is decoded (`decode`, shared by evaluation
+and `predict`). The kernel and the worker read these hooks and attributes, and never compare
+task names.
+
+Adding a task is one module. Write it with a `Task` subclass (its `name`, `auto_class`,
+`head_suffixes`, `prepare`, `train_loss`, `eval_outputs`, `eval_metrics`, `decode`; the
+attributes whose defaults do not fit it), and call `register_task(MyTask())` at its bottom.
+Importing the module makes `fine_tune(..., task="my-task")` work: `FineTuneConfig` checks
+`task=` against this registry, `prepare_fine_tune` calls the task's `prepare` and builds the
+plan, the worker calls its hooks. A built-in task is also listed in `TASK_MODULES`, so that
+its name is known, and its module imported, on first use.
+"""
 
 from __future__ import annotations
 

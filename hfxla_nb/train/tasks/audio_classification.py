@@ -1,7 +1,20 @@
 """Audio classification: a label per clip (`...ForAudioClassification` heads, and wav2vec2's
-`...ForSequenceClassification`); accuracy. The clips are the float32 waveform field of each
-bucket (`audio_data.py`); the worker hooks are sequence classification's, the class id the
-batch's one label column."""
+`...ForSequenceClassification`); accuracy.
+
+Kernel side: clips and labels read from each split and checked, mixed down to mono, resampled
+to the feature extractor's rate, cut or padded to a few fixed durations (buckets), normalized
+by the feature extractor, and the head sized for the labels. Also `predict`'s clips, bucketed
+like evaluation rows. A clip is a decoded `datasets` audio value (`{"array": ...,
+"sampling_rate": ...}`, or a torchcodec `AudioDecoder`), or a plain array with the rate in a
+`sampling_rate` column. Resampling is linear interpolation with NumPy: no resampler library is
+needed, and for speech and most sounds at 16 kHz it is close to a band-limited resampler
+(resample first with torchaudio or librosa where aliasing matters). Nothing is forked or
+written; every refusal is a `FineTuneError` that says what to do.
+
+The waveform goes to the model as a float32 field (`input_values`, `[rows, samples]`); an
+attention mask, when the extractor makes one, is the int32 token input. The worker hooks are
+sequence classification's, the class id the batch's one label column.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +41,8 @@ if TYPE_CHECKING:
     from ..preparation import Prepared, Splits, TaskContext
     from ..worker.context import Batch, WorkerContext
 
+
+# -- the kernel side: clips read, resampled, bucketed --
 
 AUDIO_COLUMN = "audio"
 RATE_COLUMN = "sampling_rate"
@@ -286,6 +301,8 @@ def prepare_predict(inputs: list[Any], context: PredictContext,
     return batching.EncodedData(train=None, eval=split, input_names=input_names(extractor),
                                 bucket_lengths=buckets, label_names=names, notes=notes)
 
+
+# -- AudioClassification: the task's hooks, and weight norm for XLA tensors --
 
 _lock = threading.Lock()
 _users = [0, None]  # open `weight_norm_traced` blocks (one per rank thread), the original

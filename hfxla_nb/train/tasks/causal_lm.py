@@ -1,4 +1,28 @@
-"""Causal language modelling: next-token prediction, perplexity, and generation for `predict`."""
+"""Causal language modelling: next-token prediction, perplexity, and generation for `predict`.
+
+Kernel side: texts or prompt/response pairs, tokenized into one fixed length, with labels
+masked where nothing is to be learned. Every row becomes `[input_ids | attention_mask |
+labels]`, all `max_length` long (labels -100 on padding, and on the prompt of a pair), so a
+training step never changes shape:
+
+- plain text (a `text_column`) is packed by default: the documents, each ended by the
+  end-of-text token, are concatenated and cut into rows of `max_length` (no padding at all;
+  the last partial row is dropped);
+- prompt/response pairs are joined by a template ("{prompt}" and "{response}" placeholders)
+  or by the tokenizer's chat template, one pair per row, padded; rows longer than
+  `max_length` are cut at the end and counted.
+
+`prepare` also gives the LoRA settings and the memory plan (which decides `sharding="auto"`
+and `lora="auto"`, and refuses what cannot fit).
+
+`predict`: each prompt continued on every device, at fixed shapes. Prompts are tokenized as
+`hx.generate` tokenizes them, each repeated `num_return_sequences` times and padded on the
+left into length buckets; a bucket plus the new tokens must fit the model's positions. Each
+row's label column carries its index: the key of its draws, so a seed gives the same answers
+whatever the batches. In the worker, `decode` (`train.worker.generation`) runs over a sharded
+batch: two graphs per prompt bucket, and the results of every batch fetched in one transfer
+at the end. The texts are cut at the end-of-text token and the first stop string.
+"""
 
 from __future__ import annotations
 
@@ -40,6 +64,8 @@ if TYPE_CHECKING:
     from ..preparation import Prepared, Splits, TaskContext
     from ..worker.context import Batch, WorkerContext
 
+
+# -- the kernel side: packed texts and prompt/response pairs --
 
 IGNORE = -100  # the label transformers' causal-LM loss skips
 DEFAULT_TEMPLATE = "{prompt}\n{response}"
@@ -247,6 +273,8 @@ def parameter_count(model_config) -> int:
     return sum(parameter.numel() for parameter in meta_model(model_config).parameters())
 
 
+# -- CausalLM: the task's hooks --
+
 class CausalLM(Task):
     """Next-token prediction: labels in the row (-100 where nothing is learned); the loss is
     the mean over learned tokens, evaluation reports it and its perplexity."""
@@ -338,6 +366,8 @@ class CausalLM(Task):
 
 register_task(CausalLM())
 
+
+# -- predict: prompts continued at fixed shapes --
 
 #: New tokens per prompt when `predict` is not told.
 DEFAULT_NEW_TOKENS = 32

@@ -1,4 +1,11 @@
-"""Sequence classification: a label per row; accuracy, f1, precision, recall."""
+"""Sequence classification: a label per row; accuracy, f1, precision, recall.
+
+Kernel side: texts (and text pairs) and labels read from each split and checked, labels mapped
+to the model's class ids, texts tokenized into length buckets, the head sized for the labels,
+and (with `lora=`) peft's SEQ_CLS settings with the memory plan they were checked with. Also
+`predict`'s inputs, bucketed like evaluation rows. Nothing is forked or written there; every
+refusal is a `FineTuneError` that says what to do.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +31,8 @@ if TYPE_CHECKING:
     from ..preparation import Prepared, Splits, TaskContext
     from ..worker.context import Batch, WorkerContext
 
+
+# -- the kernel side: texts and labels, in length buckets --
 
 #: peft's task type for a sequence classifier: the head is trained whole.
 PEFT_TASK_TYPE = "SEQ_CLS"
@@ -188,6 +197,8 @@ def prepare_predict(inputs: list[Any], context: PredictContext,
                                 bucket_lengths=list(map(int, buckets)), label_names=names,
                                 notes=notes)
 
+
+# -- Classification: the task's hooks --
 
 class Classification(Task):
     """Sequence classification: a label per row; accuracy, f1, precision, recall."""

@@ -1,7 +1,21 @@
 """Image classification: a class per image (any `...ForImageClassification` with its image
 processor); accuracy, and top-5 accuracy for more than 5 classes; predictions as
-`pipeline("image-classification")` gives them. The kernel side (images read, checked,
-preprocessed) is `image_data.py`."""
+`pipeline("image-classification")` gives them.
+
+Kernel side: the model's image processor loaded; images (PIL images, `datasets.Image` values,
+HWC uint8 arrays, file paths) read from each split, checked and made RGB; labels mapped to the
+model's class ids; every image preprocessed to one resolution: float32 `pixel_values` in one
+bucket per split. Also `predict`'s images, preprocessed alike. Nothing is forked or written
+there; every refusal is a `FineTuneError` that says what to do. Pillow is imported lazily
+(`pip install "hfxla_nb[vision]"`).
+
+Light augmentation on the host (`fine_tune(..., augment=True)`): a random resized crop and a
+horizontal flip of each training image, as torchvision's `RandomResizedCrop` and
+`RandomHorizontalFlip` do, in NumPy. It runs on each training batch's processed
+`pixel_values` before the upload: the values change, the shapes do not, so the step compiles
+the same graph. The draws are a pure function of the generator the loop passes (seeded by the
+run's seed, the step and the rank), so a rerun, and a resumed run, see the same images.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +43,8 @@ if TYPE_CHECKING:
     from ..preparation import Prepared, Splits, TaskContext
     from ..worker.context import Batch, WorkerContext
 
+
+# -- the kernel side: images read and preprocessed --
 
 #: The image columns looked for, in order (`image` in most datasets, `img` in CIFAR-10).
 IMAGE_COLUMNS = ("image", "img")
@@ -224,6 +240,8 @@ def prepare_predict(inputs: list[Any], context: PredictContext,
                                 bucket_lengths=[int(pixels.shape[-1])], label_names=names)
 
 
+# -- light augmentation on the host --
+
 #: The crop's share of the image's area, and its aspect ratio (width / height): torchvision's
 #: defaults are (0.08, 1.0) and (3/4, 4/3); a lighter crop here, since small images lose their
 #: class when cut to a twelfth.
@@ -285,6 +303,8 @@ def augment_pixels(pixels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         out[i] = image[:, :, ::-1] if rng.random() < FLIP else image
     return out
 
+
+# -- ImageClassification: the task's hooks --
 
 #: Labels per prediction, and the k of top-k accuracy (fewer when the model has fewer), as
 #: the image-classification pipeline's default top_k.

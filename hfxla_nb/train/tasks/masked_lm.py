@@ -1,17 +1,30 @@
 """`fine_tune(task="masked-lm")`: BERT-style masked language modeling on a text column.
 
 Kernel side: texts are tokenized (at most the row length) into length buckets, and masked on
-the host with fixed shapes, transformers' `DataCollatorForLanguageModeling` rules: 15% of the
-tokens that are not special tokens are chosen (at least one per row); of those 80% become the
-mask token, 10% a random token, 10% stay; the labels are the original ids there, -100
+the host with fixed shapes, by transformers' `DataCollatorForLanguageModeling` rules: 15% of
+the tokens that are not special tokens are chosen (at least one per row); of those 80% become
+the mask token, 10% a random token, 10% stay; the labels are the original ids there, -100
 elsewhere. The masks are drawn once from the seed (the batches keep one shape, and evaluation
 is the same every time). Evaluation: the loss over masked tokens and its perplexity.
-`predict`: the top tokens of each mask token in texts, as the fill-mask pipeline gives them
-(`mlm_predict.py`).
 
 Explicit only (`task="masked-lm"`): a `...ForMaskedLM` architecture is what most pretrained
 encoders (bert-base-cased) are saved as, and `task="auto"` keeps fine-tuning those as
 classifiers.
+
+`predict`: the top tokens of every mask token, on every device, as the fill-mask pipeline
+gives them.
+
+```python
+hx.predict(folder, ["the movie was [MASK] ."], task="masked-lm", top_k=5)
+# [{"masks": [[{"score": 0.41, "token": 2204, "token_str": "great",
+#               "sequence": "the movie was great ."}, ...]]}]
+```
+
+A text without a mask token, or whose mask tokens a truncation would cut, is refused before
+any fork. One graph per bucket gives each position's `top_k` probabilities and token ids on
+the device; every batch's results are fetched in one transfer. On the host each mask's
+candidates are written as transformers' fill-mask pipeline writes them (special tokens left
+out of `sequence` when the text has one mask, kept when it has several).
 """
 
 from __future__ import annotations
@@ -38,6 +51,8 @@ if TYPE_CHECKING:
     from ..preparation import Splits, TaskContext
     from ..worker.context import Batch, WorkerContext
 
+
+# -- the task: masks drawn once, on the host --
 
 MASK_SHARE = 0.15
 
@@ -181,6 +196,8 @@ class MaskedLM(Task):
 
 register_task(MaskedLM())
 
+
+# -- predict: the top tokens of every mask --
 
 #: Candidates per mask when `predict` is not told (the fill-mask pipeline's default).
 DEFAULT_TOP_K = 5

@@ -7,12 +7,25 @@ result = hx.fine_tune(folder, wmt16, task="seq2seq", source_lang="en", target_la
 result.metrics   # eval_loss, eval_rouge1.. (summaries) or eval_bleu (translations)
 ```
 
-Kernel side (`prepare`): the source and target texts (`seq2seq_data.py`) tokenized into rows
-`[input_ids | attention_mask | labels]`, sources in length buckets, targets at one length.
+Kernel side: source and target texts read (XSum-style columns or WMT's `translation` dicts),
+checked, and tokenized into int32 rows `[input_ids (L) | attention_mask (L) | labels (T)]`:
+the source padded to its length bucket L, the target to one length T for the whole run, -100
+on the target's padding. Every refusal is a `DataError` saying what to change.
+
 Worker side: teacher-forced training (the model shifts the labels right into its decoder
-inputs, -100 is not learned); evaluation computes the loss and generates greedily on the
-device with fixed shapes (`seq2seq_generation.py`): per source bucket one graph for the
-forward pass and encoder, one for every decoding step. The texts are scored on the host.
+inputs). Evaluation computes the loss and generates greedily at fixed shapes.
+`model.generate()` on XLA would grow the decoder input by one token per step: a new graph
+every token. Here the encoder runs once, then each step runs the decoder over the whole target
+length, reads the logits at the current position through a device index and writes the chosen
+token with a mask. The position is a device tensor, so a whole generation compiles the
+encoder's graph and one step graph per source length, however many tokens. A decoder prompt
+(Whisper's) is written before the first step. `predict` may pass `GenerationOptions`: a step
+then draws its token on the device as a causal LM's does, and every `check_every` steps one
+small transfer asks whether every row has ended.
+
+The texts are scored on the host: ROUGE with Google's `rouge-score` package (rouge1, rouge2,
+rougeL, rougeLsum F-measures with Porter stemming, the mean over rows times 100), and BLEU
+with `sacrebleu.corpus_bleu`'s defaults, as Hugging Face's notebooks report them.
 """
 
 from __future__ import annotations
@@ -49,6 +62,8 @@ if TYPE_CHECKING:
     from ..preparation import Splits, TaskContext
     from ..worker.context import Batch, WorkerContext
 
+
+# -- the kernel side: source and target texts, at fixed shapes --
 
 IGNORE = -100
 #: Source/target column pairs of well-known datasets, tried in order when none is named.
@@ -296,6 +311,8 @@ def label_block(bucket: Bucket, target_length: int) -> np.ndarray:
     return bucket.inputs[:, 2 * bucket.length:2 * bucket.length + target_length]
 
 
+# -- greedy generation at fixed shapes --
+
 def decoder_start_id(config: Any) -> int:
     """The token the decoder starts from: the config's `decoder_start_token_id` (T5: the
     padding token; BART: `</s>`), else the padding token."""
@@ -438,6 +455,8 @@ def generated_texts(tokenizer: Any, tokens: Any, strip: bool = True) -> list[str
     return texts
 
 
+# -- ROUGE and BLEU, on the host --
+
 #: The text metrics a seq2seq run can report.
 TEXT_METRICS = ("rouge", "bleu")
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
@@ -492,6 +511,8 @@ def metrics_missing(names: Sequence[str]) -> str | None:
     return (f"the {' and '.join(names)} metric needs {', '.join(missing)}: pip install "
             f"{' '.join(missing)} (or pip install 'hfxla_nb[tasks]').")
 
+
+# -- Seq2Seq: the task's hooks --
 
 #: The config attribute (saved with the model) that keeps the prefix and target length.
 SETTINGS_KEY = "hfxla_nb_seq2seq"

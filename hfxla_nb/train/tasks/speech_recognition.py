@@ -10,12 +10,19 @@ result.predict([{"array": samples, "sampling_rate": 16000}])   # [{"text": "..."
 
 Kernel side (`speech_data.py`): clips bucketed by duration as audio classification buckets
 them, transcripts checked and tokenized into labels padded to one length. Worker side: the
-CTC loss on the device at fixed shapes (`ctc_loss.py`; torch_xla has no CTC kernel), one
-training and one evaluation graph per bucket; evaluation keeps each frame's most probable
-token on the device, and the host decodes them greedily (repeats merged, blanks dropped) with
-the tokenizer, as `pipeline("automatic-speech-recognition")` does, and scores them with
-jiwer's word error rate. Whisper's kernel side is `whisper_data.py`, its worker side
-`whisper.py` (teacher-forced training; evaluation generates at fixed shapes).
+CTC loss on the device, one training and one evaluation graph per bucket; evaluation keeps
+each frame's most probable token on the device, and the host decodes them greedily (repeats
+merged, blanks dropped) with the tokenizer, as `pipeline("automatic-speech-recognition")`
+does, and scores them with jiwer's word error rate. Whisper's sides are `whisper.py`.
+
+The CTC loss is spelled out in tensor operations, so that it traces into the step's graph at
+fixed shapes. torch_xla has no lowering of `torch.nn.functional.ctc_loss`: it would run on the
+CPU every step, cutting the graph in two, and `...ForCTC`'s own loss packs the labels with
+`masked_select` (a shape known only from the data). Here the labels stay padded and the
+forward (alpha) recursion of Graves et al. (2006) runs over the frames in log space; autograd
+gives its gradient. The values are `ctc_loss(..., reduction="none")`'s. The recursion is
+unrolled, one step per frame: a bucket of F frames traces about 10 F operations, compiled once
+per bucket.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ if TYPE_CHECKING:
     from ..preparation import Prepared, Splits, TaskContext
     from ..worker.context import Batch, WorkerContext
 
+
+# -- the CTC loss in tensor operations --
 
 #: Log-probability of what cannot happen: finite, so that no gradient is NaN.
 IMPOSSIBLE = -1e30
@@ -119,6 +128,8 @@ def reduced(losses: Any, labels: Any, reduction: str) -> Any:
     counts = (labels >= 0).sum(-1).clamp(min=1)
     return (losses / counts).mean()
 
+
+# -- SpeechRecognition: the task's hooks --
 
 #: The metrics the task reports (word and character error rate, jiwer's, as `evaluate`'s).
 SPEECH_METRICS = ("wer", "cer")

@@ -1,10 +1,11 @@
 """`fine_tune(task="token-classification")`: a tag per word (NER, POS), conll2003-shaped data.
 
-Kernel side: words (`tokens`, a list of strings per row) and their tags (`ner_tags`, a
-`ClassLabel` sequence as `load_dataset("conll2003")` gives, or lists of strings) are checked,
-tokenized as pre-split words, and each word's tag is put on its first sub-token (-100, which
-the loss skips, on the other sub-tokens and on special tokens and padding). Rows are padded
-into length buckets like classification's, the labels a `length`-wide block of the batch.
+Kernel side (for training and `predict`): words (`tokens`, a list of strings per row) and
+their tags (`ner_tags`, a `ClassLabel` sequence as `load_dataset("conll2003")` gives, or lists
+of strings) are checked, tokenized as pre-split words, and each word's tag is put on its first
+sub-token (-100, which the loss skips, on the other sub-tokens and on special tokens and
+padding). Rows are padded into length buckets like classification's, the labels a
+`length`-wide block of the batch.
 
 Worker side: cross-entropy over labelled tokens; evaluation fetches the predicted tag of every
 token and decodes, on the host, the tag of each word from its first sub-token. Metrics are
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from ..preparation import Prepared, Splits, TaskContext
     from ..worker.context import Batch, WorkerContext
 
+
+# -- the kernel side: words and their tags --
 
 IGNORE = -100
 WORDS_COLUMN = "tokens"
@@ -298,6 +301,8 @@ def _model_tags(context: Any) -> list[str]:
     id2label = context.model_config.id2label
     return [str(id2label[key]) for key in sorted(id2label, key=int)]
 
+
+# -- TokenClassification: the task's hooks --
 
 class TokenClassification(Task):
     """A tag per word: cross-entropy on each word's first sub-token; seqeval's entity F1."""

@@ -1,14 +1,22 @@
-"""The worker side of `fine_tune(task="speech-recognition")` for Whisper: what
-`speech_recognition.SpeechRecognition` does when its data is `whisper_data.WhisperData`.
+"""`fine_tune(task="speech-recognition")` for Whisper (`WhisperForConditionalGeneration` and its
+`WhisperProcessor`): what `speech_recognition.SpeechRecognition` does when its data is
+`WhisperData`.
 
-Training is teacher-forced in one graph: the features and the labels (prompt, transcript,
-end token, -100 after) go in, and the model shifts the labels right into its decoder
-inputs. Evaluation computes each row's loss in the graph of the encoder, then generates
-greedily at fixed shapes (`seq2seq_generation.py`, as seq2seq evaluation does: the decoder
-prompt written first, then one graph per token, the same graph every token), so a run's
-evaluation compiles two graphs however many tokens and batches. The host decodes the tokens
-(special tokens dropped, as `pipeline("automatic-speech-recognition")` decodes Whisper's)
-and scores them with jiwer's word error rate.
+Kernel side: every clip read as for CTC models (mono, resampled), made into log-mel features
+by the feature extractor, which pads or cuts it to its window (30 s for real Whisper), so every
+row has one shape and the run one bucket. The transcripts are tokenized with the processor's
+prompt (`<|startoftranscript|><|en|><|transcribe|><|notimestamps|>`), their first token
+dropped (the model puts the decoder start token back when it shifts the labels right), the end
+token kept, padded with -100 to one `max_target_length`. A row holds the features as the
+float32 field `input_features`, no token input, and the label ids as its label columns. Also
+`predict`'s clips. Every refusal is a `FineTuneError` that says what to do.
+
+Worker side: teacher-forced training in one graph. Evaluation computes each row's loss, then
+generates greedily at fixed shapes as seq2seq evaluation does (the decoder prompt written
+first, then the same graph every token), so a run's evaluation compiles two graphs however
+many tokens and batches. The host decodes the tokens (special tokens dropped, as
+`pipeline("automatic-speech-recognition")` decodes Whisper's) and scores them with jiwer's
+word error rate.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ if TYPE_CHECKING:
     from ..predict import PredictContext
     from ..worker.context import Batch, WorkerContext
 
+
+# -- the kernel side: log-mel features and prompted transcripts --
 
 FEATURES_INPUT = "input_features"
 #: The config attribute (saved with the model) that keeps the target length for `predict`.
@@ -193,6 +203,8 @@ def prepare_predict(inputs: list[Any], context: PredictContext) -> WhisperData:
                        label_names=[], notes=notes, host=tokenizer, target_length=width,
                        prompt=[int(i) for i in tokenizer.prefix_tokens])
 
+
+# -- the worker side: teacher-forced training, greedy evaluation --
 
 def _forward(ctx: WorkerContext, batch: Batch) -> tuple[Any, Any, Any]:
     """The teacher-forced forward pass: the model's output, the features, the labels."""

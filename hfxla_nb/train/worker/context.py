@@ -1,9 +1,18 @@
-"""What the worker's tasks, evaluation, saving, LoRA and `predict` receive: `WorkerContext`.
+"""What the worker's tasks, evaluation, saving, LoRA and `predict` receive: `WorkerContext`, and
+the `Batch` a task's hooks read.
 
-Built once per launched worker by `WorkerContext.load` (training and `predict` alike): the
+`WorkerContext.load` builds it once per launched worker (training and `predict` alike): the
 plan, the task, where the worker runs (device, mesh, rank), the model on the device, and the
-few operations a task needs on a batch (`upload`, `logits`, `autocast`; the batch itself,
-`worker.batch.Batch`, names its inputs).
+few operations a task needs on a batch (`upload`, `logits`, `autocast`).
+
+A `Batch` is a set of named tensors on the device: the int32 `tokens` (model inputs side by
+side, the label columns, and in evaluation a weight column), and fields of any dtype
+(`pixel_values`, audio features) that the host packed into one buffer per dtype
+(`batching.HostBatch`). Every array goes up in one host-to-device call, and a field is a slice
+of its buffer, traced into the step's graph: a task that carries float32 pixel values compiles
+the graphs a token-only task compiles. torch_xla counts that call as one transfer, except
+under SPMD, where it transfers each array by itself: one more transfer per step for each dtype
+the fields add.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ if TYPE_CHECKING:
 
     from ..batching import EncodedData, EncodedSplit, FieldSlot, HostBatch
 
+
+# -- one batch on the device --
 
 class Batch:
     """One batch on the device.
@@ -79,6 +90,8 @@ class Batch:
             token_index += 1
         return inputs
 
+
+# -- WorkerContext: what the worker's parts receive --
 
 class WorkerTask(Protocol):
     """A task as the worker calls it: the worker-side hooks of `tasks.base.Task` (declared

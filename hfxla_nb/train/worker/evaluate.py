@@ -1,5 +1,11 @@
-"""Evaluation in the worker (padded, weighted batches: exact metrics, no recompilation) and
-the metrics computed from its predictions on the host."""
+"""Evaluation and `predict` in the worker: padded, weighted batches on the device, exact metrics,
+no recompilation.
+
+- Evaluation: the task's outputs over padded, weighted batches (one graph per bucket), and the
+  metrics computed from its predictions on the host.
+- `predict`'s worker side: load the model onto every device, run the task's evaluation
+  outputs over padded batches (one graph per bucket), decode on the host.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ if TYPE_CHECKING:
     from ..batching import EncodedSplit
     from .context import Batch, WorkerContext
 
+
+# -- evaluation --
 
 def evaluate(ctx: WorkerContext, ahead: EvalAhead | None = None) -> dict[str, float]:
     """Evaluate `ctx.model` on the plan's evaluation split: padded, weighted batches (one
@@ -257,6 +265,8 @@ def row_losses(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
                                                reduction="none")
     return torch.where(weights > 0, losses, torch.zeros_like(losses))
 
+
+# -- predict's worker side --
 
 def predict_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
     """Runs in the launched worker: returns the predictions (plain Python), the graphs

@@ -2,11 +2,25 @@
 decoding on the CPU for `FineTuneResult.generate`.
 
 `model.generate()` on XLA recompiles for every new token when the cache grows with the text
-(transformers #18661). Here every shape is fixed before the first token (`decoding.py`):
-prompts are padded on the left to a multiple of `bucket`, the key/value cache is a
-`StaticCache` of prompt + new tokens, and the next token is chosen on the device, greedy or
-drawn (`sampling.py`). A whole generation compiles 2 graphs per prompt bucket, however many
-tokens and however early every row ends: the prompt's and one decoding step's.
+(transformers #18661). Here every shape is fixed before the first token (`decode`, also used
+by causal-LM `predict`): prompts padded on the left to a multiple of `bucket`, a `StaticCache`
+of prompt + new tokens, the attention mask over that whole length from the start, the
+position of each new token and the step's index as device tensors, the tokens written into a
+`[rows, max_new_tokens]` buffer with a mask. A generation compiles two graphs per prompt
+bucket, however many tokens: the prompt's (with the first token) and one decoding step's.
+
+Early stop, without a sync per token: every `check_every` steps (default 16) one small
+transfer fetches which rows have ended; with `stop_strings` (or streaming) the tokens so far
+come in the same transfer and the host looks for the stop strings (or sends the new text).
+When every row has ended the loop stops. The fetched values are already computed, so a check
+adds no graph.
+
+The next token is chosen on the device: transformers' logits processors (repetition penalty,
+then, when sampling, temperature, top-k, top-p and min-p, in transformers' order and with the
+same arithmetic) as tensor ops with fixed shapes. A draw uses the Gumbel-max trick, with noise
+from a counter-based hash of (seed, row key, step, token) computed in int32 on the device: no
+RNG state to carry between graphs, the step is graph data (no recompile), and the same seed
+gives the same tokens on the same hardware, whatever the batch size or the number of devices.
 """
 
 from __future__ import annotations
@@ -36,6 +50,8 @@ from ..config import (
 if TYPE_CHECKING:
     import torch
 
+
+# -- the next token, chosen on the device --
 
 # lowbias32's constants (Chris Wellons' hash prospector), written as signed int32.
 _MULTIPLY_1 = 0x7FEB352D
@@ -155,6 +171,8 @@ def gumbel_noise(seed: torch.Tensor, keys: torch.Tensor, step: torch.Tensor,
     """`[rows, vocab]` Gumbel(0, 1) noise: argmax(logits + noise) draws from softmax(logits)."""
     return -(-uniform_noise(seed, keys, step, vocab).log()).log()
 
+
+# -- decoding at fixed shapes, with early stop --
 
 @dataclass
 class DecodeHooks:
@@ -303,6 +321,8 @@ def _all_ended(state: dict, steps: int, options: GenerationOptions, hooks: Decod
                 ended[i] = cut_at_stop(text, options.stop_strings)[1]
     return all(d or e for d, e in zip(done, ended, strict=True))
 
+
+# -- generate, in a worker and on the CPU --
 
 def generate(model: str | os.PathLike, prompts: str | list[str] | None = None,
              max_new_tokens: int | None = None, *, messages: Any = None,

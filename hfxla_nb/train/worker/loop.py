@@ -9,7 +9,7 @@ the notebook kernel. What happens per training step, and why:
   AdamW (`foreach`), scheduler, and the running loss sum are traced into one graph; one
   `torch_xla.sync()` runs it, asynchronously, so the next step is traced while it executes;
 - nothing is read from the device except the running loss, once per logging interval, queued
-  by a step closure (after the graph ran) and fetched on a thread of its own (`Fetcher`), so
+  by a step closure (after the graph ran) and fetched by a thread of its own (`Fetcher`), so
   the loop goes on tracing; the panel's progress is sent with no device value.
 
 The compile count stays fixed: one training graph per length bucket (the optimizer state is
@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 
     from .optimizer import GradientClipper
 
+
+# -- the loss fetches, off the training thread --
 
 class Fetcher:
     """Runs the loop's loss fetches (`log`) one at a time on a thread of their own, in order.
@@ -85,6 +87,8 @@ class Fetcher:
         if last is not None:
             self.log(*last)
 
+
+# -- the training loop --
 
 __all__ = ["STEADY_AFTER_STEPS", "Fetcher", "TrainingLoop", "counts", "train_worker"]
 

@@ -1,8 +1,27 @@
-"""Checkpoints and the final save, from the worker: state fetched to the host in one transfer,
-written to a temporary folder and renamed into place (`checkpoint.py`). With LoRA a checkpoint
-holds the adapter (`PeftModel.save_pretrained`) and the final save the adapter and the merged
-model (`lora.py`). A final save that cannot be written (a full disk) goes to a fallback folder,
-else stays in the result, so the trained model is never lost."""
+"""Checkpoints and the final save, from the worker, written so that the trained model is never
+lost.
+
+State is fetched to the host in one transfer, then written to a folder under a temporary name
+next to its target and renamed: a crash, a full disk or a kernel interrupt during the write
+leaves the previous folder as it was, and no half-written folder under the real name. With
+LoRA a checkpoint holds the adapter (`PeftModel.save_pretrained`), and the final save the
+adapter and the merged model. A final save that cannot be written (a full disk) goes to a
+fallback folder, else stays in the result.
+
+Layout of a `fine_tune` output folder:
+
+```
+output_dir/
+    config.json, model.safetensors, tokenizer files    the final model (from_pretrained-ready)
+    hfxla_nb_run.json                                  what the run did (FineTuneResult)
+    checkpoints/checkpoint-<step>/                     model + tokenizer + hfxla_nb_state.pt
+    adapter/                                           LoRA: the adapter (the top is merged)
+```
+
+The checkpoint state file holds the optimizer, the scheduler, the step, the random states
+(Python, NumPy, torch, XLA) and the loss bookkeeping, so a resumed run continues exactly where
+the saved one stopped.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +49,8 @@ if TYPE_CHECKING:
 
     from .context import WorkerContext
 
+
+# -- folders written atomically, and the checkpoints' layout --
 
 RUN_FILE = "hfxla_nb_run.json"
 STATE_FILE = "hfxla_nb_state.pt"
@@ -178,6 +199,8 @@ def load_state(checkpoint: str | os.PathLike) -> dict[str, Any]:
 
     return torch.load(Path(checkpoint) / STATE_FILE, map_location="cpu", weights_only=False)
 
+
+# -- saving from the worker: checkpoints and the final save --
 
 class TrainingState(Protocol):
     """What saving reads of the training (`loop.TrainingLoop` has it) and what it adds.
