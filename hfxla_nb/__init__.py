@@ -77,7 +77,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _MODULES, on_first_use=_
 
 
 def load_ipython_extension(ipython) -> None:
-    """`%load_ext hfxla_nb`: registers %xla_info, %xla_config and %%xla_metrics."""
+    """`%load_ext hfxla_nb`: registers %xla_info, %xla_doctor, %xla_config and %%xla_metrics."""
     from .magics import load_ipython_extension as load
 
     load(ipython)

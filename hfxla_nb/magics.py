@@ -200,7 +200,8 @@ def _item_lines(cell: str) -> list[int]:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register the magics (`%load_ext hfxla_nb`) and the panels of hfxla_nb's results."""
+    """Register the magics `%xla_info`, `%xla_doctor`, `%xla_config` and `%%xla_metrics`
+    (`%load_ext hfxla_nb`), and the panels of hfxla_nb's results."""
     from .ui import panels
 
     ipython.register_magics(XlaMagics)
@@ -210,8 +211,7 @@ def load_ipython_extension(ipython: Any) -> None:
 def unload_ipython_extension(ipython: Any) -> None:
     """Remove the magics again (`%unload_ext hfxla_nb`)."""
     manager = ipython.magics_manager
-    for kind, names in (("line", ("xla_info", "xla_config", "xla_doctor")),
-                        ("cell", ("xla_metrics",))):
+    for kind, names in XlaMagics.magics.items():  # what `@magics_class` registered
         for name in names:
             manager.magics[kind].pop(name, None)
     manager.registry.pop("XlaMagics", None)

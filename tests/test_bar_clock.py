@@ -92,7 +92,7 @@ def finished(state: LaunchState) -> BarView:
     return bar
 
 
-# -- item 1: the clock never runs backwards ---------------------------------------------------
+# -- the clock never runs backwards -----------------------------------------------------------
 
 
 def test_late_losses_from_the_fetcher_never_rewind_the_clock():
@@ -135,7 +135,7 @@ def test_a_late_value_keeps_the_bars_step_and_a_bar_that_counts_again_restarts()
     assert (bar.step, bar.elapsed, bar.rate) == (1, 0.0, None)
 
 
-# -- item 1: the bar's rate is the result's ----------------------------------------------------
+# -- the bar's rate is the result's -----------------------------------------------------------
 
 
 def test_the_final_rate_is_the_steady_rate_the_result_counts():
@@ -172,7 +172,7 @@ def test_the_loops_loss_event_is_marked_late(monkeypatch):
     assert (event.step, event.late, event.values) == (10, True, {"loss": 1.2, "lr": 1e-4})
 
 
-# -- item 11: compiling, ETA, unit -------------------------------------------------------------
+# -- compiling, ETA, unit ----------------------------------------------------------------------
 
 
 def test_the_first_step_says_it_is_compiling_until_it_ends():
@@ -244,7 +244,7 @@ def test_one_rule_with_hysteresis_decides_the_unit():
     assert units.rate(0.9, "it", per_step=False) == "0.9 it/s"
 
 
-# -- the evaluation's bar, drawn from the start (#28 item 2) ------------------------------------
+# -- the evaluation's bar, drawn from the start --------------------------------------------------
 
 
 def test_the_evaluation_bar_is_drawn_from_the_start_and_its_clock_starts_with_it():

@@ -44,7 +44,7 @@ kernel = kernel_fixture(SPMD_LOOP)
 def test_a_repeated_xla_warning_is_one_muted_line_at_the_end_with_its_count(kernel):
     output = run_ok(kernel, 'hx.notebook_launcher(shapes_loop, strategy="spmd", progress=False)')
     # Not while the run goes on, no raw timestamp: one muted line, at the end, with the count
-    # (#28 item 4: the GSPMD notice came with every SPMD launch).
+    # (XLA's GSPMD notice comes with every SPMD launch).
     muted = [line for line in output.stderr.splitlines() if line.startswith("\x1b[2m")]
     assert [line.removeprefix("\x1b[2m").removesuffix("\x1b[0m") for line in muted] == [
         "XLA warning ×12 (sharding_propagation.cc:3120): GSPMD sharding propagation is going to "

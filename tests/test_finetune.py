@@ -85,7 +85,7 @@ def test_compile_contract(trained):
     assert trained.eval_compiles == 1
     assert trained.bucket_lengths == [48]  # demo texts are short: one length for all
     # The graph that makes AdamW's first state before step 1: counted, so that the result and
-    # the XLA metrics add up (#28 item 9: the metrics said 3 where the result said 1 + 1).
+    # the XLA metrics add up (else the metrics say 3 where the result says 1 + 1).
     assert trained.setup_compiles == 1
     assert trained.xla["compiles"] == 3
     assert "; and 1 before step 1 (AdamW's first state), 3 in all" in result_text(trained)
@@ -176,6 +176,28 @@ def test_a_run_that_learned_nothing_says_so_and_ends_without_lr_0(cache, capsys)
     final = printed[printed.rindex("✔ launch finished"):]
     (bar,) = [line for line in final.splitlines() if line.startswith("train ✔ |")]
     assert re.search(r" · lr=\d(\.\d)?e-\d+$", bar), bar
+
+
+def test_one_fine_tune_scans_the_host_once_and_checks_the_backend_once(model_dir,
+                                                                       monkeypatch):
+    """Every step of one call (the checks, the device count, the memory plan, the model card's
+    hardware, the launch's plan) shares one look at the host: on a TPU host each look reads
+    sysfs and every process's open files. The next call looks again."""
+    from hfxla_nb.launch import preflight
+    from hfxla_nb.runtime import environment
+
+    scans, checks = [], []
+    scan_pci, check_backend = environment.scan_pci, preflight._check_backend
+    monkeypatch.setattr(environment, "scan_pci",
+                        lambda sys_root="/": scans.append(sys_root) or scan_pci(sys_root))
+    monkeypatch.setattr(preflight, "_check_backend",
+                        lambda: checks.append(1) or check_backend())
+    result = hx.fine_tune(model_dir, demo.demo_dataset(n=200), epochs=1, batch_size=BATCH,
+                          num_processes=1, output_dir=None, progress=False)
+    assert result.steps > 0
+    assert len(scans) == 1 and len(checks) == 1
+    hx.runtime.detect_accelerator()  # after the call: a new look
+    assert len(scans) == 2
 
 
 def test_the_evaluation_bar_times_the_same_span_as_the_results_evaluation(cache, capsys):

@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers import Kernel
 
-GONE_WITHIN = 10.0  # seconds: the bound (#29)
+GONE_WITHIN = 10.0  # seconds: what docs/launcher.md promises
 
 # Writes the rank's pid and that of a process it starts in a session of its own, then trains
 # on forever (as far as the kernel knows).

@@ -42,6 +42,36 @@ def assert_clean(kernel: Kernel) -> None:
     assert kernel.value("hfxla_nb._xla.runtime_is_initialized()") is False
 
 
+def test_the_launch_defaults_are_written_once_and_the_strategy_docs_agree():
+    """`LaunchOptions` holds `notebook_launcher`'s defaults; the signature reads them from
+    there (shift-tab shows the values). The default strategy is "replicated", accelerate's
+    semantics, said so in the docstring and docs/launcher.md; `fine_tune` uses "spmd"."""
+    import dataclasses
+    import inspect
+
+    from hfxla_nb.launch import LaunchOptions, notebook_launcher
+    from hfxla_nb.train import FineTuneConfig
+
+    options = LaunchOptions()  # every default, from one place
+    parameters = inspect.signature(notebook_launcher).parameters
+    names = [field.name for field in dataclasses.fields(LaunchOptions)]
+    assert names == list(parameters)[2:]  # after `function` and `args`
+    for name in names:
+        assert parameters[name].default == getattr(options, name), name
+    source = inspect.getsource(notebook_launcher).split('"""')[0]
+    assert all(f" = _DEFAULTS.{name}," in source for name in names)
+    assert LaunchOptions(strategy="spmd").timeout is options.timeout is None
+
+    assert options.strategy == "replicated" and FineTuneConfig().strategy == "spmd"
+    doc = notebook_launcher.__doc__
+    entry = doc[doc.index("strategy:"):doc.index("timeout:")]
+    assert '"replicated", the default' in entry and "recommended" not in entry
+    assert "`fine_tune`" in entry
+    page = (ROOT / "docs/launcher.md").read_text()
+    assert '| `"replicated"` (default) |' in page
+    assert '`"replicated"` is the default because it is what accelerate\'s launcher does' in page
+
+
 def test_replicated_one_device_returns_value_and_output(kernel):
     output = run_ok(
         kernel,
@@ -62,7 +92,7 @@ def test_replicated_one_device_returns_value_and_output(kernel):
     record = kernel.value("(last_launch().outcome, last_launch().world, last_launch().results)")
     assert record == ("finished", 1, [{"rank": 0, "sum": 12.0}])
     # Where xmp.spawn would fork one process (XLA:CPU), the supervisor is that process: no
-    # second fork of a process as big as the kernel (bench figure 7).
+    # second fork of a process as big as the kernel (`bench/launch_latency.py` times it).
     assert kernel.value("last_launch().ranks[0].pid == last_launch().process_group") is True
     assert_clean(kernel)
 
@@ -203,7 +233,7 @@ def test_a_frozen_process_is_stopped_by_heartbeat_timeout(kernel):
                 os.kill(os.getpid(), signal.SIGSTOP)  # no heartbeat thread runs any more
                 # The stop reaches the thread that sent it a moment after `kill` returns
                 # (another thread took the signal): without this, under load the function
-                # returned and the rank finished first (#29).
+                # returned and the rank finished first.
                 time.sleep(600)
 
             hx.notebook_launcher(freeze, heartbeat_timeout=3, progress=False)

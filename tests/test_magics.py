@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from IPython.core.error import UsageError
@@ -33,9 +34,30 @@ def test_load_registers_and_unload_removes(shell):
     cell = shell.magics_manager.magics["cell"]
     assert {"xla_info", "xla_config"} <= set(line) and "xla_metrics" in cell
     magics.unload_ipython_extension(shell)
-    assert "xla_info" not in shell.magics_manager.magics["line"]
+    assert not {"xla_info", "xla_doctor", "xla_config"} & set(shell.magics_manager.magics["line"])
     assert "xla_metrics" not in shell.magics_manager.magics["cell"]
     magics.load_ipython_extension(shell)
+
+
+def test_every_magic_is_named_where_the_extension_is_described(shell):
+    """`%load_ext hfxla_nb`'s docstrings and docs/panels.md name every magic it registers,
+    and say how many there are."""
+    from pathlib import Path
+
+    import hfxla_nb
+
+    registered = {("%%" if kind == "cell" else "%") + name
+                  for kind, names in magics.XlaMagics.magics.items() for name in names}
+    assert registered == {"%xla_info", "%xla_doctor", "%xla_config", "%%xla_metrics"}
+    line, cell = shell.magics_manager.magics["line"], shell.magics_manager.magics["cell"]
+    assert {name.lstrip("%") for name in registered} <= set(line) | set(cell)
+    page = (Path(__file__).resolve().parents[1] / "docs/panels.md").read_text()
+    magics_section = page[page.index("## Magics"):]
+    assert "registers four magics" in magics_section
+    for text in (hfxla_nb.load_ipython_extension.__doc__,
+                 magics.load_ipython_extension.__doc__, magics_section):
+        for name in registered:  # `%xla_info` by itself, not as part of `%%xla_info`
+            assert re.search(rf"(?<!%){name}\b", text), (name, text[:80])
 
 
 def test_help_comes_from_docstrings(shell, capsys):

@@ -170,7 +170,7 @@ def test_shapes_that_all_compiled_during_warmup_still_get_an_alert():
     assert alert.title == "Input 'x' took 7 different shapes"
     assert ("Input 'x' had 7 different shapes: (9, 8), (10, 8), (11, 8), (12, 8), (13, 8), "
             "(14, 8), (8, 8).") in alert.explanation  # all 7, not "and 1 more"
-    # The steps where the shapes first appeared, not the warm-up's bound (#28 item 3).
+    # The steps where the shapes first appeared, not the warm-up's bound.
     assert ("compiled 7 graphs, in steps 1-7, as each new shape first appeared. Compiling "
             "took 100% of the XLA time.") in alert.explanation
     # 'x' is a plain tensor, not a tokenizer output: the fix pads the tensor itself.

@@ -161,9 +161,9 @@ def _rank_0_fails(index: int) -> int:
 
 def test_the_replicated_cpu_note_is_on_the_panel_only_when_collectives_explain_the_failure(
         capsys):
-    # Issue #28, item 12: it was a red UserWarning pointing at ipykernel's file for the cell.
-    # It is a note under the bars of a launch whose failure collectives explain (more than
-    # one rank failed, it hung, an error names one), never beside one rank's own failure.
+    # A note under the bars, not a red UserWarning pointing at ipykernel's file for the cell,
+    # and only for a launch whose failure collectives explain (more than one rank failed, it
+    # hung, an error names one), never beside one rank's own failure.
     import warnings
 
     import hfxla_nb as hx
@@ -186,8 +186,8 @@ def test_the_replicated_cpu_note_is_on_the_panel_only_when_collectives_explain_t
 
 def test_the_steps_of_rank_threads_at_different_steps_are_said_to_be_the_slowest_ranks():
     # Two rank threads of one process (replicated on XLA:CPU): its counters are shared and its
-    # step is the slowest rank's, while rank 0's bar may be ahead (#28 item 12: "in 8 steps"
-    # beside rank 0's bar at step 9).
+    # step is the slowest rank's, while rank 0's bar may be ahead ("in 8 steps" beside rank
+    # 0's bar at step 9).
     snapshot = {"counters": {"MarkStep": 17},
                 "metrics": {"ExecuteTime": {"count": 16, "total": 160 * MS, "samples": []}},
                 "process": {"pid": 1, "ranks": [0, 1], "rank_steps": 17}}

@@ -172,7 +172,7 @@ def test_the_kernel_gains_no_process_from_a_launch(kernel):
     assert "group True" in lines
     assert "warm pool in the workers 0" in lines  # no compile-worker pool warmed in a worker
     # `import hfxla_nb` (the kernel's first cell) set it, before accelerate was imported: on
-    # torch 2.8 that import would warm inductor's pool in the kernel (#29); a launch keeps it.
+    # torch 2.8 that import would warm inductor's pool in the kernel; a launch keeps it.
     assert "warm pool in the kernel 0" in lines
 
 
@@ -230,7 +230,7 @@ def test_the_launcher_is_imported_while_the_kernel_is_idle_after_import_hfxla_nb
 def test_a_backward_pass_in_the_kernel_leaves_launches_able_to_train(kernel):
     # A quick model trained on the CPU in the notebook starts autograd's device threads in the
     # kernel, sized for the devices it sees (no XLA). Forked workers inherited that engine and
-    # failed their first backward on an XLA device (INTERNAL ASSERT, device_ready_queues_, #29).
+    # failed their first backward on an XLA device (INTERNAL ASSERT, device_ready_queues_).
     output = run_ok(kernel, """
         import torch
         weight = torch.ones(3, requires_grad=True)
@@ -250,7 +250,7 @@ def test_a_full_disk_starts_no_process_and_loses_no_trained_model(kernel, tmp_pa
     # As a user's notebook on Kaggle's stack (`make test-stacks`): torch, accelerate and
     # transformers imported first. A disk too small is refused before the fork, with nothing
     # started in the kernel; a save that fails after training (a tmpfs of 3 inodes: room for
-    # the bytes, not for the files) keeps the weights where the result says (#29).
+    # the bytes, not for the files) keeps the weights where the result says.
     output = run_ok(kernel, f"""
         import ctypes, json
         import torch, accelerate

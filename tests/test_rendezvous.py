@@ -60,7 +60,7 @@ def _listening_here(port: int) -> bool:
 @pytest.mark.launch  # forks the store's process and five clients
 def test_host_0_keeps_its_store_in_a_process_of_its_own_and_forks_safely():
     # The actor forks a supervisor per attempt: a fork while a store's server thread ran in it
-    # left a rank's store client waiting forever on a lock that thread held (#29).
+    # left a rank's store client waiting forever on a lock that thread held.
     host = HostLaunch()
     port = host.open_rendezvous()
     try:

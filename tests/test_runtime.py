@@ -250,6 +250,38 @@ def test_processes_holding_the_tpu_are_found_except_this_one(tmp_path):
     assert not info.ok
 
 
+def test_one_call_looks_at_the_host_once_and_the_next_call_looks_again(tmp_path, monkeypatch):
+    """Within `one_call()` (one fine_tune / notebook_launcher / predict) the host is scanned
+    once, a nested call included; the environment is still read each time. After it, a new
+    holder of the TPU (another notebook started between two cells) is seen."""
+    from hfxla_nb.runtime import environment, one_call
+
+    make_tpu_host(tmp_path, "v5e", chips=4)
+    scans = []
+    holders = environment.find_device_holders
+    monkeypatch.setattr(environment, "find_device_holders",
+                        lambda root, own_pid=None: scans.append(root) or holders(root, own_pid))
+    root = str(tmp_path)
+    with one_call():
+        assert detect_accelerator(root, {}).holders == {}
+        holds(tmp_path, 4242, "/dev/vfio/0")
+        with one_call():
+            assert detect(sys_root=root, environ={}).accelerator.holders == {}
+        assert detect_accelerator(root, {"PJRT_DEVICE": "TPU"}).found_by[-1] == "PJRT_DEVICE=TPU"
+    assert len(scans) == 1
+    assert detect_accelerator(root, {}).holders == {4242: "python3"}
+    assert len(scans) == 2
+    # A process forked within a call (a worker) inherits no answers: it looks for itself.
+    with one_call():
+        detect_accelerator(root, {})
+        pid = os.fork()
+        if pid == 0:
+            detect_accelerator(root, {})
+            os._exit(0 if len(scans) == 4 else 1)
+        assert os.waitpid(pid, 0)[1] == 0
+    assert len(scans) == 3
+
+
 def test_a_holder_is_named_by_its_command_line_when_proc_shows_it(tmp_path):
     make_tpu_host(tmp_path, "v5e", chips=1)
     holds(tmp_path, 4242, "/dev/vfio/0", comm="python3")

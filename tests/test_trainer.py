@@ -41,12 +41,18 @@ def _train_with_trainer(index, folder, output_dir, report_to):
             logging_steps=2, save_strategy="no",
             report_to=report_to,
         )
+    # A plain Trainer keeps its own callbacks (a callback has no handle on its Trainer);
+    # hx.xla_trainer(Trainer) removes them as transformers removes a callback.
+    plain = Trainer(model, args, train_dataset=data["train"],
+                    callbacks=[hx.XlaProgressCallback()])
     callback = hx.XlaProgressCallback()
-    trainer = Trainer(model, args, train_dataset=data["train"], callbacks=[callback])
+    trainer = hx.xla_trainer(Trainer)(model, args, train_dataset=data["train"],
+                                      callbacks=[callback])
     callbacks = [type(cb).__name__ for cb in trainer.callback_handler.callbacks]
     trainer.train()
     return {
         "callbacks": callbacks,
+        "plain_callbacks": [type(cb).__name__ for cb in plain.callback_handler.callbacks],
         "events_sent": callback.events_sent,
         "changes": args.hfxla_nb_changes,
         "optim": str(args.optim),
@@ -66,11 +72,13 @@ def test_trainer_with_the_callback_in_a_launched_run(cache, tmp_path, capsys, mo
         _train_with_trainer, args=(folder, str(tmp_path / "trainer"), ["tensorboard", "wandb"]),
         progress="console"
     )
-    # The Trainer's own bars are gone; ours is there.
+    # The Trainer's own bars are gone from hx.xla_trainer(Trainer); ours is there. A plain
+    # Trainer keeps the one transformers chose (disable_tqdm=True: PrinterCallback).
     assert "XlaProgressCallback" in result["callbacks"]
     assert not {"ProgressCallback", "NotebookProgressCallback", "PrinterCallback"} & set(
         result["callbacks"]
     )
+    assert {"XlaProgressCallback", "PrinterCallback"} <= set(result["plain_callbacks"])
     assert result["device"].startswith("xla")
     assert result["optim"].lower().endswith("adamw_torch") and result["drop_last"] is True
     assert any(change.startswith("optim=") for change in result["changes"])

@@ -116,10 +116,11 @@ def watch_mark_sharding(on_copy: Callable[[int], None]) -> None:
 
     `xs.mark_sharding(x, ...)` on a tensor that an operation already used makes torch_xla
     copy `x` to the host and back, sharded (its `ReplicateShardedData` counter), at every
-    step that does so, without a line in its own analysis (#28: the transfer alert blamed
-    `.item()`). The wrapper counts device-to-host transfers around each call; the call
-    itself is unchanged. Calls through `xs.mark_sharding` (the module attribute, as
-    torch_xla's docs write it) are seen; a `from ... import mark_sharding` made earlier is not.
+    step that does so, without a line in its own analysis, so the transfer alert would blame
+    `.item()`, which the user never called. The wrapper counts device-to-host transfers around
+    each call; the call itself is unchanged. Calls through `xs.mark_sharding` (the module
+    attribute, as torch_xla's docs write it) are seen; a `from ... import mark_sharding` made
+    earlier is not.
     """
     require_torch_xla()
     import functools

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
-import inspect
 import os
 import sys
 import warnings
@@ -34,6 +33,7 @@ from ..observe.reader import LaunchReader
 from ..observe.tracking import Tracker
 from ..runtime import compile_cache as cache
 from ..runtime import detect
+from ..runtime.environment import one_call
 from ..states import Outcome
 from ..ui import launch_display
 from . import preflight
@@ -59,37 +59,77 @@ def last_launch() -> LaunchRecord | None:
     return _last_record
 
 
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    """`notebook_launcher`'s arguments after `function` and `args`, as `launch` takes them.
+
+    Their defaults are written here, once: `notebook_launcher`'s signature reads them, and
+    `LaunchOptions(strategy="spmd")` is a launch with `notebook_launcher`'s defaults but one.
+    """
+
+    num_processes: int | None = None
+    mixed_precision: str = "no"
+    use_port: str | int | None = None
+    master_addr: str = "127.0.0.1"
+    node_rank: int = 0
+    num_nodes: int = 1
+    rdzv_backend: str = "static"
+    rdzv_endpoint: str = ""
+    rdzv_conf: dict | None = None
+    rdzv_id: str = "none"
+    max_restarts: int = 0
+    monitor_interval: float = POLL_INTERVAL
+    log_line_prefix_template: str | None = None
+    strategy: str = "replicated"
+    timeout: float | None = None
+    output: str | Iterable[int] = "main"
+    progress: bool | str = "auto"
+    heartbeat_timeout: float | None = None
+    trace_compiles: bool = True
+    compile_cache: bool | str | os.PathLike | None = None
+    cluster: str | None = None
+    hosts: int | None = None
+    report_to: str | Sequence[str] | None = None
+    log_dir: str | os.PathLike | None = None
+    project: str | None = None
+    run_name: str | None = None
+    hparams: dict[str, Any] | None = None
+
+
+_DEFAULTS = LaunchOptions()
+
+
 def notebook_launcher(
     function: Callable,
     args: Sequence = (),
-    num_processes: int | None = None,
-    mixed_precision: str = "no",
-    use_port: str | int | None = None,
-    master_addr: str = "127.0.0.1",
-    node_rank: int = 0,
-    num_nodes: int = 1,
-    rdzv_backend: str = "static",
-    rdzv_endpoint: str = "",
-    rdzv_conf: dict | None = None,
-    rdzv_id: str = "none",
-    max_restarts: int = 0,
-    monitor_interval: float = POLL_INTERVAL,
-    log_line_prefix_template: str | None = None,
+    num_processes: int | None = _DEFAULTS.num_processes,
+    mixed_precision: str = _DEFAULTS.mixed_precision,
+    use_port: str | int | None = _DEFAULTS.use_port,
+    master_addr: str = _DEFAULTS.master_addr,
+    node_rank: int = _DEFAULTS.node_rank,
+    num_nodes: int = _DEFAULTS.num_nodes,
+    rdzv_backend: str = _DEFAULTS.rdzv_backend,
+    rdzv_endpoint: str = _DEFAULTS.rdzv_endpoint,
+    rdzv_conf: dict | None = _DEFAULTS.rdzv_conf,
+    rdzv_id: str = _DEFAULTS.rdzv_id,
+    max_restarts: int = _DEFAULTS.max_restarts,
+    monitor_interval: float = _DEFAULTS.monitor_interval,
+    log_line_prefix_template: str | None = _DEFAULTS.log_line_prefix_template,
     *,
-    strategy: str = "replicated",
-    timeout: float | None = None,
-    output: str | Iterable[int] = "main",
-    progress: bool | str = "auto",
-    heartbeat_timeout: float | None = None,
-    trace_compiles: bool = True,
-    compile_cache: bool | str | os.PathLike | None = None,
-    cluster: str | None = None,
-    hosts: int | None = None,
-    report_to: str | Sequence[str] | None = None,
-    log_dir: str | os.PathLike | None = None,
-    project: str | None = None,
-    run_name: str | None = None,
-    hparams: dict[str, Any] | None = None,
+    strategy: str = _DEFAULTS.strategy,
+    timeout: float | None = _DEFAULTS.timeout,
+    output: str | Iterable[int] = _DEFAULTS.output,
+    progress: bool | str = _DEFAULTS.progress,
+    heartbeat_timeout: float | None = _DEFAULTS.heartbeat_timeout,
+    trace_compiles: bool = _DEFAULTS.trace_compiles,
+    compile_cache: bool | str | os.PathLike | None = _DEFAULTS.compile_cache,
+    cluster: str | None = _DEFAULTS.cluster,
+    hosts: int | None = _DEFAULTS.hosts,
+    report_to: str | Sequence[str] | None = _DEFAULTS.report_to,
+    log_dir: str | os.PathLike | None = _DEFAULTS.log_dir,
+    project: str | None = _DEFAULTS.project,
+    run_name: str | None = _DEFAULTS.run_name,
+    hparams: dict[str, Any] | None = _DEFAULTS.hparams,
 ) -> Any:
     """Run `function` on every XLA device from a notebook cell and return rank 0's result.
 
@@ -128,10 +168,14 @@ def notebook_launcher(
         log_line_prefix_template: the prefix of each line a rank prints, with torchelastic's
             fields `${rank}`, `${local_rank}`, `${role_name}` (default: `[rank N] ` when
             there are several ranks). Native output keeps its `[rank N]` tag.
-        strategy: "replicated" (`xmp.spawn`: one process per chip, one thread per core on
-            v2/v3 and on the CPU), "spmd" (one process over every device with `xr.use_spmd()`;
-            recommended for data parallel training) or "debug" (N forked CPU processes joined by
-            a gloo process group, to rehearse multi-process code without a TPU).
+        strategy: "replicated", the default (`xmp.spawn`: one process per chip, one thread
+            per core on v2/v3 and on the CPU): the function runs once per device, as
+            accelerate's launcher and `xmp.spawn` run it, so their code runs unchanged.
+            "spmd": the function runs once, in one process over every device with
+            `xr.use_spmd()`, and only what it shards runs on every device; `fine_tune` and
+            `predict` use it, since they shard their batches themselves. "debug": N forked
+            CPU processes joined by a gloo process group, to rehearse multi-process code
+            without a TPU.
         timeout: seconds after which every rank is stopped and `LaunchError` names the ranks
             that stalled (per attempt).
         output: whose printed output reaches the cell: "main" (rank 0 and the launcher),
@@ -179,48 +223,6 @@ def notebook_launcher(
     return value
 
 
-@dataclasses.dataclass(frozen=True)
-class LaunchOptions:
-    """`notebook_launcher`'s keyword arguments, as `launch` takes them. Their defaults live in
-    one place, `notebook_launcher`'s signature (`with_defaults` reads them)."""
-
-    num_processes: int | None
-    mixed_precision: str
-    use_port: str | int | None
-    master_addr: str
-    node_rank: int
-    num_nodes: int
-    rdzv_backend: str
-    rdzv_endpoint: str
-    rdzv_conf: dict | None
-    rdzv_id: str
-    max_restarts: int
-    monitor_interval: float
-    log_line_prefix_template: str | None
-    strategy: str
-    timeout: float | None
-    output: str | Iterable[int]
-    progress: bool | str
-    heartbeat_timeout: float | None
-    trace_compiles: bool
-    compile_cache: bool | str | os.PathLike | None
-    cluster: str | None
-    hosts: int | None
-    report_to: str | Sequence[str] | None
-    log_dir: str | os.PathLike | None
-    project: str | None
-    run_name: str | None
-    hparams: dict[str, Any] | None
-
-    @classmethod
-    def with_defaults(cls, **changes: Any) -> LaunchOptions:
-        """`notebook_launcher`'s defaults, with `changes`."""
-        defaults = {name: parameter.default for name, parameter
-                    in inspect.signature(notebook_launcher).parameters.items()
-                    if name in cls.__dataclass_fields__}
-        return cls(**{**defaults, **changes})
-
-
 def launch(function: Callable, args: Sequence, options: LaunchOptions,
            tracker: Tracker | None = None) -> tuple[Any, LaunchRecord]:
     """`notebook_launcher`'s launch, with its record (what `fine_tune` calls).
@@ -231,7 +233,7 @@ def launch(function: Callable, args: Sequence, options: LaunchOptions,
     Args:
         function: what every rank runs.
         args: its arguments.
-        options: the rest of `notebook_launcher`'s arguments (`LaunchOptions.with_defaults`).
+        options: the rest of `notebook_launcher`'s arguments (`LaunchOptions(...)`).
         tracker: follows the launch's events for `report_to=`, opened and closed by the
             caller (`fine_tune`'s); None: the one `options` asks for, if any, closed here.
 
@@ -242,6 +244,7 @@ def launch(function: Callable, args: Sequence, options: LaunchOptions,
         LaunchRefusedError, LaunchError, KeyboardInterrupt: as `notebook_launcher`.
     """
     __tracebackhide__ = True
+    given_tracker = tracker is not None
     pass_index = preflight.check_function(function, args)
     preflight.check_timeout(options.timeout)
     if tracker is None:  # the one `options` ask for: refused here, before any fork
@@ -250,10 +253,13 @@ def launch(function: Callable, args: Sequence, options: LaunchOptions,
                                            options.run_name, options.hparams)
         except tracking.TrackingError as error:
             raise LaunchRefusedError(str(error)) from None
-        if tracker is not None:
+    # One look at the host for the launch (or for the `fine_tune` / `predict` that calls it):
+    # the checks and the plan share it; the next launch looks again.
+    with one_call():
+        if tracker is not None and not given_tracker:
             with tracking.closed_after(tracker):
                 return _launch(function, args, options, pass_index, tracker)
-    return _launch(function, args, options, pass_index, tracker)
+        return _launch(function, args, options, pass_index, tracker)
 
 
 def _launch(function: Callable, args: Sequence, options: LaunchOptions, pass_index: bool,
@@ -366,8 +372,8 @@ class _Attempts:
                               [RankRecord(rank) for rank in range(plan.world)],
                               attempt=len(earlier) + 1, max_attempts=options.max_attempts,
                               previous_attempts=list(earlier),
-                              # Under the bars, not as a red UserWarning at ipykernel's file
-                              # for the cell (#28, item 12).
+                              # Under the bars: as a Python warning it would be a red
+                              # UserWarning that points at ipykernel's file for the cell.
                               notes=list(plan.warnings),
                               collective_notes=list(plan.collective_notes))
         reader = LaunchReader(record, self.timeout, self.heartbeat_timeout,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _xla
-from ..runtime.environment import cpu_device_count
+from ..runtime.environment import cpu_device_count, for_this_call
 
 STRATEGIES = ("replicated", "spmd", "debug")
 MIXED_PRECISIONS = ("no", "bf16", "fp16")
@@ -118,9 +118,18 @@ def check_backend(strategy: str) -> None:
     """Refuse, before anything is read or forked, work that needs torch_xla where it is not
     installed or does not match torch, saying what to install; on a host with TorchTPU
     instead, what of hfxla_nb works there. `strategy="debug"` runs on the CPU with gloo: it
-    needs no torch_xla."""
+    needs no torch_xla.
+
+    Checked once per `fine_tune` / `notebook_launcher` / `predict` call (`one_call()`):
+    `fine_tune` asks before preparing the data, its launch asks again.
+    """
     if strategy == "debug":
         return
+    for_this_call("check_backend", _check_backend)
+
+
+def _check_backend() -> None:
+    """`check_backend`'s checks (every strategy but "debug" needs the same torch_xla)."""
     from ..runtime.environment import package_versions
     from ..runtime.info import (
         TORCH_TPU_FIX,
@@ -328,6 +337,6 @@ def _cpu_env(strategy: str, count: int, env: dict[str, str | None],
         collective_notes.append(
             f"XLA on the CPU runs the {count} replicated ranks as threads of one process, "
             "and XLA collectives between them (all_reduce, xm.optimizer_step's gradient "
-            "reduction) hang or abort upstream (pytorch/xla #5005, #9089). Code without "
+            "reduction) hang or abort upstream (pytorch/xla#5005, pytorch/xla#9089). Code without "
             "collectives runs; for data-parallel training use strategy='spmd'."
         )

@@ -224,7 +224,7 @@ def keep_compile_pool_cold() -> bool:
     torch 2.8 warms inductor's compile-worker pool when `torch._inductor.async_compile` is
     first imported, which `import accelerate` does: a sidecar process at once, and its workers
     a few seconds later, often while the next cell (a launch) runs, so they look like the
-    launch's (#29, Kaggle's stack). An XLA notebook compiles with XLA, not inductor. With
+    launch's (seen on Kaggle's stack). An XLA notebook compiles with XLA, not inductor. With
     hfxla_nb imported before accelerate, the kernel starts no pool; torch still makes one
     when a `torch.compile` needs it. Set TORCH_WARM_POOL=1 first to keep torch's warm-up.
     """

@@ -341,7 +341,7 @@ def _run_backward_on_this_thread() -> None:
     A backward pass in the notebook before the launch (a quick model trained on the CPU) starts
     the autograd engine's device threads there, with one queue per device the kernel sees: none
     for XLA, whose runtime the kernel never starts. A forked worker inherits that engine, and
-    its first backward on an XLA device fails (INTERNAL ASSERT, `device_ready_queues_`, #29).
+    its first backward on an XLA device fails (INTERNAL ASSERT, `device_ready_queues_`).
     Without the engine's threads the backward runs on the caller's thread: the same graph for
     XLA, which only traces it. The setting is per thread, so each rank's thread makes it.
     """
@@ -498,7 +498,8 @@ def supervise(
         # which is while this process stops its leftovers: it must not die before naming them
         # (its SIGKILL follows). Ignored for the whole process: a mask is per thread, and a
         # signal sent to the process goes to any thread that does not block it (torch_xla's,
-        # the relays'), which then ends the process (the CI flake of stop 36).
+        # the relays'), which then ends the process before it named them (a rare failure
+        # under load).
         _ignore_sigterm()
         _stop_leftovers(channel)
         drain_output()
@@ -600,7 +601,7 @@ def _run_debug(
     0: a free one), held until the ranks are gone."""
     address = os.environ.get("MASTER_ADDR", "127.0.0.1")  # master_addr / rdzv_endpoint
     # Ranks forked before the store opens: its server thread, running at a fork, left a lock
-    # held that the rank's store client waited on forever (#29). The port comes by `ports`.
+    # held that the rank's store client waited on forever. The port comes by `ports`.
     ports, port_write = os.pipe()
     pids = {}
     for rank in range(world):

@@ -218,7 +218,7 @@ def _shape_changes_alert(summary: XlaSummary, many: dict[str, InputShapes],
 def _compiled_during(many: dict[str, InputShapes], warmup_steps: int) -> str:
     """`, in steps 1-6, as each new shape first appeared`: the steps the shapes' first
     appearances span, when every shape is listed with its step; else the warm-up's bound
-    (#28: "all in the first 10 steps" was said of compiles made in steps 1-6)."""
+    (the bound alone said "all in the first 10 steps" of compiles made in steps 1-6)."""
     steps = [step for info in many.values() for step in info.first_steps]
     if steps and None not in steps and all(info.more == 0 for info in many.values()):
         low, high = min(steps), max(steps)
@@ -264,8 +264,8 @@ def _compile_alerts(summary: XlaSummary, warmup_steps: int) -> list[Alert]:
     if fires or (many and row is not None and row.graphs >= 2) or line is not None:
         # An input of many shapes and the line that compiled a graph per shape are settled facts:
         # from the first snapshot that shows both, the alert stays this one, its numbers
-        # updated, whatever the rate does (#28: the live panel switched between two alerts
-        # as the rate crossed torch_xla's threshold, and its height jumped each time). The
+        # updated, whatever the rate does (else the live panel switches between two alerts
+        # as the rate crosses torch_xla's threshold, and its height jumps each time). The
         # trace alone settles it too, `inputs=` or not: a line of the user's that compiled a
         # new graph after the warm-up, or more graphs than a few buckets explain.
         severity = "warning" if fires else cost_severity(summary)
@@ -324,7 +324,7 @@ def _transfers_alert(summary: XlaSummary) -> Alert | None:
 
 def _reshard_alert(summary: XlaSummary) -> Alert:
     """The transfers made by `xs.mark_sharding` on tensors already used (`observe.metrics.watch`
-    counted each by its line): found, not guessed (#28 item 3)."""
+    counted each by its line): found, not guessed."""
     steps, transfers = summary.steps, summary.transfers_from_device
     copies = sum(count for _, count in summary.reshards)
     first = summary.reshards[0][0].text()

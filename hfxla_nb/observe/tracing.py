@@ -508,7 +508,7 @@ class CompileRow:
 
     def cause_words(self) -> str:
         """The most frequent cause in a few words (`cause_text`); a value a library fetched
-        is not blamed on `.item()` or print, which the user did not write (#28, item 9)."""
+        is not blamed on `.item()` or print, which the user did not write."""
         if self.where is None and self.fetched:
             return "value fetched by the library"
         return cause_text(self.cause)

@@ -21,7 +21,9 @@ import os
 import platform
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -558,22 +560,88 @@ def _without_tpu(environ: Mapping[str, str], host_cores: int | None, gpus: int) 
                        host_cores=host_cores, gpus=gpus)
 
 
-def detect_accelerator(
-    sys_root: str = "/", environ: Mapping[str, str] | None = None
-) -> Accelerator:
-    """Scan `sys_root` for TPU chips, device files, holders and GPUs; never starts the runtime."""
-    environ = os.environ if environ is None else environ
+@dataclass(frozen=True)
+class HostScan:
+    """What one look at the host's files found (the facts `accelerator_from_facts` decides
+    from, besides the environment variables)."""
+
+    pci_chips: list[tuple[str, str | None]]
+    device_files: list[str]
+    holders: dict[int, str]
+    gpus: int
+
+
+def scan_host(sys_root: str = "/") -> HostScan:
+    """Scan `sys_root`'s PCI bus, TPU device files, their holders and GPUs, once."""
     pci_chips = scan_pci(sys_root)
     device_files = scan_device_files(sys_root)
     # Scanning every process's fds is only worth it where there is a TPU to hold.
     holders = find_device_holders(sys_root) if device_files else {}
+    return HostScan(pci_chips, device_files, holders, scan_gpus(sys_root))
+
+
+class _Call:
+    """What one `fine_tune` / `notebook_launcher` / `predict` call has worked out so far."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()  # a forked worker is not the call: it inherits no answers
+        self.answers: dict[Hashable, Any] = {}
+
+
+_CALL: ContextVar[_Call | None] = ContextVar("hfxla_nb_call", default=None)
+
+
+def _current_call() -> _Call | None:
+    call = _CALL.get()
+    return call if call is not None and call.pid == os.getpid() else None
+
+
+@contextmanager
+def one_call() -> Iterator[None]:
+    """Within it, each `for_this_call` answer is worked out once: the host is scanned once
+    per `fine_tune`, `notebook_launcher` or `predict` call, however many of its steps ask.
+
+    Nested, the outer call's answers are kept. They are dropped when the outermost call
+    returns: the next call scans again, since the chips, or who holds them, may have changed
+    between two cells.
+    """
+    if _current_call() is not None:
+        yield
+        return
+    token = _CALL.set(_Call())
+    try:
+        yield
+    finally:
+        _CALL.reset(token)
+
+
+def for_this_call(key: Hashable, compute: Callable[[], Any]) -> Any:
+    """`compute()`, worked out once within `one_call()` (an exception is not kept: it ends
+    the call anyway); outside one, every time."""
+    call = _current_call()
+    if call is None:
+        return compute()
+    if key not in call.answers:
+        call.answers[key] = compute()
+    return call.answers[key]
+
+
+def detect_accelerator(
+    sys_root: str = "/", environ: Mapping[str, str] | None = None
+) -> Accelerator:
+    """Scan `sys_root` for TPU chips, device files, holders and GPUs; never starts the runtime.
+
+    Within `one_call()` the host is scanned once; the environment is read every time.
+    """
+    environ = os.environ if environ is None else environ
+    facts = for_this_call(("scan_host", sys_root), lambda: scan_host(sys_root))
     return accelerator_from_facts(
-        pci_chips,
-        device_files,
+        facts.pci_chips,
+        facts.device_files,
         environ,
         host_cores=os.cpu_count(),
-        gpus=scan_gpus(sys_root),
-        holders=holders,
+        gpus=facts.gpus,
+        holders=facts.holders,
     )
 
 

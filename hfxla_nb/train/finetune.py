@@ -45,6 +45,7 @@ from ..observe.tracking import (
     default_log_dir,
     plain,
 )
+from ..runtime.environment import one_call
 from .config import FineTuneConfig
 from .hub import check_hub, push_after_training
 from .memory import MemoryPlan
@@ -187,43 +188,45 @@ def fine_tune(
     True
     ```
     """
-    config = FineTuneConfig.build(config, options)
-    check_backend(config.strategy)  # no torch_xla (TorchTPU only): refused before any work
-    plan = prepare_fine_tune(model, dataset, config)  # refuses lora= for tasks without it
-    hub = check_hub(config, plan.output_dir)  # push_to_hub: the token and the Hub, now
-    if config.output_dir == "auto":  # every check passed: the run's new folder is its own now
-        plan.output_dir = claim_output_dir(plan.output_dir)
-    progress = "auto" if config.progress is True else config.progress
-    memory = dataclasses.asdict(plan.memory) if plan.memory is not None else None
-    notice = show_memory_plan(plan.memory, progress)  # the plan in the cell before the fork
-    tracker = fine_tune_tracker(config, plan)  # report_to=: the run's tracker, or None
-    try:
-        raw, record = launch(train_worker, (plan,), LaunchOptions.with_defaults(
-            num_processes=config.num_processes, strategy=config.strategy, progress=progress,
-            timeout=config.timeout, trace_compiles=config.trace_compiles,
-            compile_cache=config.compile_cache, cluster=cluster, hosts=hosts), tracker=tracker)
-    except BaseException:
-        if tracker is not None:
-            tracker.close(failed=True)
-        if config.output_dir == "auto":
-            release_output_dir(plan.output_dir)  # a failed run leaves no empty folder behind
-        raise
-    finally:
-        if notice is not None:
-            notice.close()
-    result = FineTuneResult.from_dict(raw)
-    raw.pop("held_model", None)  # weights in memory: the result's, not hx.last_launch()'s too
-    if result.save_error:  # the run ended, its model elsewhere: said first, in one line
-        print(result.save_error, flush=True)
-    result.memory_plan = memory
-    # what the launch panel showed, as data on the result: this launch's record
-    result.launch_seconds = record.duration
-    metrics = record.ranks[0].metrics if record.ranks else None
-    result.xla = metrics.to_dict() if metrics is not None else {}
-    if hub is not None:  # in the kernel, after the atomic save; a failure is a note
-        push_after_training(result, hub)
-    finish_tracker(tracker, result)
-    return result
+    # One look at the host for the whole call: the checks, the plan and the launch share it.
+    with one_call():
+        config = FineTuneConfig.build(config, options)
+        check_backend(config.strategy)  # no torch_xla (TorchTPU only): refused before any work
+        plan = prepare_fine_tune(model, dataset, config)  # refuses lora= for tasks without it
+        hub = check_hub(config, plan.output_dir)  # push_to_hub: the token and the Hub, now
+        if config.output_dir == "auto":  # every check passed: the run's new folder is its own now
+            plan.output_dir = claim_output_dir(plan.output_dir)
+        progress = "auto" if config.progress is True else config.progress
+        memory = dataclasses.asdict(plan.memory) if plan.memory is not None else None
+        notice = show_memory_plan(plan.memory, progress)  # the plan in the cell before the fork
+        tracker = fine_tune_tracker(config, plan)  # report_to=: the run's tracker, or None
+        try:
+            raw, record = launch(train_worker, (plan,), LaunchOptions(
+                num_processes=config.num_processes, strategy=config.strategy, progress=progress,
+                timeout=config.timeout, trace_compiles=config.trace_compiles,
+                compile_cache=config.compile_cache, cluster=cluster, hosts=hosts), tracker=tracker)
+        except BaseException:
+            if tracker is not None:
+                tracker.close(failed=True)
+            if config.output_dir == "auto":
+                release_output_dir(plan.output_dir)  # a failed run leaves no empty folder behind
+            raise
+        finally:
+            if notice is not None:
+                notice.close()
+        result = FineTuneResult.from_dict(raw)
+        raw.pop("held_model", None)  # weights in memory: the result's, not hx.last_launch()'s too
+        if result.save_error:  # the run ended, its model elsewhere: said first, in one line
+            print(result.save_error, flush=True)
+        result.memory_plan = memory
+        # what the launch panel showed, as data on the result: this launch's record
+        result.launch_seconds = record.duration
+        metrics = record.ranks[0].metrics if record.ranks else None
+        result.xla = metrics.to_dict() if metrics is not None else {}
+        if hub is not None:  # in the kernel, after the atomic save; a failure is a note
+            push_after_training(result, hub)
+        finish_tracker(tracker, result)
+        return result
 
 
 def _signature_with_options(function: Any) -> inspect.Signature:

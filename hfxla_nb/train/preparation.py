@@ -495,9 +495,9 @@ def devices(config: FineTuneConfig) -> int:
     if config.strategy == "replicated" and devices > 1 and not on_tpu():
         raise FineTuneError(
             f"strategy='replicated' over {devices} devices cannot train on the CPU: XLA's "
-            "gradient all-reduce between CPU virtual devices hangs upstream (pytorch/xla #5005, "
-            "#9089). Use strategy='spmd' (the default; real data parallelism on the CPU too), "
-            "or num_processes=1."
+            "gradient all-reduce between CPU virtual devices hangs upstream (pytorch/xla#5005, "
+            "pytorch/xla#9089). Use strategy='spmd' (the default; real data parallelism on the "
+            "CPU too), or num_processes=1."
         )
     if config.strategy == "spmd" and config.batch_size % devices:
         raise FineTuneError(

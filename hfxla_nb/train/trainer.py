@@ -19,7 +19,6 @@ default dynamic padding compiles a new graph for every new batch length.
 
 from __future__ import annotations
 
-import inspect
 import os
 import warnings
 from typing import Any
@@ -48,9 +47,12 @@ class XlaProgressCallback(TrainerCallback):
     Steps, samples per second and the logged values (loss, learning rate, grad norm, eval
     metrics) travel to the notebook as `Progress` events; nothing is read from the device
     that the Trainer did not already read (the loss arrives through `on_log`, after the
-    Trainer's own fetch). When it is in a Trainer's callbacks, the Trainer's own
-    `ProgressCallback` / `NotebookProgressCallback` / `PrinterCallback` are removed: a forked
-    worker cannot draw into the notebook, and tqdm bars would only clutter the log.
+    Trainer's own fetch). A Trainer made by `hx.xla_trainer(Trainer)` drops its own
+    `ProgressCallback` / `NotebookProgressCallback` / `PrinterCallback` when this callback is
+    among its callbacks (transformers' `trainer.remove_callback`): a forked worker cannot draw
+    into the notebook, and their bars or printed logs would repeat the panel's. A callback is
+    given no handle on its Trainer, so with a plain `Trainer`, remove them yourself:
+    `trainer.remove_callback(PrinterCallback)`.
 
     Outside a launched worker it does nothing.
 
@@ -61,7 +63,6 @@ class XlaProgressCallback(TrainerCallback):
     def __init__(self, label: str = "train") -> None:
         self.label = label
         self.events_sent = 0
-        self._removed = False
         self._eval_step = 0
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -71,32 +72,6 @@ class XlaProgressCallback(TrainerCallback):
         if events.emit(Progress(events.worker_rank(), int(step), total, values or {}, samples,
                                 label or self.label)):
             self.events_sent += 1
-
-    def _remove_default_progress(self) -> None:
-        """Drop the Trainer's own progress callbacks from the handler that calls us.
-
-        A callback is not told its handler, so the caller's frame is looked up: the event is
-        dispatched by `CallbackHandler.call_event`, whose `self` holds the callback list.
-        """
-        if self._removed:
-            return
-        frame = inspect.currentframe()
-        try:
-            for _ in range(6):
-                frame = frame.f_back if frame is not None else None
-                if frame is None:
-                    return
-                handler = frame.f_locals.get("self")
-                callbacks = getattr(handler, "callbacks", None)
-                if isinstance(callbacks, list) and any(cb is self for cb in callbacks):
-                    # A new list: the handler may be iterating over the old one right now.
-                    handler.callbacks = [
-                        cb for cb in callbacks if type(cb).__name__ not in _PROGRESS_CALLBACKS
-                    ]
-                    self._removed = True
-                    return
-        finally:
-            del frame
 
     @staticmethod
     def _samples(args, state) -> int | None:
@@ -110,11 +85,7 @@ class XlaProgressCallback(TrainerCallback):
 
     # -- events --------------------------------------------------------------------------------
 
-    def on_init_end(self, args, state, control, **kwargs):
-        self._remove_default_progress()
-
     def on_train_begin(self, args, state, control, **kwargs):
-        self._remove_default_progress()
         self._send(state.global_step, state.max_steps or None, samples=0)
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -386,6 +357,8 @@ def xla_trainer(trainer_class: Any) -> Any:
       gathered from the shards.
     - trl reads a dataset with a `prompt` column as prompt/completion data and fails with
       `KeyError: 'completion'` without one; refused here with what to rename.
+    - With an `XlaProgressCallback` among its callbacks, the Trainer's own progress
+      callbacks are removed (`trainer.remove_callback`): the panel shows the progress.
 
     Example:
 
@@ -404,6 +377,7 @@ def xla_trainer(trainer_class: Any) -> Any:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             _check_trl_columns(kwargs.get("train_dataset"), trainer_class)
             super().__init__(*args, **kwargs)
+            _drop_default_progress(self)
 
         def _wrap_model(self, model: Any, *args: Any, **kwargs: Any) -> Any:
             wrapped = super()._wrap_model(model, *args, **kwargs)
@@ -431,9 +405,20 @@ def xla_trainer(trainer_class: Any) -> Any:
 _TRAINERS: dict[Any, Any] = {}
 
 
+def _drop_default_progress(trainer: Any) -> None:
+    """With an `XlaProgressCallback` among `trainer`'s callbacks, remove the Trainer's own
+    progress callbacks, as transformers removes a callback (`trainer.remove_callback`)."""
+    callbacks = trainer.callback_handler.callbacks
+    if not any(isinstance(callback, XlaProgressCallback) for callback in callbacks):
+        return
+    # By name: importing NotebookProgressCallback's module would import IPython in a worker.
+    for callback in [cb for cb in callbacks if type(cb).__name__ in _PROGRESS_CALLBACKS]:
+        trainer.remove_callback(callback)
+
+
 def _save_fsdp_v2_adapter(peft_model: Any, output_dir: str, processing_class: Any) -> None:
     """A `PeftModel` trained under FSDPv2, saved as peft saves it (the Trainer's own save
-    writes the wrapper's raw state dict, transformers #29659): its state gathered to the
+    writes the wrapper's raw state dict, huggingface/transformers#29659): its state gathered to the
     host, FSDPv2's wrapper names removed, saved from a host copy (`lora.host_copy`)."""
     from .lora import host_copy
 

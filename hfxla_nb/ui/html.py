@@ -167,7 +167,7 @@ def chart_html(bars: list[BarView], summary: XlaSummary | None = None) -> str:
 
     A bar's chart line is drawn from its first value on, its sparklines blank boxes of their
     size until two points exist: the line appearing a few steps in moved the panel's height
-    (#28 item 2: the live panel grew by 36 px at step 10)."""
+    (by 36 px at step 10)."""
     for bar in bars:
         if not (bar.losses or bar.step_times):
             continue

@@ -789,7 +789,7 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
         per_step = (f"; per step after warm-up: {result.executions_per_step:.2f} executions, "
                     f"{result.transfers_per_step:.2f} device-to-host transfers")
     setup = ""
-    if result.setup_compiles:  # the metrics count them: say which they are (#28 item 9)
+    if result.setup_compiles:  # the XLA metrics count them too: say which they are
         setup = (f"; and {result.setup_compiles} before step 1 (AdamW's first state), "
                  f"{result.compiles + result.eval_compiles + result.setup_compiles} in all")
     rows.append(("XLA", f"{result.compiles} training + {result.eval_compiles} evaluation graphs "

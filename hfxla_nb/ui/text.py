@@ -121,7 +121,7 @@ _NUMBERS = (1, 2, 3)
 
 def _cell(value: str, column: int, header: bool = False) -> str:
     """One cell of column `column`. Only the place and the cause may wrap: at 1024 px a long
-    place squeezed the counts into "1 / graph" (#28, item 9)."""
+    place squeezed the counts into "1 / graph"."""
     if header:
         return cell(escape(value), HEAD_NUMBER if column in _NUMBERS else HEAD, "th")
     return cell(escape(value), NUMBER if column in _NUMBERS else TD)
@@ -306,8 +306,8 @@ def status_line(view: LaunchView) -> str:
 def steps_phrase(summary: XlaSummary, live: bool = False) -> str:
     """`in 60 steps` (a finished stretch of work) or `as of step 41` (a launch that runs);
     `... of its slowest rank` for rank threads sharing a process's counters that are at
-    different steps: the process's step is the slowest's (#28 item 12: "in 8 steps" beside a
-    bar of rank 0 at step 9). Work a bar counts in batches (`predict`) is said in them:
+    different steps: the process's step is the slowest's (so "in 8 steps" may stand beside
+    a bar of rank 0 at step 9). Work a bar counts in batches (`predict`) is said in them:
     `in 1 batch`, beside `predict 1/1`."""
     count, unit = summary.counted()
     if not count:

@@ -88,29 +88,29 @@ def test_a_live_fine_tune_panel_can_be_trusted(browser_lab):
         json.dumps({"samples": samples, "final": final["text"], "result": result_text},
                    indent=2, ensure_ascii=False))
     assert len(samples) >= 5, samples
-    # 1. The clock only moves forward (#28 item 1: "6/60 · 19.8 s", then "48/60 · 8.1 s").
+    # 1. The clock only moves forward (never "6/60 · 19.8 s", then "48/60 · 8.1 s").
     times = [sample["elapsed"] for sample in samples if sample["elapsed"] is not None]
     assert times and all(later >= earlier
                          for earlier, later in zip(times, times[1:], strict=False)), samples
-    # 2. The panel holds its height once the first step is done, to the end (#28 item 2:
-    # before, its chart line appeared at step 10 and a note beside it came and went). During
+    # 2. The panel holds its height once the first step is done, to the end (it did not
+    # when its chart line appeared at step 10 and a note beside it came and went). During
     # step 1 it grows as its parts arrive: the metrics, then the compilations traced while
     # the step and the evaluation compile side by side.
     heights = {sample["height"] for sample in samples if sample["metrics"] and sample["step"] > 1}
     assert heights and max(heights) - min(heights) <= 1.0, samples
-    # 3. The bar's final rate agrees with the result's within 10% (#28 item 1).
+    # 3. The bar's final rate agrees with the result's within 10%.
     bar_rate = rate_of(final["text"])
     (result_rate_text,) = re.findall(r"([\d.]+) samples/s after warm-up", result_text)
     assert bar_rate is not None, final
     assert abs(bar_rate - float(result_rate_text)) <= 0.10 * float(result_rate_text), (
         final["text"], result_text)
-    # 4. No library warning or XLA native notice in the cell's own words (#28 item 4).
+    # 4. No library warning or XLA native notice in the cell's own words.
     for word in NOISE:
         assert word not in cell_text, (word, cell_text)
-    # 5. Predictions are a table, values rounded for display (#28 item 5).
+    # 5. Predictions are a table, values rounded for display.
     assert predictions, prediction_text
     assert not re.search(r"\d\.\d{5,}", prediction_text), prediction_text
-    # 6. The compilations table keeps each count on one line at 1024 px (#28 item 9).
+    # 6. The compilations table keeps each count on one line at 1024 px.
     assert compilations, "no compilations table"
     assert not [box["text"] for box in compilations
                 if box["wraps"] and re.fullmatch(r"[\d\s/.,a-z]+", box["text"].strip())]

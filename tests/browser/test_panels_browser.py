@@ -284,7 +284,7 @@ def test_a_repeated_xla_warning_is_one_muted_line_of_whole_words(browser_lab):
         nb.screenshot(browser_lab.artifacts, f"gspmd-{browser_lab.theme}", [1])
         assert_settled(nb)
     # One muted line per kind with its count, no raw timestamp, wrapped at spaces by the relay
-    # so that the browser breaks no word of it (#28 item 4).
+    # so that the browser breaks no word of it.
     assert text.count("GSPMD sharding") == 1, text
     assert "XLA warning ×12 (sharding_propagation.cc:3120)" in text, text
     assert not re.search(r"\d\d:\d\d:\d\d\.\d{6}", text), text

@@ -183,7 +183,7 @@ class HostLaunch:
         The store is bound here, before any process is forked, and stays bound. A port
         picked free, closed, and bound again seconds later by rank 0 can be taken in between
         (as the source port of another connection, on a busy host): the gloo mesh of one
-        loaded two-host run failed to connect so (#29; `processes.py`). It runs in a process
+        loaded two-host run failed to connect so (`processes.py`). It runs in a process
         of its own: this actor forks a supervisor per attempt, and a fork while a store's
         thread runs can leave the ranks' store clients waiting forever on a lock it held. A
         fresh store for each attempt: a relaunch must not read the last group's keys."""

@@ -48,7 +48,7 @@ def evaluate(ctx: WorkerContext, ahead: EvalAhead | None = None) -> dict[str, fl
 
 def announce_bar(ctx: WorkerContext) -> None:
     """Announce the evaluation's bar before training (`Progress.waiting`): the panel draws it
-    while training runs, so it keeps its height when the evaluation starts (#28)."""
+    while training runs, so it keeps its height when the evaluation starts."""
     split = ctx.plan.data.eval
     if split is not None:
         batches = batching.eval_batch_count(split, ctx.plan.batch_size)

@@ -93,8 +93,8 @@ class Fetcher:
 __all__ = ["STEADY_AFTER_STEPS", "Fetcher", "TrainingLoop", "counts", "train_worker"]
 
 #: Seconds between the loop's progress reports (besides logging points and new buckets): the
-#: bar moves twice a second; each report costs the step about 1 ms of host time (bench
-#: figure 12), more often it would be most of the loop's own work.
+#: bar moves twice a second; each report costs the step about 1 ms of host time (measured by
+#: `bench/host_time.py`), more often it would be most of the loop's own work.
 BAR_INTERVAL = max(0.5, MIN_INTERVAL)
 
 #: Steps left out of the steady-state figures (samples/s, executions and transfers per step):
@@ -202,7 +202,7 @@ class TrainingLoop:
             "eval_compiles": eval_compiles,
             "eval_compiled_ahead": ahead_compiles,
             # Before step 1: loading the model, AdamW's first state (make_first_step_steady);
-            # counted so that the result and the XLA metrics add up (#28 item 9).
+            # counted so that the result and the XLA metrics add up.
             "setup_compiles": counts_start[_xla.COMPILE_TIME],
             "checkpoints": list(self.checkpoints),
             "notes": list(self.notes),
@@ -253,7 +253,8 @@ class TrainingLoop:
     def train(self, start_step: int) -> Steady | None:
         """The loop. Returns (counts, time, steps) of the steady part, or None if too short.
 
-        What of ours runs per step is kept to a few lines (bench figure 12): `report` is
+        What of ours runs per step is kept to a few lines (`bench/host_time.py` measures
+        their host time): `report` is
         called every BAR_INTERVAL seconds (its bar moves twice a second), at a new bucket (its
         input shapes) and at the last step; a logging point's loss is fetched one step later
         on the fetcher's thread (`log`), whose event is marked late: it adds the loss, and never
