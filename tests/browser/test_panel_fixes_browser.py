@@ -59,8 +59,8 @@ hx.notebook_launcher(train, num_processes=1)
 
 FINE_TUNE = """\
 from hfxla_nb.demo import demo_dataset, demo_model_dir
-result = hx.fine_tune(demo_model_dir(), demo_dataset(n=640), epochs=2, batch_size=32,
-                      learning_rate=4e-3, output_dir=None, log_every=2, num_processes=1)
+result = hx.fine_tune(demo_model_dir(), demo_dataset(n=1200), epochs=2, batch_size=32,
+                      learning_rate=4e-3, output_dir=None, log_every=5, num_processes=1)
 """
 
 # FSDPv2 on one device: its backward hook on the first layer, fed by the frozen embedding,
@@ -70,7 +70,7 @@ LORA = """\
 from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset, demo_lm_model_dir
 lora = hx.fine_tune(demo_lm_model_dir(), demo_lm_dataset(n=128), prompt_column="prompt",
                     response_column="response", template=TEMPLATE, max_length=64, epochs=1,
-                    batch_size=16, max_steps=4, log_every=2, learning_rate=1e-2,
+                    batch_size=16, max_steps=8, log_every=4, learning_rate=1e-2,
                     sharding="fsdp", lora=True, num_processes=1, output_dir=None)
 """
 
