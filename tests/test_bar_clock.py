@@ -244,6 +244,14 @@ def test_one_rule_with_hysteresis_decides_the_unit():
     assert units.rate(0.9, "it", per_step=False) == "0.9 it/s"
 
 
+def test_a_rate_of_a_thousand_and_more_is_written_whole_not_in_scientific_form():
+    # `f"{1025:.3g}"` is "1.03e+03": a long-figured bar showed "1.03e+03 samples/s".
+    assert units.rate(1025.4, "samples") == "1,025 samples/s"
+    assert units.rate(999.6, "samples") == "1,000 samples/s"
+    assert units.rate(999.4, "samples") == "999 samples/s"
+    assert units.rate(31.84, "it") == "31.8 it/s"
+
+
 # -- the evaluation's bar, drawn from the start --------------------------------------------------
 
 

@@ -440,7 +440,8 @@ def size(count: int | None) -> str:
 
 
 def rate(value: float | None, unit: str, per_step: bool | None = None) -> str:
-    """`12.3 it/s`, or `1.20 s/it` for slow steps.
+    """`12.3 it/s`, `1,030 samples/s` (whole, with a thousands comma, from 1000 on), or
+    `1.20 s/it` for slow steps.
 
     Args:
         value: per second.
@@ -453,6 +454,8 @@ def rate(value: float | None, unit: str, per_step: bool | None = None) -> str:
         return f"? {unit}/s"
     if unit == "it" and (seconds_per_step(value) if per_step is None else per_step):
         return f"{1 / value:.2f} s/{unit}"
+    if value >= 999.5:  # 3 significant digits would read `1.03e+03`
+        return f"{value:,.0f} {unit}/s"
     return f"{value:.3g} {unit}/s"
 
 

@@ -47,9 +47,9 @@ def elapsed_seconds(stats: str) -> float | None:
 
 
 def rate_of(stats: str) -> float | None:
-    """`156 samples/s` -> 156.0; None without one."""
-    match = re.search(r"([\d.]+(?:e[+-]?\d+)?) samples/s", stats)
-    return float(match.group(1)) if match else None
+    """`156 samples/s` -> 156.0, `1,030 samples/s` -> 1030.0; None without one."""
+    match = re.search(r"(\d[\d,]*(?:\.\d+)?) samples/s", stats)
+    return float(match.group(1).replace(",", "")) if match else None
 
 
 def test_a_live_fine_tune_panel_can_be_trusted(browser_lab):
