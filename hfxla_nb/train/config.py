@@ -54,7 +54,7 @@ class FineTuneConfig:
         max_steps: stop after this many optimizer steps (overrides `epochs`).
         batch_size: rows per step over all devices (split across them); the ragged last batch
             of an epoch is dropped.
-        learning_rate: peak learning rate of AdamW (linear decay to 0).
+        learning_rate: peak learning rate of AdamW (`lr_scheduler_type` says how it changes).
         gradient_accumulation_steps: micro-batches of `batch_size` per optimizer step.
         precision: "auto" (bfloat16 autocast on TPU, float32 elsewhere), "bf16" or "fp32".
         strategy: "spmd" (one process, the batch sharded over every device; default) or
@@ -89,7 +89,33 @@ class FineTuneConfig:
             other tasks report their own (loss and perplexity for a causal or masked LM,
             seqeval's entity F1, SQuAD's exact match and F1, accuracy over the endings).
         weight_decay: AdamW weight decay (not applied to biases and LayerNorm weights).
-        warmup_steps: linear warm-up steps of the learning rate.
+        warmup_steps: linear warm-up steps of the learning rate (a number below 1: that share
+            of the steps, as transformers 5 reads it).
+        warmup_ratio: the warm-up as a share of the steps (transformers 4's name); pass it or
+            `warmup_steps`, not both.
+        lr_scheduler_type: how the rate changes, by transformers' names ("linear", the
+            default: warm up, then down to 0; "cosine", "cosine_with_restarts", "polynomial",
+            "constant", "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr",
+            "warmup_stable_decay"), `transformers.get_scheduler`'s rates exactly.
+        lr_scheduler_kwargs: the schedule's own options (`{"num_cycles": 2}`,
+            `{"min_lr": 1e-6}`), as `TrainingArguments.lr_scheduler_kwargs`.
+        eval_strategy: "no" (default: evaluate once, after training), "steps" (every
+            `eval_steps` steps, and after the last step) or "epoch" (after each epoch), as
+            the Trainer's; each evaluation is in `result.log_history`, the trackers and the
+            callbacks' `on_evaluate`.
+        eval_steps: steps between evaluations with `eval_strategy="steps"` (default:
+            `log_every`; a number below 1: that share of the steps).
+        metric_for_best_model: the metric that picks the best evaluation ("loss",
+            "accuracy", ...; with or without "eval_"); default "loss" with
+            `load_best_model_at_end`.
+        greater_is_better: whether a larger metric is better; default: False for a metric
+            ending in "loss", True otherwise.
+        load_best_model_at_end: the saved model and `result.metrics` are those of the best
+            evaluation (its weights are kept on the host when it happens).
+        save_total_limit: keep only the newest this many checkpoints (and the best one).
+        callbacks: `transformers.TrainerCallback`s (instances or classes), called in the
+            worker on the Trainer's events with the Trainer's `args`, `state` and `control`;
+            `transformers.EarlyStoppingCallback` works as it is.
         max_grad_norm: gradient clipping norm (None: no clipping).
         log_every: fetch the loss (one device-to-host transfer) every this many steps.
         progress: True (live panels: widgets, HTML or console, whichever fits), "widgets",
@@ -177,7 +203,17 @@ class FineTuneConfig:
     augment: bool = False
     metrics: Sequence[str | Callable] = ("accuracy",)
     weight_decay: float = 0.0
-    warmup_steps: int = 0
+    warmup_steps: int | float = 0
+    warmup_ratio: float = 0.0
+    lr_scheduler_type: str = "linear"
+    lr_scheduler_kwargs: Mapping[str, Any] | None = None
+    eval_strategy: str = "no"
+    eval_steps: int | float | None = None
+    metric_for_best_model: str | None = None
+    greater_is_better: bool | None = None
+    load_best_model_at_end: bool = False
+    save_total_limit: int | None = None
+    callbacks: Sequence[Any] = ()
     max_grad_norm: float | None = 1.0
     log_every: int = 10
     progress: bool | str = True
@@ -211,6 +247,9 @@ class FineTuneConfig:
         if isinstance(self.metrics, str) or callable(self.metrics):
             self.metrics = (self.metrics,)
         self.metrics = tuple(self.metrics)
+        from .flow import normalized_callbacks
+
+        self.callbacks = normalized_callbacks(self.callbacks)
         self.validate()
 
     @classmethod
@@ -245,7 +284,6 @@ class FineTuneConfig:
             _check_int(name, getattr(self, name), allow_none=True)
         _check_int("max_length", self.max_length, minimum=2, allow_none=True)
         _check_int("max_target_length", self.max_target_length, minimum=2, allow_none=True)
-        _check_int("warmup_steps", self.warmup_steps, minimum=0)
         _check_int("seed", self.seed, minimum=0)
         if not isinstance(self.augment, bool):
             raise FineTuneError(f"augment must be True or False, got {self.augment!r}.")
@@ -261,6 +299,9 @@ class FineTuneConfig:
                     "function f(predictions, labels) -> float or dict."
                 )
         _check_hub_options(self)
+        from .flow import check_options  # the Trainer-named options (train/flow.py)
+
+        check_options(self)
         if self.resume_from_checkpoint is True and self.output_dir is None:
             raise FineTuneError(
                 "resume_from_checkpoint=True needs the output_dir of the interrupted run."
