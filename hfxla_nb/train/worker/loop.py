@@ -164,7 +164,7 @@ class TrainingLoop:
         self.eval_ahead: EvalAhead | None = None
         self._schedules: dict[int, list] = {}
         self._report_rank = worker_rank()
-        base_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        base_lrs = self.scheduler.base_lrs
         lambdas = self.scheduler.lr_lambdas
         self.run = TrainerRun(
             ctx.plan, {"model": ctx.base_model, "processing_class": ctx.plan.tokenizer,
@@ -513,8 +513,8 @@ class TrainingLoop:
         plan, ctx = self.plan, self.ctx
         return {
             "output_dir": plan.output_dir if plan.save else None,
-            "steps": plan.total_steps,
-            "epochs": plan.total_steps / plan.steps_per_epoch,
+            "steps": self.end_step,
+            "epochs": self.end_step / plan.steps_per_epoch,
             "label_names": list(plan.data.label_names),
             "task": plan.task,
             "sharding": plan.sharding,
