@@ -325,15 +325,22 @@ class TrainingLoop:
                 report(step=done, total=done if stop else plan.total_steps,
                        samples=done * plan.rows_per_step, inputs={"batch": x},
                        log_every=plan.log_every)
-            if control.should_log or stop:
+            logged_here = control.should_log or stop
+            if logged_here:
                 pending_log = (done, self.loss_total, lr)
             pending_log = self.boundary(done, fetcher, pending_log)
-            if stop or done % plan.steps_per_epoch == 0:
+            # The Trainer ends the epoch when it ends, or when the training stops inside it.
+            if run.control.should_training_stop or done % plan.steps_per_epoch == 0:
                 run.epoch_end(done)
                 pending_log = self.boundary(done, fetcher, pending_log)
-                stop = run.control.should_training_stop
-                if not stop:
+                if not run.control.should_training_stop:
                     run.epoch_begin()
+            if run.control.should_training_stop and not stop:  # a callback stopped it here
+                stop = True
+                report(step=done, total=done, samples=done * plan.rows_per_step,
+                       inputs={"batch": x}, log_every=plan.log_every)
+                if not logged_here:  # the loss since the last logging point
+                    pending_log = (done, self.loss_total, lr)
             if done == start_step + STEADY_AFTER_STEPS and done < plan.total_steps:
                 _xla.wait_device_ops()  # so the warm-up's executions are counted before
                 self.steady_since = time.perf_counter()
