@@ -4,27 +4,18 @@ learning-rate schedules (`lr_scheduler_type`, `warmup_ratio`), evaluation during
 `load_best_model_at_end`, `save_total_limit`) and `callbacks`.
 
 Checked in the kernel before any fork: the options alone in `FineTuneConfig.validate`
-(`check_options`), against the data and the step count in `prepare` (`trainer_settings`).
+(`config.check_trainer_options`), against the data and the step count in `prepare`
+(`trainer_settings`).
 The worker side is `worker/callbacks.py`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .config import FineTuneError
-
-#: transformers' schedule names (`SchedulerType`) that `fine_tune` runs: each a `LambdaLR`, a
-#: rate known before the step, so the rate stays one input of the one training graph.
-SCHEDULES = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant",
-             "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr",
-             "cosine_warmup_with_min_lr", "warmup_stable_decay")
-#: transformers' schedules that read the evaluation metrics: refused, with the reason.
-METRIC_SCHEDULES = ("reduce_lr_on_plateau", "greedy")
-EVAL_STRATEGIES = ("no", "steps", "epoch")
 
 #: The metrics each task's evaluation reports (without "eval_"), besides "rows"; a task not
 #: listed here, or classification with a metric function, is checked at the first evaluation.
@@ -43,7 +34,7 @@ class TrainerSettings:
     """The Trainer-named options of one run, resolved (plain data, forked with the plan).
 
     Attributes:
-        lr_scheduler_type: a name of `SCHEDULES`.
+        lr_scheduler_type: a name of `config.SCHEDULES`.
         lr_scheduler_kwargs: passed to `transformers.get_scheduler` as
             `scheduler_specific_kwargs`.
         warmup_steps: warm-up steps (`warmup_ratio` or a fractional `warmup_steps` resolved).
@@ -72,134 +63,6 @@ class TrainerSettings:
     @property
     def evaluates_during_training(self) -> bool:
         return self.eval_strategy != "no"
-
-
-def _number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float))
-
-
-def normalized_callbacks(callbacks: Any) -> tuple:
-    """`callbacks` as a tuple of instances (a class is instantiated, as the Trainer does)."""
-    if callbacks is None:
-        return ()
-    if not isinstance(callbacks, (list, tuple)):
-        callbacks = (callbacks,)
-    return tuple(callback() if isinstance(callback, type) else callback
-                 for callback in callbacks)
-
-
-def early_stopping(callbacks: tuple) -> bool:
-    """Whether one of `callbacks` is transformers' `EarlyStoppingCallback` (or a subclass)."""
-    from transformers import EarlyStoppingCallback
-
-    return any(isinstance(callback, EarlyStoppingCallback) for callback in callbacks)
-
-
-def check_options(config: Any) -> None:
-    """The Trainer-named options of a `FineTuneConfig`, alone (no data yet).
-
-    Raises:
-        FineTuneError: the first option that cannot work, saying what to pass.
-    """
-    _check_schedule(config)
-    _check_evaluation(config)
-    _check_best_model(config)
-    _check_callbacks(config)
-
-
-def _check_schedule(config: Any) -> None:
-    name = config.lr_scheduler_type
-    if name in METRIC_SCHEDULES:
-        raise FineTuneError(
-            f"lr_scheduler_type={name!r} changes the rate from the evaluation metrics, and the "
-            "rate of a step is decided before the step: use one of "
-            f"{', '.join(map(repr, SCHEDULES))}.")
-    if name not in SCHEDULES:
-        raise FineTuneError(f"lr_scheduler_type={name!r} is not one of transformers' "
-                            f"schedules: use one of {', '.join(map(repr, SCHEDULES))}.")
-    if config.lr_scheduler_kwargs is not None and not isinstance(
-            config.lr_scheduler_kwargs, Mapping):
-        raise FineTuneError("lr_scheduler_kwargs must be a dict of the schedule's own options "
-                            "(cosine_with_min_lr: {'min_lr': 1e-6}), got "
-                            f"{config.lr_scheduler_kwargs!r}.")
-    warmup, ratio = config.warmup_steps, config.warmup_ratio
-    if not (isinstance(warmup, int) and not isinstance(warmup, bool) and warmup >= 0) and not (
-            _number(warmup) and 0 <= warmup < 1):
-        raise FineTuneError(f"warmup_steps must be a whole number of steps >= 0, or a share "
-                            f"of the steps below 1 (0.1: the first tenth), got {warmup!r}.")
-    if not _number(ratio) or not 0 <= ratio <= 1:
-        raise FineTuneError(f"warmup_ratio must be a number from 0 to 1, got {ratio!r}.")
-    if ratio and warmup:
-        raise FineTuneError(f"warmup_steps={warmup!r} and warmup_ratio={ratio!r} both say how "
-                            "long the warm-up is: pass one of them.")
-
-
-def _check_evaluation(config: Any) -> None:
-    strategy, steps = config.eval_strategy, config.eval_steps
-    if strategy not in EVAL_STRATEGIES:
-        raise FineTuneError(f"eval_strategy={strategy!r}: use 'no' (evaluate once, after "
-                            "training), 'steps' (every eval_steps steps) or 'epoch'.")
-    if steps is None:
-        return
-    if strategy != "steps":
-        raise FineTuneError(f"eval_steps={steps!r} is for eval_strategy='steps'; with "
-                            f"eval_strategy={strategy!r} drop it, or pass eval_strategy='steps'.")
-    whole = isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1
-    if not whole and not (_number(steps) and 0 < steps < 1):
-        raise FineTuneError(f"eval_steps must be a whole number of steps >= 1, or a share of "
-                            f"the steps below 1 (0.25: four evaluations), got {steps!r}.")
-
-
-def _check_best_model(config: Any) -> None:
-    metric, strategy = config.metric_for_best_model, config.eval_strategy
-    if metric is not None and (not isinstance(metric, str) or not metric.strip()):
-        raise FineTuneError(f"metric_for_best_model must be a metric's name ('accuracy', "
-                            f"'loss', ...), got {metric!r}.")
-    if config.greater_is_better not in (None, True, False):
-        raise FineTuneError(f"greater_is_better must be True, False or None, got "
-                            f"{config.greater_is_better!r}.")
-    if not isinstance(config.load_best_model_at_end, bool):
-        raise FineTuneError(f"load_best_model_at_end must be True or False, got "
-                            f"{config.load_best_model_at_end!r}.")
-    no_evaluation = ("eval_strategy='no' evaluates only once, after training: pass "
-                     "eval_strategy='steps' with eval_steps=N, or eval_strategy='epoch'")
-    if config.load_best_model_at_end and strategy == "no":
-        raise FineTuneError("load_best_model_at_end=True keeps the best of the evaluations "
-                            f"during training, and {no_evaluation}.")
-    if metric is not None and strategy == "no":
-        raise FineTuneError("metric_for_best_model picks the best of the evaluations during "
-                            f"training, and {no_evaluation}.")
-    limit = config.save_total_limit
-    if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise FineTuneError(f"save_total_limit must be an integer >= 1 or None, got "
-                                f"{limit!r}.")
-        if not config.save_steps:
-            raise FineTuneError(f"save_total_limit={limit} keeps the newest checkpoints, and "
-                                "save_steps=None writes none: pass save_steps=N too.")
-
-
-def _check_callbacks(config: Any) -> None:
-    from transformers import TrainerCallback
-
-    wrong = [callback for callback in config.callbacks
-             if not isinstance(callback, TrainerCallback)]
-    if wrong:
-        raise FineTuneError(
-            f"callbacks takes transformers.TrainerCallback instances (or classes), got "
-            f"{', '.join(repr(type(c).__name__) for c in wrong)}: subclass "
-            "transformers.TrainerCallback and define its on_... methods.")
-    if not early_stopping(config.callbacks):
-        return
-    if config.eval_strategy == "no":
-        raise FineTuneError(
-            "EarlyStoppingCallback stops when the evaluations stop improving, and "
-            "eval_strategy='no' evaluates only after training: pass eval_strategy='steps' with "
-            "eval_steps=N (or 'epoch'), and metric_for_best_model='loss' (or 'accuracy', ...).")
-    if config.metric_for_best_model is None and not config.load_best_model_at_end:
-        raise FineTuneError(
-            "EarlyStoppingCallback compares each evaluation's metric_for_best_model with the "
-            "best so far: pass metric_for_best_model='loss' (or 'accuracy', ...).")
 
 
 def eval_metric_names(task: str, config: Any) -> tuple[str, ...] | None:
