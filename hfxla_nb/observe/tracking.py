@@ -371,7 +371,10 @@ class Tracker:
         advance(bar, event)
         if not event.values:
             return
-        values = {f"{event.label}/{name}": value for name, value in event.values.items()}
+        # An evaluation's metrics (`eval_loss`, sent on the train bar at its step) go where
+        # the Trainer writes them: `eval/loss`.
+        values = {f"eval/{name[5:]}" if name.startswith("eval_") else f"{event.label}/{name}":
+                  value for name, value in event.values.items()}
         rates = steady_rates(bar)
         if rates is not None and rates[1] is not None:
             values[f"{event.label}/samples_per_second"] = rates[1]

@@ -41,6 +41,14 @@ STRATEGIES = ("spmd", "replicated")
 SHARDINGS = ("auto", "data", "fsdp")
 PRECISIONS = ("auto", "fp32", "bf16")
 METRICS = ("accuracy", "f1", "precision", "recall", "rouge", "bleu")
+#: transformers' schedule names (`SchedulerType`) that `fine_tune` runs: each a `LambdaLR`, a
+#: rate known before the step, so the rate stays one input of the one training graph.
+SCHEDULES = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant",
+             "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr",
+             "cosine_warmup_with_min_lr", "warmup_stable_decay")
+#: transformers' schedules that read the evaluation metrics: refused, with the reason.
+METRIC_SCHEDULES = ("reduce_lr_on_plateau", "greedy")
+EVAL_STRATEGIES = ("no", "steps", "epoch")
 
 
 class FineTuneError(ValueError):
@@ -73,7 +81,7 @@ class FineTuneConfig:
         max_steps: stop after this many optimizer steps (overrides `epochs`).
         batch_size: rows per step over all devices (split across them); the ragged last batch
             of an epoch is dropped.
-        learning_rate: peak learning rate of AdamW (linear decay to 0).
+        learning_rate: peak learning rate of AdamW (`lr_scheduler_type` says how it changes).
         gradient_accumulation_steps: micro-batches of `batch_size` per optimizer step.
         precision: "auto" (bfloat16 autocast on TPU, float32 elsewhere), "bf16" or "fp32".
         strategy: "spmd" (one process, the batch sharded over every device; default) or
@@ -108,7 +116,33 @@ class FineTuneConfig:
             other tasks report their own (loss and perplexity for a causal or masked LM,
             seqeval's entity F1, SQuAD's exact match and F1, accuracy over the endings).
         weight_decay: AdamW weight decay (not applied to biases and LayerNorm weights).
-        warmup_steps: linear warm-up steps of the learning rate.
+        warmup_steps: linear warm-up steps of the learning rate (a number below 1: that share
+            of the steps, as transformers 5 reads it).
+        warmup_ratio: the warm-up as a share of the steps (transformers 4's name); pass it or
+            `warmup_steps`, not both.
+        lr_scheduler_type: how the rate changes, by transformers' names ("linear", the
+            default: warm up, then down to 0; "cosine", "cosine_with_restarts", "polynomial",
+            "constant", "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr",
+            "warmup_stable_decay"), `transformers.get_scheduler`'s rates exactly.
+        lr_scheduler_kwargs: the schedule's own options (`{"num_cycles": 2}`,
+            `{"min_lr": 1e-6}`), as `TrainingArguments.lr_scheduler_kwargs`.
+        eval_strategy: "no" (default: evaluate once, after training), "steps" (every
+            `eval_steps` steps, and after the last step) or "epoch" (after each epoch), as
+            the Trainer's; each evaluation is in `result.log_history`, the trackers and the
+            callbacks' `on_evaluate`.
+        eval_steps: steps between evaluations with `eval_strategy="steps"` (default:
+            `log_every`; a number below 1: that share of the steps).
+        metric_for_best_model: the metric that picks the best evaluation ("loss",
+            "accuracy", ...; with or without "eval_"); default "loss" with
+            `load_best_model_at_end`.
+        greater_is_better: whether a larger metric is better; default: False for a metric
+            ending in "loss", True otherwise.
+        load_best_model_at_end: the saved model and `result.metrics` are those of the best
+            evaluation (its weights are kept on the host when it happens).
+        save_total_limit: keep only the newest this many checkpoints (and the best one).
+        callbacks: `transformers.TrainerCallback`s (instances or classes), called in the
+            worker on the Trainer's events with the Trainer's `args`, `state` and `control`;
+            `transformers.EarlyStoppingCallback` works as it is.
         max_grad_norm: gradient clipping norm (None: no clipping).
         log_every: fetch the loss (one device-to-host transfer) every this many steps.
         progress: True (live panels: widgets, HTML or console, whichever fits), "widgets",
@@ -196,7 +230,17 @@ class FineTuneConfig:
     augment: bool = False
     metrics: Sequence[str | Callable] = ("accuracy",)
     weight_decay: float = 0.0
-    warmup_steps: int = 0
+    warmup_steps: int | float = 0
+    warmup_ratio: float = 0.0
+    lr_scheduler_type: str = "linear"
+    lr_scheduler_kwargs: Mapping[str, Any] | None = None
+    eval_strategy: str = "no"
+    eval_steps: int | float | None = None
+    metric_for_best_model: str | None = None
+    greater_is_better: bool | None = None
+    load_best_model_at_end: bool = False
+    save_total_limit: int | None = None
+    callbacks: Sequence[Any] = ()
     max_grad_norm: float | None = 1.0
     log_every: int = 10
     progress: bool | str = True
@@ -230,6 +274,7 @@ class FineTuneConfig:
         if isinstance(self.metrics, str) or callable(self.metrics):
             self.metrics = (self.metrics,)
         self.metrics = tuple(self.metrics)
+        self.callbacks = normalized_callbacks(self.callbacks)
         self.validate()
 
     @classmethod
@@ -264,7 +309,6 @@ class FineTuneConfig:
             _check_int(name, getattr(self, name), allow_none=True)
         _check_int("max_length", self.max_length, minimum=2, allow_none=True)
         _check_int("max_target_length", self.max_target_length, minimum=2, allow_none=True)
-        _check_int("warmup_steps", self.warmup_steps, minimum=0)
         _check_int("seed", self.seed, minimum=0)
         if not isinstance(self.augment, bool):
             raise FineTuneError(f"augment must be True or False, got {self.augment!r}.")
@@ -280,6 +324,7 @@ class FineTuneConfig:
                     "function f(predictions, labels) -> float or dict."
                 )
         _check_hub_options(self)
+        check_trainer_options(self)
         if self.resume_from_checkpoint is True and self.output_dir is None:
             raise FineTuneError(
                 "resume_from_checkpoint=True needs the output_dir of the interrupted run."
@@ -391,6 +436,130 @@ def _check_numbers(config: FineTuneConfig) -> None:
     timeout = config.timeout
     if timeout is not None and (not _is_number(timeout) or timeout <= 0):
         raise FineTuneError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+
+
+def normalized_callbacks(callbacks: Any) -> tuple:
+    """`callbacks` as a tuple of instances (a class is instantiated, as the Trainer does)."""
+    if callbacks is None:
+        return ()
+    if not isinstance(callbacks, (list, tuple)):
+        callbacks = (callbacks,)
+    return tuple(callback() if isinstance(callback, type) else callback
+                 for callback in callbacks)
+
+
+def early_stopping(callbacks: tuple) -> bool:
+    """Whether one of `callbacks` is transformers' `EarlyStoppingCallback` (or a subclass)."""
+    from transformers import EarlyStoppingCallback
+
+    return any(isinstance(callback, EarlyStoppingCallback) for callback in callbacks)
+
+
+def check_trainer_options(config: Any) -> None:
+    """The Trainer-named options of a `FineTuneConfig`, alone (no data yet).
+
+    Raises:
+        FineTuneError: the first option that cannot work, saying what to pass.
+    """
+    _check_schedule(config)
+    _check_evaluation(config)
+    _check_best_model(config)
+    _check_callbacks(config)
+
+
+def _check_schedule(config: Any) -> None:
+    name = config.lr_scheduler_type
+    if name in METRIC_SCHEDULES:
+        raise FineTuneError(
+            f"lr_scheduler_type={name!r} changes the rate from the evaluation metrics, and the "
+            "rate of a step is decided before the step: use one of "
+            f"{', '.join(map(repr, SCHEDULES))}.")
+    if name not in SCHEDULES:
+        raise FineTuneError(f"lr_scheduler_type={name!r} is not one of transformers' "
+                            f"schedules: use one of {', '.join(map(repr, SCHEDULES))}.")
+    if config.lr_scheduler_kwargs is not None and not isinstance(
+            config.lr_scheduler_kwargs, Mapping):
+        raise FineTuneError("lr_scheduler_kwargs must be a dict of the schedule's own options "
+                            "(cosine_with_min_lr: {'min_lr': 1e-6}), got "
+                            f"{config.lr_scheduler_kwargs!r}.")
+    warmup, ratio = config.warmup_steps, config.warmup_ratio
+    if not (isinstance(warmup, int) and not isinstance(warmup, bool) and warmup >= 0) and not (
+            _is_number(warmup) and 0 <= warmup < 1):
+        raise FineTuneError(f"warmup_steps must be a whole number of steps >= 0, or a share "
+                            f"of the steps below 1 (0.1: the first tenth), got {warmup!r}.")
+    if not _is_number(ratio) or not 0 <= ratio <= 1:
+        raise FineTuneError(f"warmup_ratio must be a number from 0 to 1, got {ratio!r}.")
+    if ratio and warmup:
+        raise FineTuneError(f"warmup_steps={warmup!r} and warmup_ratio={ratio!r} both say how "
+                            "long the warm-up is: pass one of them.")
+
+
+def _check_evaluation(config: Any) -> None:
+    strategy, steps = config.eval_strategy, config.eval_steps
+    if strategy not in EVAL_STRATEGIES:
+        raise FineTuneError(f"eval_strategy={strategy!r}: use 'no' (evaluate once, after "
+                            "training), 'steps' (every eval_steps steps) or 'epoch'.")
+    if steps is None:
+        return
+    if strategy != "steps":
+        raise FineTuneError(f"eval_steps={steps!r} is for eval_strategy='steps'; with "
+                            f"eval_strategy={strategy!r} drop it, or pass eval_strategy='steps'.")
+    whole = isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1
+    if not whole and not (_is_number(steps) and 0 < steps < 1):
+        raise FineTuneError(f"eval_steps must be a whole number of steps >= 1, or a share of "
+                            f"the steps below 1 (0.25: four evaluations), got {steps!r}.")
+
+
+def _check_best_model(config: Any) -> None:
+    metric, strategy = config.metric_for_best_model, config.eval_strategy
+    if metric is not None and (not isinstance(metric, str) or not metric.strip()):
+        raise FineTuneError(f"metric_for_best_model must be a metric's name ('accuracy', "
+                            f"'loss', ...), got {metric!r}.")
+    if config.greater_is_better not in (None, True, False):
+        raise FineTuneError(f"greater_is_better must be True, False or None, got "
+                            f"{config.greater_is_better!r}.")
+    if not isinstance(config.load_best_model_at_end, bool):
+        raise FineTuneError(f"load_best_model_at_end must be True or False, got "
+                            f"{config.load_best_model_at_end!r}.")
+    no_evaluation = ("eval_strategy='no' evaluates only once, after training: pass "
+                     "eval_strategy='steps' with eval_steps=N, or eval_strategy='epoch'")
+    if config.load_best_model_at_end and strategy == "no":
+        raise FineTuneError("load_best_model_at_end=True keeps the best of the evaluations "
+                            f"during training, and {no_evaluation}.")
+    if metric is not None and strategy == "no":
+        raise FineTuneError("metric_for_best_model picks the best of the evaluations during "
+                            f"training, and {no_evaluation}.")
+    limit = config.save_total_limit
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise FineTuneError(f"save_total_limit must be an integer >= 1 or None, got "
+                                f"{limit!r}.")
+        if not config.save_steps:
+            raise FineTuneError(f"save_total_limit={limit} keeps the newest checkpoints, and "
+                                "save_steps=None writes none: pass save_steps=N too.")
+
+
+def _check_callbacks(config: Any) -> None:
+    from transformers import TrainerCallback
+
+    wrong = [callback for callback in config.callbacks
+             if not isinstance(callback, TrainerCallback)]
+    if wrong:
+        raise FineTuneError(
+            f"callbacks takes transformers.TrainerCallback instances (or classes), got "
+            f"{', '.join(repr(type(c).__name__) for c in wrong)}: subclass "
+            "transformers.TrainerCallback and define its on_... methods.")
+    if not early_stopping(config.callbacks):
+        return
+    if config.eval_strategy == "no":
+        raise FineTuneError(
+            "EarlyStoppingCallback stops when the evaluations stop improving, and "
+            "eval_strategy='no' evaluates only after training: pass eval_strategy='steps' with "
+            "eval_steps=N (or 'epoch'), and metric_for_best_model='loss' (or 'accuracy', ...).")
+    if config.metric_for_best_model is None and not config.load_best_model_at_end:
+        raise FineTuneError(
+            "EarlyStoppingCallback compares each evaluation's metric_for_best_model with the "
+            "best so far: pass metric_for_best_model='loss' (or 'accuracy', ...).")
 
 
 # -- the precision a run uses --

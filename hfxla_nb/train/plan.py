@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .config import resolve_precision as resolve_precision  # its old import path
+from .flow import TrainerSettings
 
 if TYPE_CHECKING:
     from .batching import EncodedData
@@ -56,6 +57,8 @@ class TrainPlan:
     # The transformers Auto class the worker loads a model name or folder with
     # (`Task.auto_class_for`); "" means the task's `auto_class`.
     auto_class: str = ""
+    # The Trainer-named options: schedule, evaluation during training, best model, callbacks.
+    trainer: TrainerSettings = field(default_factory=TrainerSettings)
 
     @property
     def rows_per_step(self) -> int:

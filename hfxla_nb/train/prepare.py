@@ -31,6 +31,7 @@ from ..runtime import detect_accelerator
 from . import data, preparation
 from .batching import EncodedData, steps_per_epoch
 from .config import FineTuneConfig, FineTuneError
+from .flow import trainer_settings
 from .hub import provenance
 from .memory import DiskEstimate, check_free_space, checkpoints_written, estimate_output, on_meta
 from .plan import TrainPlan
@@ -248,6 +249,10 @@ def build_plan(config: FineTuneConfig, context: TaskContext, task: Task,
     resume = preparation.checkpoint_to_resume(config, output_dir, fingerprint)
     check_output_space(context, task, prepared, output_dir, total, config.save_steps, resume)
     sharding = prepared.sharding or ("data" if config.sharding == "auto" else config.sharding)
+    has_eval = encoded.eval is not None and encoded.eval.num_rows > 0
+    trainer = trainer_settings(config, task.name, total, has_eval)
+    fields = preparation.config_fields(config, output_dir, resume)
+    fields["warmup_steps"] = trainer.warmup_steps  # a ratio resolved to steps
     return TrainPlan(
         model=context.source,
         model_kwargs=prepared.model_kwargs,
@@ -258,8 +263,9 @@ def build_plan(config: FineTuneConfig, context: TaskContext, task: Task,
         metrics=tuple(config.metrics),
         devices=context.devices,
         fingerprint=fingerprint,
-        **preparation.config_fields(config, output_dir, resume),
+        **fields,
         task=task.name,
+        trainer=trainer,
         sharding=sharding,
         gradient_checkpointing=bool(config.gradient_checkpointing),
         lora=prepared.lora,

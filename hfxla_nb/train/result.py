@@ -206,6 +206,15 @@ class FineTuneResult:
             data (a Hub name, or its columns and rows), the settings, the hardware,
             hfxla_nb's version (`hub.provenance`).
         hub_url: the Hub repository the model was pushed to (`push_to_hub`), else None.
+        log_history: `transformers.Trainer`'s `state.log_history`: a dict per training log
+            (`loss`, `learning_rate`, `epoch`, `step`), per evaluation (`eval_loss`,
+            `eval_accuracy`, ..., `epoch`, `step`) and the training's summary
+            (`train_runtime`, `train_loss`, ...), in the order they happened.
+        best_metric, best_step: `metric_for_best_model`'s best value and the step of that
+            evaluation (None without `metric_for_best_model`).
+        best_model_checkpoint: the checkpoint written at the best evaluation, if any.
+        stopped_early: a callback stopped the training (`control.should_training_stop`)
+            before its last step; `steps` says where.
     """
 
     output_dir: str | None
@@ -253,6 +262,11 @@ class FineTuneResult:
     save_error: str | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
     hub_url: str | None = None
+    log_history: list[dict[str, Any]] = field(default_factory=list)
+    best_metric: float | None = None
+    best_step: int | None = None
+    best_model_checkpoint: str | None = None
+    stopped_early: bool = False
     held_model: HeldModel | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -19,7 +19,9 @@ made before step 1, so step 1 is already the steady graph) and one evaluation gr
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,6 +38,7 @@ from ..config import COUNTED, EXECUTE
 from ..plan import TrainPlan
 from ..result import learning_warnings
 from . import saving as ckpt
+from .callbacks import TrainerRun
 from .context import WorkerContext
 from .evaluate import EvalAhead, announce_bar, evaluate
 from .optimizer import make_first_step_steady, make_optimizer
@@ -154,6 +157,10 @@ class TrainingLoop:
         self.history: list[tuple[int, float]] = []
         self.checkpoints: list[str] = []
         self.checkpoint_marks: list[tuple[float, float, dict[str, int]]] = []
+        # Evaluations during training, kept out of the training's figures as checkpoints are.
+        self.eval_marks: list[tuple[float, float, dict[str, int]]] = []
+        self.best_model: dict | None = None  # load_best_model_at_end: the best's host state
+        self.end_step = ctx.plan.total_steps  # earlier when a callback stops the training
         self.logged: tuple[int, float] = (0, 0.0)
         self.steady_since: float | None = None
         self.optimizer, self.scheduler = make_optimizer(ctx.model, ctx.plan)
@@ -161,6 +168,13 @@ class TrainingLoop:
         self.eval_ahead: EvalAhead | None = None
         self._schedules: dict[int, list] = {}
         self._report_rank = worker_rank()
+        base_lrs = self.scheduler.base_lrs
+        lambdas = self.scheduler.lr_lambdas
+        self.run = TrainerRun(
+            ctx.plan, {"model": ctx.base_model, "processing_class": ctx.plan.tokenizer,
+                       "optimizer": self.optimizer, "lr_scheduler": self.scheduler},
+            # The rate step `step` used: the scheduler's, computed as LambdaLR computes it.
+            lambda step: base_lrs[0] * lambdas[0](step - 1), rank=ctx.rank)
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -178,33 +192,45 @@ class TrainingLoop:
         train_end = time.perf_counter()
         ahead_compiles = self.eval_ahead.finish()
         counts_end = counts()
-        train_seconds = train_end - train_start - self._checkpoint_time_after(train_start)
-        metrics, eval_compiles, eval_seconds = {}, 0, 0.0
-        if plan.data.eval is not None:
-            before = counts()
-            eval_start = time.perf_counter()
-            metrics = evaluate(ctx, self.eval_ahead)
-            eval_seconds = time.perf_counter() - eval_start
-            eval_compiles = (ahead_compiles + counts()[_xla.COMPILE_TIME]
-                             - before[_xla.COMPILE_TIME])
-        trained = (plan.total_steps - start_step) * plan.rows_per_step
+        marks = self.checkpoint_marks + self.eval_marks
+        train_seconds = (train_end - train_start - self._checkpoint_time_after(train_start)
+                         - self._eval_time_after(train_start))
+        during = sum(delta.get(_xla.COMPILE_TIME, 0) for _, _, delta in self.eval_marks)
+        eval_seconds = sum(end - begin for begin, end, _ in self.eval_marks)
+        metrics, eval_compiles = self.final_metrics(), ahead_compiles + during
+        if metrics is None:  # as trainer.evaluate() after trainer.train()
+            metrics = {}
+            if plan.data.eval is not None:
+                before = counts()
+                eval_start = time.perf_counter()
+                metrics = evaluate(ctx, self.eval_ahead)
+                eval_seconds += time.perf_counter() - eval_start
+                eval_compiles += counts()[_xla.COMPILE_TIME] - before[_xla.COMPILE_TIME]
+                self.run.evaluated(self.end_step, metrics, rank=False)
+        trained = (self.end_step - start_step) * plan.rows_per_step
         result = {
             **self._described(),
             **self._steady_figures(steady, counts_end, train_end),
             "metrics": metrics,
             "loss_history": [list(pair) for pair in self.history],
+            "log_history": list(self.run.state.log_history),
+            "best_metric": self.run.state.best_metric,
+            "best_step": self.run.state.best_global_step,
+            "best_model_checkpoint": self.run.state.best_model_checkpoint,
+            "stopped_early": self.run.stopped_early,
             "train_seconds": train_seconds,
             "eval_seconds": eval_seconds,
-            # Training graphs only: gathering an FSDP checkpoint's shards compiles its own.
+            # Training graphs only: gathering an FSDP checkpoint's shards compiles its own,
+            # evaluations during training theirs.
             "compiles": counts_end[_xla.COMPILE_TIME] - counts_start[_xla.COMPILE_TIME]
-            - sum(delta.get(_xla.COMPILE_TIME, 0) for _, _, delta in self.checkpoint_marks)
+            - sum(delta.get(_xla.COMPILE_TIME, 0) for _, _, delta in marks)
             - ahead_compiles,
             "eval_compiles": eval_compiles,
             "eval_compiled_ahead": ahead_compiles,
             # Before step 1: loading the model, AdamW's first state (make_first_step_steady);
             # counted so that the result and the XLA metrics add up.
             "setup_compiles": counts_start[_xla.COMPILE_TIME],
-            "checkpoints": list(self.checkpoints),
+            "checkpoints": [path for path in self.checkpoints if os.path.isdir(path)],
             "notes": list(self.notes),
             "samples_per_second_overall": trained / max(train_seconds, 1e-9),
             "total_seconds": time.perf_counter() - self.start_time,
@@ -214,8 +240,18 @@ class TrainingLoop:
         result["warnings"] = learning_warnings(self.history, metrics,
                                                result["chance_accuracy"])
         if plan.save and ctx.rank == 0:
-            save_final(self, result)
+            save_final(self, result, self.best_model)
         return result
+
+    def final_metrics(self) -> dict[str, float] | None:
+        """The result's metrics when no evaluation is needed after training: the best
+        evaluation's (`load_best_model_at_end`), or the one at the last step; else None."""
+        run = self.run
+        if self.plan.trainer.load_best_model_at_end and run.best is not None:
+            return dict(run.best[1])
+        if run.evaluations and run.evaluations[-1][0] == self.end_step:
+            return dict(run.evaluations[-1][1])
+        return None
 
     def restore(self) -> int:
         """Seeds every generator, or restores them, the optimizer and the history from the
@@ -235,6 +271,7 @@ class TrainingLoop:
             start_step = int(state["step"])
             loss_total = float(state["loss_total"])
             self.history = [tuple(pair) for pair in state["history"]]
+            self.run.restore(state.get("trainer"), self.history)
             random.setstate(state["python_rng"])
             np.random.set_state(state["numpy_rng"])
             torch.set_rng_state(state["torch_rng"])
@@ -267,6 +304,7 @@ class TrainingLoop:
         clip = (GradientClipper(parameters, plan.max_grad_norm)
                 if plan.max_grad_norm is not None else None)
         steady = None
+        run = self.run
         # The bar's clock starts here, with the loop (step 0: nothing done yet).
         emit(Progress(self._report_rank, start_step, plan.total_steps, {},
                       start_step * plan.rows_per_step, "train"))
@@ -274,31 +312,125 @@ class TrainingLoop:
         fetcher = Fetcher(self.log)
         pending_log = None
         last_report, last_length = float("-inf"), None
+        run.train_begin(start_step)
+        train_start, loss_start = time.perf_counter(), self.logged[1]
         for step in range(start_step, plan.total_steps):
+            run.step_begin()
             bucket, x, lr = self.step(step, parameters, clip)
             if pending_log is not None:  # the previous logging point's: after this launch
                 _xla.add_step_closure(fetcher.submit, pending_log)
                 pending_log = None
             _xla.sync()
             done = step + 1
+            control = run.step_end(done)
+            stop = control.should_training_stop
             now = time.monotonic()
-            if (done == plan.total_steps or now - last_report >= BAR_INTERVAL
-                    or bucket.length != last_length):
+            if (stop or now - last_report >= BAR_INTERVAL or bucket.length != last_length):
                 last_report, last_length = now, bucket.length
-                report(step=done, total=plan.total_steps, samples=done * plan.rows_per_step,
-                       inputs={"batch": x}, log_every=plan.log_every)
-            if done % plan.log_every == 0 or done == plan.total_steps:
+                report(step=done, total=done if stop else plan.total_steps,
+                       samples=done * plan.rows_per_step, inputs={"batch": x},
+                       log_every=plan.log_every)
+            logged_here = control.should_log or stop
+            if logged_here:
                 pending_log = (done, self.loss_total, lr)
-            if plan.save_steps and done % plan.save_steps == 0:
-                fetcher.drain()  # the history as of the earlier logging points
-                save_checkpoint(self, done)
+            pending_log = self.boundary(done, fetcher, pending_log)
+            # The Trainer ends the epoch when it ends, or when the training stops inside it.
+            if run.control.should_training_stop or done % plan.steps_per_epoch == 0:
+                run.epoch_end(done)
+                pending_log = self.boundary(done, fetcher, pending_log)
+                if not run.control.should_training_stop:
+                    run.epoch_begin()
+            if run.control.should_training_stop and not stop:  # a callback stopped it here
+                stop = True
+                report(step=done, total=done, samples=done * plan.rows_per_step,
+                       inputs={"batch": x}, log_every=plan.log_every)
+                if not logged_here:  # the loss since the last logging point
+                    pending_log = (done, self.loss_total, lr)
             if done == start_step + STEADY_AFTER_STEPS and done < plan.total_steps:
                 _xla.wait_device_ops()  # so the warm-up's executions are counted before
                 self.steady_since = time.perf_counter()
                 steady = (counts(), self.steady_since, plan.total_steps - done)
+            if stop:
+                break
+        self.end_step = done = run.state.global_step
+        if done < plan.total_steps:
+            run.stopped_early = True
+            self.notes.append(f"stopped at step {done} of {plan.total_steps}: a callback set "
+                              "control.should_training_stop")
+            if steady is not None:  # the steady figures cover the steps that ran
+                steady = (steady[0], steady[1], steady[2] - (plan.total_steps - done))
         # The last step's loss: at the sync after the loop, after every earlier fetch.
         _xla.add_step_closure(fetcher.close, (pending_log,))
+        _xla.sync()
+        self.deliver()
+        steps = max(done - start_step, 1)
+        seconds = time.perf_counter() - train_start
+        run.train_end({"train_runtime": seconds,
+                       "train_samples_per_second": steps * plan.rows_per_step / seconds,
+                       "train_steps_per_second": steps / seconds,
+                       "train_loss": (self.logged[1] - loss_start) / steps})
         return steady
+
+    def deliver(self) -> None:
+        """The losses fetched so far into `log_history` and the callbacks' `on_log`."""
+        if len(self.history) > self.run.delivered:
+            self.run.deliver(self.history)
+
+    def boundary(self, done: int, fetcher: Fetcher, pending_log: tuple | None
+                 ) -> tuple | None:
+        """What the control asks at the boundary after step `done`: an evaluation (the
+        loss logged first, as the Trainer logs before it evaluates), a checkpoint. Returns
+        the logging point still to fetch."""
+        control, plan = self.run.control, self.plan
+        if control.should_evaluate and plan.data.eval is not None:
+            if pending_log is not None:  # the evaluation waits for the device anyway
+                fetcher.submit(*pending_log)
+                pending_log = None
+            fetcher.drain()
+            self.deliver()
+            self.evaluate_now(done)
+        control.should_evaluate = False
+        if control.should_save and plan.save:
+            fetcher.drain()  # the history as of the earlier logging points
+            save_checkpoint(self, done)
+            self.rotate_checkpoints()
+            self.run.saved(self.checkpoints[-1] if self.checkpoints else "")
+        control.should_save = False
+        self.deliver()
+        return pending_log
+
+    def evaluate_now(self, done: int) -> None:
+        """Evaluate at step `done` with the graphs compiled ahead (no new graph), kept out of
+        the training's figures; the metrics go to `log_history`, the callbacks, the panel and
+        the trackers (a late value of the train bar: `eval_<name>`, TensorBoard's
+        `eval/<name>`); a new best is fetched to the host for `load_best_model_at_end`."""
+        ahead = self.eval_ahead
+        if ahead is not None:
+            ahead.finish()  # before the counts: its compilations are the training's window
+        _xla.wait_device_ops()  # the step's own execution stays out of the evaluation's counts
+        begin, before = time.perf_counter(), counts()
+        metrics = evaluate(self.ctx, ahead)
+        if self.run.evaluated(done, metrics) and self.plan.trainer.load_best_model_at_end:
+            self.best_model = ckpt.model_state(self)
+        after = counts()
+        self.eval_marks.append((begin, time.perf_counter(),
+                                {k: after[k] - before[k] for k in COUNTED}))
+        emit(Progress(self._report_rank, done, self.plan.total_steps,
+                      {name: value for name, value in metrics.items()
+                       if isinstance(value, (int, float))},
+                      done * self.plan.rows_per_step, "train", late=True))
+
+    def rotate_checkpoints(self) -> None:
+        """`save_total_limit`: the newest checkpoints kept, and the best evaluation's."""
+        limit = self.plan.trainer.save_total_limit
+        if limit is None or self.ctx.rank != 0:
+            return
+        found = ckpt.list_checkpoints(self.plan.output_dir)
+        best = self.run.state.best_global_step
+        keep = {step for step, _ in found[-limit:]} | ({best} if best is not None else set())
+        for step, folder in found:
+            if step not in keep:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def batch(self, step: int) -> tuple[batching.Bucket, batching.HostBatch]:
         """Step `step`'s bucket and this replica's rows of it, packed
@@ -377,7 +509,8 @@ class TrainingLoop:
             return {"samples_per_second": None, "executions_per_step": None,
                     "transfers_per_step": None, "uploads_per_step": None}
         steady_counts, steady_time, steady_steps = steady
-        elapsed = train_end - steady_time - self._checkpoint_time_after(steady_time)
+        elapsed = (train_end - steady_time - self._checkpoint_time_after(steady_time)
+                   - self._eval_time_after(steady_time))
         delta = {k: counts_end[k] - steady_counts[k] - self._checkpoint_counts_after(k)
                  for k in COUNTED}
         return {
@@ -392,8 +525,8 @@ class TrainingLoop:
         plan, ctx = self.plan, self.ctx
         return {
             "output_dir": plan.output_dir if plan.save else None,
-            "steps": plan.total_steps,
-            "epochs": plan.total_steps / plan.steps_per_epoch,
+            "steps": self.end_step,
+            "epochs": self.end_step / plan.steps_per_epoch,
             "label_names": list(plan.data.label_names),
             "task": plan.task,
             "sharding": plan.sharding,
@@ -419,7 +552,10 @@ class TrainingLoop:
     def _checkpoint_time_after(self, since: float) -> float:
         return sum(end - begin for begin, end, _ in self.checkpoint_marks if begin >= since)
 
+    def _eval_time_after(self, since: float) -> float:
+        return sum(end - begin for begin, end, _ in self.eval_marks if begin >= since)
+
     def _checkpoint_counts_after(self, name: str) -> int:
         since = self.steady_since
         return sum(delta.get(name, 0) for begin, _, delta in self.checkpoint_marks
-                   if since is None or begin >= since)
+                   + self.eval_marks if since is None or begin >= since)

@@ -22,6 +22,7 @@ an upload per step each.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,10 +41,13 @@ if TYPE_CHECKING:
 def make_optimizer(model: torch.nn.Module, plan: TrainPlan
                    ) -> tuple[AdamW, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over `model`'s trainable parameters (no weight decay on biases and norms) and
-    transformers' "linear" schedule (warm up, then decay to 0 at the last step)."""
-    import torch
+    the plan's schedule by `transformers.get_scheduler` (`lr_scheduler_type`, default
+    "linear": warm up, then decay to 0 at the last step).
 
-    pass  # imports torch: only in the worker
+    The rate reaches the step as a host number (`group["lr"]`), one scalar input of the one
+    training graph: a new rate each step is a new input value, never a new graph
+    (`_graph_scalar` keeps a rate of exactly 0 an input too)."""
+    from transformers import get_scheduler
 
     decay, no_decay = [], []
     for name, parameter in model.named_parameters():
@@ -58,14 +62,25 @@ def make_optimizer(model: torch.nn.Module, plan: TrainPlan
     # loop torch picks for XLA by default (same arithmetic, same results); `AdamW`
     # traces it out of place, skipping torch's Python shape checks (~4x less host time).
     optimizer = AdamW(groups, lr=plan.learning_rate, foreach=True)
-    total, warmup = plan.total_steps, plan.warmup_steps
+    settings = plan.trainer
+    scheduler = get_scheduler(settings.lr_scheduler_type, optimizer,
+                              num_warmup_steps=plan.warmup_steps,
+                              num_training_steps=plan.total_steps,
+                              scheduler_specific_kwargs=dict(settings.lr_scheduler_kwargs))
+    return optimizer, scheduler
 
-    def schedule(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / (warmup + 1)
-        return max(0.0, (total - step) / max(1, total - warmup))
 
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+def _graph_scalar(value: float) -> float:
+    """`value`, or for 0 and 1 the next double towards them from below/above, which float32
+    rounds back to 0 and 1: the same arithmetic. torch_xla bakes the Python scalars 0 and +-1
+    into the graph as constants and uploads any other one as an input, so a rate of exactly 0
+    (the first warm-up step of transformers' schedules) would otherwise compile a graph of
+    its own."""
+    if value == 0.0:
+        return -5e-324  # the smallest negative double; float32: -0.0
+    if abs(value) == 1.0:
+        return math.nextafter(value, 0.0)
+    return value
 
 
 def make_first_step_steady(ctx: WorkerContext, optimizer: AdamW,
@@ -158,14 +173,14 @@ def _update(state: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs:
             torch._foreach_add_(device_steps, 1)
         new_params = device_params
         if weight_decay != 0:
-            new_params = torch._foreach_mul(device_params, 1 - lr * weight_decay)
+            new_params = torch._foreach_mul(device_params, _graph_scalar(1 - lr * weight_decay))
         new_avgs = torch._foreach_lerp(device_avgs, device_grads, 1 - beta1)
         new_sqs = torch._foreach_mul(device_sqs, beta2)
         new_sqs = torch._foreach_addcmul(new_sqs, device_grads, device_grads, 1 - beta2)
         step_values = [float(step) for step in device_steps]
         bias_correction1 = [1 - beta1 ** step for step in step_values]
         bias_correction2 = [1 - beta2 ** step for step in step_values]
-        step_size = [(lr / bc) * -1 for bc in bias_correction1]
+        step_size = [_graph_scalar((lr / bc) * -1) for bc in bias_correction1]
         bias_correction2_sqrt = [bc ** 0.5 for bc in bias_correction2]
         denominator = torch._foreach_sqrt(new_sqs)
         denominator = torch._foreach_div(denominator, _same_or_each(bias_correction2_sqrt))

@@ -223,6 +223,7 @@ class TrainingState(Protocol):
     logged: tuple[int, float]
     checkpoints: list[str]
     checkpoint_marks: list[tuple[float, float, dict[str, int]]]
+    run: Any  # `callbacks.TrainerRun`: the evaluations and callbacks' state a resume needs
 
 #: The attribute under which PyTorch/XLA's FSDPv2 keeps a wrapped module.
 FSDP_WRAPPED = "_orig_module"
@@ -291,6 +292,7 @@ def save_checkpoint(loop: TrainingState, step: int) -> None:
             "torch_rng": torch.get_rng_state(),
             "xla_rng": _xla.get_rng_state(),
             "fingerprint": plan.fingerprint,
+            "trainer": loop.run.saved_state(),
         }
 
         def write_model(folder: Path) -> None:
@@ -308,8 +310,20 @@ def save_checkpoint(loop: TrainingState, step: int) -> None:
         (begin, time.perf_counter(), {k: after[k] - before[k] for k in COUNTED})
     )
 
-def save_final(loop: TrainingState, result: dict[str, Any]) -> None:
-    """The trained model, tokenizer and run summary, published atomically in `output_dir`.
+def model_state(loop: TrainingState) -> dict[str, Any]:
+    """The model's state on the host, in one transfer (the names `save_pretrained` takes)."""
+    state = loop.ctx.base_model.state_dict()
+    names = list(state)
+    fetched = _xla.to_cpu([state[name] for name in names])
+    return {name.replace(f"{FSDP_WRAPPED}.", ""): value
+            for name, value in zip(names, fetched, strict=True)}
+
+
+def save_final(loop: TrainingState, result: dict[str, Any],
+               cpu_model: dict[str, Any] | None = None) -> None:
+    """The trained model, tokenizer and run summary, published atomically in `output_dir`;
+    `cpu_model`: the state to save instead of the model's own (the best evaluation's, with
+    `load_best_model_at_end`).
 
     When writing there fails (a full disk, a quota, permissions), the same files go to a
     fallback folder (`fallback_dir`, default the system's temporary folder); when that fails
@@ -319,7 +333,8 @@ def save_final(loop: TrainingState, result: dict[str, Any]) -> None:
     Raises:
         Exception: any failure other than a failed write (a bug), as it came.
     """
-    cpu_model, _, _ = cpu_state(loop)
+    if cpu_model is None:
+        cpu_model, _, _ = cpu_state(loop)
     ctx, plan = loop.ctx, loop.plan
 
     def write(folder: Path) -> None:

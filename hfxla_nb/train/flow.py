@@ -1,0 +1,157 @@
+"""What a `transformers.Trainer` user expects of a `fine_tune` run, with the Trainer's names:
+learning-rate schedules (`lr_scheduler_type`, `warmup_ratio`), evaluation during training
+(`eval_strategy`, `eval_steps`), the best model (`metric_for_best_model`, `greater_is_better`,
+`load_best_model_at_end`, `save_total_limit`) and `callbacks`.
+
+Checked in the kernel before any fork: the options alone in `FineTuneConfig.validate`
+(`config.check_trainer_options`), against the data and the step count in `prepare`
+(`trainer_settings`).
+The worker side is `worker/callbacks.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import FineTuneError
+
+#: The metrics each task's evaluation reports (without "eval_"), besides "rows"; a task not
+#: listed here, or classification with a metric function, is checked at the first evaluation.
+TASK_METRICS: dict[str, tuple[str, ...]] = {
+    "causal-lm": ("loss", "perplexity", "tokens"),
+    "masked-lm": ("loss", "perplexity", "masked_tokens"),
+    "multiple-choice": ("loss", "accuracy"),
+    "question-answering": ("loss", "exact_match", "f1"),
+    "token-classification": ("loss", "precision", "recall", "f1", "accuracy"),
+}
+CLASSIFIERS = ("classification", "image-classification", "audio-classification")
+
+
+@dataclass
+class TrainerSettings:
+    """The Trainer-named options of one run, resolved (plain data, forked with the plan).
+
+    Attributes:
+        lr_scheduler_type: a name of `config.SCHEDULES`.
+        lr_scheduler_kwargs: passed to `transformers.get_scheduler` as
+            `scheduler_specific_kwargs`.
+        warmup_steps: warm-up steps (`warmup_ratio` or a fractional `warmup_steps` resolved).
+        eval_strategy: "no", "steps" or "epoch".
+        eval_steps: evaluate every this many steps ("steps"; else None).
+        metric_for_best_model: the metric that picks the best evaluation, with its "eval_"
+            prefix, or None.
+        greater_is_better: whether a larger `metric_for_best_model` is better.
+        load_best_model_at_end: the result's metrics and saved model are the best
+            evaluation's.
+        save_total_limit: keep at most this many checkpoints (the best one besides), or None.
+        callbacks: the `transformers.TrainerCallback`s to call in the worker.
+    """
+
+    lr_scheduler_type: str = "linear"
+    lr_scheduler_kwargs: dict[str, Any] = field(default_factory=dict)
+    warmup_steps: int = 0
+    eval_strategy: str = "no"
+    eval_steps: int | None = None
+    metric_for_best_model: str | None = None
+    greater_is_better: bool = False
+    load_best_model_at_end: bool = False
+    save_total_limit: int | None = None
+    callbacks: tuple = ()
+
+    @property
+    def evaluates_during_training(self) -> bool:
+        return self.eval_strategy != "no"
+
+
+def eval_metric_names(task: str, config: Any) -> tuple[str, ...] | None:
+    """The metrics (without "eval_") the task's evaluation reports, or None when they are
+    known only once it ran (a metric function)."""
+    if task in CLASSIFIERS:
+        if any(callable(metric) for metric in config.metrics):
+            return None
+        return ("loss", *config.metrics)
+    if task == "seq2seq":
+        text_metrics = ("rouge", "bleu")  # tasks/seq2seq.py's TEXT_METRICS (tasks import us)
+        asked = [m for m in config.metrics if m in text_metrics] or list(text_metrics)
+        names = ["loss", "gen_words"]
+        for metric in asked:
+            names += ["rouge1", "rouge2", "rougeL", "rougeLsum"] if metric == "rouge" else [metric]
+        return tuple(names)
+    return TASK_METRICS.get(task)
+
+
+def trainer_settings(config: Any, task: str, total_steps: int,
+                     has_eval: bool) -> TrainerSettings:
+    """The run's `TrainerSettings`, resolved as `transformers.TrainingArguments` resolves
+    them (a ratio of steps, `metric_for_best_model` "loss" with `load_best_model_at_end`,
+    `greater_is_better` from the metric's name), checked against the data.
+
+    Raises:
+        FineTuneError: evaluation asked for without evaluation data, a best-model metric the
+            task's evaluation does not report, or schedule options the schedule refuses.
+    """
+    strategy = config.eval_strategy
+    if strategy != "no" and not has_eval:
+        raise FineTuneError(
+            f"eval_strategy={strategy!r} evaluates during training, and this run has no "
+            "evaluation data: pass eval_dataset=..., or a DatasetDict with a 'validation' "
+            "split (or eval_strategy='no').")
+    eval_steps = None
+    if strategy == "steps":
+        steps = config.eval_steps if config.eval_steps is not None else config.log_every
+        eval_steps = int(steps) if steps >= 1 else math.ceil(total_steps * steps)
+    warmup = config.warmup_steps
+    if config.warmup_ratio:
+        warmup = math.ceil(total_steps * config.warmup_ratio)
+    elif warmup and warmup < 1:
+        warmup = math.ceil(total_steps * warmup)
+    metric = config.metric_for_best_model
+    if metric is None and config.load_best_model_at_end:
+        metric = "loss"
+    greater = config.greater_is_better
+    if metric is not None:
+        short = metric[5:] if metric.startswith("eval_") else metric
+        names = eval_metric_names(task, config)
+        if names is not None and short not in names:
+            raise FineTuneError(
+                f"metric_for_best_model={config.metric_for_best_model!r}: a {task!r} "
+                f"evaluation reports {', '.join(map(repr, names))}; pass one of them.")
+        if greater is None:
+            greater = not short.endswith("loss")
+        metric = "eval_" + short
+    settings = TrainerSettings(
+        lr_scheduler_type=config.lr_scheduler_type,
+        lr_scheduler_kwargs=dict(config.lr_scheduler_kwargs or {}),
+        warmup_steps=int(warmup), eval_strategy=strategy, eval_steps=eval_steps,
+        metric_for_best_model=metric, greater_is_better=bool(greater),
+        load_best_model_at_end=bool(config.load_best_model_at_end),
+        save_total_limit=config.save_total_limit, callbacks=tuple(config.callbacks))
+    learning_rates(settings, 1.0, total_steps)  # the schedule's own options, checked now
+    return settings
+
+
+def learning_rates(settings: TrainerSettings, learning_rate: float,
+                   total_steps: int) -> list[float]:
+    """The rate of each step (`transformers.get_scheduler`'s, step 1 first), computed on the
+    host with a throwaway optimizer.
+
+    Raises:
+        FineTuneError: the schedule refuses its options (`lr_scheduler_kwargs`).
+    """
+    import torch
+    from transformers import get_scheduler
+
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=learning_rate)
+    try:
+        scheduler = get_scheduler(settings.lr_scheduler_type, optimizer,
+                                  num_warmup_steps=settings.warmup_steps,
+                                  num_training_steps=total_steps,
+                                  scheduler_specific_kwargs=dict(settings.lr_scheduler_kwargs))
+    except (TypeError, ValueError) as error:
+        raise FineTuneError(f"lr_scheduler_type={settings.lr_scheduler_type!r} with "
+                            f"lr_scheduler_kwargs={settings.lr_scheduler_kwargs!r}: {error}"
+                            ) from None
+    lambdas = scheduler.lr_lambdas[0]
+    return [learning_rate * lambdas(step) for step in range(total_steps)]

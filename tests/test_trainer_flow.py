@@ -1,0 +1,293 @@
+"""What a `transformers.Trainer` user expects of a `fine_tune` run (docs/fine-tune.md, "Trainer
+habits"): transformers' schedules, evaluation during training at the Trainer's steps, the
+best model, `TrainerCallback`s with `EarlyStoppingCallback` unchanged, and the refusals
+before any fork. One real run of the demo BERT is shared (`run`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from transformers import EarlyStoppingCallback, TrainerCallback, TrainerControl, TrainerState
+
+import hfxla_nb as hx
+from hfxla_nb import demo
+from hfxla_nb.events import Progress
+from hfxla_nb.observe.tracking import Tracker, TrackingSettings
+from hfxla_nb.train import FineTuneError
+from hfxla_nb.train.flow import TrainerSettings
+from hfxla_nb.train.worker.callbacks import TrainerRun
+from tests.helpers import refuse_launches
+
+ROWS = 600  # 480 train (15 steps of 32 an epoch), 60 validation
+MAX_STEPS, EVAL_STEPS, WARMUP, LOG_EVERY, SAVE_LIMIT = 30, 5, 3, 5, 1
+
+
+class Recorder(TrainerCallback):
+    """Writes each event it sees, with the step, to a file (it runs in the forked worker)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _write(self, event: str, state: TrainerState, **more) -> None:
+        with open(self.path, "a", encoding="utf-8") as file:
+            file.write(json.dumps({"event": event, "step": state.global_step, **more}) + "\n")
+
+    def on_init_end(self, args, state, control, **kwargs):
+        self._write("on_init_end", state)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._write("on_train_begin", state, max_steps=state.max_steps,
+                    metric=args.metric_for_best_model)
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self._write("on_epoch_begin", state)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._write("on_step_begin", state)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._write("on_step_end", state)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self._write("on_log", state, keys=sorted(logs))
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self._write("on_evaluate", state, loss=metrics["eval_loss"])
+
+    def on_save(self, args, state, control, **kwargs):
+        self._write("on_save", state)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._write("on_epoch_end", state)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._write("on_train_end", state)
+
+
+@pytest.fixture(scope="module")
+def events_file(tmp_path_factory):
+    return tmp_path_factory.mktemp("events") / "events.jsonl"
+
+
+@pytest.fixture(scope="module")
+def run(cache, tmp_path_factory, events_file):
+    """30 steps at most, cosine with 3 warm-up steps, an evaluation every 5 steps, the
+    "best" model the one with the HIGHEST evaluation loss (so that it is an early one, not
+    the last), early stopping after 2 evaluations without a higher one, a checkpoint every 5
+    steps with only 1 kept (and the best's)."""
+    out = tmp_path_factory.mktemp("flow") / "run"
+    return hx.fine_tune(
+        demo.demo_model_dir(cache=cache), demo.demo_dataset(n=ROWS), batch_size=32,
+        learning_rate=4e-3, max_steps=MAX_STEPS, log_every=LOG_EVERY, num_processes=1,
+        progress=False, output_dir=out, save_steps=EVAL_STEPS, save_total_limit=SAVE_LIMIT,
+        lr_scheduler_type="cosine", warmup_steps=WARMUP, eval_strategy="steps",
+        eval_steps=EVAL_STEPS, metric_for_best_model="loss", greater_is_better=True,
+        load_best_model_at_end=True,
+        callbacks=[EarlyStoppingCallback(early_stopping_patience=2), Recorder(str(events_file))])
+
+
+def evaluations(result) -> list[dict]:
+    return [entry for entry in result.log_history if "eval_loss" in entry]
+
+
+def trainer_eval_steps(max_steps: int, eval_steps: int, stop: int) -> list[int]:
+    """The steps transformers' own `DefaultFlowCallback` evaluates at, up to `stop`."""
+    from transformers.trainer_callback import DefaultFlowCallback
+
+    args = SimpleNamespace(logging_first_step=False, logging_strategy="steps",
+                           eval_strategy="steps", eval_delay=0, save_strategy="no")
+    state = TrainerState(max_steps=max_steps, logging_steps=LOG_EVERY, eval_steps=eval_steps)
+    flow, steps = DefaultFlowCallback(), []
+    for step in range(1, stop + 1):
+        control = TrainerControl()
+        state.global_step = step
+        flow.on_step_end(args, state, control)
+        if control.should_evaluate:
+            steps.append(step)
+    return steps
+
+
+def trainer_stop_step(result) -> int | None:
+    """Where the Trainer stops on the run's own evaluation sequence: transformers'
+    `EarlyStoppingCallback.on_evaluate`, then `Trainer._determine_best_metric`, in the
+    Trainer's order."""
+    from transformers import Trainer
+
+    args = SimpleNamespace(metric_for_best_model="loss", greater_is_better=True,
+                           load_best_model_at_end=True, save_strategy="steps")
+    trainer = SimpleNamespace(args=args, state=TrainerState())
+    callback, control = EarlyStoppingCallback(early_stopping_patience=2), TrainerControl()
+    for entry in evaluations(result):
+        trainer.state.global_step = entry["step"]
+        callback.on_evaluate(args, trainer.state, control, metrics=entry)
+        Trainer._determine_best_metric(trainer, metrics=entry, trial=None)
+        if control.should_training_stop:
+            return entry["step"]
+    return None
+
+
+def test_evaluation_steps_are_the_trainers(run):
+    stop = run.steps
+    assert [entry["step"] for entry in evaluations(run)] == trainer_eval_steps(
+        MAX_STEPS, EVAL_STEPS, stop)
+    assert all(entry["epoch"] == entry["step"] / 15 for entry in run.log_history)
+
+
+def test_learning_rates_are_get_schedulers(run):
+    import torch
+    from transformers import get_scheduler
+
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=4e-3)
+    scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=WARMUP,
+                              num_training_steps=MAX_STEPS)
+    rates = []  # the rate each step used: the Trainer logs it at that step
+    for _ in range(MAX_STEPS):
+        rates.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    logged = [entry for entry in run.log_history if "learning_rate" in entry]
+    assert [entry["step"] for entry in logged] == list(range(LOG_EVERY, run.steps + 1,
+                                                             LOG_EVERY))
+    assert [entry["learning_rate"] for entry in logged] == [
+        rates[entry["step"] - 1] for entry in logged]
+
+
+def test_compiles_stay_one_graph_each(run):
+    # A new rate each step (0 at step 1, the warm-up's first) and six evaluations during
+    # training: still one training graph and one evaluation graph, compiled ahead.
+    assert run.compiles == 1
+    assert run.eval_compiles == 1 and run.eval_compiled_ahead == 1
+    assert run.executions_per_step == 1.0
+
+
+def test_early_stopping_stops_where_the_trainer_would(run):
+    stop = trainer_stop_step(run)
+    assert stop is not None, "the recorded losses should stop within 30 steps"
+    assert run.steps == stop and run.stopped_early == (stop < MAX_STEPS)
+    assert evaluations(run)[-1]["step"] == stop
+
+
+def test_callback_sees_events_in_order(run, events_file):
+    events = [json.loads(line) for line in Path(events_file).read_text().splitlines()]
+    names = [event["event"] for event in events]
+    assert names[:4] == ["on_init_end", "on_train_begin", "on_epoch_begin", "on_step_begin"]
+    assert events[1]["max_steps"] == MAX_STEPS and events[1]["metric"] == "eval_loss"
+    assert names[-1] == "on_train_end"
+    assert names.count("on_step_end") == names.count("on_step_begin") == run.steps
+    # At an evaluation step: the step ends, the loss is logged, then the evaluation (logged,
+    # then on_evaluate), then the checkpoint: the Trainer's order.
+    first = EVAL_STEPS
+    at = [e["event"] for e in events if e["step"] == first and e["event"] != "on_step_begin"]
+    assert at == ["on_step_end", "on_log", "on_log", "on_evaluate", "on_save"]
+    steps = [event["step"] for event in events]
+    assert steps == sorted(steps)  # events never go back in time
+    epoch_ends = [e["step"] for e in events if e["event"] == "on_epoch_end"]
+    assert epoch_ends == [s for s in (15, run.steps) if s <= run.steps][:len(epoch_ends)]
+
+
+def test_load_best_model_at_end_keeps_the_best(run, small_eval):
+    import torch
+
+    entries = evaluations(run)
+    best = max(entries, key=lambda entry: entry["eval_loss"])  # greater_is_better=True
+    assert run.best_step == best["step"] and run.best_metric == best["eval_loss"]
+    assert best["step"] < entries[-1]["step"], "the highest loss should be an early one"
+    assert run.metrics == {k: v for k, v in best.items() if k not in ("epoch", "step")}
+    # The saved model is the best evaluation's: its loss on the CPU is the best's.
+    model, tokenizer = run.load_model(), run.load_tokenizer()
+    inputs = tokenizer(list(small_eval["text"]), padding="max_length",
+                       max_length=run.bucket_lengths[0], return_tensors="pt")
+    with torch.no_grad():
+        logits = model.eval()(**inputs).logits
+    loss = torch.nn.functional.cross_entropy(logits, torch.tensor(list(small_eval["label"])))
+    assert float(loss) == pytest.approx(best["eval_loss"], abs=1e-4)
+    assert float(loss) != pytest.approx(entries[-1]["eval_loss"], abs=1e-4)
+    # save_total_limit=1: the newest checkpoint and the best one are left.
+    kept = sorted(int(Path(path).name.split("-")[1]) for path in run.checkpoints)
+    assert kept == sorted({best["step"], run.steps // EVAL_STEPS * EVAL_STEPS})
+    assert run.best_model_checkpoint is not None
+    assert run.best_model_checkpoint.endswith(f"checkpoint-{best['step']}")
+
+
+@pytest.fixture(scope="module")
+def small_eval():
+    return demo.demo_dataset(n=ROWS)["validation"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Without a run
+# ---------------------------------------------------------------------------------------------
+
+
+def test_early_stopping_on_a_recorded_sequence():
+    """`TrainerRun` with transformers' `EarlyStoppingCallback` stops at the evaluation the
+    Trainer's own logic stops at, on a recorded sequence of accuracies."""
+    sequence = [0.50, 0.61, 0.60, 0.64, 0.63, 0.64, 0.62, 0.70]
+    plan = SimpleNamespace(
+        total_steps=80, steps_per_epoch=10, log_every=10, save_steps=None, batch_size=8,
+        output_dir=None, save=False, learning_rate=1e-3, gradient_accumulation_steps=1,
+        weight_decay=0.0, max_grad_norm=1.0, warmup_steps=0, seed=0,
+        trainer=TrainerSettings(eval_strategy="steps", eval_steps=10,
+                                metric_for_best_model="eval_accuracy", greater_is_better=True,
+                                callbacks=(EarlyStoppingCallback(early_stopping_patience=2),)))
+    run = TrainerRun(plan, {}, lambda step: 1e-3)
+    run.train_begin(0)
+    stopped = None
+    for index, accuracy in enumerate(sequence):
+        run.step_end((index + 1) * 10)
+        run.evaluated((index + 1) * 10, {"eval_accuracy": accuracy})
+        if run.control.should_training_stop:
+            stopped = (index + 1) * 10
+            break
+    # best 0.61 at 20; 0.60 (1), 0.64 new best at 40; 0.63 (1), 0.64 not greater (2): stop.
+    assert stopped == 60
+    assert run.state.best_metric == 0.64 and run.state.best_global_step == 40
+
+
+def test_evaluations_reach_the_trackers():
+    written = []
+
+    class Writer:
+        def scalars(self, step, values, walltime):
+            written.append((step, dict(values)))
+
+        def close(self, final, failed):
+            pass
+
+    tracker = Tracker(TrackingSettings(("tensorboard",)), lambda name, settings: Writer())
+    tracker.handle(Progress(0, 10, 30, {"eval_loss": 0.5, "eval_accuracy": 0.75}, 320,
+                            "train", late=True))
+    assert written == [(10, {"eval/loss": 0.5, "eval/accuracy": 0.75})]
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    refuse_launches(monkeypatch)
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    (dict(eval_strategy="steps", eval_steps=5, data="train only"), "no evaluation data"),
+    (dict(eval_strategy="steps", metric_for_best_model="bleu"), "reports 'loss', 'accuracy'"),
+    (dict(callbacks=[EarlyStoppingCallback()]), "EarlyStoppingCallback stops when"),
+    (dict(eval_strategy="steps", callbacks=[EarlyStoppingCallback()]),
+     "pass metric_for_best_model="),
+    (dict(load_best_model_at_end=True), "eval_strategy='steps' with eval_steps=N"),
+    (dict(lr_scheduler_type="reduce_lr_on_plateau"), "decided before the step"),
+    (dict(lr_scheduler_type="cosine_annealing"), "not one of transformers' schedules"),
+    (dict(lr_scheduler_type="cosine_with_min_lr"), "min_lr"),
+    (dict(warmup_steps=10, warmup_ratio=0.1), "pass one of them"),
+    (dict(eval_steps=5), "eval_steps=5 is for eval_strategy='steps'"),
+    (dict(save_total_limit=2), "save_steps=None writes none"),
+    (dict(callbacks=[object()]), "transformers.TrainerCallback instances"),
+])
+def test_refused_before_any_fork(no_launch, cache, options, says):
+    dataset = demo.demo_dataset(n=200)
+    if options.pop("data", None):
+        dataset = dataset["train"]
+    with pytest.raises(FineTuneError, match=None) as caught:
+        hx.fine_tune(demo.demo_model_dir(cache=cache), dataset, output_dir=None,
+                     progress=False, **options)
+    assert says in str(caught.value)
