@@ -48,7 +48,8 @@ def prepare(splits: Splits, config: FineTuneConfig, context: TaskContext) -> Pre
     cap = preparation.length_cap(config, context.model_config, tokenizer)
     encoded, truncated = {}, {}
     for split, texts in columns.texts.items():
-        encoded[split], truncated[split] = batching.tokenize(
+        # Compact rows (`Ragged`): a corpus's token lists would be most of the kernel's peak.
+        encoded[split], truncated[split] = batching.tokenize_compact(
             tokenizer, texts, columns.pairs.get(split), cap)
     preparation.check_batch_fits(config, len(columns.texts["train"]))
     buckets = batching.split_buckets(encoded, cap, config.max_length, config.rows_per_step)
