@@ -121,6 +121,108 @@ class EncodedSplit:
     truncated: int = 0
 
 
+#: Rows of a stream read and encoded at a time (one tokenizer call).
+STREAM_CHUNK_ROWS = 256
+
+
+class StreamedSplit:
+    """A training split that is read and encoded as training consumes it: rows of a streamed
+    dataset (`datasets.IterableDataset`), in the stream's order, turned by `encode` into rows
+    of one length. Nothing is read before the worker asks for a step (the kernel holds the
+    stream, not its rows); a stream that ends starts again (its next epoch, as Trainer
+    does), so `max_steps` decides how long training runs.
+
+    Args:
+        name: the split's name ("train").
+        source: the stream (anything with `iter()`; `set_epoch` is called when it has one).
+        encode: rows (a list of dicts) -> a `Bucket` of any number of rows of `length`; may
+            keep state between calls (packing carries the tokens that did not fill a row).
+            `encode.reset()`, when it has one, is called when the stream starts again.
+        length: the one row length (the training graph's).
+        digest: what identifies the data for a resume (the first rows' encoding).
+    """
+
+    streamed = True
+
+    def __init__(self, name: str, source: Any, encode: Callable[[list], Bucket], length: int,
+                 digest: str = "") -> None:
+        self.name = name
+        self.source = source
+        self.encode = encode
+        self.length = int(length)
+        self.digest = digest
+        self.num_rows = 0  # not known: a stream is not counted
+        self.truncated = 0
+        self._rows: Any = None
+        self._pending: list[Bucket] = []
+        self._next_step = 0
+        self._epoch = 0
+
+    @property
+    def buckets(self) -> list[Bucket]:
+        """None: the rows come from `step_rows`."""
+        return []
+
+    def step_rows(self, step: int, rows: int) -> Bucket:
+        """Step `step`'s `rows` rows, read on from the stream. A step before the next one
+        (a resumed run's first, or a repeat) reads the stream again from its start and skips
+        the rows of the steps before it, so step `k` always gets the same rows."""
+        if step < self._next_step or self._rows is None:
+            self._restart(0)
+        while self._next_step < step:
+            self._take(rows)
+            self._next_step += 1
+        bucket = self._take(rows)
+        self._next_step += 1
+        return bucket
+
+    def _restart(self, epoch: int) -> None:
+        self._epoch = epoch
+        if hasattr(self.source, "set_epoch"):
+            self.source.set_epoch(epoch)  # a shuffled stream's next order
+        if epoch == 0 and hasattr(self.encode, "reset"):
+            self.encode.reset()
+        self._rows = iter(self.source)
+        self._pending = []
+        self._next_step = 0 if epoch == 0 else self._next_step
+
+    def _take(self, count: int) -> Bucket:
+        """The next `count` encoded rows, reading (and encoding) chunks as needed."""
+        held = sum(len(bucket) for bucket in self._pending)
+        restarted = False
+        while held < count:
+            chunk = [row for _, row in zip(range(STREAM_CHUNK_ROWS), self._rows, strict=False)]
+            if not chunk:
+                if restarted:
+                    raise DataError(
+                        f"the streamed {self.name} data gives no row of {self.length} tokens: "
+                        "pass more text, or a smaller max_length.")
+                restarted = True
+                self._restart(self._epoch + 1)
+                continue
+            bucket = self.encode(chunk)
+            if len(bucket):
+                restarted = False
+                self._pending.append(bucket)
+                held += len(bucket)
+        first = self._pending[0]
+        if len(first) >= count and len(self._pending) == 1:
+            whole = first
+        else:
+            whole = Bucket(first.length,
+                           np.concatenate([b.inputs for b in self._pending]),
+                           np.concatenate([b.labels for b in self._pending]),
+                           np.arange(held),
+                           {name: np.concatenate([b.fields[name] for b in self._pending])
+                            for name in first.fields})
+        taken = Bucket(whole.length, whole.inputs[:count], whole.labels[:count],
+                       np.arange(count), {k: v[:count] for k, v in whole.fields.items()})
+        rest = Bucket(whole.length, whole.inputs[count:], whole.labels[count:],
+                      np.arange(held - count), {k: v[count:] for k, v in whole.fields.items()})
+        self._pending = [rest] if len(rest) else []
+        return taken
+
+
 @dataclass
 class EncodedData:
     """Everything the worker needs to build batches; plain NumPy, cheap to fork."""
