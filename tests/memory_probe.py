@@ -1,6 +1,6 @@
 """The kernel's peak memory while data is prepared, measured in a fresh process.
 
-`python tests/memory_probe.py MODE ROWS [MAX_LENGTH]` prints one JSON line: `peak_mb` (the
+`python tests/memory_probe.py MODE ROWS [MAX_LENGTH [CACHE]]` prints one JSON line: `peak_mb` (the
 process's peak resident memory, `ru_maxrss`), `base_mb` (resident memory once every module
 is imported and the tokenizer is loaded, before the data is made) and `seconds`. MODE:
 
@@ -31,7 +31,7 @@ def resident_mb() -> float:
     return 0.0
 
 
-def main(mode: str, rows: int, max_length: int = 64) -> dict:
+def main(mode: str, rows: int, max_length: int = 64, cache: str | None = None) -> dict:
     import datasets
     import numpy as np
     from transformers import AutoTokenizer
@@ -41,7 +41,7 @@ def main(mode: str, rows: int, max_length: int = 64) -> dict:
     from hfxla_nb.train.prepare import prepare_fine_tune
 
     datasets.disable_progress_bars()
-    folder = demo_lm_model_dir() if mode == "stream" else demo_model_dir()
+    folder = demo_lm_model_dir(cache=cache) if mode == "stream" else demo_model_dir(cache=cache)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     base = resident_mb()
     start = time.perf_counter()
@@ -84,4 +84,5 @@ if __name__ == "__main__":
     os.environ.setdefault("PJRT_DEVICE", "CPU")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     arguments = sys.argv[1:]
-    print(json.dumps(main(arguments[0], int(arguments[1]), *map(int, arguments[2:]))))
+    print(json.dumps(main(arguments[0], int(arguments[1]), *map(int, arguments[2:3]),
+                          *arguments[3:4])))

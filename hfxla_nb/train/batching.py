@@ -183,8 +183,9 @@ class StreamedSplit:
         if epoch == 0 and hasattr(self.encode, "reset"):
             self.encode.reset()
         self._rows = iter(self.source)
-        self._pending = []
-        self._next_step = 0 if epoch == 0 else self._next_step
+        if epoch == 0:  # from the start; a next epoch goes on from the rows still held
+            self._pending = []
+            self._next_step = 0
 
     def _take(self, count: int) -> Bucket:
         """The next `count` encoded rows, reading (and encoding) chunks as needed."""
