@@ -121,6 +121,109 @@ class EncodedSplit:
     truncated: int = 0
 
 
+#: Rows of a stream read and encoded at a time (one tokenizer call).
+STREAM_CHUNK_ROWS = 256
+
+
+class StreamedSplit:
+    """A training split that is read and encoded as training consumes it: rows of a streamed
+    dataset (`datasets.IterableDataset`), in the stream's order, turned by `encode` into rows
+    of one length. Nothing is read before the worker asks for a step (the kernel holds the
+    stream, not its rows); a stream that ends starts again (its next epoch, as Trainer
+    does), so `max_steps` decides how long training runs.
+
+    Args:
+        name: the split's name ("train").
+        source: the stream (anything with `iter()`; `set_epoch` is called when it has one).
+        encode: rows (a list of dicts) -> a `Bucket` of any number of rows of `length`; may
+            keep state between calls (packing carries the tokens that did not fill a row).
+            `encode.reset()`, when it has one, is called when the stream starts again.
+        length: the one row length (the training graph's).
+        digest: what identifies the data for a resume (the first rows' encoding).
+    """
+
+    streamed = True
+
+    def __init__(self, name: str, source: Any, encode: Callable[[list], Bucket], length: int,
+                 digest: str = "") -> None:
+        self.name = name
+        self.source = source
+        self.encode = encode
+        self.length = int(length)
+        self.digest = digest
+        self.num_rows = 0  # not known: a stream is not counted
+        self.truncated = 0
+        self._rows: Any = None
+        self._pending: list[Bucket] = []
+        self._next_step = 0
+        self._epoch = 0
+
+    @property
+    def buckets(self) -> list[Bucket]:
+        """None: the rows come from `step_rows`."""
+        return []
+
+    def step_rows(self, step: int, rows: int) -> Bucket:
+        """Step `step`'s `rows` rows, read on from the stream. A step before the next one
+        (a resumed run's first, or a repeat) reads the stream again from its start and skips
+        the rows of the steps before it, so step `k` always gets the same rows."""
+        if step < self._next_step or self._rows is None:
+            self._restart(0)
+        while self._next_step < step:
+            self._take(rows)
+            self._next_step += 1
+        bucket = self._take(rows)
+        self._next_step += 1
+        return bucket
+
+    def _restart(self, epoch: int) -> None:
+        self._epoch = epoch
+        if hasattr(self.source, "set_epoch"):
+            self.source.set_epoch(epoch)  # a shuffled stream's next order
+        if epoch == 0 and hasattr(self.encode, "reset"):
+            self.encode.reset()
+        self._rows = iter(self.source)
+        if epoch == 0:  # from the start; a next epoch goes on from the rows still held
+            self._pending = []
+            self._next_step = 0
+
+    def _take(self, count: int) -> Bucket:
+        """The next `count` encoded rows, reading (and encoding) chunks as needed."""
+        held = sum(len(bucket) for bucket in self._pending)
+        restarted = False
+        while held < count:
+            chunk = [row for _, row in zip(range(STREAM_CHUNK_ROWS), self._rows, strict=False)]
+            if not chunk:
+                if restarted:
+                    raise DataError(
+                        f"the streamed {self.name} data gives no row of {self.length} tokens: "
+                        "pass more text, or a smaller max_length.")
+                restarted = True
+                self._restart(self._epoch + 1)
+                continue
+            bucket = self.encode(chunk)
+            if len(bucket):
+                restarted = False
+                self._pending.append(bucket)
+                held += len(bucket)
+        first = self._pending[0]
+        if len(first) >= count and len(self._pending) == 1:
+            whole = first
+        else:
+            whole = Bucket(first.length,
+                           np.concatenate([b.inputs for b in self._pending]),
+                           np.concatenate([b.labels for b in self._pending]),
+                           np.arange(held),
+                           {name: np.concatenate([b.fields[name] for b in self._pending])
+                            for name in first.fields})
+        taken = Bucket(whole.length, whole.inputs[:count], whole.labels[:count],
+                       np.arange(count), {k: v[:count] for k, v in whole.fields.items()})
+        rest = Bucket(whole.length, whole.inputs[count:], whole.labels[count:],
+                      np.arange(held - count), {k: v[count:] for k, v in whole.fields.items()})
+        self._pending = [rest] if len(rest) else []
+        return taken
+
+
 @dataclass
 class EncodedData:
     """Everything the worker needs to build batches; plain NumPy, cheap to fork."""
@@ -146,9 +249,10 @@ def split_buckets(encoded: dict[str, dict], cap: int, max_length: int | None,
     (evaluation rows longer than every training row), at most `cap`."""
     if max_length is not None:
         return [int(max_length)]
-    train = [len(row) for row in encoded["train"]["input_ids"]]
+    train = row_lengths(encoded["train"]["input_ids"])
     buckets = choose_buckets(train, cap, min_rows=4 * rows_per_step)
-    longest = max(len(row) for rows in encoded.values() for row in rows["input_ids"])
+    longest = max(int(row_lengths(rows["input_ids"]).max(initial=0))
+                  for rows in encoded.values())
     buckets[-1] = max(buckets[-1], min(cap, round_up(longest)))
     return buckets
 
@@ -173,6 +277,90 @@ def tokenize(tokenizer, texts: list[str], pairs: list[str] | None, cap: int) -> 
             for i, value in zip(long, values, strict=True):
                 encoded[key][i] = value
     return encoded, len(long)
+
+
+class Ragged:
+    """Rows of token ids of different lengths, kept as one flat int32 array and the rows'
+    offsets into it: 4 bytes a token, where a list of Python lists holds a list slot and
+    (above 256) an int object for each (about 9 times more in a fine-tune of 200k rows).
+
+    Reads like a list of rows: `len(ragged)`, `ragged[i]` (an int32 view), iteration.
+
+    Attributes:
+        values: every row's ids, one after the other.
+        offsets: `[rows + 1]` int64, row `i` is `values[offsets[i]:offsets[i + 1]]`.
+    """
+
+    def __init__(self, values: np.ndarray, offsets: np.ndarray) -> None:
+        self.values = values
+        self.offsets = offsets
+
+    @classmethod
+    def of(cls, rows: Sequence[Sequence[int]]) -> Ragged:
+        """The rows of a list of lists (a tokenizer's output)."""
+        lengths = np.fromiter((len(row) for row in rows), np.int64, len(rows))
+        offsets = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.fromiter((v for row in rows for v in row), np.int32, int(offsets[-1]))
+        return cls(values, offsets)
+
+    @classmethod
+    def joined(cls, parts: Sequence[Ragged]) -> Ragged:
+        """The rows of every part, in order."""
+        values = np.concatenate([part.values for part in parts]) if parts else np.zeros(
+            0, np.int32)
+        starts = np.cumsum([0] + [len(part.values) for part in parts[:-1]])
+        offsets = np.concatenate([np.zeros(1, np.int64)] + [
+            part.offsets[1:] + start for part, start in zip(parts, starts, strict=True)])
+        return cls(values, offsets)
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, row: int) -> np.ndarray:
+        if not -len(self) <= row < len(self):
+            raise IndexError(row)
+        row %= len(self)
+        return self.values[self.offsets[row]:self.offsets[row + 1]]
+
+    def __iter__(self):
+        for row in range(len(self)):
+            yield self[row]
+
+
+#: Rows tokenized at a time by `tokenize_compact`: their Python lists are the only ones alive.
+TOKENIZE_CHUNK = 4096
+
+
+def tokenize_compact(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, cap: int,
+                     chunk: int = TOKENIZE_CHUNK) -> tuple[dict[str, Ragged], int]:
+    """`tokenize`, `chunk` rows at a time, each chunk's lists turned into `Ragged` rows at
+    once: the kernel never holds every row as Python lists (a fine-tune's peak memory).
+
+    Returns:
+        `(encoded, truncated)`: each of the tokenizer's outputs as `Ragged` rows, and how
+        many rows were cut.
+    """
+    parts: dict[str, list[Ragged]] = {}
+    truncated = 0
+    for start in range(0, len(texts), chunk):
+        stop = start + chunk
+        encoded, cut = tokenize(tokenizer, list(texts[start:stop]),
+                                list(pairs[start:stop]) if pairs else None, cap)
+        truncated += cut
+        for key, rows in encoded.items():
+            parts.setdefault(key, []).append(Ragged.of(rows))
+    return {key: Ragged.joined(values) for key, values in parts.items()}, truncated
+
+
+def row_lengths(column) -> np.ndarray:
+    """The length of each row of a tokenized column (lists or `Ragged`)."""
+    if isinstance(column, Ragged):
+        return column.lengths()
+    return np.fromiter((len(row) for row in column), np.int64, len(column))
 
 
 def input_names_of(tokenizer, encoded) -> list[str]:
@@ -202,7 +390,7 @@ def encode_split(
     cut here (keeping their first tokens) and counted too.
     """
     ids = encoded["input_ids"]
-    lengths = np.fromiter((len(row) for row in ids), np.int64, len(ids))
+    lengths = row_lengths(ids)
     edges = np.asarray(sorted(buckets))
     truncated = int(truncated) + int((lengths > edges[-1]).sum())
     slots = np.searchsorted(edges, np.minimum(lengths, edges[-1]), side="left")
@@ -216,6 +404,10 @@ def encode_split(
         for k, input_name in enumerate(input_names):
             block = np.full((len(rows), length), pad_values.get(input_name, 0), dtype=np.int32)
             column = encoded[input_name]
+            if isinstance(column, Ragged):
+                _fill(block, column, rows, padding_side)
+                inputs[:, k * length:(k + 1) * length] = block
+                continue
             for i, row in enumerate(rows):
                 values = column[row][:length]
                 if padding_side == "left":
@@ -225,6 +417,31 @@ def encode_split(
             inputs[:, k * length:(k + 1) * length] = block
         result.append(Bucket(length, inputs, labels[rows], rows))
     return EncodedSplit(name, result, len(ids), truncated)
+
+
+#: Rows padded at a time by `_fill`: its index arrays are 8 bytes a padded token.
+FILL_CHUNK = 16384
+
+
+def _fill(block: np.ndarray, column: Ragged, rows: np.ndarray, padding_side: str) -> None:
+    """`block[i]` = row `rows[i]` of `column`, cut to the block's width, padded on
+    `padding_side` (the pad values already in `block`); vectorized, a chunk of rows at a
+    time."""
+    width = block.shape[1]
+    columns = np.arange(width)
+    for start in range(0, len(rows), FILL_CHUNK):
+        chosen = rows[start:start + FILL_CHUNK]
+        begins = column.offsets[chosen]
+        lengths = np.minimum(column.offsets[chosen + 1] - begins, width)
+        if padding_side == "left":
+            shift = width - lengths
+            mask = columns[None, :] >= shift[:, None]
+            source = begins[:, None] + columns[None, :] - shift[:, None]
+        else:
+            mask = columns[None, :] < lengths[:, None]
+            source = begins[:, None] + columns[None, :]
+        target = block[start:start + len(chosen)]
+        target[mask] = column.values[source[mask]]
 
 
 # ---------------------------------------------------------------------------------------------

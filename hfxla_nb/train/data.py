@@ -41,11 +41,7 @@ def to_dataset(data: Any, what: str = "dataset"):
     if isinstance(data, (datasets.Dataset, datasets.DatasetDict)):
         return data
     if isinstance(data, datasets.IterableDataset | datasets.IterableDatasetDict):
-        raise DataError(
-            f"{what} is a streaming (iterable) dataset; fine_tune needs the rows up front to "
-            "choose fixed shapes. Load it without streaming=True, or take a slice with "
-            "Dataset.from_list(list(ds.take(n)))."
-        )
+        return data  # streamed: read as training consumes it (`pick_splits`, `peek`)
     if type(data).__name__ == "DataFrame" and hasattr(data, "to_dict"):
         try:
             return datasets.Dataset.from_pandas(data, preserve_index=False)
@@ -137,13 +133,66 @@ def _load(source: str, what: str):
         raise DataError(f"{what}: could not load {source!r}: {error}. {hint}") from None
 
 
+#: Rows of a streamed evaluation split that are evaluated (read in the kernel, in memory).
+STREAMED_EVAL_ROWS = 1000
+#: Rows of a streamed training split read in the kernel to check its columns, texts and labels
+#: and to choose the row length.
+PEEK_ROWS = 1000
+
+
+def is_stream(data: Any) -> bool:
+    """Whether `data` is a streamed dataset (`load_dataset(..., streaming=True)`, an
+    `IterableDataset` or `IterableDatasetDict`): its rows are read as they are used."""
+    import sys
+
+    datasets = sys.modules.get("datasets")  # not imported: nothing can be a stream of it
+    return datasets is not None and isinstance(
+        data, datasets.IterableDataset | datasets.IterableDatasetDict)
+
+
+def peek(stream, rows: int = PEEK_ROWS, what: str = "the streamed training data"):
+    """The first `rows` rows of a streamed split as an in-memory `datasets.Dataset` (its
+    features kept when the stream knows them), refused when it has none."""
+    import datasets
+
+    try:
+        first = list(stream.take(rows))
+    except Exception as error:  # noqa: BLE001 - reading is where a bad stream shows
+        raise DataError(f"could not read {what}: {error}") from None
+    if not first:
+        raise DataError(f"{what} is empty: it needs at least one row.")
+    features = getattr(stream, "features", None)
+    try:
+        return datasets.Dataset.from_list(first, features=features)
+    except Exception:  # noqa: BLE001 - features the rows do not match: let the rows say
+        return datasets.Dataset.from_list(first)
+
+
+def columns_of(dataset) -> list[str]:
+    """A split's column names; a stream that does not know them says them with its first
+    row (read here)."""
+    names = getattr(dataset, "column_names", None)
+    if names:
+        return list(names)
+    if is_stream(dataset):
+        first = next(iter(dataset.take(1)), None)
+        return list(first) if first else []
+    return []
+
+
 def pick_splits(data: Any, eval_data: Any = None) -> tuple[Any, Any, str | None]:
     """The training `Dataset`, the evaluation `Dataset` (or None) and the evaluation split's
-    name, from what the user passed."""
+    name, from what the user passed.
+
+    A streamed training split (`IterableDataset`) is returned as it is: it is read as
+    training consumes it. A streamed evaluation split is read here, its first
+    `STREAMED_EVAL_ROWS` rows (evaluation runs over rows in memory)."""
     import datasets
 
     data = to_dataset(data)
     eval_name = None
+    if isinstance(data, datasets.IterableDatasetDict):
+        data = datasets.DatasetDict(data)  # the same split names, each still a stream
     if isinstance(data, datasets.DatasetDict):
         if "train" not in data:
             raise DataError(
@@ -157,6 +206,8 @@ def pick_splits(data: Any, eval_data: Any = None) -> tuple[Any, Any, str | None]
             eval_data = splits[eval_name] if eval_name else None
     if eval_data is not None:
         eval_data = to_dataset(eval_data, "eval_dataset")
+        if isinstance(eval_data, datasets.IterableDatasetDict):
+            eval_data = datasets.DatasetDict(eval_data)
         if isinstance(eval_data, datasets.DatasetDict):
             name = next((n for n in EVAL_SPLITS if n in eval_data), None)
             if name is None:
@@ -165,6 +216,8 @@ def pick_splits(data: Any, eval_data: Any = None) -> tuple[Any, Any, str | None]
                     f"has: {', '.join(eval_data)}). Pass one split: eval_dataset=ds['<split>']."
                 )
             eval_data = eval_data[name]
+        if is_stream(eval_data):
+            eval_data = peek(eval_data, STREAMED_EVAL_ROWS, "the streamed evaluation data")
         eval_name = eval_name or "eval"
     return data, eval_data, eval_name
 

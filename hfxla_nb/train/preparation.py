@@ -600,9 +600,10 @@ def checkpoint_to_resume(config: FineTuneConfig, output_dir: str | None,
 def digest(split) -> str:
     digest = hashlib.sha1()
     for bucket in split.buckets:
-        digest.update(bucket.inputs.tobytes())
-        digest.update(bucket.labels.tobytes())
+        # The arrays' own buffers: `tobytes` would copy each bucket whole (the peak).
+        digest.update(np.ascontiguousarray(bucket.inputs))
+        digest.update(np.ascontiguousarray(bucket.labels))
         for name, values in sorted(bucket.fields.items()):
             digest.update(name.encode())
-            digest.update(np.ascontiguousarray(values).tobytes())
+            digest.update(np.ascontiguousarray(values))
     return digest.hexdigest()[:16]

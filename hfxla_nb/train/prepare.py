@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..runtime import detect_accelerator
 from . import data, preparation
-from .batching import EncodedData, steps_per_epoch
+from .batching import EncodedData, StreamedSplit, steps_per_epoch
 from .config import FineTuneConfig, FineTuneError
 from .flow import trainer_settings
 from .hub import provenance
@@ -42,9 +42,6 @@ from .worker import saving as ckpt
 
 if TYPE_CHECKING:
     import torch
-
-
-
 
 
 # -- the output folder's free space --
@@ -143,6 +140,7 @@ def prepare_fine_tune(
     work. Writes nothing.
     """
     config = FineTuneConfig.build(config, options)
+    check_stream_steps(dataset, config)
     source, model_config, fixed_labels, model_name = preparation.model_source(model)
     # The output folder first: a folder that holds a saved model is refused before the data
     # is tokenized (minutes for a large set), and the default folder is named by the start.
@@ -158,6 +156,7 @@ def prepare_fine_tune(
     tokenizer = task.load_processor(config.tokenizer, model, source)
     context = TaskContext(source, model_config, fixed_labels, tokenizer, model_name,
                           preparation.devices(config))
+    check_stream_task(task, splits)
     check(config, task, context, splits)
     prepared = task.prepare(splits, config, context)
     if picked:
@@ -165,9 +164,34 @@ def prepare_fine_tune(
     plan = build_plan(config, context, task, prepared, output_dir)
     # Where the model comes from, for its model card (`hub.provenance`), on the result too.
     plan.provenance = provenance(
-        model, dataset, config, list(getattr(splits.train, "column_names", None) or []),
-        {name: len(ds) for name, ds in splits.named.items()}, detect_accelerator().description)
+        model, dataset, config, data.columns_of(splits.train),
+        {name: len(ds) for name, ds in splits.named.items() if not data.is_stream(ds)},
+        detect_accelerator().description)
     return plan
+
+
+def check_stream_steps(dataset: Any, config: FineTuneConfig) -> None:
+    """A streamed training set needs `max_steps` (its length is not known: an epoch cannot
+    be counted), as Trainer requires for an `IterableDataset`; refused before any work."""
+    if config.max_steps is not None or not data.is_stream(dataset):
+        return
+    raise FineTuneError(
+        "the training data is streamed (an IterableDataset, streaming=True): its length is "
+        "not known, so epochs cannot be counted. Pass max_steps=N (the optimizer steps to "
+        "run; each reads batch_size x gradient_accumulation_steps rows from the stream, which "
+        "starts again if it ends), or load the data without streaming=True.")
+
+
+def check_stream_task(task: Task, splits: Splits) -> None:
+    """A streamed training split, refused for a task that cannot read one (`Task.streams`)."""
+    if task.streams or not data.is_stream(splits.train):
+        return
+    able = " and ".join(repr(name) for name in sorted(TASKS) if TASKS[name].streams)
+    raise FineTuneError(
+        f"streamed training data (an IterableDataset) is read as training consumes it for "
+        f"task={able} so far; this is a {task.name!r} fine-tune. Load the data without "
+        "streaming=True, or take the rows you train on: "
+        "datasets.Dataset.from_list(list(stream.take(n))).")
 
 
 def pick_splits(dataset: Any, config: FineTuneConfig) -> Splits:
@@ -185,7 +209,7 @@ def task_from_columns(train: Any, config: FineTuneConfig) -> str | None:
     """task="auto" for a model without a task head: the one task whose columns (`Task.columns`)
     the training split has; None when none has them (the default task); refused when several
     fit."""
-    present = set(getattr(train, "column_names", ()) or ())
+    present = set(data.columns_of(train))
     if config.text_column in present and config.text_column != "text":
         return None  # columns named for classification
     fits = [name for name in TASKS if TASKS[name].columns
@@ -209,7 +233,7 @@ def check(config: FineTuneConfig, task: Task, context: TaskContext, splits: Spli
         raise FineTuneError(f"augment=True is for image classification; this is a {task.name!r} "
                             "fine-tune: drop augment=.")
     for split, ds in splits.named.items():
-        if len(ds) == 0:
+        if not data.is_stream(ds) and len(ds) == 0:  # a stream: its first rows are checked
             raise FineTuneError(f"the {split} data is empty: it needs at least one row.")
 
 
@@ -229,18 +253,21 @@ def build_plan(config: FineTuneConfig, context: TaskContext, task: Task,
     output folder (`output_dir`, checked by `preparation.check_output_dir`), the checkpoint to
     resume."""
     encoded = prepared.data
-    per_epoch = steps_of_an_epoch(config, encoded)
+    streamed = isinstance(encoded.train, StreamedSplit)
+    # A stream's epoch is not known: max_steps (required) is the whole run, one "epoch".
+    per_epoch = int(config.max_steps) if streamed else steps_of_an_epoch(config, encoded)
     total = (int(config.max_steps) if config.max_steps is not None
              else max(1, math.ceil(config.epochs * per_epoch)))
     fingerprint = {
-        "train_rows": encoded.train.num_rows,
+        "train_rows": None if streamed else encoded.train.num_rows,
         "batch_size": config.batch_size,
         "gradient_accumulation_steps": config.gradient_accumulation_steps,
         "buckets": list(map(int, encoded.bucket_lengths)),
         "seed": config.seed,
         "total_steps": total,
         "labels": list(encoded.label_names),
-        "train_digest": preparation.digest(encoded.train),
+        "train_digest": (encoded.train.digest if streamed
+                         else preparation.digest(encoded.train)),
     }
     if config.augment:  # other images each step: a resume without it is refused
         fingerprint["augment"] = True

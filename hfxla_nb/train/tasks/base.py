@@ -103,6 +103,10 @@ class Task:
     predict_example = '["a text"]'
     #: Whether `augment=True` is taken (its `augment` changes training batches).
     augments = False
+    #: Whether its `prepare` takes a streamed training split (`datasets.IterableDataset`,
+    #: `data.is_stream`), read in the worker as training consumes it
+    #: (`batching.StreamedSplit`); False: such data is refused before any work.
+    streams = False
     #: What `load_processor` loads, saved next to the model: "tokenizer", "image processor",
     #: "feature extractor" or "processor" (a tokenizer and a feature extractor). The result's
     #: "next" row names the load call that fits (`FineTuneResult.load_processor`).

@@ -183,10 +183,20 @@ def prepare(splits: Splits, config: FineTuneConfig, context: TaskContext) -> Pre
     tokenizer, model_config = context.tokenizer, context.model_config
     pad_id = _pad_token(tokenizer, notes)
     max_length = preparation.length_cap(config, model_config, tokenizer, DEFAULT_MAX_LENGTH)
+    stream = splits.train if data.is_stream(splits.train) else None
+    if stream is not None:  # its first rows stand for it in every check below
+        try:
+            splits = Splits({**splits.named, "train": data.peek(stream)}, splits.eval_name)
+        except DataError as error:
+            raise FineTuneError(str(error)) from None
     rows = _read_splits(splits, config, tokenizer, max_length, notes)
     encoded = {name: encode_rows(name, split_rows, max_length, pad_id)
                for name, split_rows in rows.items()}
-    preparation.check_batch_fits(config, encoded["train"].num_rows)
+    if stream is None:
+        preparation.check_batch_fits(config, encoded["train"].num_rows)
+    else:
+        encoded["train"] = streamed_split(stream, config, tokenizer, max_length, pad_id,
+                                          encoded["train"], notes)
     lora_json, memory = preparation.lora_and_memory(
         config, context.instance or model_config, model_config, PEFT_TASK_TYPE, max_length,
         context.devices, notes)
@@ -199,6 +209,85 @@ def prepare(splits: Splits, config: FineTuneConfig, context: TaskContext) -> Pre
     kwargs = ({} if getattr(model_config, "pad_token_id", None) is not None
               else {"pad_token_id": int(pad_id)})
     return Prepared(encoded_data, kwargs, lora=lora_json, memory=memory, sharding=sharding)
+
+
+class LmStream:
+    """Rows of a stream as causal-LM rows of `max_length` (`batching.StreamedSplit`'s
+    `encode`): texts packed (the tokens that do not fill a row are carried into the next
+    chunk's), or one padded row per text, or per prompt/response pair (the prompt unlearned).
+
+    Args:
+        tokenizer: the tokenizer.
+        columns: the text column, or the prompt and response columns.
+        pairs: whether `columns` are a prompt and a response.
+        template: the pairs' template (None: the default, or the chat template).
+        packing: whether texts are packed.
+        max_length: the rows' length.
+        pad_id: what pads a row.
+    """
+
+    def __init__(self, tokenizer: Any, columns: list[str], pairs: bool, template: str | None,
+                 packing: bool, max_length: int, pad_id: int) -> None:
+        self.tokenizer, self.columns, self.pairs = tokenizer, columns, pairs
+        self.template, self.packing = template, packing
+        self.max_length, self.pad_id = max_length, pad_id
+        self.carry: list[int] = []
+        self.seen = 0
+
+    def reset(self) -> None:
+        self.carry, self.seen = [], 0
+
+    def __call__(self, rows: list[dict]) -> Bucket:
+        texts = [self._texts(rows, column) for column in self.columns]
+        self.seen += len(rows)
+        length = self.max_length
+        if self.pairs:
+            lm = pair_rows(self.tokenizer, texts[0], texts[1], self.template, length)
+        elif not self.packing:
+            lm = text_rows(self.tokenizer, texts[0], length, packing=False)
+        else:
+            bos, eos = _ends(self.tokenizer)
+            ids = self.tokenizer(texts[0], add_special_tokens=False)["input_ids"]
+            stream = self.carry + [token for row in ids for token in bos + list(row) + eos]
+            full = len(stream) // length * length
+            self.carry = stream[full:]
+            chunks = [stream[start:start + length] for start in range(0, full, length)]
+            lm = LmRows(chunks, [[True] * length for _ in chunks])
+        split = encode_rows("train", lm, length, self.pad_id)
+        if split.buckets:
+            return split.buckets[0]
+        return Bucket(length, np.empty((0, 3 * length), np.int32), np.zeros(0, np.int64),
+                      np.arange(0))
+
+    def _texts(self, rows: list[dict], column: str) -> list[str]:
+        values = []
+        for i, row in enumerate(rows):
+            value = row.get(column)
+            if not isinstance(value, str):
+                raise DataError(
+                    f"row {self.seen + i} of the streamed training data: column {column!r} "
+                    f"holds {data.short(value)}, not text. Filter or convert such rows in the "
+                    f"stream first, e.g. stream.filter(lambda row: isinstance(row[{column!r}], "
+                    "str)).")
+            values.append(value)
+        return values
+
+
+def streamed_split(stream: Any, config: FineTuneConfig, tokenizer: Any, max_length: int,
+                   pad_id: int, first: EncodedSplit, notes: list[str]) -> batching.StreamedSplit:
+    """The training split of a streamed dataset, read in the worker (`LmStream`); `first`: its
+    first rows as encoded here, which identify it for a resume."""
+    pairs = config.prompt_column is not None
+    columns = ([config.prompt_column, config.response_column] if pairs
+               else [config.text_column])
+    packing = (not pairs) if config.packing is None else bool(config.packing)
+    encoder = LmStream(tokenizer, columns, pairs, config.template, packing, max_length, pad_id)
+    notes.append(f"the training data is streamed: read and tokenized in the worker as "
+                 f"training consumes it ({config.rows_per_step} rows of {max_length} tokens a "
+                 f"step, in the stream's order); its first {data.PEEK_ROWS} rows were checked "
+                 "before the start")
+    return batching.StreamedSplit("train", stream, encoder, max_length,
+                                  digest=preparation.digest(first))
 
 
 def _pad_token(tokenizer, notes: list[str]) -> int:
@@ -285,6 +374,7 @@ class CausalLM(Task):
     auto_class = "AutoModelForCausalLM"
     head_suffixes = ("ForCausalLM", "LMHeadModel")
     peft_task_type = PEFT_TASK_TYPE
+    streams = True
     predict_rows_per_device = 8  # a key/value cache per row grows with the new tokens
     title = "causal LM"
     continues_prompts = True

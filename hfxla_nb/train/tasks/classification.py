@@ -47,20 +47,114 @@ class Texts:
     label_names: list[str]
     label_ids: dict[str, np.ndarray]
     notes: list[str] = field(default_factory=list)
+    #: How the labels are given: "str" (class names) or "int" (class ids).
+    label_kind: str = "int"
+
+
+class ClassifyStream:
+    """Rows of a stream as classification rows of one length (`batching.StreamedSplit`'s
+    `encode`): texts (and pairs) tokenized, cut and padded to `length`; labels as the class ids
+    the kernel chose from the first rows (a class name not among them, or an id out of
+    range, is refused with the row it is in).
+
+    Args:
+        tokenizer: the tokenizer.
+        columns: the text, text pair (or None) and label columns.
+        label_names: the classes, by id.
+        label_kind: "str" (labels are class names) or "int" (class ids).
+        input_names, pads, side: the model inputs, their pad values, the padding side.
+        length: the rows' length.
+    """
+
+    def __init__(self, tokenizer: Any, columns: tuple[str, str | None, str],
+                 label_names: list[str], label_kind: str, input_names: list[str],
+                 pads: dict[str, int], side: str, length: int) -> None:
+        self.tokenizer, self.columns = tokenizer, columns
+        self.ids = {name: i for i, name in enumerate(label_names)}
+        self.label_kind, self.input_names = label_kind, input_names
+        self.pads, self.side, self.length = pads, side, length
+        self.seen = 0
+
+    def reset(self) -> None:
+        self.seen = 0
+
+    def __call__(self, rows: list[dict]) -> batching.Bucket:
+        text_column, pair_column, label_column = self.columns
+        texts = [self._value(row, text_column, i, str) for i, row in enumerate(rows)]
+        pairs = ([self._value(row, pair_column, i, str) for i, row in enumerate(rows)]
+                 if pair_column else None)
+        labels = np.fromiter((self._label(row.get(label_column), i)
+                              for i, row in enumerate(rows)), np.int64, len(rows))
+        self.seen += len(rows)
+        encoded, cut = batching.tokenize(self.tokenizer, texts, pairs, self.length)
+        split = batching.encode_split("train", encoded, labels, self.input_names,
+                                      [self.length], self.pads, self.side, cut)
+        return split.buckets[0]
+
+    def _value(self, row: dict, column: str, i: int, kind: type) -> Any:
+        value = row.get(column)
+        if not isinstance(value, kind):
+            raise data.DataError(
+                f"row {self.seen + i} of the streamed training data: column {column!r} holds "
+                f"{data.short(value)}, not text. Filter or convert such rows in the stream "
+                f"first, e.g. stream.filter(lambda row: isinstance(row[{column!r}], str)).")
+        return value
+
+    def _label(self, value: Any, i: int) -> int:
+        row = self.seen + i
+        if self.label_kind == "str" and isinstance(value, str) and value in self.ids:
+            return self.ids[value]
+        if (self.label_kind == "int" and isinstance(value, (int, np.integer))
+                and not isinstance(value, bool) and 0 <= int(value) < len(self.ids)):
+            return int(value)
+        raise data.DataError(
+            f"row {row} of the streamed training data has the label {data.short(value)}, "
+            f"which is not one of the {len(self.ids)} classes taken from the first rows "
+            f"({', '.join(map(repr, list(self.ids)[:10]))}). Name every class in the stream "
+            "up front: stream.cast_column(label_column, datasets.ClassLabel(names=[...])).")
+
+
+def streamed_split(stream: Any, config: FineTuneConfig, columns: Texts,
+                   input_names: list[str], pads: dict[str, int], side: str, length: int,
+                   first: EncodedSplit, tokenizer: Any) -> batching.StreamedSplit:
+    """The training split of a streamed dataset, read in the worker (`ClassifyStream`);
+    `first`: its first rows as encoded here, which identify it for a resume."""
+    encoder = ClassifyStream(
+        tokenizer, (config.text_column, config.text_pair_column, config.label_column),
+        columns.label_names, columns.label_kind, input_names, pads, side, length)
+    columns.notes.append(
+        f"the training data is streamed: read and tokenized in the worker as training "
+        f"consumes it ({config.rows_per_step} rows of {length} tokens a step, in the "
+        f"stream's order; longer rows are cut); its first {data.PEEK_ROWS} rows were checked "
+        "before the start")
+    return batching.StreamedSplit("train", stream, encoder, length,
+                                  digest=preparation.digest(first))
 
 
 def prepare(splits: Splits, config: FineTuneConfig, context: TaskContext) -> Prepared:
     """Texts and labels read and checked (`read_columns`), tokenized into length buckets,
     the head sized for the labels, LoRA and its memory plan with `lora=`."""
-    columns = read_columns(splits, config, context)
+    stream = splits.train if data.is_stream(splits.train) else None
+    if stream is not None:  # its first rows stand for it in every check below
+        try:
+            splits = Splits({**splits.named, "train": data.peek(stream)}, splits.eval_name)
+        except data.DataError as error:
+            raise FineTuneError(str(error)) from None
+    columns = read_columns(splits, config, context, streamed=stream is not None)
     tokenizer = context.tokenizer
     cap = preparation.length_cap(config, context.model_config, tokenizer)
     encoded, truncated = {}, {}
     for split, texts in columns.texts.items():
-        encoded[split], truncated[split] = batching.tokenize(
+        # Compact rows (`Ragged`): a corpus's token lists would be most of the kernel's peak.
+        encoded[split], truncated[split] = batching.tokenize_compact(
             tokenizer, texts, columns.pairs.get(split), cap)
-    preparation.check_batch_fits(config, len(columns.texts["train"]))
-    buckets = batching.split_buckets(encoded, cap, config.max_length, config.rows_per_step)
+    if stream is None:
+        preparation.check_batch_fits(config, len(columns.texts["train"]))
+        buckets = batching.split_buckets(encoded, cap, config.max_length, config.rows_per_step)
+    else:  # one length, so one training graph: rows read later that are longer are cut
+        longest = max(int(batching.row_lengths(rows["input_ids"]).max(initial=1))
+                      for rows in encoded.values())
+        buckets = [config.max_length or min(cap, batching.round_up(longest))]
     pad_id = preparation.pad_id(tokenizer, columns.notes)
     input_names = batching.input_names_of(tokenizer, encoded["train"])
     pads, side = _pad_values(tokenizer, pad_id), _padding_side(tokenizer)
@@ -69,6 +163,10 @@ def prepare(splits: Splits, config: FineTuneConfig, context: TaskContext) -> Pre
                                      input_names, buckets, pads, side, truncated[split])
         for split in encoded
     }
+    if stream is not None:
+        encoded_splits["train"] = streamed_split(
+            stream, config, columns, input_names, pads, side, int(buckets[0]),
+            encoded_splits["train"], tokenizer)
     eval_name = splits.eval_name
     encoded_data = batching.EncodedData(
         train=encoded_splits["train"],
@@ -89,8 +187,11 @@ def prepare(splits: Splits, config: FineTuneConfig, context: TaskContext) -> Pre
     return Prepared(encoded_data, kwargs, lora=lora_json, memory=memory)
 
 
-def read_columns(splits: Splits, config: FineTuneConfig, context: TaskContext) -> Texts:
-    """Texts, pairs and labels of every split, checked; labels mapped to the model's ids."""
+def read_columns(splits: Splits, config: FineTuneConfig, context: TaskContext,
+                 streamed: bool = False) -> Texts:
+    """Texts, pairs and labels of every split, checked; labels mapped to the model's ids.
+    `streamed`: the training split is a stream's first rows (the classes they hold may not be
+    all of them)."""
     try:
         texts, pairs, raw_labels, class_names = {}, {}, {}, {}
         for split, ds in splits.named.items():
@@ -110,8 +211,17 @@ def read_columns(splits: Splits, config: FineTuneConfig, context: TaskContext) -
             model_names=model_names, model_num_labels=context.fixed_labels)
     except data.DataError as error:
         raise FineTuneError(str(error)) from None
-    check_classes(label_ids["train"], raw_labels["train"], label_names, config.label_column)
-    return Texts(texts, pairs, list(label_names), label_ids)
+    if not streamed:
+        check_classes(label_ids["train"], raw_labels["train"], label_names, config.label_column)
+    elif len(label_names) < 2:
+        raise FineTuneError(
+            f"the first {len(raw_labels['train'])} rows of the streamed training data hold "
+            f"one class ({label_names[0]!r}) and the model names no others, so the classes "
+            "are not known up front. Name them in the stream: stream.cast_column("
+            f"{config.label_column!r}, datasets.ClassLabel(names=[...])), or pass an "
+            "eval_dataset that holds every class.")
+    kind = "str" if isinstance(raw_labels["train"][0], str) else "int"
+    return Texts(texts, pairs, list(label_names), label_ids, label_kind=kind)
 
 
 def check_classes(ids: np.ndarray, raw: list, label_names: list[str], column: str) -> None:
@@ -209,6 +319,7 @@ class Classification(Task):
     auto_class = "AutoModelForSequenceClassification"
     head_suffixes = ("ForSequenceClassification",)
     peft_task_type = PEFT_TASK_TYPE
+    streams = True
     title = "classification"
     shows_labels = True
 

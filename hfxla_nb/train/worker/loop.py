@@ -436,13 +436,17 @@ class TrainingLoop:
         """Step `step`'s bucket and this replica's rows of it, packed
         (`[micro-batches, rows, columns]`; one micro-batch: `[rows, columns]`)."""
         plan = self.plan
-        epoch, k = divmod(step, plan.steps_per_epoch)
-        if epoch not in self._schedules:
-            self._schedules = {epoch: batching.epoch_schedule(plan.data.train,
-                                                              plan.rows_per_step,
-                                                              plan.seed, epoch)}
-        bucket_index, positions = self._schedules[epoch][k]
-        bucket = plan.data.train.buckets[bucket_index]
+        if isinstance(plan.data.train, batching.StreamedSplit):  # read on as steps need it
+            bucket = plan.data.train.step_rows(step, plan.rows_per_step)
+            positions = np.arange(plan.rows_per_step)
+        else:
+            epoch, k = divmod(step, plan.steps_per_epoch)
+            if epoch not in self._schedules:
+                self._schedules = {epoch: batching.epoch_schedule(plan.data.train,
+                                                                  plan.rows_per_step,
+                                                                  plan.seed, epoch)}
+            bucket_index, positions = self._schedules[epoch][k]
+            bucket = plan.data.train.buckets[bucket_index]
         per_rank = plan.rows_per_step // self.ctx.world
         rank = self.ctx.rank
         positions = positions[rank * per_rank:(rank + 1) * per_rank]
