@@ -13,6 +13,7 @@ from hfxla_nb.train.trainer import TrainingArgumentsInKernelError
 from tests.test_tracking import scalars, wandb_history, wandb_records
 
 
+@pytest.mark.slow  # its module imports peft
 def test_training_arguments_refuse_in_the_kernel():
     with pytest.raises(TrainingArgumentsInKernelError, match="inside the function you launch"):
         hx.xla_training_arguments(output_dir="never-written")
@@ -57,6 +58,7 @@ def _train_with_trainer(index, folder, output_dir, report_to):
     }
 
 
+@pytest.mark.launch
 def test_trainer_with_the_callback_in_a_launched_run(cache, tmp_path, capsys, monkeypatch):
     folder = demo.demo_model_dir(cache=cache)
     monkeypatch.setenv("WANDB_MODE", "offline")  # the Trainer's own trackers, asked for
@@ -157,6 +159,7 @@ def _sft_lora_fsdp(folder, output_dir):
     }
 
 
+@pytest.mark.launch
 def test_sft_trainer_with_lora_and_fsdp_v2_in_a_launched_worker(tmp_path):
     from hfxla_nb.demo.lm import demo_lm_model_dir
 
