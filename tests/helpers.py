@@ -342,10 +342,14 @@ T0 = 1_000_000.0
 
 
 class Clock:
-    """A wall clock the test moves by hand (`clock.now += 2.0`), for readers and panels."""
+    """A wall clock the test moves by hand (`clock.now += 2.0`), for readers and panels.
 
-    def __init__(self) -> None:
-        self.now = T0
+    Args:
+        start: The time it shows first.
+    """
+
+    def __init__(self, start: float = T0) -> None:
+        self.now = start
 
     def __call__(self) -> float:
         return self.now

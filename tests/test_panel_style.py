@@ -113,7 +113,8 @@ def metrics_panel() -> str:
     return panel._repr_html_()
 
 
-def tiny_llama():
+def llama_7b():
+    """Llama-2-7B's shape: too big for one v5e chip, a fit on eight with LoRA."""
     return transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008,
                                     num_hidden_layers=32, num_attention_heads=32,
                                     vocab_size=32000)
@@ -124,9 +125,9 @@ def plan_panels() -> list[str]:
     `fine_tune` shows before the fork."""
     from hfxla_nb.train.memory import plan_memory
 
-    too_big = plan_memory(tiny_llama(), hardware="v5e-1", batch_size=8, max_length=1024)
+    too_big = plan_memory(llama_7b(), hardware="v5e-1", batch_size=8, max_length=1024)
     assert too_big.changes
-    fits = plan_memory(tiny_llama(), hardware="v5e-8", batch_size=8, max_length=512,
+    fits = plan_memory(llama_7b(), hardware="v5e-8", batch_size=8, max_length=512,
                        lora="auto", sharding="auto")
     return [plan_table_html(too_big), PlanNotice(fits, "none").html]
 

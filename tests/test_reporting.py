@@ -26,7 +26,9 @@ def channel(monkeypatch):
 
 @pytest.fixture
 def clock(monkeypatch):
-    clock = Clock()
+    # Near 0, not at T0: there `now + MIN_INTERVAL - now` rounds below MIN_INTERVAL, and a
+    # report one interval later would be held back.
+    clock = Clock(start=100.0)
     monkeypatch.setattr(reporting.time, "monotonic", clock)
     return clock
 
