@@ -8,6 +8,7 @@ Two fine-tunes in all (the run and its resume); the pytest process never starts 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -23,7 +24,10 @@ from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from hfxla_nb.train.worker import saving
 from tests.helpers import losses, run_python
 
-peft = pytest.importorskip("peft")
+# peft is imported by the tests that use it: it takes seconds, and `make test-fast` collects
+# this module only to deselect its tests.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("peft") is None,
+                                reason='peft is not installed: pip install "hfxla_nb[lora]"')
 
 ROWS = 400
 STEPS = 16
@@ -72,6 +76,7 @@ def test_a_lora_fine_tune_relays_no_warning_of_frozen_inputs_or_deprecated_attri
 
 @pytest.mark.launch
 def test_lora_learns_with_fsdp_and_the_full_fine_tunes_compile_contract(lora_fsdp, lm_dir):
+    import peft
     from transformers import AutoModelForCausalLM
 
     history = losses(lora_fsdp)
@@ -135,6 +140,7 @@ def greedy(model, tokenizer, prompt: str, new_tokens: int = 4) -> list[int]:
 
 @pytest.mark.launch
 def test_adapter_and_merged_folders_load_on_the_cpu_and_generate_the_same(lora_fsdp, lm_dir):
+    import peft
     from transformers import AutoModelForCausalLM
 
     folder = Path(lora_fsdp.output_dir)
@@ -179,6 +185,7 @@ def refusal(lm_dir, tmp_path, model=None, **options) -> str:
 
 @pytest.mark.slow  # imports peft: 15 s
 def test_bad_lora_input_is_refused_before_anything_happens(lm_dir, tmp_path, monkeypatch):
+    import peft
     from transformers import AutoModelForCausalLM
 
     assert "r must be a positive integer" in refusal(lm_dir, tmp_path, lora={"r": 0})

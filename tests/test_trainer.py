@@ -9,12 +9,15 @@ import pytest
 import hfxla_nb as hx
 from hfxla_nb import _xla, demo
 from hfxla_nb.launch import last_launch
-from hfxla_nb.train.trainer import TrainingArgumentsInKernelError
 from tests.test_tracking import scalars, wandb_history, wandb_records
 
 
 @pytest.mark.slow  # its module imports peft
 def test_training_arguments_refuse_in_the_kernel():
+    # Imported here: hfxla_nb.train.trainer takes seconds to import, and `make test-fast`
+    # collects this module only to deselect its tests.
+    from hfxla_nb.train.trainer import TrainingArgumentsInKernelError
+
     with pytest.raises(TrainingArgumentsInKernelError, match="inside the function you launch"):
         hx.xla_training_arguments(output_dir="never-written")
     assert not _xla.runtime_is_initialized()
