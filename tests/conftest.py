@@ -26,10 +26,11 @@ TESTS = Path(__file__).parent
 # tests/xla_in_process use XLA in the test process itself, which would make every later launch
 # from it refuse (its runtime started): tests/test_xla_in_process.py runs them in their own.
 OPT_IN = (TESTS / "browser", TESTS / "binder", TESTS / "pods", TESTS / "xla_in_process")
-# Tests in modules whose marks are written here, not on the test (until their modules carry them).
+# Tests whose marks are written here, not on the test (until their modules carry them): the
+# quickstart starts a kernel; the claims check parses every test module it names.
 MARKED_HERE = {
     "tests/test_readme.py::test_the_quickstart_runs_as_printed_in_a_fresh_kernel": ("kernel",),
-    "tests/test_claims.py::test_every_test_the_claims_table_names_exists": ("slow",),  # parses
+    "tests/test_claims.py::test_every_test_the_claims_table_names_exists": ("slow",),
 }
 # What the audit hook counts as starting a process (a fork, an exec, a spawn).
 PROCESS_EVENTS = frozenset({"os.fork", "os.forkpty", "subprocess.Popen", "os.posix_spawn",
