@@ -31,8 +31,8 @@ test: setup lint
 	$(MAKE) --no-print-directory test-pods
 	$(MAKE) --no-print-directory test-notebooks
 
-# ruff, then the tests that start no kernel and no process and run no XLA (tests/conftest.py
-# marks the others `kernel`, `launch` or `slow`, by what they do): about 35 s on 2 cores.
+# ruff, then the tests that start no kernel and no process and run no XLA (the others carry
+# the mark `kernel`, `launch` or `slow`, written on them): about 40 s on 2 cores.
 test-fast: setup
 	$(PY) -m ruff check hfxla_nb tests bench
 	$(PY) -m pytest -q -p no:cacheprovider -m "not kernel and not launch and not slow"

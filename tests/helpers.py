@@ -1,6 +1,8 @@
 """What the tests share: a real Jupyter kernel (start it, run cells, read what a notebook
 shows), notebooks run the way nbclient runs them, fresh Python processes with XLA on the CPU,
-the guard of the refusal tests, and small readers of a run's result.
+the guard of the refusal tests, small readers of a run's result and of a panel's HTML, a
+stand-in for IPython's display, and a clock the test moves by hand. (The fixtures the tests
+share are in tests/conftest.py.)
 
 `run_notebook` executes cells in a real kernel and returns the outputs as nbconvert would store
 them: `update_display_data` messages already applied to the outputs they update.
@@ -17,6 +19,7 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -294,17 +297,24 @@ def bundles_of(outputs: list[dict]) -> list[dict]:
 
 
 def refuse_launches(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make any `notebook_launcher` call fail the test (bad input must be refused before
-    anything is forked), where the launch package defines it and where `fine_tune` uses it."""
+    """Make any launch fail the test (bad input must be refused before anything is forked):
+    `notebook_launcher` where the launch package defines it and where `fine_tune` uses it, and
+    the launcher's attempts, which `hx.notebook_launcher` (bound at import) reaches after its
+    checks."""
     import hfxla_nb.launch
+    import hfxla_nb.launch.launcher
     import hfxla_nb.train.finetune
 
     def refuse(*args, **kwargs):
         raise AssertionError("notebook_launcher was called")
 
+    def refuse_attempts(*args, **kwargs):
+        raise AssertionError("a launch was started")
+
     monkeypatch.setattr(hfxla_nb.launch, "notebook_launcher", refuse)
     monkeypatch.setattr(hfxla_nb.launch, "launch", refuse)  # what fine_tune calls
     monkeypatch.setattr(hfxla_nb.train.finetune, "launch", refuse)
+    monkeypatch.setattr(hfxla_nb.launch.launcher, "_Attempts", refuse_attempts)
 
 
 def losses(result) -> np.ndarray:
@@ -332,10 +342,88 @@ T0 = 1_000_000.0
 
 
 class Clock:
-    """A wall clock the test moves by hand (`clock.now += 2.0`), for readers and panels."""
+    """A wall clock the test moves by hand (`clock.now += 2.0`), for readers and panels.
 
-    def __init__(self) -> None:
-        self.now = T0
+    Args:
+        start: The time it shows first.
+    """
+
+    def __init__(self, start: float = T0) -> None:
+        self.now = start
 
     def __call__(self) -> float:
         return self.now
+
+
+class Elements(HTMLParser):
+    """Every element of a piece of HTML as `[tag, attributes, text inside it]`, in order, the
+    text of the whole as a browser's `textContent` gives it, and how many elements are at the
+    top (a panel has one: its box).
+
+    Args:
+        html: The HTML to read.
+        boxed: Whether text outside every element fails the test (a panel's text is all
+            inside its box).
+    """
+
+    VOID = ("br", "polyline")  # elements that hold nothing, written without an end tag
+
+    def __init__(self, html: str, boxed: bool = False) -> None:
+        super().__init__()
+        self.elements: list[list] = []
+        self.open: list[list] = []
+        self.text = ""
+        self.tops = 0
+        self.boxed = boxed
+        self.feed(html)
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        element = [tag, dict(attrs), ""]
+        self.elements.append(element)
+        self.tops += not self.open
+        if tag not in self.VOID:
+            self.open.append(element)
+
+    def handle_startendtag(self, tag: str, attrs: list) -> None:  # `<polyline .../>`
+        self.elements.append([tag, dict(attrs), ""])
+        self.tops += not self.open
+
+    def handle_endtag(self, tag: str) -> None:
+        if any(element[0] == tag for element in self.open):
+            while self.open.pop()[0] != tag:
+                pass
+
+    def handle_data(self, data: str) -> None:
+        assert self.open or not self.boxed or not data.strip(), (
+            f"text outside the panel's box: {data!r}")
+        self.text += data
+        for element in self.open:
+            element[2] += data
+
+    def texts(self, tag: str) -> list[str]:
+        """The text inside each `tag` element, in order."""
+        return [text for name, _, text in self.elements if name == tag]
+
+    def styles(self, tag: str) -> list[str | None]:
+        """The `style` attribute of each `tag` element, in order (None where it has none)."""
+        return [attrs.get("style") for name, attrs, _ in self.elements if name == tag]
+
+
+class Shown:
+    """`IPython.display.display(obj, display_id=True)` and its handle's `update`, recorded as
+    the mime bundles a notebook would get, in order."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[tuple[str, dict]] = []
+        monkeypatch.setattr("IPython.display.display", self.display)
+
+    def display(self, obj, display_id=None):
+        assert display_id is True
+        self.calls.append(("display", obj._repr_mimebundle_()))
+        calls = self.calls
+
+        class Handle:
+            def update(self, new):
+                calls.append(("update", new._repr_mimebundle_()))
+
+        return Handle()

@@ -53,6 +53,7 @@ def accelerate_parameters() -> dict[str, object]:
             for argument, default in zip(arguments.args, defaults, strict=True)}
 
 
+@pytest.mark.launch
 def test_every_accelerate_parameter_is_ours_in_its_order_with_its_default():
     from hfxla_nb import notebook_launcher
     from hfxla_nb.launch.accelerate import ACCELERATE_DEFAULTS
@@ -72,6 +73,7 @@ def test_every_accelerate_parameter_is_ours_in_its_order_with_its_default():
     assert extra and all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra)
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize(
     ("options", "says"),
     [
@@ -93,6 +95,7 @@ def test_impossible_accelerate_values_are_refused_before_forking(options, says):
     assert last_launch() is before  # nothing was launched
 
 
+@pytest.mark.launch
 def test_import_of_the_launcher_stays_free_of_torch():
     found = run_python(
         """
@@ -108,6 +111,7 @@ def test_import_of_the_launcher_stays_free_of_torch():
 # -- launches in a kernel -----------------------------------------------------------------
 
 
+@pytest.mark.kernel
 def test_max_restarts_relaunches_until_the_function_succeeds(kernel, tmp_path):
     counter = tmp_path / "attempts"
     output = run_ok(
@@ -150,6 +154,7 @@ def test_max_restarts_relaunches_until_the_function_succeeds(kernel, tmp_path):
     assert counter.read_text() == "3"
 
 
+@pytest.mark.kernel
 def test_child_failed_error_catches_a_failing_launch_with_the_childs_message(kernel):
     output = run_ok(
         kernel,
@@ -172,6 +177,7 @@ def test_child_failed_error_catches_a_failing_launch_with_the_childs_message(ker
     assert "ATTEMPTS ['failed', 'failed']" in output.stdout
 
 
+@pytest.mark.kernel
 def test_remote_traceback_names_the_cell_ends_with_the_exception_and_hides_the_launcher(
         kernel):
     # The same function raising in the kernel: IPython's own name for its line.
@@ -198,6 +204,7 @@ def test_remote_traceback_names_the_cell_ends_with_the_exception_and_hides_the_l
     assert "launcher.py" not in shown and "hfxla_nb" not in shown.split("LaunchError")[0]
 
 
+@pytest.mark.kernel
 def test_accelerate_parameters_act_or_say_once_that_they_do_not(kernel):
     code = """
         def train(index):
@@ -216,6 +223,7 @@ def test_accelerate_parameters_act_or_say_once_that_they_do_not(kernel):
     assert "no meaning" not in again.stderr  # said once
 
 
+@pytest.mark.kernel
 def test_debug_rendezvous_is_at_rdzv_endpoint(kernel):
     output = run_ok(
         kernel,
@@ -241,6 +249,7 @@ def test_debug_rendezvous_is_at_rdzv_endpoint(kernel):
     assert f"SEEN ('127.0.0.2', {port}) {port}" in output.stdout
 
 
+@pytest.mark.kernel
 def test_accelerate_partial_state_has_each_ranks_indexes(kernel):
     output = run_ok(
         kernel,
@@ -354,6 +363,7 @@ def test_cells_are_named_as_ipython_names_them():
         'ValueError: bad\n')
 
 
+@pytest.mark.launch
 def test_a_debug_process_gives_accelerate_its_gloo_world_when_accelerate_comes_later():
     # What a debug process does after its gloo group is up, where the function imports
     # accelerate only itself (the kernel test above imported it before the fork).

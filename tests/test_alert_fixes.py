@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from hfxla_nb.observe.alerts import analyze
 from hfxla_nb.observe.metrics import XlaSummary
 from hfxla_nb.observe.tracing import FETCH_CAUSE, ExecutionSite, Frame, TraceLog
@@ -128,6 +130,7 @@ print(json.dumps(found))
 """
 
 
+@pytest.mark.launch
 def test_a_launched_loop_that_recompiles_warns_with_its_line_whether_or_not_it_reports_inputs(
         tmp_path):
     # The batch grows every 8 steps, so the step's line compiles a new graph every 8 steps:

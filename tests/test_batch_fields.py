@@ -116,6 +116,7 @@ def runs(weighted_task, cache):
                   for strategy in ("spmd", "replicated")}
 
 
+@pytest.mark.launch
 def test_a_float_field_compiles_as_a_token_only_batch(runs):
     _, results = runs
     for result in results.values():
@@ -126,6 +127,7 @@ def test_a_float_field_compiles_as_a_token_only_batch(runs):
         assert results["weighted-classification", strategy].eval_compiled_ahead == 1
 
 
+@pytest.mark.launch
 def test_a_float_field_goes_up_in_the_batchs_one_call(runs):
     _, results = runs
     weighted = {s: results["weighted-classification", s].uploads_per_step for s in
@@ -138,6 +140,7 @@ def test_a_float_field_goes_up_in_the_batchs_one_call(runs):
     assert weighted["spmd"] == plain["spmd"] + 1
 
 
+@pytest.mark.launch
 def test_the_field_reaches_the_device_unchanged(runs):
     data, results = runs
     rows = len(data["validation"])

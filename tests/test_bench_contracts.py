@@ -14,6 +14,8 @@ import pytest
 from bench import common, workloads
 from hfxla_nb import _xla
 
+pytestmark = pytest.mark.launch
+
 
 @pytest.fixture(scope="module")
 def tiny():

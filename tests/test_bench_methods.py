@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from bench import common
 from bench.generation import end_ids
 from bench.launch_latency import Zygote
@@ -30,6 +32,7 @@ def test_unoptimized_compiles_adds_the_flag_for_the_block_only(monkeypatch):
     assert os.environ["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
 
 
+@pytest.mark.launch  # bench's zygote forks, in code outside tests/
 def test_the_zygote_forks_a_fresh_process_per_side():
     forks = Zygote()
     try:

@@ -22,6 +22,7 @@ def test_figures_measured_in_the_same_runs_are_chosen_together():
 
 
 # Past the last figure (read from FIGURES: a new figure must not break this test).
+@pytest.mark.launch
 @pytest.mark.parametrize("asked", [str(max(FIGURES) + 1), "0", "x", f"4,{max(FIGURES) + 2}"])
 def test_an_unknown_figure_is_refused_with_the_list(asked):
     with pytest.raises(ValueError, match="the figures are 1 reporting overhead, 2 syncs"):
@@ -60,6 +61,7 @@ def test_a_group_over_its_share_of_the_15_minutes_is_named():
         f"versus: {SHARES['versus'] + 5:.0f} s (share {SHARES['versus']} s)"]
 
 
+@pytest.mark.launch
 def test_each_groups_time_is_written_with_the_results(tmp_path):
     import json
 

@@ -16,18 +16,13 @@ import pytest
 
 import hfxla_nb as hx
 from hfxla_nb import _xla
-from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset, demo_lm_model_dir, run_demo_lm
+from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset, run_demo_lm
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from hfxla_nb.train.worker import saving
 from tests.helpers import losses
 
 ROWS = 400  # 360 training pairs: 22 steps of 16
 STEPS = 16
-
-
-@pytest.fixture(scope="module")
-def lm_dir(cache):
-    return demo_lm_model_dir(cache=cache)
 
 
 def run(cache, out, devices, sharding, **options):
@@ -45,6 +40,7 @@ def fsdp_4(cache, tmp_path_factory):
     return run(cache, tmp_path_factory.mktemp("fsdp4") / "llama", 4, "fsdp")
 
 
+@pytest.mark.launch
 def test_it_learns_and_reports_perplexity(one_device):
     history = losses(one_device)
     assert history[-1] < 0.75 * history[0]
@@ -54,6 +50,7 @@ def test_it_learns_and_reports_perplexity(one_device):
     assert one_device.task == "causal-lm" and one_device.bucket_lengths == [64]
 
 
+@pytest.mark.launch
 def test_compile_contract(one_device, fsdp_4):
     # One length (max_length) for every row: a fixed number of graphs whatever the steps.
     for result in (one_device, fsdp_4):
@@ -61,6 +58,7 @@ def test_compile_contract(one_device, fsdp_4):
         assert result.executions_per_step == 1.0
 
 
+@pytest.mark.launch
 def test_fsdp_shards_the_parameters_and_matches_one_device(one_device, fsdp_4):
     assert fsdp_4.sharding == "fsdp" and fsdp_4.devices == 4
     layout = fsdp_4.parameter_sharding
@@ -72,6 +70,7 @@ def test_fsdp_shards_the_parameters_and_matches_one_device(one_device, fsdp_4):
                                                          rel=1e-4)
 
 
+@pytest.mark.launch
 def test_data_and_fsdp_on_8_devices_match_one_device(cache, one_device):
     for sharding in ("data", "fsdp"):
         result = run(cache, None, 8, sharding)
@@ -79,6 +78,7 @@ def test_data_and_fsdp_on_8_devices_match_one_device(cache, one_device):
         np.testing.assert_allclose(losses(result), losses(one_device), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.launch
 def test_the_saved_folder_is_an_ordinary_model_that_generates_on_the_cpu(one_device):
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
@@ -116,6 +116,7 @@ def greedy_continuation(model, tokenizer, prompt: str, new_tokens: int) -> str:
     return tokenizer.decode(added, skip_special_tokens=True)
 
 
+@pytest.mark.launch
 def test_the_fsdp_checkpoint_is_gathered_into_the_same_model(fsdp_4):
     from transformers import AutoModelForCausalLM
 
@@ -124,6 +125,7 @@ def test_the_fsdp_checkpoint_is_gathered_into_the_same_model(fsdp_4):
     assert tuple(embed.shape) == (model.config.vocab_size, 64)  # whole, not a quarter
 
 
+@pytest.mark.launch
 def test_resume_continues_to_the_same_result(cache, one_device, tmp_path):
     checkpoints = saving.list_checkpoints(one_device.output_dir)
     assert [step for step, _ in checkpoints] == [8, 16]
@@ -134,6 +136,7 @@ def test_resume_continues_to_the_same_result(cache, one_device, tmp_path):
                                                          rel=1e-5)
 
 
+@pytest.mark.launch
 def test_generate_on_xla_compiles_a_fixed_number_of_graphs(one_device):
     folder = one_device.output_dir
     prompts = [TEMPLATE.split("{response}")[0].format(prompt=p)
@@ -160,6 +163,7 @@ def test_generate_on_xla_compiles_a_fixed_number_of_graphs(one_device):
     assert long[0].startswith(short[0].split(" ")[0])  # greedy: the longer run extends
 
 
+@pytest.mark.launch
 def test_generate_in_the_kernel_points_to_the_cpu_path():
     with pytest.raises(RuntimeError, match=r"result.generate\(prompts\)"):
         hx.generate("folder", ["a prompt"])
@@ -175,6 +179,7 @@ def refusal(lm_dir, tmp_path, dataset=None, **options) -> str:
     return str(error.value)
 
 
+@pytest.mark.slow  # builds a Llama
 def test_bad_inputs_are_refused_before_anything_happens(lm_dir, tmp_path):
     pairs = {"prompt_column": "prompt", "response_column": "response"}
     message = refusal(lm_dir, tmp_path, prompt_column="question", response_column="response")
@@ -231,6 +236,7 @@ def test_pairs_learn_only_the_response(lm_dir):
     assert ids[0] == tokenizer.bos_token_id
 
 
+@pytest.mark.launch
 def test_gradient_checkpointing_with_torch_xlas_checkpoint_keeps_the_losses(cache, fsdp_4):
     for sharding, devices in (("fsdp", 4), ("data", 1)):
         result = run(cache, None, devices, sharding, gradient_checkpointing=True)
@@ -268,6 +274,8 @@ def test_auto_sharding_picks_fsdp_when_the_state_outgrows_one_chip():
 
 
 
+@pytest.mark.kernel
+@pytest.mark.launch
 def test_in_the_kernel_loading_shows_no_bar_and_warnings_name_the_users_line(lm_dir):
     """In a real kernel: `result.generate` (which loads the model there) leaves no "Loading
     weights" bar in the cell, while the user's own `from_pretrained` keeps its bar; a warning

@@ -11,6 +11,8 @@ import os
 import re
 import textwrap
 
+import pytest
+
 from hfxla_nb.launch.output import NativeRelay
 from tests.helpers import kernel_fixture, run_ok
 
@@ -41,6 +43,7 @@ hx.configure(cores=4)
 kernel = kernel_fixture(SPMD_LOOP)
 
 
+@pytest.mark.kernel
 def test_a_repeated_xla_warning_is_one_muted_line_at_the_end_with_its_count(kernel):
     output = run_ok(kernel, 'hx.notebook_launcher(shapes_loop, strategy="spmd", progress=False)')
     # Not while the run goes on, no raw timestamp: one muted line, at the end, with the count
@@ -60,6 +63,7 @@ def test_a_repeated_xla_warning_is_one_muted_line_at_the_end_with_its_count(kern
     assert all("sharding_propagation.cc" in line for line in log)
 
 
+@pytest.mark.kernel
 def test_tf_cpp_min_log_level_still_decides_what_xla_writes(kernel):
     output = run_ok(kernel, """
         import os
@@ -131,6 +135,7 @@ def final_panel(output) -> str:
     return bundles[-1]["data"]["text/plain"]
 
 
+@pytest.mark.kernel
 def test_a_loop_counted_from_0_ends_with_the_same_count_everywhere(kernel):
     output = run_ok(kernel, """
         def from_zero(index):
@@ -153,6 +158,7 @@ def test_a_loop_counted_from_0_ends_with_the_same_count_everywhere(kernel):
                         ) == (30, 30, 30)
 
 
+@pytest.mark.kernel
 def test_ranks_stopped_because_another_failed_look_stopped(kernel):
     output = kernel.run(textwrap.dedent("""
         import time
@@ -176,6 +182,7 @@ def test_ranks_stopped_because_another_failed_look_stopped(kernel):
     assert kernel.value("[r.exit_state for r in hx.last_launch().ranks]") == ["stopped", "failed"]
 
 
+@pytest.mark.kernel
 def test_a_launch_that_ran_no_xla_has_no_xla_line(kernel):
     output = run_ok(kernel, """
         def no_xla(index):
@@ -192,6 +199,7 @@ def test_a_launch_that_ran_no_xla_has_no_xla_line(kernel):
     assert "nothing compiled" not in panel, panel
 
 
+@pytest.mark.kernel
 def test_compilations_after_the_last_step_are_not_recompiles_of_the_step(kernel):
     output = run_ok(kernel, """
         def then_saves(index):

@@ -97,6 +97,7 @@ def test_folders_others_can_write_to_are_refused(tmp_path):
             cache.check_folder(str(theirs))
 
 
+@pytest.mark.launch
 def test_a_launch_with_an_unsafe_folder_is_refused_before_forking(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -166,6 +167,7 @@ print(json.dumps({"first": first, "second": second}))
 """
 
 
+@pytest.mark.launch
 def test_two_launches_write_then_find_their_entries(tmp_path):
     root = tmp_path / "cache"
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(TWO_LAUNCHES)],

@@ -14,6 +14,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import hfxla_nb as hx
 from hfxla_nb.runtime import compile_cache as cache
 from tests.helpers import subprocess_env
@@ -65,6 +67,7 @@ print(json.dumps(hx.notebook_launcher(forward, args=(cases,), progress=False)))
 """
 
 
+@pytest.mark.launch
 def test_an_entry_per_config_and_shape_and_the_same_one_for_the_same_graph(tmp_path):
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(ENTRIES)],
                           capture_output=True, text=True, timeout=400,

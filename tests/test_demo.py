@@ -49,6 +49,7 @@ def test_tokenizer_covers_the_demo_words_and_is_cached(cache):
     assert os.stat(folder / "tokenizer.json").st_mtime_ns == stamp
 
 
+@pytest.mark.slow  # trains 2 tokenizers
 def test_two_fresh_caches_get_the_same_tokenizer(tmp_path):
     """Token ids are the same on every machine, so demo models and their results are too."""
     first = demo.demo_tokenizer(tmp_path / "one")
@@ -114,6 +115,7 @@ def test_model_dir_refuses_a_folder_with_other_files(tmp_path):
     assert os.listdir(tmp_path) == ["notes.txt"]
 
 
+@pytest.mark.launch
 def test_make_demo_shows_what_the_run_uses_and_no_setup_noise(tmp_path):
     """`python -m hfxla_nb.demo` (what `make demo` runs), from an empty cache so the demo's
     own setup writes the model: the runtime panel names the devices the run then uses, and
@@ -136,6 +138,7 @@ def test_make_demo_shows_what_the_run_uses_and_no_setup_noise(tmp_path):
     assert "1 virtual XLA device" not in output
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("task, command", [
     ("classification", "-m hfxla_nb.demo"),
     ("causal-lm", "-m hfxla_nb.demo.lm"),

@@ -32,7 +32,6 @@ from hfxla_nb.train.memory import (
     tokenizer_bytes,
 )
 from hfxla_nb.train.worker.saving import rescue_folder, write_failure
-from tests.helpers import refuse_launches
 
 MNT_DETACH = 2  # umount2's flag: detach now, even while a file is open there
 
@@ -57,17 +56,6 @@ def tmpfs(tmp_path):
     yield mount
     for target in reversed(mounted):
         libc.umount2(os.fsencode(target), MNT_DETACH)
-
-
-@pytest.fixture
-def no_launch(monkeypatch):
-    """Any attempt to fork a worker fails the test: the refusal must come before."""
-    refuse_launches(monkeypatch)
-
-
-@pytest.fixture(scope="module")
-def model_dir(cache):
-    return demo.demo_model_dir(cache=cache)
 
 
 def _parameters(model_dir: str) -> int:
@@ -178,6 +166,7 @@ def test_a_disk_too_small_is_refused_before_anything_is_forked_or_written(
     assert not _xla.runtime_is_initialized()
 
 
+@pytest.mark.launch
 def test_a_save_that_fails_after_training_goes_to_the_fallback_folder(
         model_dir, tmpfs, tmp_path, capsys):
     # Room for the bytes (the check passes) but 3 inodes: the save's temporary folder and
@@ -211,6 +200,7 @@ def test_a_save_that_fails_after_training_goes_to_the_fallback_folder(
     assert FineTuneResult.load(kept).output_dir == kept
 
 
+@pytest.mark.launch
 def test_a_save_that_fails_twice_keeps_the_model_in_the_result(
         model_dir, tmpfs, tmp_path, capsys):
     full = tmpfs("full", "size=64m,nr_inodes=3")  # the fallback there fails as well
@@ -268,6 +258,7 @@ print("imported on meta:", seen)
 '''
 
 
+@pytest.mark.launch
 def test_no_module_is_first_imported_on_the_meta_device():
     # On torch 2.8 a model class's first import under torch.device("meta") (transformers ->
     # accelerate -> torch_xla -> torch._dynamo) dies in a circular import: the disk check and

@@ -8,8 +8,6 @@ trained or launched.
 
 from __future__ import annotations
 
-from html.parser import HTMLParser
-
 from hfxla_nb.train.predict import Predictions
 from hfxla_nb.train.result import FineTuneResult
 from hfxla_nb.ui.panels import (
@@ -23,39 +21,9 @@ from hfxla_nb.ui.panels import (
     split_entity_metrics,
     step_axis_html,
 )
-from tests.helpers import formatted_by_a_shell
+from tests.helpers import Elements, formatted_by_a_shell
 
 SCORES = [0.987654321, 0.123456789, 0.5]
-
-
-class Elements(HTMLParser):
-    """Every element of a piece of HTML as (tag, attributes, text inside it), in order, and
-    the text of the whole as a browser's `textContent` gives it."""
-
-    def __init__(self, html: str) -> None:
-        super().__init__()
-        self.elements: list[list] = []
-        self.open: list[list] = []
-        self.text = ""
-        self.feed(html)
-
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        element = [tag, dict(attrs), ""]
-        self.elements.append(element)
-        if tag not in ("br", "polyline"):
-            self.open.append(element)
-
-    def handle_endtag(self, tag: str) -> None:
-        while self.open and self.open.pop()[0] != tag:
-            pass
-
-    def handle_data(self, data: str) -> None:
-        self.text += data
-        for element in self.open:
-            element[2] += data
-
-    def texts(self, tag: str) -> list[str]:
-        return [text for name, _, text in self.elements if name == tag]
 
 
 def predictions(task: str, items: list[dict]) -> Predictions:

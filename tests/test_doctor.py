@@ -25,6 +25,7 @@ def report():
     return hx.doctor(time_limit=300)  # a loaded 2-core machine: the steps' limits x3.3
 
 
+@pytest.mark.launch
 def test_every_step_passes_here_or_says_it_needs_a_tpu(report):
     assert [check.name for check in report.checks] == [name for name, _, _ in diagnosis.STEPS]
     statuses = {check.name: check.status for check in report.checks}
@@ -34,6 +35,7 @@ def test_every_step_passes_here_or_says_it_needs_a_tpu(report):
     assert report.ok and not _xla.runtime_is_initialized()  # every XLA step ran in workers
 
 
+@pytest.mark.launch
 def test_the_launched_steps_say_what_they_measured(report):
     devices = report.check("devices").details
     assert devices["sum"] == devices["expected_sum"] and devices["memory"] is None
@@ -44,6 +46,7 @@ def test_the_launched_steps_say_what_they_measured(report):
     assert "cannot load them back" in report.check("compile cache").summary
 
 
+@pytest.mark.launch
 def test_the_report_reads_back_from_its_json_and_renders(report):
     again = DoctorReport.from_json(report.to_json())
     assert again.to_markdown() == report.to_markdown()
@@ -91,6 +94,7 @@ def test_versions_that_do_not_pair_are_failed_with_the_fix(tmp_path):
     assert "torch_xla" in check.fix and check.details["versions"]["torch_xla"] == "2.8.0"
 
 
+@pytest.mark.launch
 def test_the_markdown_hides_secrets(tmp_path):
     environ = {"PJRT_DEVICE": "CPU", "HF_TOKEN": "hf_abcdefSECRET", "XLA_FLAGS": "--x=1"}
     info = detect(sys_root=str(tmp_path), environ=environ)
@@ -101,6 +105,7 @@ def test_the_markdown_hides_secrets(tmp_path):
     assert "HF_TOKEN=<hidden>" in markdown and "XLA_FLAGS=--x=1" in markdown
 
 
+@pytest.mark.launch
 def test_unknown_steps_are_refused_with_the_list():
     with pytest.raises(ValueError, match="no step 'gpu'; the steps are 'versions'"):
         hx.doctor(steps=("gpu",))
@@ -108,6 +113,7 @@ def test_unknown_steps_are_refused_with_the_list():
         Check("x", "fine", "")
 
 
+@pytest.mark.kernel
 def test_the_magic_in_a_real_kernel_shows_the_report_and_its_markdown():
     outputs = run_notebook(["%load_ext hfxla_nb",
                             "%xla_doctor --steps versions,host",
@@ -122,6 +128,7 @@ def test_the_magic_in_a_real_kernel_shows_the_report_and_its_markdown():
     assert error_of(outputs[1]) is None
 
 
+@pytest.mark.kernel
 def test_the_magic_shows_its_progress_as_text_and_clears_it():
     kernel = Kernel()
     try:

@@ -11,6 +11,8 @@ import pytest
 import hfxla_nb as hx
 from hfxla_nb import demo
 
+pytestmark = pytest.mark.launch
+
 BATCH = 8
 
 

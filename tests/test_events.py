@@ -6,12 +6,14 @@ import os
 import time
 
 import numpy as np
+import pytest
 
 from hfxla_nb.events import Channel, Failed, Finished, Log, Progress
 
 QUIET = 20.0  # seconds without an event after which the log sender's lines count as lost
 
 
+@pytest.mark.launch
 def test_events_from_many_forked_processes_all_arrive_whole():
     channel = Channel()
     pids = []

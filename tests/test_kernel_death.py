@@ -19,6 +19,8 @@ import pytest
 
 from tests.helpers import Kernel
 
+pytestmark = pytest.mark.kernel
+
 GONE_WITHIN = 10.0  # seconds: what docs/launcher.md promises
 
 # Writes the rank's pid and that of a process it starts in a session of its own, then trains

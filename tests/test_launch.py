@@ -14,6 +14,8 @@ import pytest
 from hfxla_nb.launch import group_processes
 from tests.helpers import Kernel, kernel_fixture, run_ok
 
+pytestmark = pytest.mark.kernel
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SETUP = textwrap.dedent(

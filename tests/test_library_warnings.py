@@ -8,6 +8,8 @@ from __future__ import annotations
 import sysconfig
 import textwrap
 
+import pytest
+
 from hfxla_nb.events import LibraryWarning
 from hfxla_nb.launch.output import STANDARD_LIBRARY, folded_lines, library_package
 from tests.helpers import kernel_fixture, run_ok
@@ -74,6 +76,7 @@ def older_api():  # another location with the same message: Python shows both
 kernel = kernel_fixture("import hfxla_nb as hx", fork_quiet=True)
 
 
+@pytest.mark.kernel
 def test_a_launch_folds_library_warnings_and_shows_the_users_own(kernel, tmp_path):
     site = tmp_path / "site-packages"
     site.mkdir()

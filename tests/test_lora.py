@@ -8,6 +8,7 @@ Two fine-tunes in all (the run and its resume); the pytest process never starts 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -18,22 +19,20 @@ import pytest
 
 import hfxla_nb as hx
 from hfxla_nb import _xla
-from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset, demo_lm_model_dir, run_demo_lm
+from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset, run_demo_lm
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from hfxla_nb.train.worker import saving
 from tests.helpers import losses, run_python
 
-peft = pytest.importorskip("peft")
+# peft is imported by the tests that use it: it takes seconds, and `make test-fast` collects
+# this module only to deselect its tests.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("peft") is None,
+                                reason='peft is not installed: pip install "hfxla_nb[lora]"')
 
 ROWS = 400
 STEPS = 16
 PROMPTS = [TEMPLATE.split("{response}")[0].format(prompt=text)
            for text in ("the coffee was truly wonderful.", "i hated it.")]
-
-
-@pytest.fixture(scope="module")
-def lm_dir(cache):
-    return demo_lm_model_dir(cache=cache)
 
 
 def run(cache, out, **options):
@@ -62,6 +61,7 @@ print(json.dumps({{"relayed": relayed.getvalue(), "kept": kept}}))
 """
 
 
+@pytest.mark.launch
 def test_a_lora_fine_tune_relays_no_warning_of_frozen_inputs_or_deprecated_attributes(cache):
     # In a fresh process, as a script or a cell shows it (pytest records warnings itself):
     # torch's warning of FSDPv2's backward hook on the first layer, whose inputs (the frozen
@@ -74,7 +74,9 @@ def test_a_lora_fine_tune_relays_no_warning_of_frozen_inputs_or_deprecated_attri
         assert not any(words in message for message in found["kept"]), found["kept"]
 
 
+@pytest.mark.launch
 def test_lora_learns_with_fsdp_and_the_full_fine_tunes_compile_contract(lora_fsdp, lm_dir):
+    import peft
     from transformers import AutoModelForCausalLM
 
     history = losses(lora_fsdp)
@@ -101,6 +103,7 @@ def adapter_weights(folder: Path) -> dict:
     return load_file(folder / "adapter" / "adapter_model.safetensors")
 
 
+@pytest.mark.launch
 def test_only_the_adapters_changed_the_base_is_bit_identical(lora_fsdp, lm_dir):
     import torch
     from transformers import AutoModelForCausalLM
@@ -135,7 +138,9 @@ def greedy(model, tokenizer, prompt: str, new_tokens: int = 4) -> list[int]:
     return added
 
 
+@pytest.mark.launch
 def test_adapter_and_merged_folders_load_on_the_cpu_and_generate_the_same(lora_fsdp, lm_dir):
+    import peft
     from transformers import AutoModelForCausalLM
 
     folder = Path(lora_fsdp.output_dir)
@@ -155,6 +160,7 @@ def test_adapter_and_merged_folders_load_on_the_cpu_and_generate_the_same(lora_f
     assert not _xla.runtime_is_initialized()
 
 
+@pytest.mark.launch
 def test_lora_checkpoints_hold_the_adapter_and_resume_exactly(lora_fsdp, cache, tmp_path):
     checkpoints = saving.list_checkpoints(lora_fsdp.output_dir)
     assert [step for step, _ in checkpoints] == [8, 16]
@@ -177,7 +183,9 @@ def refusal(lm_dir, tmp_path, model=None, **options) -> str:
     return str(error.value)
 
 
+@pytest.mark.slow  # imports peft: 15 s
 def test_bad_lora_input_is_refused_before_anything_happens(lm_dir, tmp_path, monkeypatch):
+    import peft
     from transformers import AutoModelForCausalLM
 
     assert "r must be a positive integer" in refusal(lm_dir, tmp_path, lora={"r": 0})
@@ -194,6 +202,7 @@ def test_bad_lora_input_is_refused_before_anything_happens(lm_dir, tmp_path, mon
     assert 'pip install "hfxla_nb[lora]"' in refusal(lm_dir, tmp_path, lora=True)
 
 
+@pytest.mark.slow  # imports peft: 15 s
 def test_lora_auto_and_the_plan_decide_before_the_fork(lm_dir):
     plan = prepare_fine_tune(lm_dir, demo_lm_dataset(n=100), prompt_column="prompt",
                              response_column="response", output_dir=None, lora="auto",

@@ -12,6 +12,7 @@ One fine-tune and one predict launch in all; the pytest process never starts XLA
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import os
 from pathlib import Path
@@ -19,11 +20,14 @@ from pathlib import Path
 import pytest
 
 from hfxla_nb import _xla
-from hfxla_nb.demo import demo_dataset, demo_model_dir, demo_texts
+from hfxla_nb.demo import demo_dataset, demo_texts
 from hfxla_nb.train import FineTuneError, prepare_fine_tune
 from hfxla_nb.ui.panels import plan_line, plan_text, result_html, result_text
 
-peft = pytest.importorskip("peft")
+# peft is imported by the tests that use it: it takes seconds, and `make test-fast` collects
+# this module only to deselect its tests.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("peft") is None,
+                                reason='peft is not installed: pip install "hfxla_nb[lora]"')
 
 ROWS = 1200  # 960 training rows: 30 steps of 32 per epoch
 # The demo's BERT is built from a config: its random token embeddings mean nothing, so they
@@ -31,11 +35,6 @@ ROWS = 1200  # 960 training rows: 30 steps of 32 per epoch
 LORA = {"r": 8, "modules_to_save": ["word_embeddings"]}
 WHOLE = ("classifier.", "bert.embeddings.word_embeddings.")
 TEXTS = ["the coffee was truly wonderful.", "i hated it, a total waste."]
-
-
-@pytest.fixture(scope="module")
-def model_dir(cache):
-    return demo_model_dir(cache=cache)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +56,9 @@ def lora_classifier(launched):
     return launched[0]
 
 
+@pytest.mark.launch
 def test_it_learns_with_the_classifier_fine_tunes_compile_contract(lora_classifier, model_dir):
+    import peft
     from transformers import AutoModelForSequenceClassification
 
     losses = [loss for _, loss in lora_classifier.loss_history]
@@ -80,6 +81,7 @@ def test_it_learns_with_the_classifier_fine_tunes_compile_contract(lora_classifi
     assert lora_classifier.memory_plan["lora_rank"] == 8
 
 
+@pytest.mark.launch
 def test_only_the_adapters_and_the_head_changed_the_base_is_bit_identical(lora_classifier,
                                                                           model_dir):
     import torch
@@ -110,8 +112,10 @@ def test_only_the_adapters_and_the_head_changed_the_base_is_bit_identical(lora_c
     assert (targeted, head) == (2 * 6 + 1, 3)  # head weight and bias, the embeddings
 
 
+@pytest.mark.launch
 def test_adapter_and_merged_folders_give_the_same_logits_and_predict_runs(lora_classifier,
                                                                           model_dir):
+    import peft
     import torch
     from transformers import AutoModelForSequenceClassification
 
@@ -133,6 +137,7 @@ def test_adapter_and_merged_folders_give_the_same_logits_and_predict_runs(lora_c
                                                      expected[:2].argmax(-1)]
 
 
+@pytest.mark.launch
 def test_the_result_shows_the_plan_beside_xlas_measured_graph_memory(lora_classifier):
     measured = lora_classifier.xla["largest_graph_bytes"]
     assert measured and measured > 0
@@ -144,6 +149,7 @@ def test_the_result_shows_the_plan_beside_xlas_measured_graph_memory(lora_classi
     assert "XLA measured" in result_html(lora_classifier)
 
 
+@pytest.mark.launch
 def test_the_plan_was_shown_before_the_launch_in_the_same_words(launched):
     result, printed = launched
     first, *rest = printed.splitlines()
@@ -154,6 +160,7 @@ def test_the_plan_was_shown_before_the_launch_in_the_same_words(launched):
     assert row.split(None, 1)[1].startswith(f"{plan_text(result.memory_plan)}, XLA measured")
 
 
+@pytest.mark.slow  # imports peft
 def test_lora_on_a_task_without_it_is_refused_before_anything_happens(model_dir, tmp_path):
     from hfxla_nb.demo.tasks import ner_dataset
 
@@ -172,6 +179,7 @@ def test_lora_on_a_task_without_it_is_refused_before_anything_happens(model_dir,
                           lora={"target_modules": ["q_proj"]})
 
 
+@pytest.mark.launch
 def test_a_lora_result_pushes_the_merged_model_and_the_adapter(lora_classifier):
     from tests.hub_standin import HubStandIn, card_metadata, hub_at
 

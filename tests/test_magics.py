@@ -130,6 +130,7 @@ print(torch.nonzero(x).flatten().tolist())   # nonzero runs on the CPU
 """
 
 
+@pytest.mark.kernel
 def test_magics_in_a_real_kernel():
     cells = run_notebook([
         "%load_ext hfxla_nb",
@@ -185,6 +186,7 @@ def test_magics_in_a_real_kernel():
     assert "aten::nonzero" in fallback["text/html"]
 
 
+@pytest.mark.kernel
 def test_detect_and_a_result_show_their_panels_without_the_extension():
     # The data classes import nothing from `ui`: IPython's formatters draw them
     # (`hfxla_nb.ui.panels`), registered when a public name is first used.

@@ -312,6 +312,7 @@ def test_shape_count_stays_bounded():
     assert info.count_text() == f"more than {most} different shapes"
 
 
+@pytest.mark.launch
 def test_metrics_module_loads_neither_torch_nor_torch_xla():
     # `metrics` is imported by the notebook before any fork: it must not load torch (slow) or
     # torch_xla (the runtime must stay unstarted). Checked at run time in a fresh interpreter,
@@ -361,6 +362,7 @@ print(json.dumps({"compiles": met.metric_data("CompileTime")[0],
 """
 
 
+@pytest.mark.launch
 def test_real_dynamic_padding_loop_alert_names_changing_input():
     result = run_python(DYNAMIC_LOOP)
     received = pickle.loads(bytes.fromhex(result["events"]))

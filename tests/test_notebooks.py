@@ -73,12 +73,14 @@ def test_stored_clean(path):
     assert notebook.metadata.kernelspec.name == "python3"
 
 
+@pytest.mark.launch
 def test_nbstripout_would_change_nothing():
     """`make strip-notebooks` (nbstripout) is what stores them; it finds nothing to strip."""
     result = nbstripout_verify(*TUTORIALS)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.launch
 def test_a_notebook_stored_with_outputs_is_caught(tmp_path):
     notebook = read(NOTEBOOKS / "01_runtime.ipynb")
     cell = code_cells(notebook)[0]
@@ -124,6 +126,7 @@ def pip(line):
 """
 
 
+@pytest.mark.kernel
 def test_the_setup_cells_install_nothing_here_and_only_hfxla_nb_where_it_is_missing(tmp_path):
     """Run each tutorial's first cell in a real kernel with `%pip` recorded instead of run:
     here nothing is installed; where hfxla_nb and accelerate are missing but torch_xla is there
@@ -171,6 +174,7 @@ def test_the_setup_cells_install_nothing_here_and_only_hfxla_nb_where_it_is_miss
         'install --quiet "hfxla_nb"', "install --quiet accelerate"]
 
 
+@pytest.mark.launch
 def test_tutorial_3_imports_tqdm_at_the_top_and_uses_it_in_the_launched_function():
     cells = code_cells(read(NOTEBOOKS / "03_your_own_loop.ipynb"))
     assert "from tqdm.auto import tqdm" in cells[0].source
@@ -239,6 +243,7 @@ def _outputs_of(notebook, marker: str) -> list[dict]:
     return next(cell.outputs for cell in code_cells(notebook) if marker in cell.source)
 
 
+@pytest.mark.kernel
 def test_executed_notebooks_show_the_final_panels_without_a_kernel(executed):
     """No widget view is left in the outputs (it would need the kernel's widget models): each
     launch panel is static HTML with a text form, and nbconvert's HTML shows it."""
@@ -277,6 +282,8 @@ def test_executed_notebooks_show_the_final_panels_without_a_kernel(executed):
     assert "XLA runtime" in html and "not started in this process" in html
 
 
+@pytest.mark.kernel
+@pytest.mark.launch
 def test_an_executed_tutorial_reruns_to_the_same_outputs(executed):
     """nbval in strict mode on the executed copy of tutorial 1: every output outside the live
     cells (tagged nbval-ignore-output) comes out the same again, once times are sanitized."""

@@ -19,6 +19,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.launch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Loaded into every Python process started with it on PYTHONPATH (forked workers inherit it):

@@ -24,22 +24,8 @@ from hfxla_nb.train.preparation import (
     release_output_dir,
 )
 from hfxla_nb.train.worker import saving
-from tests.helpers import refuse_launches
 
 STARTED = datetime(2026, 12, 5, 22, 45, 1)
-
-
-@pytest.fixture(scope="module")
-def model_dir(cache):
-    return demo.demo_model_dir(cache=cache)
-
-
-@pytest.fixture
-def no_launch(monkeypatch, tmp_path):
-    """No fork (fine_tune's launch fails the test), in an empty working folder (where
-    `output_dir="auto"` would write)."""
-    refuse_launches(monkeypatch)
-    monkeypatch.chdir(tmp_path)
 
 
 def rows(n: int = 40) -> list[dict]:
@@ -120,6 +106,7 @@ def two_runs(model_dir, tmp_path_factory):
     return where, first, second
 
 
+@pytest.mark.launch
 def test_two_runs_with_the_default_folder_keep_both_models(two_runs):
     from safetensors.numpy import load_file
 
@@ -137,6 +124,7 @@ def test_two_runs_with_the_default_folder_keep_both_models(two_runs):
     assert not _xla.runtime_is_initialized()
 
 
+@pytest.mark.launch
 def test_a_third_run_into_a_saved_folder_needs_overwrite_output_dir(two_runs, model_dir):
     where, first, _ = two_runs
     folder = Path(first.output_dir)
@@ -186,7 +174,7 @@ SAVED = {"save_pretrained": saved_model, "adapter": saved_adapter,
 
 @pytest.mark.parametrize("kind", sorted(SAVED))
 def test_a_folder_with_a_saved_model_is_refused_before_the_fork(kind, model_dir, tmp_path,
-                                                                no_launch):
+                                                                no_launch_in_empty_folder):
     folder = tmp_path / "earlier"
     SAVED[kind](folder)
     before = contents(tmp_path)
@@ -219,7 +207,7 @@ def test_an_empty_or_new_folder_needs_no_overwrite(model_dir, tmp_path):
 
 
 def test_overwrite_output_dir_is_a_known_option_checked_as_the_others(model_dir, tmp_path,
-                                                                      no_launch):
+                                                                      no_launch_in_empty_folder):
     with pytest.raises(FineTuneError, match="overwrite_output_dir must be True or False"):
         hx.fine_tune(model_dir, rows(), output_dir=tmp_path / "out", overwrite_output_dir="yes")
     with pytest.raises(FineTuneError, match="did you mean 'overwrite_output_dir'"):

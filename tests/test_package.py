@@ -14,6 +14,7 @@ import hfxla_nb
 SUBPACKAGES = ("launch", "observe", "runtime", "train")
 
 
+@pytest.mark.launch
 def test_import_pulls_in_no_heavy_module_and_starts_nothing():
     code = (
         "import sys, hfxla_nb, hfxla_nb.runtime, hfxla_nb.launch, hfxla_nb.observe.reporting, "
@@ -43,6 +44,7 @@ def test_every_public_name_is_what_its_module_defines(package):
         module.not_a_name  # noqa: B018 - the lookup itself is the test
 
 
+@pytest.mark.launch
 def test_subpackage_imports_load_nothing_they_do_not_use():
     """`from hfxla_nb.launch import group_processes` imports processes.py, not the launcher."""
     code = ("import sys\nfrom hfxla_nb.launch import group_processes\n"
@@ -73,6 +75,7 @@ def test_patches_are_public_as_hx_patches():
     assert hfxla_nb.patches.active() == []
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("first", ["import hfxla_nb.patches as found",
                                    "from hfxla_nb import patches as found",
                                    "import hfxla_nb as hx; found = hx.patches; "
@@ -92,6 +95,7 @@ def test_hfxla_nb_patches_is_an_import_path(first):
     assert result.stdout.split() == ["True"] * 4
 
 
+@pytest.mark.launch
 def test_a_launch_record_lists_its_leftover_processes():
     """`hx.last_launch().leftover_processes()`: the live processes of the launch's process
     group, as /proc has them; none once they are gone, none for a launch that forked nothing."""

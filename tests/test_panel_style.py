@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from html.parser import HTMLParser
 
 import pytest
 
@@ -48,7 +47,7 @@ from hfxla_nb.ui.state import (
     heading,
     sharding_words,
 )
-from tests.helpers import T0, Clock
+from tests.helpers import T0, Clock, Elements
 from tests.test_ui import SNAPSHOT  # one snapshot of a loop that compiled twice
 
 transformers = pytest.importorskip("transformers")
@@ -114,7 +113,8 @@ def metrics_panel() -> str:
     return panel._repr_html_()
 
 
-def tiny_llama():
+def llama_7b():
+    """Llama-2-7B's shape: too big for one v5e chip, a fit on eight with LoRA."""
     return transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008,
                                     num_hidden_layers=32, num_attention_heads=32,
                                     vocab_size=32000)
@@ -125,9 +125,9 @@ def plan_panels() -> list[str]:
     `fine_tune` shows before the fork."""
     from hfxla_nb.train.memory import plan_memory
 
-    too_big = plan_memory(tiny_llama(), hardware="v5e-1", batch_size=8, max_length=1024)
+    too_big = plan_memory(llama_7b(), hardware="v5e-1", batch_size=8, max_length=1024)
     assert too_big.changes
-    fits = plan_memory(tiny_llama(), hardware="v5e-8", batch_size=8, max_length=512,
+    fits = plan_memory(llama_7b(), hardware="v5e-8", batch_size=8, max_length=512,
                        lora="auto", sharding="auto")
     return [plan_table_html(too_big), PlanNotice(fits, "none").html]
 
@@ -175,35 +175,6 @@ def panels() -> dict[str, str]:
 # -- reading the HTML ---------------------------------------------------------------------------
 
 
-class Elements(HTMLParser):
-    """Every element as (tag, attributes, depth), and how many elements are at the top."""
-
-    def __init__(self, page: str) -> None:
-        super().__init__()
-        self.elements: list[tuple[str, dict, int]] = []
-        self.depth = 0
-        self.tops = 0
-        self.feed(page)
-
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        self.elements.append((tag, dict(attrs), self.depth))
-        self.tops += self.depth == 0
-        if tag not in ("br", "polyline"):
-            self.depth += 1
-
-    def handle_startendtag(self, tag: str, attrs: list) -> None:  # `<polyline .../>`
-        self.elements.append((tag, dict(attrs), self.depth))
-
-    def handle_endtag(self, tag: str) -> None:
-        self.depth -= 1
-
-    def handle_data(self, data: str) -> None:
-        assert self.depth > 0 or not data.strip(), f"text outside the panel's box: {data!r}"
-
-    def styles(self, tag: str) -> list[str]:
-        return [attrs.get("style") for name, attrs, _ in self.elements if name == tag]
-
-
 COLOR = re.compile(r"#[0-9a-fA-F]{3,8}\b|rgba?\([^)]*\)")
 THEMED = re.compile(r"var\(--jp-[\w-]+, ?(#[0-9a-fA-F]{3,8}|rgba?\([^)]*\))\)")
 # `prop:<value with a colour>;prop:<the same value, the colour as a var()'s fallback>;`
@@ -237,7 +208,7 @@ def test_every_panels_outer_element_is_the_one_box(panels):
     assert "color:var(--jp-content-font-color1," in BOX and "border-radius:" in BOX
     classes = {}
     for name, page in panels.items():
-        elements = Elements(page)
+        elements = Elements(page, boxed=True)
         tag, attrs, _ = elements.elements[0]
         assert (tag, attrs["style"]) == ("div", BOX), name
         assert elements.tops == 1, f"{name}: more than the one box at the top"
@@ -259,15 +230,15 @@ def test_every_panel_has_the_one_heading(panels):
                 "launch": "XLA metrics", "failure": "XLA metrics"}
     for name, words in headings.items():
         assert heading(words).removesuffix("</b>") in panels[name], name
-    (style,) = Elements(heading("x")).styles("b")
+    (style,) = Elements(heading("x"), boxed=True).styles("b")
     assert style == HEADING == "font-weight:600;font-size:13px;"
     for name, page in panels.items():  # a bold element with a style is a heading, all alike
-        assert {found for found in Elements(page).styles("b") if found} == {style}, name
+        assert {found for found in Elements(page, boxed=True).styles("b") if found} == {style}, name
 
 
 def test_every_table_is_the_one_table_and_its_labels_never_wrap(panels):
     for name, page in panels.items():
-        elements = Elements(page)
+        elements = Elements(page, boxed=True)
         assert set(elements.styles("table")) <= {TABLE}, name
         for style in elements.styles("th"):
             assert "white-space:nowrap" in style and "font-weight:600" in style, (name, style)
@@ -276,7 +247,7 @@ def test_every_table_is_the_one_table_and_its_labels_never_wrap(panels):
     assert f'<td style="{LABEL}">device → host</td>' in panels["metrics"]
     assert f'<th style="{LABEL}">layout</th>' in panels["result"]
     for page in (panels["metrics"], panels["launch"], panels["runtime"], panels["result"]):
-        assert len(Elements(page).styles("table")) >= 1
+        assert len(Elements(page, boxed=True).styles("table")) >= 1
 
 
 def test_numbers_are_right_aligned_in_tabular_figures(panels):
@@ -291,7 +262,7 @@ def test_numbers_are_right_aligned_in_tabular_figures(panels):
 
 def test_colours_are_the_themes_variables_with_the_palettes_fallbacks(panels):
     for name, page in panels.items():
-        for tag, attrs, _ in Elements(page).elements:
+        for tag, attrs, _ in Elements(page, boxed=True).elements:
             style = attrs.get("style") or ""
             assert not re.search(r"(?<![-\w])(white|black)(?![-\w])", style), (name, style)
             bare = bare_colors(style)

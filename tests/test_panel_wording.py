@@ -159,6 +159,7 @@ def _rank_0_fails(index: int) -> int:
     return 1
 
 
+@pytest.mark.launch
 def test_the_replicated_cpu_note_is_on_the_panel_only_when_collectives_explain_the_failure(
         capsys):
     # A note under the bars, not a red UserWarning pointing at ipykernel's file for the cell,

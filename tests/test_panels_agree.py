@@ -191,6 +191,7 @@ def test_a_report_bar_and_a_tqdm_bar_over_one_loop_count_the_same_time():
     assert "wall time per step</span>" in chart and "500 ms" in chart
 
 
+@pytest.mark.launch
 def test_in_a_real_launch_the_report_bar_and_tqdm_agree():
     # A loop after 2 s of set-up, under a tqdm bar and `hx.report`: the report bar's clock
     # used to start with the rank (5.6 s elapsed, 5.32 it/s beside tqdm's 4.6 s, 6.46 it/s).

@@ -21,6 +21,7 @@ from hfxla_nb.ui.panels import (
     show_memory_plan,
 )
 from hfxla_nb.ui.state import BOX, heading
+from tests.helpers import Shown
 
 transformers = pytest.importorskip("transformers")
 
@@ -44,26 +45,6 @@ def test_a_plan_and_the_results_dict_of_it_draw_the_same():
     assert plan_line(plan) == plan_line(data) and plan_text(plan) == plan_text(data)
     assert plan_table(plan) == plan_table(as_plan(data)) and plan.changes
     assert show_memory_plan(plan, "console").text == f"memory  {plan_line(data)}"
-
-
-class Shown:
-    """`IPython.display.display(obj, display_id=True)` and its handle's `update`, recorded as
-    the mime bundles a notebook would get."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls: list[tuple[str, dict]] = []
-        monkeypatch.setattr("IPython.display.display", self.display)
-
-    def display(self, obj, display_id=None):
-        assert display_id is True
-        self.calls.append(("display", obj._repr_mimebundle_()))
-        calls = self.calls
-
-        class Handle:
-            def update(self, new):
-                calls.append(("update", new._repr_mimebundle_()))
-
-        return Handle()
 
 
 def test_the_line_has_the_result_rows_words_the_device_and_why_auto_chose():
@@ -121,6 +102,7 @@ def test_widget_mode_is_a_live_widget_that_ends_as_static_html(monkeypatch):
     assert widget.comm is None and notice.widget is None
 
 
+@pytest.mark.kernel
 def test_in_a_real_kernel_auto_draws_a_widget_and_the_saved_output_is_static():
     """progress="auto" in a Jupyter kernel: the widget, while the launch would run; what the
     notebook keeps is static HTML and text (no widget view needing the kernel's models)."""
@@ -147,6 +129,7 @@ def test_in_a_real_kernel_auto_draws_a_widget_and_the_saved_output_is_static():
         bundle["text/plain"])
 
 
+@pytest.mark.kernel
 def test_in_a_real_kernel_a_plan_shows_its_table():
     """A `MemoryPlan` as a cell's value: the table as text and as an HTML table (not the
     line fine_tune shows before the fork); `print()` gives the plan in words."""

@@ -29,6 +29,7 @@ def classifier(cache, tmp_path_factory):
     return result, data, result.predict(texts, batch_size=16, progress=False)
 
 
+@pytest.mark.launch
 def test_predict_gives_evaluations_answers_for_the_evaluation_rows(classifier):
     result, data, predicted = classifier
     labels = [result.label_names[y] for y in data["validation"]["label"]]
@@ -38,6 +39,7 @@ def test_predict_gives_evaluations_answers_for_the_evaluation_rows(classifier):
     assert predicted.compiles == len(predicted.bucket_lengths)  # one graph per bucket
 
 
+@pytest.mark.launch
 def test_predict_returns_plain_python_with_a_cpu_forwards_probabilities(classifier):
     import torch
 
@@ -58,6 +60,7 @@ def test_predict_returns_plain_python_with_a_cpu_forwards_probabilities(classifi
     assert list(frame.columns) == ["label", "score"] and len(frame) == len(texts)
 
 
+@pytest.mark.launch
 def test_predict_keeps_its_inputs_and_its_table_names_each_row_by_its_text(classifier):
     from hfxla_nb.ui.panels import predictions_text
 
@@ -117,6 +120,7 @@ def test_the_default_batch_is_up_to_32_rows_a_device_and_8_when_generating(task,
     assert default_batch_size(task, rows, 4) == expected
 
 
+@pytest.mark.launch
 def test_a_real_predicts_figures_count_its_batches_as_its_bar_does(cache, capsys):
     # One batch: the bar says `predict ✔ 1/1`; the metrics used to say "in 3 steps" (the
     # syncs of loading, the batch and the fetch) and rate XLA's time per one of those.

@@ -25,6 +25,7 @@ def generated(cache):
                               num_processes=4, progress=False)
 
 
+@pytest.mark.launch
 def test_predict_generates_what_transformers_generates_on_the_cpu(generated):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -45,6 +46,7 @@ def test_predict_generates_what_transformers_generates_on_the_cpu(generated):
     assert list(out.to_dataframe().columns) == ["generated_text"]
 
 
+@pytest.mark.launch
 def test_a_fixed_number_of_graphs(generated):
     _, out = generated
     # Two batches of one bucket (the second padded with filler rows): the prompt's graph and

@@ -19,6 +19,7 @@ def test_accelerate_style_functions_get_only_args():
     assert check_function(lambda cfg, extra=None: None, (1,)) is False
 
 
+@pytest.mark.launch
 def test_the_first_four_parameters_are_accelerates():
     """`from hfxla_nb import notebook_launcher` replaces accelerate's: the same first four
     parameters, by name, order, kind and default."""

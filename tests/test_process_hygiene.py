@@ -47,6 +47,7 @@ SETUP = textwrap.dedent(
 kernel = kernel_fixture(SETUP)
 
 
+@pytest.mark.kernel
 def test_a_flood_of_lines_from_two_ranks_arrives_whole_and_in_order(kernel):
     lines = 10_000
     output = run_ok(kernel, f"""
@@ -94,6 +95,7 @@ LEAVE_BEHIND = """
     """
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("fail", [False, True], ids=["finished", "failed"])
 def test_processes_in_other_sessions_and_daemons_are_stopped_and_named(kernel, fail):
     run_ok(kernel, LEAVE_BEHIND)
@@ -121,6 +123,7 @@ def test_processes_in_other_sessions_and_daemons_are_stopped_and_named(kernel, f
     assert any(line.endswith(f"(pid {daemon})") and " -c " in line for line in stopped), stopped
 
 
+@pytest.mark.kernel
 def test_the_kernel_gains_no_process_from_a_launch(kernel):
     # First a kernel that imported torch only: on torch 2.8 (Kaggle's stack, `make
     # test-stacks`) importing torch_xla or accelerate starts inductor's compile-worker pool,
@@ -176,6 +179,7 @@ def test_the_kernel_gains_no_process_from_a_launch(kernel):
     assert "warm pool in the kernel 0" in lines
 
 
+@pytest.mark.launch
 def test_importing_hfxla_nb_first_keeps_inductors_pool_cold_unless_told_otherwise():
     code = ("import json, os\nos.environ.pop('TORCH_WARM_POOL', None)\n{before}"
             "import hfxla_nb\nprint(json.dumps(os.environ.get('TORCH_WARM_POOL')))")
@@ -185,6 +189,7 @@ def test_importing_hfxla_nb_first_keeps_inductors_pool_cold_unless_told_otherwis
     assert run_python(code.format(before="import torch._inductor.async_compile\n")) is None
 
 
+@pytest.mark.launch
 def test_a_compile_worker_pool_started_during_a_launch_is_shut_down():
     # The two ways torch starts inductor's pool, inside the guard the launcher puts around a
     # launch: the warm-up (skipped: TORCH_WARM_POOL=0) and an explicit start (shut down after).
@@ -214,6 +219,7 @@ def test_a_compile_worker_pool_started_during_a_launch_is_shut_down():
     assert result["after"] == []
 
 
+@pytest.mark.kernel
 def test_the_launcher_is_imported_while_the_kernel_is_idle_after_import_hfxla_nb():
     kernel = Kernel()
     try:
@@ -227,6 +233,7 @@ def test_the_launcher_is_imported_while_the_kernel_is_idle_after_import_hfxla_nb
         kernel.close()
 
 
+@pytest.mark.kernel
 def test_a_backward_pass_in_the_kernel_leaves_launches_able_to_train(kernel):
     # A quick model trained on the CPU in the notebook starts autograd's device threads in the
     # kernel, sized for the devices it sees (no XLA). Forked workers inherited that engine and
@@ -246,6 +253,7 @@ def test_a_backward_pass_in_the_kernel_leaves_launches_able_to_train(kernel):
     assert "gradients 32.0 6.0" in output.stdout.splitlines(), output.stdout  # rank 0's
 
 
+@pytest.mark.kernel
 def test_a_full_disk_starts_no_process_and_loses_no_trained_model(kernel, tmp_path, cache):
     # As a user's notebook on Kaggle's stack (`make test-stacks`): torch, accelerate and
     # transformers imported first. A disk too small is refused before the fork, with nothing

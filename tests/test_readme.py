@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import Kernel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +42,7 @@ def test_the_quickstart_is_short():
     assert len(lines) <= 7, lines
 
 
+@pytest.mark.kernel
 def test_the_quickstart_runs_as_printed_in_a_fresh_kernel(tmp_path):
     """One cell, exactly the README's block, in a new kernel whose working folder is empty
     (fine_tune's `output_dir="auto"` writes there). It prints the result's one line, and its

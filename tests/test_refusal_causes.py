@@ -15,20 +15,12 @@ from hfxla_nb import _xla, demo
 from hfxla_nb.launch.preflight import MAX_CPU_VIRTUAL_DEVICES, launch_devices
 from hfxla_nb.runtime import detect_accelerator
 from hfxla_nb.train import FineTuneError
-from tests.helpers import refuse_launches
-
-
-@pytest.fixture(scope="module")
-def model_dir(cache):
-    return demo.demo_model_dir(cache=cache)
 
 
 @pytest.fixture
-def no_launch(monkeypatch, tmp_path):
-    """No fork (fine_tune's launch fails the test), in an empty working folder whose contents
-    are checked by `nothing_written`, and with the device count of a plain machine."""
-    refuse_launches(monkeypatch)
-    monkeypatch.chdir(tmp_path)
+def no_launch_on_a_plain_machine(no_launch_in_empty_folder, monkeypatch):
+    """No launch, in an empty working folder whose contents are checked by `nothing_written`,
+    and with the device count of a plain machine (no CPU_NUM_DEVICES)."""
     monkeypatch.delenv("CPU_NUM_DEVICES", raising=False)
 
 
@@ -49,7 +41,7 @@ def two_class_rows(n: int = 20) -> list[dict]:
 
 
 def test_labels_of_one_class_are_refused_for_that_not_for_the_batch_size(model_dir, tmp_path,
-                                                                          no_launch):
+                                                                          no_launch_on_a_plain_machine):
     # 4 rows under the default batch of 8: this was refused as "batch_size = 8 is larger than
     # the 4 training rows".
     rows = [{"text": text, "label": "positive"} for text in ("good", "fine", "great", "nice")]
@@ -63,7 +55,7 @@ def test_labels_of_one_class_are_refused_for_that_not_for_the_batch_size(model_d
 
 
 def test_a_split_filtered_down_to_one_class_is_refused_not_trained(model_dir, tmp_path,
-                                                                   no_launch):
+                                                                   no_launch_on_a_plain_machine):
     # A ClassLabel column of two names with only one of them left: this used to train.
     data = demo.demo_dataset(n=200).filter(lambda row: row["label"] == 1)
     with pytest.raises(FineTuneError) as raised:
@@ -89,7 +81,7 @@ def _more_devices_than_the_machine_has(message: str) -> None:
 
 
 def test_notebook_launcher_with_more_processes_than_devices_names_the_device_count(
-        tmp_path, no_launch):
+        tmp_path, no_launch_on_a_plain_machine):
     def train(index):
         return index
 
@@ -100,7 +92,7 @@ def test_notebook_launcher_with_more_processes_than_devices_names_the_device_cou
 
 
 def test_fine_tune_checks_the_device_count_before_the_batch_split(model_dir, tmp_path,
-                                                                  no_launch):
+                                                                  no_launch_on_a_plain_machine):
     # batch_size=8 over 1000 devices was refused as "does not split evenly over the 1000
     # devices": the split depends on a device count the machine cannot give.
     with pytest.raises(FineTuneError) as raised:
@@ -111,7 +103,7 @@ def test_fine_tune_checks_the_device_count_before_the_batch_split(model_dir, tmp
 
 
 def test_predict_checks_the_device_count_before_the_batch_split(model_dir, tmp_path,
-                                                                no_launch):
+                                                                no_launch_on_a_plain_machine):
     with pytest.raises(FineTuneError) as raised:
         hx.predict(model_dir, ["a text"], batch_size=6, num_processes=1000)
     _more_devices_than_the_machine_has(str(raised.value))
@@ -141,7 +133,7 @@ def test_a_tpu_host_names_its_cores_for_more_processes_than_it_has():
 ])
 def test_a_missing_model_folder_is_named_with_its_absolute_path(given, folder, model_dir,
                                                                  tmp_path, monkeypatch,
-                                                                 no_launch):
+                                                                 no_launch_on_a_plain_machine):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     if given == "absolute":
         given = str(tmp_path / "nope" / "model")
@@ -155,7 +147,7 @@ def test_a_missing_model_folder_is_named_with_its_absolute_path(given, folder, m
     nothing_written(tmp_path)
 
 
-def test_a_model_path_to_a_file_is_named_a_file(tmp_path, no_launch):
+def test_a_model_path_to_a_file_is_named_a_file(tmp_path, no_launch_on_a_plain_machine):
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"")
     with pytest.raises(FineTuneError, match="is a file, not a folder"):
@@ -164,7 +156,7 @@ def test_a_model_path_to_a_file_is_named_a_file(tmp_path, no_launch):
     assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]
 
 
-def test_only_a_string_shaped_like_a_hub_id_is_called_one(tmp_path, no_launch):
+def test_only_a_string_shaped_like_a_hub_id_is_called_one(tmp_path, no_launch_on_a_plain_machine):
     # An org/name shape that the Hub's own check refuses locally: no network is asked.
     with pytest.raises(FineTuneError) as raised:
         hx.fine_tune("my org/my model", two_class_rows(), output_dir=tmp_path / "out",

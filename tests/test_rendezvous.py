@@ -30,6 +30,7 @@ def test_the_store_holds_its_port_while_it_lives():
     _bind(port)  # released with the store
 
 
+@pytest.mark.launch
 @pytest.mark.launch  # forks the store's process (`StoreProcess`)
 def test_host_0_binds_the_rendezvous_before_any_host_starts_and_frees_it_at_stop():
     host = HostLaunch()
@@ -57,6 +58,7 @@ def _listening_here(port: int) -> bool:
     return any(f"socket:[{inode}]" in mine for inode in inodes)
 
 
+@pytest.mark.launch
 @pytest.mark.launch  # forks the store's process and five clients
 def test_host_0_keeps_its_store_in_a_process_of_its_own_and_forks_safely():
     # The actor forks a supervisor per attempt: a fork while a store's server thread ran in it
@@ -84,6 +86,7 @@ def test_host_0_keeps_its_store_in_a_process_of_its_own_and_forks_safely():
     _bind(port)  # the store's process is gone with its port
 
 
+@pytest.mark.launch
 @pytest.mark.launch  # forks the store's process
 def test_a_store_process_on_a_taken_port_raises_naming_it():
     with socket.socket() as sock:

@@ -11,7 +11,7 @@ from hfxla_nb import events
 from hfxla_nb.events import Channel, MetricsSnapshot, Progress
 from hfxla_nb.observe import reporting
 from hfxla_nb.observe import reporting as process
-from tests.helpers import run_python
+from tests.helpers import Clock, run_python
 
 
 @pytest.fixture
@@ -24,17 +24,11 @@ def channel(monkeypatch):
     channel.close()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock(monkeypatch):
-    clock = Clock()
+    # Near 0, not at T0: there `now + MIN_INTERVAL - now` rounds below MIN_INTERVAL, and a
+    # report one interval later would be held back.
+    clock = Clock(start=100.0)
     monkeypatch.setattr(reporting.time, "monotonic", clock)
     return clock
 
@@ -152,6 +146,7 @@ def contract():
     return result
 
 
+@pytest.mark.launch
 def test_report_adds_at_most_one_transfer_per_log_every_steps(contract):
     without, with_report = contract["without"], contract["with"]
     assert without["transfers"] == 0
@@ -164,6 +159,7 @@ def test_report_adds_at_most_one_transfer_per_log_every_steps(contract):
     assert 1 <= contract["throttled"]["transfers"] <= 20 // 5
 
 
+@pytest.mark.launch
 def test_fetched_losses_arrive_as_floats_every_log_every_steps(contract):
     losses = {e.step: e.values["loss"] for e in contract["events"]
               if isinstance(e, Progress) and "loss" in e.values}
@@ -173,6 +169,7 @@ def test_fetched_losses_arrive_as_floats_every_log_every_steps(contract):
     assert final[-1].step == 20 and final[-1].values["loss"] == 80.0
 
 
+@pytest.mark.launch
 def test_metrics_snapshots_carry_counters_and_input_shapes(contract):
     snapshots = [e for e in contract["events"] if isinstance(e, MetricsSnapshot)]
     assert snapshots, "one rank per process sends snapshots"
@@ -382,6 +379,7 @@ def final_fetch():
     return result
 
 
+@pytest.mark.launch
 def test_the_last_steps_values_are_fetched_once_when_the_function_returns(final_fetch):
     short = final_fetch["steps_from_zero"]
     # Counted from 0, so 1 ... 23 steps done: steps 5, 10, 15, 20 fetched in step closures,
@@ -397,6 +395,7 @@ def test_the_last_steps_values_are_fetched_once_when_the_function_returns(final_
     assert snapshot.data["metrics"]["TransferFromDeviceTime"]["count"] >= 5
 
 
+@pytest.mark.launch
 def test_a_last_step_already_fetched_costs_nothing_more(final_fetch):
     exact = final_fetch["ends_on_a_fetch"]
     assert exact["transfers"] == 20 // 5  # no extra fetch at the end

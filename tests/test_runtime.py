@@ -632,6 +632,7 @@ def test_configure_after_start_raises(monkeypatch, tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.launch
 def test_configure_cores_8_gives_8_xla_devices_on_a_cpu():
     """What the README's `hx.configure(cores=8)` promises: the runtime started afterwards has
     8 XLA devices (on a machine without a TPU: 8 virtual CPU devices)."""
@@ -681,6 +682,7 @@ def with_torch_xla() -> dict:
     )
 
 
+@pytest.mark.launch
 def test_detect_and_configure_never_start_the_runtime(with_torch_xla):
     assert with_torch_xla["initialized_after_detect"] is False
     assert with_torch_xla["reported_before"] is False
@@ -688,6 +690,7 @@ def test_detect_and_configure_never_start_the_runtime(with_torch_xla):
     assert with_torch_xla["initialized_after_configure"] is False
 
 
+@pytest.mark.launch
 def test_configure_after_the_runtime_started_raises(with_torch_xla):
     assert with_torch_xla["initialized_after_device"] is True
     assert with_torch_xla["reported_after"] is True and with_torch_xla["ok_after"] is False
@@ -696,6 +699,7 @@ def test_configure_after_the_runtime_started_raises(with_torch_xla):
     assert with_torch_xla["cpu_num_devices"] == "2"  # the refused call changed nothing
 
 
+@pytest.mark.launch
 def test_detect_imports_no_heavy_package():
     out = run_python(
         """
@@ -712,6 +716,7 @@ def test_detect_imports_no_heavy_package():
     assert out["torch_xla"]  # found from metadata, without importing it
 
 
+@pytest.mark.launch
 def test_detect_without_torch_xla():
     out = run_python(
         """

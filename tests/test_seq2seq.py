@@ -41,6 +41,7 @@ def learned(cache, tmp_path_factory):
                             metrics=("bleu", "rouge"), log_every=10)
 
 
+@pytest.mark.launch
 def test_it_learns_the_demo_translation(learned):
     assert learned.task == "seq2seq"
     assert learned.devices == 4
@@ -52,6 +53,7 @@ def test_it_learns_the_demo_translation(learned):
     assert not learned.warnings
 
 
+@pytest.mark.launch
 def test_compile_contract(learned):
     # One source bucket: 1 training graph; evaluation: the teacher-forced forward pass with
     # the encoder (1) and the decoding step (1), however many tokens and batches.
@@ -79,6 +81,7 @@ def cpu_predictions(learned) -> list[str]:
     return [text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True)]
 
 
+@pytest.mark.launch
 def test_metrics_equal_a_cpu_reference(learned, cpu_predictions):
     """The CPU's predictions, scored by the packages themselves against the raw target
     texts, give exactly the reported figures."""
@@ -98,6 +101,7 @@ def test_metrics_equal_a_cpu_reference(learned, cpu_predictions):
         assert learned.metrics[f"eval_{name}"] == pytest.approx(reference, abs=1e-9)
 
 
+@pytest.mark.launch
 def test_predict_on_every_device_equals_evaluation(learned, cpu_predictions):
     """`result.predict` generates with the prefix and length the run saved, one forward and
     one step graph for its one bucket, the same texts as evaluation scored."""
@@ -107,6 +111,7 @@ def test_predict_on_every_device_equals_evaluation(learned, cpu_predictions):
     assert predictions.compiles == 2 and predictions.bucket_lengths == [8]
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("architecture", ["t5", "bart"])
 def test_fixed_shape_generation_equals_generate(architecture, bart_dir, t5_dir):
     """The device loop's arithmetic, run on the CPU: the same tokens as `generate`."""
@@ -169,6 +174,7 @@ def _refused(tmp_path, *args, **options) -> str:
     return str(caught.value)
 
 
+@pytest.mark.launch
 def test_bad_inputs_refused_before_fork(tmp_path, bart_dir, cache):
     translation = demo_seq2seq_dataset(n=200)
     summaries = demo_seq2seq_dataset(n=200, kind="summarization")
@@ -238,6 +244,7 @@ def test_sampling_repeats_with_the_seed_and_early_stop_changes_no_token(bart_dir
     assert len(steps) - 1 < 12  # the untrained model ends every row at once: stopped early
 
 
+@pytest.mark.launch
 def test_predict_samples_in_the_same_two_graphs(learned):
     predictions = learned.predict(["the cat is small .", "a red house ."], do_sample=True,
                                   top_p=0.9, seed=0, num_processes=4, progress=False)

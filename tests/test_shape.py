@@ -282,12 +282,3 @@ def test_the_checks_find_what_they_look_for():
         "from hfxla_nb.train import _short", "_xla._private", "checks._refuse",
         "data._short", "hfxla_nb.train.finetune._helper", "launch.supervision._keeper"])
 
-
-def test_the_tests_conftest_lists_by_name_exist():
-    """tests/conftest.py marks some tests by name (what its reading of the code cannot see):
-    a renamed test would silently join `make test-fast`."""
-    from tests import conftest
-
-    for test in sorted(conftest.SLOW | conftest.STARTS_PROCESSES):
-        path, name = test.split("::")
-        assert name in conftest.module_definitions(ROOT / path), f"tests/conftest.py names {test}"

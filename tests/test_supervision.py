@@ -188,6 +188,7 @@ def _forked_launch(display, timeout=None):
     return record, lambda: supervision.run(time.sleep, (60,), False, env)
 
 
+@pytest.mark.launch
 def test_output_main_all_none_and_a_list_say_whose_lines_reach_the_cell():
     """README: `output="main"` shows rank 0, `"all"` every rank, or a list of ranks; the
     launcher's own lines (no rank) show unless it is "none" (one decision for one host and
@@ -210,6 +211,7 @@ def test_the_grace_between_sigterm_and_sigkill_is_the_readmes():
     assert LEFTOVER_GRACE < TERMINATE_GRACE
 
 
+@pytest.mark.launch
 @pytest.mark.launch  # forks a real supervisor (`_forked_launch`)
 def test_a_launch_past_its_timeout_is_stopped_and_ends_as_timeout():
     record, run = _forked_launch(NullDisplay(), timeout=2.0)
@@ -220,6 +222,7 @@ def test_a_launch_past_its_timeout_is_stopped_and_ends_as_timeout():
     assert group_processes(record.process_group) == []
 
 
+@pytest.mark.launch
 @pytest.mark.launch  # forks a real supervisor (`_forked_launch`)
 def test_a_launch_whose_watch_raises_is_stopped_and_ends_as_failed():
     """An error in the kernel's own loop (here the panel's refresh) still stops every process

@@ -51,6 +51,7 @@ def audio(cache, tmp_path_factory):
     return result, clips, predicted
 
 
+@pytest.mark.launch
 def test_it_learns_made_up_clips(audio):
     result, _, _ = audio
     assert result.task == "audio-classification"
@@ -59,6 +60,7 @@ def test_it_learns_made_up_clips(audio):
     assert result.loss_history[-1][1] < 0.5 * result.loss_history[0][1]
 
 
+@pytest.mark.launch
 def test_one_training_and_one_evaluation_graph_per_duration(audio):
     result, _, predicted = audio
     assert result.bucket_lengths == [RATE // 2, RATE]
@@ -68,6 +70,7 @@ def test_one_training_and_one_evaluation_graph_per_duration(audio):
     assert predicted.compiles == len(result.bucket_lengths)
 
 
+@pytest.mark.launch
 def test_predict_equals_the_pipeline_on_the_cpu(audio):
     from transformers import AutoFeatureExtractor, pipeline
 

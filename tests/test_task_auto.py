@@ -43,6 +43,7 @@ def test_every_registered_task_is_a_choice_and_has_its_hooks():
         FineTuneConfig(task="ner")
 
 
+@pytest.mark.slow  # builds 4 models
 def test_auto_picks_the_task_of_the_models_head(cache):
     plan = prepare_fine_tune(ner_model_dir(cache=cache), ner_rows(16), batch_size=4,
                              output_dir=None)

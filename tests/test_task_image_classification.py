@@ -39,6 +39,7 @@ def vit(cache, tmp_path_factory):
     return result, data, predicted
 
 
+@pytest.mark.launch
 def test_it_learns_the_drawn_images(vit):
     result, _, _ = vit
     assert result.task == "image-classification"  # task="auto", from the ViT's head
@@ -48,6 +49,7 @@ def test_it_learns_the_drawn_images(vit):
     assert result.loss_history[-1][1] < 0.5 * result.loss_history[0][1]
 
 
+@pytest.mark.launch
 def test_the_result_offers_the_image_processor_and_notes_no_text_model_patch(vit):
     from hfxla_nb.ui.panels import next_step
 
@@ -61,6 +63,7 @@ def test_the_result_offers_the_image_processor_and_notes_no_text_model_patch(vit
         assert not any(text_patch in note for note in patched), patched
 
 
+@pytest.mark.launch
 def test_compile_contract(vit):
     result, _, predicted = vit
     # One resolution, one bucket: one training and one evaluation graph; predict one.
@@ -69,6 +72,7 @@ def test_compile_contract(vit):
     assert predicted.compiles == 1
 
 
+@pytest.mark.launch
 def test_predict_equals_the_pipeline_on_the_cpu(vit):
     from transformers import AutoImageProcessor, pipeline
 
@@ -92,6 +96,7 @@ def test_predict_equals_the_pipeline_on_the_cpu(vit):
     assert len(frame) == len(predicted) * len(IMAGE_LABELS)
 
 
+@pytest.mark.launch
 def test_an_array_and_a_file_predict_as_their_image(vit):
     _, _, predicted = vit
     first, array, path = predicted[0], predicted[-2], predicted[-1]
@@ -184,6 +189,7 @@ def test_without_pillow_the_error_names_the_install_line(cache, monkeypatch):
         TASKS["image-classification"].load_processor(None, model, model)
 
 
+@pytest.mark.launch
 def test_augmentation_keeps_the_graphs_and_still_learns(vit, cache):
     """augment=True: every training image cropped and flipped on the host, each step; the
     values change (another loss history), the shapes do not (the same two graphs)."""

@@ -67,6 +67,7 @@ def test_masking_follows_the_15_80_10_10_rules():
     assert kept / chosen == pytest.approx(0.1, abs=0.02)
 
 
+@pytest.mark.launch
 def test_it_learns_and_its_loss_is_a_cpu_forwards_on_the_same_masked_rows(trained):
     folder, data, result = trained
     assert result.task == "masked-lm"
@@ -96,6 +97,7 @@ def test_it_learns_and_its_loss_is_a_cpu_forwards_on_the_same_masked_rows(traine
     assert result.metrics["eval_loss"] == pytest.approx(total / tokens, rel=1e-4)
 
 
+@pytest.mark.launch
 def test_predict_gives_the_fill_mask_pipelines_candidates(trained):
     from transformers import pipeline
 

@@ -36,6 +36,7 @@ def swag(cache, tmp_path_factory):
     return result, data, predicted
 
 
+@pytest.mark.launch
 def test_it_learns_swag_shaped_rows(swag):
     result, _, _ = swag
     assert result.task == "multiple-choice"
@@ -44,6 +45,7 @@ def test_it_learns_swag_shaped_rows(swag):
     assert result.metrics["eval_rows"] == ROWS // 5
 
 
+@pytest.mark.launch
 def test_compile_contract(swag):
     result, _, predicted = swag
     # One training and one evaluation graph per bucket (rows x 4 endings x length); predict:
@@ -53,6 +55,7 @@ def test_compile_contract(swag):
     assert predicted.bucket_lengths == result.bucket_lengths and predicted.compiles == 1
 
 
+@pytest.mark.launch
 def test_accuracy_and_predict_equal_a_cpu_forward_on_the_same_rows(swag):
     import torch
 

@@ -72,6 +72,7 @@ def _comparisons_of_task_names(path: Path, tree: ast.Module, collections: set[st
     return where
 
 
+@pytest.mark.slow  # parses every module of the package
 def test_no_task_name_is_compared_outside_the_tasks_package():
     outside = _modules(inside_tasks=False)
     collections = _collections_of_names(outside)

@@ -40,6 +40,7 @@ def predicted(qa):
                           progress=False)
 
 
+@pytest.mark.launch
 def test_it_learns_squad_v2_shaped_qa(qa):
     result, _ = qa
     assert result.task == "question-answering"
@@ -50,6 +51,7 @@ def test_it_learns_squad_v2_shaped_qa(qa):
     assert any("more windows for long contexts" in note for note in result.notes)
 
 
+@pytest.mark.launch
 def test_compile_contract(qa, predicted):
     result, _ = qa
     buckets = len(result.bucket_lengths)
@@ -70,6 +72,7 @@ def _squad_f1(prediction, gold):
     return 0.0 if same == 0 else 2 * same / (len(p) + len(g))
 
 
+@pytest.mark.launch
 def test_metrics_are_squads_rules_on_predicts_answers(qa, predicted):
     result, data = qa
     validation = data["validation"]
@@ -84,6 +87,7 @@ def test_metrics_are_squads_rules_on_predicts_answers(qa, predicted):
     assert result.metrics["eval_f1"] == pytest.approx(100 * np.mean(f1), abs=1e-9)
 
 
+@pytest.mark.launch
 def test_predict_matches_a_cpu_forward_decoded_the_same_way(qa, predicted):
     import torch
 

@@ -55,6 +55,7 @@ def speech(cache, tmp_path_factory):
     return result, clips, predicted
 
 
+@pytest.mark.launch
 def test_it_learns_made_up_speech(speech):
     result, _, _ = speech
     assert result.task == "speech-recognition"  # task="auto" would pick it too (...ForCTC)
@@ -64,6 +65,7 @@ def test_it_learns_made_up_speech(speech):
     assert result.loss_history[-1][1] < 0.5 * result.loss_history[0][1]
 
 
+@pytest.mark.launch
 def test_one_training_and_one_evaluation_graph_per_duration(speech):
     result, _, predicted = speech
     assert result.bucket_lengths == [RATE // 2, RATE]
@@ -73,6 +75,7 @@ def test_one_training_and_one_evaluation_graph_per_duration(speech):
     assert predicted.compiles == len(result.bucket_lengths)
 
 
+@pytest.mark.launch
 def test_predict_equals_the_pipeline_on_the_cpu(speech):
     from transformers import pipeline
 
@@ -86,6 +89,7 @@ def test_predict_equals_the_pipeline_on_the_cpu(speech):
     assert list(frame.columns) == ["text"] and len(frame) == len(clips)
 
 
+@pytest.mark.launch
 def test_the_traced_ctc_loss_equals_torchs_with_its_gradient():
     # In a fresh interpreter: a backward pass starts the autograd engine's device threads,
     # sized for the devices this process sees, and processes forked later (the launches of

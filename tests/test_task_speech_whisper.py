@@ -47,6 +47,7 @@ def whisper(whisper_dir, tmp_path_factory):
     return result, clips, predicted
 
 
+@pytest.mark.launch
 def test_whisper_learns_made_up_speech(whisper):
     result, _, _ = whisper
     assert result.task == "speech-recognition"
@@ -57,6 +58,7 @@ def test_whisper_learns_made_up_speech(whisper):
     assert not result.warnings
 
 
+@pytest.mark.launch
 def test_whisper_compiles_one_training_graph_and_two_for_generation(whisper):
     result, _, predicted = whisper
     assert result.bucket_lengths == [RATE]  # the extractor's window: one shape for all
@@ -67,6 +69,7 @@ def test_whisper_compiles_one_training_graph_and_two_for_generation(whisper):
     assert predicted.compiles == 2
 
 
+@pytest.mark.launch
 def test_whisper_predict_equals_the_pipeline_on_the_cpu(whisper):
     from transformers import WhisperForConditionalGeneration, pipeline
 
@@ -80,6 +83,7 @@ def test_whisper_predict_equals_the_pipeline_on_the_cpu(whisper):
     assert isinstance(result.load_model(), WhisperForConditionalGeneration)
 
 
+@pytest.mark.launch
 def test_whisper_fixed_shape_generation_equals_generate(whisper_dir):
     """The device loop's arithmetic with Whisper's prompt, on the CPU: `generate`'s tokens."""
     import torch

@@ -33,6 +33,7 @@ def ner(cache, tmp_path_factory):
     return result, data, predicted
 
 
+@pytest.mark.launch
 def test_it_learns_conll_shaped_ner(ner):
     result, _, _ = ner
     assert result.task == "token-classification"
@@ -43,6 +44,7 @@ def test_it_learns_conll_shaped_ner(ner):
     assert result.label_names == list(CONLL_TAGS)
 
 
+@pytest.mark.launch
 def test_compile_contract(ner):
     result, _, predicted = ner
     # One training graph and one evaluation graph per length bucket; predict: one per bucket.
@@ -53,6 +55,7 @@ def test_compile_contract(ner):
     assert predicted.compiles == 1
 
 
+@pytest.mark.launch
 def test_predict_matches_a_cpu_forward_and_metrics_are_seqeval_on_it(ner):
     import torch
     from seqeval.metrics import classification_report, f1_score, precision_score, recall_score
@@ -88,6 +91,7 @@ def test_predict_matches_a_cpu_forward_and_metrics_are_seqeval_on_it(ner):
         assert metrics[f"eval_{kind}_f1"] == pytest.approx(report[kind]["f1-score"], abs=1e-12)
 
 
+@pytest.mark.launch
 def test_predict_on_texts_gives_entities_with_character_spans(ner):
     _, data, predicted = ner
     out = predicted[len(data["validation"]):]

@@ -71,6 +71,7 @@ def test_the_doctor_fails_the_versions_step_with_what_to_do(tmp_path):
     assert "torch_xla[tpu]==2.9.*" in check.fix
 
 
+@pytest.mark.launch
 def test_every_entry_point_that_needs_torch_xla_refuses_before_anything(torch_tpu_only,
                                                                         cache):
     from hfxla_nb.demo import demo_dataset, demo_model_dir
@@ -85,6 +86,7 @@ def test_every_entry_point_that_needs_torch_xla_refuses_before_anything(torch_tp
     assert not out.exists() and not _xla.runtime_is_initialized()
 
 
+@pytest.mark.launch
 def test_without_torch_xla_or_torch_tpu_the_refusal_says_what_to_install(monkeypatch):
     monkeypatch.setattr(_xla, "is_installed", lambda: False)
     with pytest.raises(LaunchRefusedError, match="torch_xla is not installed, and every worker"):

@@ -164,6 +164,7 @@ def gemma_7b():
                                     num_key_value_heads=16, head_dim=256, vocab_size=256000)
 
 
+@pytest.mark.slow  # loads transformers for the memory plan (about 20 s)
 def test_the_memory_plan_has_the_hbm_xla_reported_on_the_recorded_hosts():
     """Colab's v2-8: "HBM capacity 8.00G", "reserved 529.00M" per XLA device (pytorch/xla
     #1735); a v3-8's device: "of 15.48G hbm" (LWM #60, EasyDeL #142)."""
@@ -178,6 +179,7 @@ def test_the_memory_plan_has_the_hbm_xla_reported_on_the_recorded_hosts():
     assert round(plan.device_memory_gib, 2) == kaggle["recorded_hbm"]["usable_gib"] == 15.48
 
 
+@pytest.mark.slow  # loads transformers for the memory plan (about 20 s)
 def test_gemma_7b_does_not_fit_a_16_gib_device_as_xla_said():
     """EasyDeL #142: gemma-7b's bf16 weights alone are "arguments 15.90G" of "15.48G hbm";
     the plan's frozen bf16 base is the same 15.90 GiB, and no fine-tune of it fits."""

@@ -112,6 +112,7 @@ def programs(tmp_path_factory):
     return results
 
 
+@pytest.mark.launch
 def test_alerts_agree_with_torch_xlas_own_analysis(programs):
     for name, (steps, result, says) in programs.items():
         compiled, executed = says["Compilation"], says["Execution"]
@@ -164,6 +165,7 @@ print(json.dumps({"traced": traced, "plain": plain}))
 """
 
 
+@pytest.mark.launch
 def test_a_launched_recompiling_loop_shows_its_line_and_no_raw_analysis(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(LAUNCHED)
@@ -184,6 +186,7 @@ def test_a_launched_recompiling_loop_shows_its_line_and_no_raw_analysis(tmp_path
     assert "Compilation Analysis" not in out and "Execution Analysis" not in out
 
 
+@pytest.mark.kernel
 def test_xla_metrics_traces_the_cell_or_says_in_one_line_why_not():
     kernel = Kernel()
     try:

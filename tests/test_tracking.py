@@ -26,7 +26,6 @@ from hfxla_nb.observe import tracking as tracking_writers
 from hfxla_nb.observe.tracking import Tracker, TrackingSettings, plain
 from hfxla_nb.train import FineTuneConfig, FineTuneError
 from hfxla_nb.train.preparation import check_output_dir
-from tests.helpers import refuse_launches
 
 STEPS = 8
 LOG_EVERY = 2
@@ -86,17 +85,6 @@ def _close(a: float, b: float) -> bool:
 
 
 # -- refused before the fork -------------------------------------------------------------------
-
-
-@pytest.fixture
-def no_launch(monkeypatch):
-    refuse_launches(monkeypatch)
-    import hfxla_nb.launch.launcher as launcher
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a launch was started")
-
-    monkeypatch.setattr(launcher, "_Attempts", refuse)
 
 
 def test_bad_report_to_is_refused_before_the_fork(monkeypatch, tmp_path, no_launch):
@@ -178,6 +166,7 @@ def tracked(cache, tmp_path_factory):
         monkeypatch.undo()
 
 
+@pytest.mark.launch
 def test_fine_tune_writes_every_figure_to_tensorboard(tracked):
     config, result, folder = tracked
     log_dir = folder / "out" / "runs" / "tiny"  # kept when the final save replaced out/
@@ -208,6 +197,7 @@ def test_fine_tune_writes_every_figure_to_tensorboard(tracked):
         check_output_dir(folder / "out", "tiny-bert")
 
 
+@pytest.mark.launch
 def test_fine_tune_hyperparameters_are_every_field_and_the_memory_plan(tracked):
     config, result, folder = tracked
     found = hparams(folder / "out" / "runs" / "tiny")
@@ -223,6 +213,7 @@ def test_fine_tune_hyperparameters_are_every_field_and_the_memory_plan(tracked):
             assert found[f"memory/{name}"] == pytest.approx(value)
 
 
+@pytest.mark.launch
 def test_fine_tune_writes_the_same_to_wandb_offline(tracked):
     config, result, folder = tracked
     records = wandb_records(folder / "wandb-dir")
@@ -261,6 +252,7 @@ def _reports(steps: int) -> str:
     return "done"
 
 
+@pytest.mark.launch
 def test_the_launchers_report_values_reach_both_trackers(monkeypatch, tmp_path):
     _offline(monkeypatch, tmp_path / "wandb-dir")
     steps = 6

@@ -9,11 +9,15 @@ import pytest
 import hfxla_nb as hx
 from hfxla_nb import _xla, demo
 from hfxla_nb.launch import last_launch
-from hfxla_nb.train.trainer import TrainingArgumentsInKernelError
 from tests.test_tracking import scalars, wandb_history, wandb_records
 
 
+@pytest.mark.slow  # its module imports peft
 def test_training_arguments_refuse_in_the_kernel():
+    # Imported here: hfxla_nb.train.trainer takes seconds to import, and `make test-fast`
+    # collects this module only to deselect its tests.
+    from hfxla_nb.train.trainer import TrainingArgumentsInKernelError
+
     with pytest.raises(TrainingArgumentsInKernelError, match="inside the function you launch"):
         hx.xla_training_arguments(output_dir="never-written")
     assert not _xla.runtime_is_initialized()
@@ -63,6 +67,7 @@ def _train_with_trainer(index, folder, output_dir, report_to):
     }
 
 
+@pytest.mark.launch
 def test_trainer_with_the_callback_in_a_launched_run(cache, tmp_path, capsys, monkeypatch):
     folder = demo.demo_model_dir(cache=cache)
     monkeypatch.setenv("WANDB_MODE", "offline")  # the Trainer's own trackers, asked for
@@ -165,6 +170,7 @@ def _sft_lora_fsdp(folder, output_dir):
     }
 
 
+@pytest.mark.launch
 def test_sft_trainer_with_lora_and_fsdp_v2_in_a_launched_worker(tmp_path):
     from hfxla_nb.demo.lm import demo_lm_model_dir
 

@@ -47,6 +47,7 @@ def marked_line() -> int:
     return first + next(i for i, line in enumerate(source) if "SHARDED HERE" in line)
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("after_use", [True, False], ids=["after-use", "before-use"])
 def test_a_tensor_sharded_after_use_is_named_with_its_line(after_use, monkeypatch):
     monkeypatch.setenv("CPU_NUM_DEVICES", "4")

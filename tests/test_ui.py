@@ -26,7 +26,7 @@ from hfxla_nb.ui import state as units
 from hfxla_nb.ui.html import MetricsPanel
 from hfxla_nb.ui.live import ConsoleDisplay, HtmlDisplay, WidgetDisplay, widget_state
 from hfxla_nb.ui.state import BORDER, PADDING, LaunchState
-from tests.helpers import T0, Clock, bundles_of, error_of, run_notebook, stdout_of
+from tests.helpers import T0, Clock, Shown, bundles_of, error_of, run_notebook, stdout_of
 
 
 def record(ok=True, **ranks):
@@ -402,25 +402,6 @@ def test_live_parts_are_the_final_panels_parts():
     assert all(child.layout.margin == "0px" for child in display.widget.children)
 
 
-class Shown:
-    """Stands in for IPython's display(): records what is shown and updated, by display_id."""
-
-    def __init__(self, monkeypatch):
-        self.calls = []
-        monkeypatch.setattr("IPython.display.display", self.display)
-
-    def display(self, obj, display_id=None):
-        assert display_id is True
-        self.calls.append(("display", obj._repr_mimebundle_()))
-        shown = self
-
-        class Handle:
-            def update(self, new):
-                shown.calls.append(("update", new._repr_mimebundle_()))
-
-        return Handle()
-
-
 def test_widget_panel_ends_as_static_html_and_closes_its_widgets(monkeypatch):
     shown = Shown(monkeypatch)
     display = WidgetDisplay(2)
@@ -582,6 +563,7 @@ def run(display, fail=False):
 """
 
 
+@pytest.mark.kernel
 def test_panels_in_a_real_kernel():
     cells = run_notebook([
         KERNEL_SETUP,
@@ -638,6 +620,7 @@ def panel_outputs(output):
     return first, updates[-1]["data"]
 
 
+@pytest.mark.kernel
 def test_launch_panels_in_a_kernel_end_as_static_html_with_final_metrics():
     """Real launches in a real kernel: the live widget panel is replaced, at the end, by static
     HTML and text (what a saved notebook keeps), showing the final metrics: after a failure

@@ -31,6 +31,8 @@ import pytest
 
 from tests.helpers import ROOT
 
+pytestmark = pytest.mark.launch
+
 PACKAGE = ROOT / "hfxla_nb"
 README = ROOT / "README.md"
 # The extras a user installs (pyproject.toml); `test` is the project's own.

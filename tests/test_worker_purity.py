@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.launch
+
 # What a forked worker runs: `notebook_launcher`'s worker, fine_tune's loop, `hx.report`.
 WORKER_MODULES = ("hfxla_nb.launch.worker", "hfxla_nb.train.worker.loop",
                   "hfxla_nb.observe.reporting")

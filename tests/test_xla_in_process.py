@@ -7,7 +7,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import ROOT, subprocess_env
+
+pytestmark = pytest.mark.launch
 
 
 def test_the_xla_in_process_tests_pass_in_a_process_of_their_own():

@@ -69,6 +69,7 @@ def installed_minor() -> str:
     return ".".join(version.split(".")[:2])
 
 
+@pytest.mark.launch
 def test_every_private_name_is_in_the_installed_torch_xla():
     pytest.importorskip("torch_xla")
     found = probe()
