@@ -44,6 +44,7 @@ def assert_clean(kernel: Kernel) -> None:
     assert kernel.value("hfxla_nb._xla.runtime_is_initialized()") is False
 
 
+@pytest.mark.launch
 def test_the_launch_defaults_are_written_once_and_the_strategy_docs_agree():
     """`LaunchOptions` holds `notebook_launcher`'s defaults; the signature reads them from
     there (shift-tab shows the values). The default strategy is "replicated", accelerate's

@@ -15,8 +15,6 @@ import textwrap
 from functools import cache
 from pathlib import Path
 
-from tests import conftest
-
 TESTS = Path(__file__).parent
 
 # Names whose use starts a Jupyter kernel, and those whose use forks or starts a process.
@@ -130,7 +128,7 @@ def unmarked(source: str, path: Path) -> list[str]:
                 or isinstance(node, ast.ClassDef) and node.name.startswith("Test")):
             continue
         test = f"{path.relative_to(TESTS.parent)}::{node.name}"
-        written = module | set(conftest.MARKED_HERE.get(test, ())) | set().union(
+        written = module | set().union(
             *(_marks_named(decorator) for decorator in node.decorator_list))
         needed = set().union(*(_needed_by(code, found) for code in [node, *autouse]))
         if needed - written:
@@ -189,11 +187,3 @@ def test_the_check_finds_a_kernel_or_launch_without_its_mark():
         "tests/test_example.py::test_a_launch_through_a_helper: @pytest.mark.launch"]
     marked = "import pytest\npytestmark = [pytest.mark.kernel, pytest.mark.launch]\n"
     assert unmarked(marked + source.split("\n", 2)[2], path) == []
-
-
-def test_the_tests_conftest_marks_by_name_exist():
-    """tests/conftest.py marks a few tests by name (their modules do not carry the mark yet):
-    a renamed test would silently join `make test-fast`."""
-    for test in sorted(conftest.MARKED_HERE):
-        path, name = test.split("::")
-        assert name in definitions(TESTS.parent / path), f"tests/conftest.py names {test}"

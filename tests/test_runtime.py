@@ -250,6 +250,7 @@ def test_processes_holding_the_tpu_are_found_except_this_one(tmp_path):
     assert not info.ok
 
 
+@pytest.mark.launch
 def test_one_call_looks_at_the_host_once_and_the_next_call_looks_again(tmp_path, monkeypatch):
     """Within `one_call()` (one fine_tune / notebook_launcher / predict) the host is scanned
     once, a nested call included; the environment is still read each time. After it, a new

@@ -65,6 +65,7 @@ def classifier_dir(cache):
 # -- training on a stream --------------------------------------------------------------------
 
 
+@pytest.mark.launch
 def test_a_streamed_corpus_trains_a_causal_lm_with_one_graph(lm_dir):
     pairs = demo_lm_dataset(400)
     # 1M rows: far more than the run reads (12 steps of 8 packed rows), never held anywhere.
@@ -82,6 +83,7 @@ def test_a_streamed_corpus_trains_a_causal_lm_with_one_graph(lm_dir):
     assert any("streamed" in note for note in result.notes)
 
 
+@pytest.mark.launch
 def test_a_streamed_json_file_trains_a_classifier_with_one_graph(classifier_dir, tmp_path):
     import datasets
 
@@ -106,6 +108,7 @@ def test_a_streamed_json_file_trains_a_classifier_with_one_graph(classifier_dir,
 # -- the kernel's memory ---------------------------------------------------------------------
 
 
+@pytest.mark.launch
 def test_the_kernels_memory_stays_flat_whatever_the_streamed_corpus_size(cache):
     small, large = probe("stream", 10_000, cache), probe("stream", 1_000_000, cache)
     # 100x the rows, the same peak: the kernel reads the first rows only (the check).
@@ -114,6 +117,7 @@ def test_the_kernels_memory_stays_flat_whatever_the_streamed_corpus_size(cache):
     assert large["peak_mb"] - large["base_mb"] < 300, large
 
 
+@pytest.mark.launch
 def test_in_memory_data_peaks_within_1_5x_of_datasets_map_and_padding(cache):
     # docs/fine-tune.md has the figures of 200k rows (the same script, rows=200000).
     mapped, prepared = probe("map", 50_000, cache), probe("prepare", 50_000, cache)
@@ -126,12 +130,14 @@ def test_in_memory_data_peaks_within_1_5x_of_datasets_map_and_padding(cache):
 # -- refusals, before any fork ---------------------------------------------------------------
 
 
+@pytest.mark.launch
 def test_a_stream_without_max_steps_is_refused_before_anything(lm_dir, no_launch):
     stream = text_stream(["some text"], 10)
     with pytest.raises(FineTuneError, match=r"streamed.*Pass max_steps=N"):
         hx.fine_tune(lm_dir, stream, task="causal-lm", output_dir=None, progress=False)
 
 
+@pytest.mark.launch
 def test_a_stream_for_a_task_that_cannot_read_one_is_refused(classifier_dir, no_launch):
     stream = text_stream(["some text"], 10)
     with pytest.raises(FineTuneError, match=r"'causal-lm' and 'classification'.*'masked-lm'"):
@@ -163,6 +169,7 @@ def test_a_streamed_row_of_an_unknown_class_names_its_row(classifier_dir):
         encode([{"text": "a", "label": "positive"}, {"text": "b", "label": "neutral"}])
 
 
+@pytest.mark.launch
 def test_an_empty_stream_is_refused(lm_dir, no_launch):
     with pytest.raises(FineTuneError, match="streamed training data is empty"):
         hx.fine_tune(lm_dir, text_stream(["x"], 0), task="causal-lm", max_steps=2,
@@ -193,6 +200,7 @@ def test_a_streamed_split_gives_each_step_the_same_rows_resumed_or_not():
     assert all(bucket.inputs.shape == (300, 4) for bucket in steps)
 
 
+@pytest.mark.launch
 def test_pick_splits_reads_only_the_first_rows_of_a_streamed_evaluation_split():
     import datasets
 
@@ -210,6 +218,7 @@ def test_pick_splits_reads_only_the_first_rows_of_a_streamed_evaluation_split():
     assert len(read) < 2 * data.STREAMED_EVAL_ROWS
 
 
+@pytest.mark.launch
 def test_prepare_reads_a_streamed_classifier_without_reading_the_stream(classifier_dir):
     import datasets
 

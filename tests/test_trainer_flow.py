@@ -129,6 +129,7 @@ def trainer_stop_step(result) -> int | None:
     return None
 
 
+@pytest.mark.launch
 def test_evaluation_steps_are_the_trainers(run):
     stop = run.steps
     assert [entry["step"] for entry in evaluations(run)] == trainer_eval_steps(
@@ -136,6 +137,7 @@ def test_evaluation_steps_are_the_trainers(run):
     assert all(entry["epoch"] == entry["step"] / 15 for entry in run.log_history)
 
 
+@pytest.mark.launch
 def test_learning_rates_are_get_schedulers(run):
     import torch
     from transformers import get_scheduler
@@ -155,6 +157,7 @@ def test_learning_rates_are_get_schedulers(run):
         rates[entry["step"] - 1] for entry in logged]
 
 
+@pytest.mark.launch
 def test_compiles_stay_one_graph_each(run):
     # A new rate each step (0 at step 1, the warm-up's first) and six evaluations during
     # training: still one training graph and one evaluation graph, compiled ahead.
@@ -163,6 +166,7 @@ def test_compiles_stay_one_graph_each(run):
     assert run.executions_per_step == 1.0
 
 
+@pytest.mark.launch
 def test_early_stopping_stops_where_the_trainer_would(run):
     stop = trainer_stop_step(run)
     assert stop is not None, "the recorded losses should stop within 30 steps"
@@ -170,6 +174,7 @@ def test_early_stopping_stops_where_the_trainer_would(run):
     assert evaluations(run)[-1]["step"] == stop
 
 
+@pytest.mark.launch
 def test_callback_sees_events_in_order(run, events_file):
     events = [json.loads(line) for line in Path(events_file).read_text().splitlines()]
     names = [event["event"] for event in events]
@@ -188,6 +193,7 @@ def test_callback_sees_events_in_order(run, events_file):
     assert epoch_ends == [s for s in (15, run.steps) if s <= run.steps][:len(epoch_ends)]
 
 
+@pytest.mark.launch
 def test_load_best_model_at_end_keeps_the_best(run, small_eval):
     import torch
 
@@ -222,6 +228,7 @@ def small_eval():
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.launch
 def test_early_stopping_on_a_recorded_sequence():
     """`TrainerRun` with transformers' `EarlyStoppingCallback` stops at the evaluation the
     Trainer's own logic stops at, on a recorded sequence of accuracies."""

@@ -47,6 +47,7 @@ from ..plan import TrainPlan
 if TYPE_CHECKING:
     import torch
 
+    from .callbacks import TrainerRun
     from .context import WorkerContext
 
 
@@ -223,7 +224,7 @@ class TrainingState(Protocol):
     logged: tuple[int, float]
     checkpoints: list[str]
     checkpoint_marks: list[tuple[float, float, dict[str, int]]]
-    run: Any  # `callbacks.TrainerRun`: the evaluations and callbacks' state a resume needs
+    run: TrainerRun  # the evaluations and the callbacks' state a resume needs
 
 #: The attribute under which PyTorch/XLA's FSDPv2 keeps a wrapped module.
 FSDP_WRAPPED = "_orig_module"
