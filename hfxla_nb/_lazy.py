@@ -25,8 +25,9 @@ def lazy_exports(package: str, exports: Mapping[str, str],
         exports: public name -> the package's module that defines it.
         modules: public module name -> the package's module it is (`hx.patches` is
             `hfxla_nb.patches`).
-        on_first_use: called after each name is resolved (`hfxla_nb` registers its panels
-            with IPython then).
+        on_first_use: called after each public name of `exports` is resolved (`hfxla_nb`
+            registers its panels with IPython then); not for a module of `modules`, which
+            worker code imports (`from hfxla_nb import patches`) and which must not draw.
 
     Returns:
         `__getattr__` imports the module of a public name on its first use and keeps the
@@ -43,7 +44,7 @@ def lazy_exports(package: str, exports: Mapping[str, str],
         else:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         setattr(sys.modules[package], name, value)
-        if on_first_use is not None:
+        if on_first_use is not None and name in exports:
             on_first_use()
         return value
 

@@ -333,10 +333,10 @@ DYNAMIC_LOOP = """
 import json, pickle, torch, torch_xla
 import torch_xla.debug.metrics as met
 from hfxla_nb import events
-from hfxla_nb.observe import process, reporting
+from hfxla_nb.observe import reporting
 import hfxla_nb as hx
 
-process.SNAPSHOT_INTERVAL = 0.0   # a snapshot every step, to see every compile
+reporting.SNAPSHOT_INTERVAL = 0.0   # a snapshot every step, to see every compile
 channel = events.Channel()
 events.attach_worker(channel, 0)
 dev = torch_xla.device()

@@ -59,8 +59,10 @@ def test_the_quickstart_runs_as_printed_in_a_fresh_kernel(tmp_path):
         heading, columns, row, *_ = returned.splitlines()
         assert heading.startswith("Predictions: 1 input (classification)"), returned
         assert columns.split() == ["input", "label", "score"], returned
-        index, label, score = row.split()
-        assert (index, label) == ("0", "positive") and 0.5 < float(score) <= 1, returned
+        # The row names its input by its text (cut to the column's width), then label and score.
+        *words, label, score = row.split()
+        assert " ".join(words).startswith("A wonderful place"), returned
+        assert label == "positive" and 0.5 < float(score) <= 1, returned
     finally:
         kernel.close()
 

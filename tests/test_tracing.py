@@ -23,7 +23,7 @@ DATA = Path(__file__).parent / "data" / "xla_analysis.log"
 # `%%xla_metrics` does: tracing.begin_cell, the cell, CellTrace.end, summarize, analyze.
 RUNNER = """
 import json, sys, torch, torch_xla
-from hfxla_nb.observe import analyzer, metrics, tracing
+from hfxla_nb.observe import alerts, metrics, tracing
 CELL = "/tmp/ipykernel_7/1.py"
 trace = tracing.begin_cell({CELL: 1})
 before = metrics.snapshot()
@@ -32,12 +32,12 @@ exec(compile(sys.argv[1], CELL, "exec"), {"torch": torch, "torch_xla": torch_xla
 log = trace.end()
 summary = metrics.summarize(metrics.diff(before, metrics.snapshot()), steps=int(sys.argv[2]))
 summary.trace = log
-alerts = analyzer.analyze(summary)
+found = alerts.analyze(summary)
 print(json.dumps({
     "compiles": summary.compiles, "compile_time": summary.compile_seconds,
     "traced_time": sum(r.compile_time or 0 for r in log.records),
     "timed": sum(r.compile_time is not None for r in log.records),
-    "alerts": [[a.code, a.severity, a.title, a.explanation, a.fix] for a in alerts]}))
+    "alerts": [[a.code, a.severity, a.title, a.explanation, a.fix] for a in found]}))
 """
 
 PROGRAMS = {
