@@ -29,11 +29,11 @@ import html
 import re
 import sys
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from html import escape
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .._words import COUNT_WORDS, is_count, plural  # noqa: F401 - read with the table's rules
 from ..runtime.environment import host_name, launch_plan
@@ -76,6 +76,7 @@ from .state import LABEL as LABEL_CELL
 if TYPE_CHECKING:
     from ..runtime import Problem, RuntimeInfo
     from ..runtime.doctor_report import DoctorReport
+    from ..train.memory import MemoryPlan as Plan
 
 
 # -- a result's evaluation metrics --
@@ -379,43 +380,6 @@ PLAN_LABEL = "memory"
 FIT_HEADING = "What would make it fit, cheapest first (each on top of the ones before):"
 # The plan's class, on its box: the line alone (the cell before the fork) or with its changes.
 PLAN_CLASS = "hfxla-plan"
-
-
-class PlanChange(Protocol):
-    """One change of a plan that does not fit (`train.memory.MemoryChange`)."""
-
-    change: str
-    argument: str
-    total_gib: float
-    fits: bool
-
-
-class Plan(Protocol):
-    """The fields of `train.memory.MemoryPlan` drawn here (ui sits below train, so it
-    names them instead of importing the class)."""
-
-    model: str
-    hardware: str
-    devices: int
-    device_memory_gib: float
-    batch_size: int
-    max_length: int
-    precision: str
-    lora_rank: int | None
-    sharding: str
-    gradient_checkpointing: bool
-    parameters: int
-    trainable_parameters: int
-    parameters_gib: float
-    gradients_gib: float
-    optimizer_gib: float
-    activations_gib: float
-    activations_full_gib: float
-    activations_checkpointed_gib: float
-    total_gib: float
-    fits: bool
-    changes: Sequence[PlanChange]
-    notes: Sequence[str]
 
 
 def as_plan(plan: Plan | Mapping[str, Any]) -> Plan:
