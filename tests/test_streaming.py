@@ -113,8 +113,10 @@ def test_the_kernels_memory_stays_flat_whatever_the_streamed_corpus_size(cache):
     small, large = probe("stream", 10_000, cache), probe("stream", 1_000_000, cache)
     # 100x the rows, the same peak: the kernel reads the first rows only (the check).
     assert large["peak_mb"] - small["peak_mb"] < 30, (small, large)
-    # The memory plan and the first rows' check; 1M rows in memory would be far above it.
-    assert large["peak_mb"] - large["base_mb"] < 300, large
+    # What the kernel adds reading the first rows (about 100-360 MB here, by how much of the
+    # datasets and tokenizer machinery a fresh venv loads): the 1M rows in memory, tokenized,
+    # would take several GB.
+    assert large["peak_mb"] - large["base_mb"] < 600, large
 
 
 @pytest.mark.launch

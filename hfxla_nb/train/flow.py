@@ -13,21 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import FineTuneError
 
-#: The metrics each task's evaluation reports (without "eval_"), besides "rows"; a task not
-#: listed here, or classification with a metric function, is checked at the first evaluation.
-TASK_METRICS: dict[str, tuple[str, ...]] = {
-    "causal-lm": ("loss", "perplexity", "tokens"),
-    "masked-lm": ("loss", "perplexity", "masked_tokens"),
-    "multiple-choice": ("loss", "accuracy"),
-    "question-answering": ("loss", "exact_match", "f1"),
-    "token-classification": ("loss", "precision", "recall", "f1", "accuracy"),
-}
-CLASSIFIERS = ("classification", "image-classification", "audio-classification")
-
+if TYPE_CHECKING:
+    from .tasks.base import Task
 
 @dataclass
 class TrainerSettings:
@@ -65,24 +56,7 @@ class TrainerSettings:
         return self.eval_strategy != "no"
 
 
-def eval_metric_names(task: str, config: Any) -> tuple[str, ...] | None:
-    """The metrics (without "eval_") the task's evaluation reports, or None when they are
-    known only once it ran (a metric function)."""
-    if task in CLASSIFIERS:
-        if any(callable(metric) for metric in config.metrics):
-            return None
-        return ("loss", *config.metrics)
-    if task == "seq2seq":
-        text_metrics = ("rouge", "bleu")  # tasks/seq2seq.py's TEXT_METRICS (tasks import us)
-        asked = [m for m in config.metrics if m in text_metrics] or list(text_metrics)
-        names = ["loss", "gen_words"]
-        for metric in asked:
-            names += ["rouge1", "rouge2", "rougeL", "rougeLsum"] if metric == "rouge" else [metric]
-        return tuple(names)
-    return TASK_METRICS.get(task)
-
-
-def trainer_settings(config: Any, task: str, total_steps: int,
+def trainer_settings(config: Any, task: Task, total_steps: int,
                      has_eval: bool) -> TrainerSettings:
     """The run's `TrainerSettings`, resolved as `transformers.TrainingArguments` resolves
     them (a ratio of steps, `metric_for_best_model` "loss" with `load_best_model_at_end`,
@@ -113,10 +87,10 @@ def trainer_settings(config: Any, task: str, total_steps: int,
     greater = config.greater_is_better
     if metric is not None:
         short = metric[5:] if metric.startswith("eval_") else metric
-        names = eval_metric_names(task, config)
+        names = task.eval_metric_names(config)
         if names is not None and short not in names:
             raise FineTuneError(
-                f"metric_for_best_model={config.metric_for_best_model!r}: a {task!r} "
+                f"metric_for_best_model={config.metric_for_best_model!r}: a {task.name!r} "
                 f"evaluation reports {', '.join(map(repr, names))}; pass one of them.")
         if greater is None:
             greater = not short.endswith("loss")

@@ -277,7 +277,7 @@ def build_plan(config: FineTuneConfig, context: TaskContext, task: Task,
     check_output_space(context, task, prepared, output_dir, total, config.save_steps, resume)
     sharding = prepared.sharding or ("data" if config.sharding == "auto" else config.sharding)
     has_eval = encoded.eval is not None and encoded.eval.num_rows > 0
-    trainer = trainer_settings(config, task.name, total, has_eval)
+    trainer = trainer_settings(config, task, total, has_eval)
     fields = preparation.config_fields(config, output_dir, resume)
     fields["warmup_steps"] = trainer.warmup_steps  # a ratio resolved to steps
     return TrainPlan(

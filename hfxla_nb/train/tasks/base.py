@@ -66,6 +66,9 @@ class Task:
     """
 
     name = ""
+    #: The metrics (without "eval_") its evaluation reports besides "rows"; None when they
+    #: are known only once it ran (`metric_for_best_model` is then checked at that time).
+    reported_metrics: tuple[str, ...] | None = None
     #: The Hub's pipeline tag for the model card ("text-classification"); "" when none fits
     #: (the Hub then reads it from the model's architecture).
     pipeline_tag = ""
@@ -115,6 +118,11 @@ class Task:
     #: the result note the patches of transformers' sequence masking applied for XLA.
     reads_sequences = True
 
+
+    def eval_metric_names(self, config: FineTuneConfig) -> tuple[str, ...] | None:
+        """The metrics (without "eval_") this run's evaluation reports, or None when they are
+        known only once it ran."""
+        return self.reported_metrics
     def check_model(self, model_config: Any, names: list[str]) -> None:
         """Refuse, with `FineTuneError`, a model this task cannot train (none by default)."""
 
@@ -190,3 +198,11 @@ class MaxLength:
 
     def __init__(self, max_length: int | None) -> None:
         self.max_length = max_length
+
+
+def classifier_metric_names(config: FineTuneConfig) -> tuple[str, ...] | None:
+    """What a classifier's evaluation reports: its loss and the metrics asked for by name (a
+    metric function's names are known only once it ran)."""
+    if any(callable(metric) for metric in config.metrics):
+        return None
+    return ("loss", *config.metrics)

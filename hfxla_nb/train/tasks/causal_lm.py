@@ -369,6 +369,7 @@ class CausalLM(Task):
     the mean over learned tokens, evaluation reports it and its perplexity."""
 
     name = "causal-lm"
+    reported_metrics = ("loss", "perplexity", "tokens")
     pipeline_tag = "text-generation"
     eval_ahead = True
     auto_class = "AutoModelForCausalLM"

@@ -20,7 +20,7 @@ from ..memory import meta_classifier
 from ..preparation import Prepared, Splits, TaskContext
 from ..worker.evaluate import chance_accuracy, compute_metrics, row_losses
 from . import register_task
-from .base import MaxLength, Task
+from .base import MaxLength, Task, classifier_metric_names
 
 if TYPE_CHECKING:
     import torch
@@ -314,6 +314,11 @@ class Classification(Task):
     """Sequence classification: a label per row; accuracy, f1, precision, recall."""
 
     name = "classification"
+
+    def eval_metric_names(self, config: FineTuneConfig) -> tuple[str, ...] | None:
+        """Its loss and the metrics asked for by name (`base.classifier_metric_names`)."""
+        return classifier_metric_names(config)
+
     pipeline_tag = "text-classification"
     eval_ahead = True
     auto_class = "AutoModelForSequenceClassification"

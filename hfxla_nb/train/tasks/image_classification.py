@@ -30,7 +30,7 @@ from ..config import FineTuneConfig, FineTuneError
 from ..preparation import Prepared, Splits, TaskContext
 from ..worker.evaluate import chance_accuracy, compute_metrics, row_losses
 from . import register_task
-from .base import Task
+from .base import Task, classifier_metric_names
 from .classification import check_classes, head_kwargs
 
 if TYPE_CHECKING:
@@ -343,6 +343,11 @@ class ImageClassification(Task):
     classes."""
 
     name = "image-classification"
+
+    def eval_metric_names(self, config: FineTuneConfig) -> tuple[str, ...] | None:
+        """Its loss and the metrics asked for by name (`base.classifier_metric_names`)."""
+        return classifier_metric_names(config)
+
     pipeline_tag = "image-classification"
     eval_ahead = True
     auto_class = "AutoModelForImageClassification"

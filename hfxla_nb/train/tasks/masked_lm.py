@@ -95,6 +95,7 @@ class MaskedLM(Task):
     """Masked tokens predicted from both sides; loss and perplexity."""
 
     name = "masked-lm"
+    reported_metrics = ("loss", "perplexity", "masked_tokens")
     pipeline_tag = "fill-mask"
     eval_ahead = True
     auto_class = "AutoModelForMaskedLM"

@@ -182,6 +182,7 @@ class MultipleChoice(Task):
     """A context and N endings, one right: cross-entropy over the endings; accuracy."""
 
     name = "multiple-choice"
+    reported_metrics = ("loss", "accuracy")
     eval_ahead = True
     auto_class = "AutoModelForMultipleChoice"
     head_suffixes = ("ForMultipleChoice",)

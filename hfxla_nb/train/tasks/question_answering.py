@@ -167,6 +167,7 @@ class QuestionAnswering(Task):
     """Start and end of the answer span; SQuAD's exact match and F1 on the host."""
 
     name = "question-answering"
+    reported_metrics = ("loss", "exact_match", "f1")
     pipeline_tag = "question-answering"
     eval_ahead = True
     auto_class = "AutoModelForQuestionAnswering"

@@ -565,6 +565,14 @@ class Seq2Seq(Task):
     generation on the device, scored with ROUGE or BLEU on the host."""
 
     name = "seq2seq"
+
+    def eval_metric_names(self, config: FineTuneConfig) -> tuple[str, ...] | None:
+        """The loss, the generated words, and ROUGE's four scores and BLEU as asked for."""
+        asked = [m for m in config.metrics if m in TEXT_METRICS] or list(TEXT_METRICS)
+        names = ["loss", "gen_words"]
+        for metric in asked:
+            names += ["rouge1", "rouge2", "rougeL", "rougeLsum"] if metric == "rouge" else [metric]
+        return tuple(names)
     auto_class = "AutoModelForSeq2SeqLM"
     head_suffixes = HEAD_SUFFIXES
     outputs_per_batch = 3

@@ -308,6 +308,7 @@ class TokenClassification(Task):
     """A tag per word: cross-entropy on each word's first sub-token; seqeval's entity F1."""
 
     name = "token-classification"
+    reported_metrics = ("loss", "precision", "recall", "f1", "accuracy")
     pipeline_tag = "token-classification"
     eval_ahead = True
     auto_class = "AutoModelForTokenClassification"
