@@ -90,8 +90,6 @@ def launch_display(world: int, mode: str | bool = "auto", attempt: str = "",
             with a warning instead).
         ValueError: an unknown mode.
     """
-    pass
-
     chosen = select_mode(mode)
     if chosen == "widgets":
         from .live import WidgetDisplay

@@ -415,20 +415,14 @@ class CausalLM(Task):
     def prepare_predict(self, inputs: list[Any], context: PredictContext,
                         max_length: int | None) -> EncodedData:
         """Prompts, padded on the left into buckets (`prepare_prompts`)."""
-        pass
-
         return prepare_prompts(inputs, context, max_length)
 
     def decode(self, data: Any, batches: list, fetched: list) -> list[dict[str, str]]:
         """Each prompt's generated text (`predict`)."""
-        pass
-
         return decode_texts(data, batches, fetched, self.per_batch)
 
     def eval_outputs(self, ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]:
         import torch
-
-        pass
 
         data = ctx.plan.data
         if isinstance(data, GenerationData):  # predict: generated tokens (and which rows ended)

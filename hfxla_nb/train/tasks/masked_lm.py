@@ -164,20 +164,15 @@ class MaskedLM(Task):
     def prepare_predict(self, inputs: list[Any], context: PredictContext,
                         max_length: int | None) -> EncodedData:
         """Texts with mask tokens, bucketed like evaluation rows (this module's `prepare`)."""
-        pass
-
         return prepare(inputs, context, max_length)
 
     def decode(self, data: Any, batches: list, fetched: list) -> list[dict[str, Any]]:
         """Each text's top tokens per mask, as the fill-mask pipeline gives them (`predict`)."""
-        pass
-
         return decode(data, batches, fetched, self.per_batch)
 
     def eval_outputs(self, ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]:
         top_k = getattr(ctx.plan.data, "top_k", None)
         if top_k is not None:  # predict: each position's top tokens and their probabilities
-            pass
 
             return top_tokens(ctx, batch, top_k)
         labels = batch.tokens[:, -batch.length - 1:-1].long()

@@ -32,7 +32,7 @@ from ..plan import TrainPlan
 
 if TYPE_CHECKING:
     import torch
-    pass
+
     from .context import WorkerContext
 
 
