@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .config import FineTuneError
 
-if TYPE_CHECKING:
-    from .tasks.base import Task
+
+class ReportsMetrics(Protocol):
+    """What the settings read of a task (`tasks.base.Task`, which imports this module's
+    callers: named by its shape to keep the imports one way)."""
+
+    name: str
+
+    def eval_metric_names(self, config: Any) -> tuple[str, ...] | None: ...
 
 @dataclass
 class TrainerSettings:
@@ -56,7 +62,7 @@ class TrainerSettings:
         return self.eval_strategy != "no"
 
 
-def trainer_settings(config: Any, task: Task, total_steps: int,
+def trainer_settings(config: Any, task: ReportsMetrics, total_steps: int,
                      has_eval: bool) -> TrainerSettings:
     """The run's `TrainerSettings`, resolved as `transformers.TrainingArguments` resolves
     them (a ratio of steps, `metric_for_best_model` "loss" with `load_best_model_at_end`,
