@@ -82,3 +82,16 @@ def test_without_inputs_the_trace_alone_raises_the_same_alert_to_the_end():
     assert first + 3 == 16 and not any(seen[:first])
     assert all(alerts == [("frequent-compiles", "warning", "Recompiling: `train` in cell 2, "
                            "line 27")] for alerts in seen[first:]), seen[first:]
+
+
+def test_a_cell_without_steps_that_compiled_five_graphs_at_one_line_gets_the_alert():
+    # `%%xla_metrics` over a cell reports no step: the trace alone names the line, and the
+    # alert says how many graphs, with no rate and no "in 0 steps".
+    trace = TraceLog()
+    trace.add([CompileRecord(i, "user torch_xla.sync", f"hash{i}", where=LINE)
+               for i in range(1, 6)])
+    cell = XlaSummary(steps=None, compiles=5, compile_seconds=1.0, executions=5,
+                      execute_seconds=0.01, trace=trace)
+    (alert,) = [a for a in analyze(cell) if a.code == "frequent-compiles"]
+    assert alert.title == "Recompiling: `train` in cell 2, line 27 compiled 5 different graphs"
+    assert alert.explanation.startswith("XLA compiled 5 graphs, taking "), alert.explanation

@@ -436,24 +436,29 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
     """The recompile alert; `row` is the traced line that compiled the most different graphs
     (`recompiling_row`), None without a trace."""
     steps = summary.steps
-    rate = summary.per_step(summary.compiles) or 0.0
-    if steps <= warmup_steps:  # no warm-up words for a run no longer than the warm-up
-        rule = "a new graph at nearly every step"
+    if not steps:  # a cell (`%%xla_metrics`) or a function that reports no step: no rate
+        numbers = (f"XLA compiled {plural(summary.compiles, 'graph')}, taking "
+                   f"{duration(summary.compile_seconds)}.{share_text(summary)}")
     else:
-        rule = f"torch_xla warns above {MAX_COMPILES_PER_STEP}"
-        # Only over enough steps to be a rate (the warm-up snapshot is read a step late).
-        if (summary.compiles_after_warmup and summary.steps_after_warmup
-                and summary.steps_after_warmup >= MIN_RATE_STEPS):
-            rule += (f"; {summary.compiles_after_warmup} of them in the "
-                     f"{plural(summary.steps_after_warmup, 'step')} after the first "
-                     f"{warmup_steps}")
-    numbers = (f"XLA compiled {rate:.2f} graphs per {unit} ({rule}), taking "
-               f"{duration(summary.compile_seconds)}.{share_text(summary)}")
+        rate = summary.per_step(summary.compiles) or 0.0
+        if steps <= warmup_steps:  # no warm-up words for a run no longer than the warm-up
+            rule = "a new graph at nearly every step"
+        else:
+            rule = f"torch_xla warns above {MAX_COMPILES_PER_STEP}"
+            # Only over enough steps to be a rate (the warm-up snapshot is read a step late).
+            if (summary.compiles_after_warmup and summary.steps_after_warmup
+                    and summary.steps_after_warmup >= MIN_RATE_STEPS):
+                rule += (f"; {summary.compiles_after_warmup} of them in the "
+                         f"{plural(summary.steps_after_warmup, 'step')} after the first "
+                         f"{warmup_steps}")
+        numbers = (f"XLA compiled {rate:.2f} graphs per {unit} ({rule}), taking "
+                   f"{duration(summary.compile_seconds)}.{share_text(summary)}")
+    span = f" in {plural(steps, 'step')}" if steps else ""
     if row is None or row.graphs < 2:
         cause, fix = compile_cause(summary)
         return Alert("frequent-compiles", severity,
-                     f"Recompiling: {plural(summary.compiles, 'compile')} in "
-                     f"{plural(steps or 0, 'step')}", f"{numbers} {cause}", fix)
+                     f"Recompiling: {plural(summary.compiles, 'compile')}{span}",
+                     f"{numbers} {cause}", fix)
     place = row.place()
     changed = shape_changes(summary.input_shapes)
     if changed:
@@ -473,8 +478,7 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
                f"shapes (or a few buckets){last_batch_fix(summary)}.")
     return Alert(
         "frequent-compiles", severity,
-        f"Recompiling: {place} compiled {row.graphs} different graphs in "
-        f"{plural(steps or 0, 'step')}",
+        f"Recompiling: {place} compiled {row.graphs} different graphs{span}",
         f"{numbers} {row.compiles} of the {summary.compiles} graphs end at {place} "
         f"({row.cause_words()}), {row.graphs} of them different: what changes is in the "
         f"step's code that runs before that line. {cause}",
