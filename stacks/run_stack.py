@@ -109,16 +109,22 @@ HEADLINE = ("torch", "torch-xla", "transformers", "kernels", "accelerate", "data
             "trl", "ipywidgets", "ipykernel", "ipython")
 
 
-def build_newest(stack: str, stack_file: Path, interpreter: Path, venv: Path) -> None:
-    """Create the venv from the newest releases: hfxla_nb's training extras and the stack's
-    unpinned lines, resolved by pip now."""
+def new_venv(stack: str, interpreter: Path, venv: Path, what: str) -> tuple[list[str], Path]:
+    """An empty venv at `venv` (anything there before removed); its pip command and the log
+    its installs append to."""
     shutil.rmtree(venv, ignore_errors=True)
     venv.mkdir(parents=True)
     log = venv / "install.log"
-    say(stack, f"creating {venv} with {interpreter}, newest releases (log: {log})")
+    say(stack, f"creating {venv} with {interpreter}, {what} (log: {log})")
     run_logged([str(interpreter), "-m", "venv", str(venv)], log)
+    return [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"], log
+
+
+def build_newest(stack: str, stack_file: Path, interpreter: Path, venv: Path) -> None:
+    """Create the venv from the newest releases: hfxla_nb's training extras and the stack's
+    unpinned lines, resolved by pip now."""
+    pip, log = new_venv(stack, interpreter, venv, "newest releases")
     python = venv / "bin" / "python"
-    pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
     run_logged(pip + ["install", "--upgrade", "pip"], log)
     run_logged(pip + ["install", "--upgrade", "--editable", NEWEST_SPEC, "-r", str(stack_file)],
                log, cwd=ROOT)
@@ -171,13 +177,7 @@ def build_venv(stack: str, stack_file: Path, interpreter: Path, venv: Path) -> b
         return False
     # Rebuilt from scratch, not upgraded in place: a package left over from older pins would
     # make the venv differ from the image without any test noticing.
-    shutil.rmtree(venv, ignore_errors=True)
-    venv.mkdir(parents=True)
-    log = venv / "install.log"
-    say(stack, f"creating {venv} with {interpreter} (log: {log})")
-    run_logged([str(interpreter), "-m", "venv", str(venv)], log)
-    python = venv / "bin" / "python"
-    pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
+    pip, log = new_venv(stack, interpreter, venv, "pinned")
     say(stack, f"installing {stack_file.relative_to(ROOT)} (torch alone is ~1 GB; minutes)")
     run_logged(pip + ["install", "-r", str(stack_file)], log)
     run_logged(pip + ["install", "--no-deps"] + EXTRA_NO_DEPS, log)
