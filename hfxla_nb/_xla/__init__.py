@@ -22,9 +22,10 @@ when the user asked for in-kernel work); each submodule says which of its functi
 from __future__ import annotations
 
 #: Every private torch_xla name the seam uses (`torch_xla._XLAC`, underscored names, the
-#: experimental and debug modules, which promise no stability) -> the torch_xla versions it was
-#: checked on. A dotted path: a module, then attributes. Where one goes missing the seam falls
-#: back or fails; tests/test_xla_private_names.py names it first.
+#: experimental and debug modules, which promise no stability), and the few private torch names
+#: it needs to reach torch_xla's kernels -> the torch_xla versions it was checked on.
+#: A dotted path: a module, then attributes. Where one goes missing the seam falls back or
+#: fails; tests/test_xla_private_names.py names it first.
 PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     # loader: whether the runtime and the computation cache exist (no runtime start)
     "torch_xla._XLAC._xla_runtime_is_initialized": ("2.8", "2.9"),
@@ -36,6 +37,12 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     "torch_xla.experimental.plugins.using_dynamic_plugins": ("2.8", "2.9"),
     "torch_xla.experimental.plugins.default": ("2.8", "2.9"),
     "torch_xla.experimental.plugins.DevicePlugin.physical_chip_count": ("2.8", "2.9"),
+    # process.spawn: torch_xla's `.item()` fallback counter, made before rank threads race
+    # to make it (torch's names here were checked with the torch each torch_xla was built for)
+    "torch._C.DispatchKeySet": ("2.8", "2.9"),
+    "torch._C.DispatchKey.XLA": ("2.8", "2.9"),
+    "torch.ops.aten._local_scalar_dense.default": ("2.8", "2.9"),
+    "torch_xla.debug.metrics.clear_counters": ("2.8", "2.9"),
     # process.to_cpu: many tensors to the host in one transfer
     "torch_xla._XLAC._xla_get_cpu_tensors": ("2.8", "2.9"),
     # process: compile a traced graph under its key, run it later with new inputs

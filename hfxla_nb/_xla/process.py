@@ -45,11 +45,32 @@ def spawn(function: Callable[..., Any], args: tuple = ()) -> None:
     require_torch_xla()
     import torch_xla.distributed.xla_multiprocessing as xmp
 
+    _register_item_fallback()
     body = _one_process_body(function, args)
     if body is None:
         xmp.spawn(function, args=args, start_method="fork")
     else:
         body()
+
+
+def _register_item_fallback() -> None:
+    """Make torch_xla create its `.item()` fallback counter now, before any rank thread runs.
+
+    torch_xla counts each CPU fallback op in a map it fills on the op's first call, without a
+    lock (`_fallback_counters` in `torch_xla/csrc/aten_fallback.cpp`). Rank threads of one
+    process (XLA on the CPU, TPU v2/v3) that call `.item()` for the first time at the same
+    moment insert into it together, and one in about 40 such launches died of SIGSEGV in
+    `xla_fallback`. Forked processes inherit the entry. Calling the op through XLA's kernel on
+    a host tensor inserts it without starting the runtime; the count it adds is cleared, so a
+    run's `.item()` calls are counted from zero. Other ops that fall back are first called by
+    ranks at the same moment far less often, and stay exposed to the race.
+    """
+    import torch
+    import torch_xla.debug.metrics as met
+
+    xla = torch._C.DispatchKeySet(torch._C.DispatchKey.XLA)
+    torch.ops.aten._local_scalar_dense.default.redispatch(xla, torch.zeros(()))
+    met.clear_counters()
 
 
 def _one_process_body(function: Callable[..., Any], args: tuple) -> Callable[[], Any] | None:
