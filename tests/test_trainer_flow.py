@@ -6,6 +6,7 @@ before any fork. One real run of the demo BERT is shared (`run`)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -218,6 +219,69 @@ def test_load_best_model_at_end_keeps_the_best(run, small_eval):
     assert run.best_model_checkpoint.endswith(f"checkpoint-{best['step']}")
 
 
+@pytest.mark.launch
+def test_the_result_chart_draws_each_evaluation_as_a_dot(run):
+    from hfxla_nb.ui.html import SERIES
+    from hfxla_nb.ui.panels import result_html
+
+    page = result_html(run)
+    dots = re.findall(r'<circle cx="([\d.]+)" cy="[\d.]+" r="2.5" fill="([^"]+)"', page)
+    assert len(dots) == len(evaluations(run)) and {fill for _, fill in dots} == {
+        SERIES["eval loss"]}
+    # Each at its step: the evaluations run at logged steps, so at that loss's place.
+    steps = [step for step, _ in run.loss_history]
+    last = len(steps) - 1
+    assert [float(x) for x, _ in dots] == [
+        pytest.approx(2 + steps.index(entry["step"]) / last * 236, abs=0.06)
+        for entry in evaluations(run)]
+
+
+@pytest.mark.launch
+def test_epoch_evaluation_runs_at_each_epochs_end(cache, tmp_path):
+    """`eval_strategy="epoch"`: an evaluation where each epoch ends (15 and 30 here), as
+    transformers' `DefaultFlowCallback.on_epoch_end` asks; the last one is the result's."""
+    from transformers.trainer_callback import DefaultFlowCallback
+
+    result = hx.fine_tune(
+        demo.demo_model_dir(cache=cache), demo.demo_dataset(n=ROWS), batch_size=32,
+        max_steps=MAX_STEPS, log_every=LOG_EVERY, num_processes=1, progress=False,
+        output_dir=tmp_path / "run", eval_strategy="epoch")
+    args = SimpleNamespace(eval_strategy="epoch", eval_delay=0, logging_strategy="steps",
+                           save_strategy="no")
+    state, expected = TrainerState(max_steps=MAX_STEPS), []
+    for epoch_end in (15, 30):
+        control, state.global_step, state.epoch = TrainerControl(), epoch_end, epoch_end / 15
+        DefaultFlowCallback().on_epoch_end(args, state, control)
+        expected += [epoch_end] if control.should_evaluate else []
+    assert expected == [15, 30]
+    assert [entry["step"] for entry in evaluations(result)] == expected
+    assert result.metrics == {k: v for k, v in evaluations(result)[-1].items()
+                              if k not in ("epoch", "step")}
+    assert result.compiles == 1 and result.eval_compiles == 1
+
+
+class WeightWatcher(TrainerCallback):
+    """Reads a weight's norm at every step: a device sync per step."""
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.norm = model.classifier.weight.norm().item()
+
+
+@pytest.mark.launch
+def test_a_callback_that_syncs_every_step_is_named_with_its_line(cache, tmp_path):
+    hx.fine_tune(
+        demo.demo_model_dir(cache=cache), demo.demo_dataset(n=ROWS), batch_size=32,
+        max_steps=20, log_every=LOG_EVERY, num_processes=1, progress="console",
+        output_dir=tmp_path / "run", callbacks=[WeightWatcher()])
+    line = WeightWatcher.on_step_end.__code__.co_firstlineno + 1
+    site = f"`on_step_end` in test_trainer_flow.py, line {line}"
+    (alert,) = [a for a in hx.last_launch().ranks[0].metrics.alerts
+                if a["code"] == "frequent-transfers"]
+    assert alert["title"].endswith(f" values read by a TrainerCallback at {site}"), alert
+    assert f"{site} (20 times)" in alert["explanation"], alert
+    assert alert["fix"].startswith(f"At {site}: read the value every N steps"), alert
+
+
 @pytest.fixture(scope="module")
 def small_eval():
     return demo.demo_dataset(n=ROWS)["validation"]
@@ -252,6 +316,12 @@ def test_early_stopping_on_a_recorded_sequence():
     # best 0.61 at 20; 0.60 (1), 0.64 new best at 40; 0.63 (1), 0.64 not greater (2): stop.
     assert stopped == 60
     assert run.state.best_metric == 0.64 and run.state.best_global_step == 40
+
+
+def test_the_alerts_know_every_trainer_callback_event():
+    from hfxla_nb.observe.alerts import CALLBACK_EVENTS
+
+    assert CALLBACK_EVENTS == {name for name in vars(TrainerCallback) if name.startswith("on_")}
 
 
 def test_evaluations_reach_the_trackers():

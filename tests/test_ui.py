@@ -91,6 +91,33 @@ def test_state_keeps_values_fetched_late_and_ignores_unknown_events():
     assert bar.step == 11 and bar.values == {"loss": 0.25} and bar.losses == [0.25]
 
 
+def test_evaluations_during_training_are_dots_on_the_live_loss_chart():
+    # As the worker sends them: the loss every step, then the evaluation as late values of
+    # the train bar at the step it ran after (`TrainingLoop.evaluate_now`).
+    state = LaunchState(1, clock=Clock())
+    for step in range(1, 7):
+        state.handle(Progress(0, step, 10, {"loss": 1 / step}, time=T0 + step))
+    before = html.chart_html(state.view().bars)
+    state.handle(Progress(0, 6, 10, {"eval_loss": 0.3, "eval_accuracy": 0.5}, late=True,
+                          time=T0 + 6.5))
+    (bar,) = state.view().bars
+    assert bar.evaluations == [(6, 0.3)] and bar.losses[-1] == pytest.approx(1 / 6)
+    chart = html.chart_html([bar])
+    (dot,) = re.findall(r'<circle cx="([\d.]+)" cy="([\d.]+)" r="2.5" fill="([^"]+)"', chart)
+    # At the sixth loss (the line's right end), between the line's highest and lowest points.
+    assert dot == ("178.0", dot[1], html.SERIES["eval loss"]) and 2 < float(dot[1]) < 34
+    assert html.SERIES["eval loss"] not in before
+    # The dots add no text: the chart line keeps its width and the panel its height.
+    assert re.sub(r"<svg.*?</svg>", "", chart) == re.sub(r"<svg.*?</svg>", "", before)
+
+    # Past the chart's history the oldest evaluations go with their losses.
+    for step in range(7, units.HISTORY + 60):
+        state.handle(Progress(0, step, None, {"loss": 1.0}, time=T0 + step))
+    state.handle(Progress(0, step, None, {"eval_loss": 0.9}, late=True, time=T0 + step))
+    (bar,) = state.view().bars
+    assert bar.evaluations == [(units.HISTORY, 0.9)]
+
+
 def test_state_restarts_a_bar_that_counts_again():
     state = LaunchState(1, clock=Clock())
     for step in (1, 2, 3):

@@ -42,6 +42,14 @@ from .tracing import CompileRow
 
 # torch_xla/csrc/runtime/metrics_analysis.cc
 MAX_TRANSFERS_PER_STEP = 0.5
+# The events of `transformers.TrainerCallback` (tests/test_trainer_flow.py holds the list to
+# transformers'): a value read in one of them is a callback's, and `fine_tune` calls it every
+# step or log.
+CALLBACK_EVENTS = frozenset({
+    "on_init_end", "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
+    "on_step_begin", "on_pre_optimizer_step", "on_optimizer_step", "on_substep_end",
+    "on_step_end", "on_evaluate", "on_predict", "on_save", "on_log", "on_prediction_step",
+    "on_push_begin"})
 # Compiling this share of the XLA time (compile + execute) or more makes recompilation a warning.
 COSTLY_COMPILE_SHARE = 0.5
 # Inputs a tokenizer makes (their fix is the tokenizer's padding); other tensors are the
@@ -308,6 +316,21 @@ def _transfers_alert(summary: XlaSummary) -> Alert | None:
             "the training: `with hx.patches.applied(): ...` (hx.patches keeps the mask on "
             "XLA, with the same results; fine_tune applies them itself).",
         )
+    callback = _callback_site(summary)
+    if callback is not None:
+        return Alert(
+            "frequent-transfers", "warning",
+            f"Device-to-host transfers: {transfers} in {steps} steps"
+            + title.replace(" values read at ", " values read by a TrainerCallback at "),
+            f"The program fetched values from the device {transfer_rate:.2f} times per "
+            f"{_unit(summary)} (more than {MAX_TRANSFERS_PER_STEP}){items}.{where} The callback "
+            f"reads a tensor's value in `{callback}`, which runs at every step or log: each read "
+            "waits for the device to finish and stops the next step's tracing from overlapping "
+            "with it.",
+            f"{fix}read the value every N steps (`if state.global_step % N == 0:`), or use "
+            "what the run already fetched: `logs` in on_log (the loss and learning rate every "
+            "log_every steps) and `metrics` in on_evaluate.",
+        )
     return Alert(
         "frequent-transfers", "warning",
         f"Device-to-host transfers: {transfers} in {steps} steps{title}",
@@ -495,6 +518,17 @@ def _mask_check(summary: XlaSummary) -> bool:
     trace = summary.trace
     sites = trace.fetch_sites() if trace is not None else []
     return any(site.via is not None and site.via.function in MASK_CHECKS for site in sites)
+
+
+def _callback_site(summary: XlaSummary) -> str | None:
+    """The `TrainerCallback` event (`on_step_end`, ...) whose value read ran the graph most
+    often, from the trace; None when the most frequent fetch is elsewhere."""
+    trace = summary.trace
+    sites = [site for site in (trace.fetch_sites() if trace is not None else [])
+             if site.where is not None]
+    if sites and sites[0].where.function in CALLBACK_EVENTS:
+        return sites[0].where.function
+    return None
 
 
 def _fetch_sites(summary: XlaSummary) -> tuple[str, str, str]:

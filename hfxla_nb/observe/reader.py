@@ -101,6 +101,9 @@ class BarTrack:
             before its first rate.
         points: the last `RATE_WINDOW` (step, time, samples) at which the step grew.
         losses: every "loss" value, in the order they arrived.
+        evaluations: `(losses before it, eval_loss)` of each evaluation sent as a value of the
+            bar (`fine_tune`'s `eval_strategy`): where it sits on the loss chart. Counted in
+            losses, not steps: a bar that counts again from 1 each epoch keeps its place.
         step_times: `(step, seconds per step)` each time the step grew: the mean since the
             previous growth (counted again from a new epoch's first update).
     """
@@ -120,6 +123,7 @@ class BarTrack:
     per_step: bool | None = None
     points: deque = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
     losses: list[float] = field(default_factory=list)
+    evaluations: list[tuple[int, float]] = field(default_factory=list)
     step_times: list[tuple[int, float]] = field(default_factory=list)
 
     @property
@@ -183,6 +187,8 @@ def _rate_point(bar: BarTrack, point: tuple[int, float, int | None]) -> None:
 def _loss_point(bar: BarTrack, values: dict[str, float]) -> None:
     if "loss" in values:
         bar.losses.append(values["loss"])
+    if "eval_loss" in values:
+        bar.evaluations.append((len(bar.losses), values["eval_loss"]))
 
 
 def steady_rates(bar: BarTrack) -> tuple[float, float | None] | None:

@@ -27,6 +27,7 @@ from .state import (
     MUTED,
     PURPLE,
     RED,
+    TEAL,
     TEXT,
     TRACK,
     BarView,
@@ -52,7 +53,7 @@ SEVERITY_COLORS = {"error": RED, "warning": AMBER, "info": BLUE}
 COLORS: dict[str, str] = {**STATUS_COLORS, **BAR_COLORS, **SEVERITY_COLORS}
 # One colour per chart series, in every panel (live, final, FineTuneResult): the loss is never
 # drawn in the colour of a failure.
-SERIES = {"loss": BLUE, "step time": PURPLE}
+SERIES = {"loss": BLUE, "step time": PURPLE, "eval loss": TEAL}
 # A part of the panel (a line, the bars, a chart): its text, no box of its own.
 _BOX = TEXT
 BAR_WIDTH = 150
@@ -60,28 +61,46 @@ MONO = "font-family:var(--jp-code-font-family,monospace);font-size:12px;"
 
 
 def sparkline_svg(values: list[float], width: int = 180, height: int = 36,
-                  color: str = SERIES["loss"]) -> str:
-    """An inline SVG line chart of `values` (at most `width` points); '' for under 2 values."""
-    points = [float(v) for v in values if v == v]  # drop NaN
-    if len(points) < 2:
+                  color: str = SERIES["loss"], dots: list[tuple[float, float]] = ()) -> str:
+    """An inline SVG line chart of `values` (at most `width` points); '' for under 2 values.
+
+    Args:
+        dots: `(x, value)` points drawn as dots on the line's scale, `x` counted in `values`
+            (0: the first value): the evaluation losses on the loss chart
+            (`SERIES["eval loss"]`).
+    """
+    line = [(x, float(v)) for x, v in enumerate(values) if v == v]  # drop NaN
+    if len(line) < 2:
         return ""
-    if len(points) > width:
-        stride = len(points) / width
-        points = [points[int(i * stride)] for i in range(width)] + [points[-1]]
-    low, high = min(points), max(points)
-    span = high - low
-    step = (width - 4) / (len(points) - 1)
+    if len(line) > width:
+        stride = len(line) / width
+        line = [line[int(i * stride)] for i in range(width)] + [line[-1]]
+    dots = [(float(x), float(v)) for x, v in dots if v == v]
+    low, high = chart_range(values, dots)
+    span, last = high - low, max(len(values) - 1, 1)
 
-    def y(value: float) -> float:  # a flat series runs through the middle
-        return height / 2 if span == 0 else height - 2 - (value - low) / span * (height - 4)
+    def xy(x: float, value: float) -> str:  # a flat series runs through the middle
+        y = height / 2 if span == 0 else height - 2 - (value - low) / span * (height - 4)
+        return f"{2 + min(max(x, 0), last) / last * (width - 4):.1f},{y:.1f}"
 
-    coords = " ".join(f"{2 + i * step:.1f},{y(value):.1f}" for i, value in enumerate(points))
+    coords = " ".join(xy(x, value) for x, value in line)
+    circles = "".join(
+        '<circle cx="{}" cy="{}" r="2.5" fill="{}"/>'.format(*xy(x, value).split(","),
+                                                             SERIES["eval loss"])
+        for x, value in dots)
     return (
         f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
         f'xmlns="http://www.w3.org/2000/svg" style="vertical-align:middle;width:{width}px;'
         f'height:{height}px;max-width:none">'
-        f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{coords}"/></svg>'
+        f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{coords}"/>'
+        f"{circles}</svg>"
     )
+
+
+def chart_range(values: list[float], dots: list[tuple[float, float]] = ()) -> tuple[float, float]:
+    """The lowest and highest of `values` and the dots' values (NaN left out)."""
+    every = [float(v) for v in values if v == v] + [float(v) for _, v in dots if v == v]
+    return min(every), max(every)
 
 
 def status_html(view: LaunchView) -> str:
@@ -173,9 +192,9 @@ def chart_html(bars: list[BarView], summary: XlaSummary | None = None) -> str:
             continue
         parts = []
         if bar.losses:
-            parts.append(
-                f'<span style="{MUTED}">loss</span> '
-                f"{_sparkline_or_blank(bar.losses, SERIES['loss'])} "
+            parts.append(  # the evaluations' dots add no text: the line keeps its width
+                f'<span style="{MUTED}" title="{escape(text.LOSS_CHART_MEANS)}">loss</span> '
+                f"{_sparkline_or_blank(bar.losses, SERIES['loss'], dots=bar.evaluations)} "
                 f"{escape(state.number(bar.losses[-1]))}"
             )
         if bar.step_times:
@@ -198,9 +217,10 @@ def chart_html(bars: list[BarView], summary: XlaSummary | None = None) -> str:
 
 
 def _sparkline_or_blank(values: list[float], color: str, width: int = 180,
-                        height: int = 36) -> str:
+                        height: int = 36, dots: list[tuple[float, float]] = ()) -> str:
     """`sparkline_svg`, or an empty box of its size while there are fewer than 2 points."""
-    return sparkline_svg(values, width, height, color) or (
+    return sparkline_svg(values, width, height, color, [
+        (before - 1, loss) for before, loss in dots]) or (
         f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg" '
         f'style="vertical-align:middle;width:{width}px;height:{height}px;max-width:none"></svg>')
 

@@ -25,6 +25,7 @@ plain function of its data, so tests call them directly.
 
 from __future__ import annotations
 
+import bisect
 import html
 import re
 import sys
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from .._words import COUNT_WORDS, is_count, plural  # noqa: F401 - read with the table's rules
 from ..runtime.environment import host_name, launch_plan
 from . import state as style
-from .html import COLORS, SERIES, sparkline_svg
+from .html import COLORS, SERIES, chart_range, sparkline_svg
 from .live import HtmlBlock
 from .state import (
     AMBER,
@@ -805,21 +806,39 @@ def loss_chart_html(result: Any) -> str:
     """The loss chart with its scale: the highest and lowest loss beside it, the first and
     last step under it; '' for fewer than 2 losses."""
     history = [(step, loss) for step, loss in result.loss_history if loss == loss]
-    points = sampled([loss for _, loss in history], CHART_WIDTH)
-    chart = sparkline_svg(points, width=CHART_WIDTH, height=CHART_HEIGHT, color=SERIES["loss"])
+    losses, dots = [loss for _, loss in history], evaluation_dots(result, history)
+    chart = sparkline_svg(losses, width=CHART_WIDTH, height=CHART_HEIGHT, color=SERIES["loss"],
+                          dots=dots)
     if not chart:
         return ""
+    low, high = chart_range(losses, dots)
     # The one table, its cells tight around the chart: the scale sits against the line.
     edge = "border:none;padding:0 4px 0 0;background:transparent;"
     return (
         f'<table style="{TABLE}"><tbody>'
         f'<tr style="{TR}"><td style="{edge}{_SCALE}text-align:right;'
-        f'vertical-align:top">{max(points):.4f}</td><td rowspan="2" style="{edge}">{chart}'
+        f'vertical-align:top">{high:.4f}</td><td rowspan="2" style="{edge}">{chart}'
         f'</td></tr><tr style="{TR}"><td style="{edge}{_SCALE}'
-        f'text-align:right;vertical-align:bottom">{min(points):.4f}</td></tr>'
+        f'text-align:right;vertical-align:bottom">{low:.4f}</td></tr>'
         f'<tr style="{TR}"><td style="{edge}"></td><td style="{edge}">'
         f"{step_axis_html(history[0][0], history[-1][0])}</td></tr></tbody></table>"
     )
+
+
+def evaluation_dots(result: Any, history: list[tuple[int, float]]) -> list[tuple[float, float]]:
+    """`(x, eval_loss)` of each evaluation during training in `result.log_history`, `x`
+    counted in `history`'s losses (between two logged steps: in proportion)."""
+    steps, dots = [step for step, _ in history], []
+    for entry in getattr(result, "log_history", None) or []:
+        if "eval_loss" not in entry or not steps or entry.get("step", 0) < steps[0]:
+            continue
+        step = entry["step"]
+        before = bisect.bisect_right(steps, step) - 1
+        x = float(before)
+        if steps[before] != step and before + 1 < len(steps):
+            x += (step - steps[before]) / (steps[before + 1] - steps[before])
+        dots.append((x, float(entry["eval_loss"])))
+    return dots
 
 
 def step_axis_html(first: int, last: int) -> str:

@@ -71,6 +71,9 @@ class BarView:
     losses: list[float]
     step_times: list[float]
     state: BarState
+    # `(losses before it, eval_loss)` of each evaluation during training (`BarTrack`), counted
+    # within `losses`.
+    evaluations: list[tuple[int, float]] = field(default_factory=list)
     ranks: int = 1  # how many ranks this bar stands for
     show_rank: bool = True  # False in a one-rank launch: "[rank 0]" would say nothing
     first_step: int | None = None  # the first step reported (0: counted from 0)
@@ -115,6 +118,7 @@ def bar_view(bar: BarTrack, now: float, rank: RankState, show_rank: bool,
     """
     state = bar_state(bar, rank)
     running = state == BarState.RUNNING
+    dropped = max(len(bar.losses) - HISTORY, 0)  # losses older than the chart's history
     clock = bar_clock(bar, now, running=running)
     steady = None
     if not running and not bar.waiting:
@@ -123,6 +127,8 @@ def bar_view(bar: BarTrack, now: float, rank: RankState, show_rank: bool,
         label=bar.label, rank=bar.rank, step=bar.step, total=bar.total, elapsed=clock.elapsed,
         eta=clock.eta, rate=clock.rate, samples_rate=clock.samples_rate,
         values=dict(bar.values), losses=bar.losses[-HISTORY:],
+        evaluations=[(before - dropped, loss) for before, loss in bar.evaluations
+                     if before > dropped],
         step_times=[seconds for _, seconds in bar.step_times[-HISTORY:]],
         state=state, show_rank=show_rank, first_step=bar.first_step, rank_name=rank_name,
         compiling=clock.compiling, rate_over=clock.over, per_step=clock.per_step,
@@ -168,6 +174,7 @@ def aggregate(bars: list[BarView]) -> list[BarView]:
             samples_rate=sum(samples) if samples else None,
             values=first.values,
             losses=first.losses,
+            evaluations=first.evaluations,
             step_times=first.step_times,
             state=state,
             ranks=len(group),
@@ -546,6 +553,7 @@ def _cuts(tiled: re.Match) -> tuple[list[int], int] | None:
 # Mid-tone colours, readable on light and dark backgrounds: the fallbacks of the theme's own.
 BLUE, GREY, GREEN, AMBER, RED = "#1f77b4", "#7f7f7f", "#2ca02c", "#e6a700", "#d62728"
 PURPLE = "#9467bd"  # the step-time chart's line: JupyterLab has no colour of that meaning
+TEAL = "#17becf"  # the evaluation loss's dots on the loss chart: no JupyterLab meaning either
 # JupyterLab's theme colour of each meaning (its light and dark themes define them).
 THEME = {
     BLUE: "--jp-brand-color1",

@@ -188,6 +188,8 @@ RATE_MEANS = ("steps (or samples) per second of wall-clock time, the host's work
               "over the steps after the first few, which compile (the steps fine_tune's "
               "samples_per_second counts); over the whole bar for one too short to have them")
 ETA_MEANS = "the steps left at the rate after the first few steps, which compile"
+LOSS_CHART_MEANS = ("the training loss (the line) at each logged step; dots: the evaluation "
+                    "loss at each evaluation during training, on the same scale")
 STEP_TIME_MEANS = ("wall-clock time per step between two updates of the bar (the host's "
                    "work included); the XLA metrics' time per step is the device's execution")
 STEADY_STEP_TIME_MEANS = ("the median wall-clock time per step over the steps that compiled "
