@@ -95,3 +95,12 @@ def test_a_cell_without_steps_that_compiled_five_graphs_at_one_line_gets_the_ale
     (alert,) = [a for a in analyze(cell) if a.code == "frequent-compiles"]
     assert alert.title == "Recompiling: `train` in cell 2, line 27 compiled 5 different graphs"
     assert alert.explanation.startswith("XLA compiled 5 graphs, taking "), alert.explanation
+
+
+def test_a_trace_ahead_of_the_counters_never_counts_more_graphs_at_a_line_than_in_all():
+    # The trace's compilations and the counters' snapshots reach the panel apart: a snapshot
+    # read before the sixth graph's counter moved, with the trace already holding it.
+    behind = snapshot(20)
+    behind.compiles -= 1
+    (found,) = [a for a in analyze(behind) if a.code == "frequent-compiles"]
+    assert f"6 of the 6 graphs end at {LINE.text()}" in found.explanation, found.explanation

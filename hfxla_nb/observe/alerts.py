@@ -483,6 +483,8 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
                      f"Recompiling: {plural(summary.compiles, 'compile')}{span}",
                      f"{numbers} {cause}", fix)
     place = row.place()
+    # The trace's compilations arrive apart from the counters' snapshots: either may be ahead.
+    compiled = max(summary.compiles, summary.trace.compiles if summary.trace else 0)
     changed = shape_changes(summary.input_shapes)
     if changed:
         cause, fix = shapes_cause(changed), shapes_fix(changed, summary, opening="give")
@@ -502,7 +504,7 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
     return Alert(
         "frequent-compiles", severity,
         f"Recompiling: {place} compiled {row.graphs} different graphs{span}",
-        f"{numbers} {row.compiles} of the {summary.compiles} graphs end at {place} "
+        f"{numbers} {row.compiles} of the {compiled} graphs end at {place} "
         f"({row.cause_words()}), {row.graphs} of them different: what changes is in the "
         f"step's code that runs before that line. {cause}",
         f"At {place}: {fix}",
