@@ -245,7 +245,8 @@ def test_epoch_evaluation_runs_at_each_epochs_end(cache, tmp_path):
     result = hx.fine_tune(
         demo.demo_model_dir(cache=cache), demo.demo_dataset(n=ROWS), batch_size=32,
         max_steps=MAX_STEPS, log_every=LOG_EVERY, num_processes=1, progress=False,
-        output_dir=tmp_path / "run", eval_strategy="epoch")
+        output_dir=tmp_path / "run", eval_strategy="epoch", compute_metrics=trainer_style,
+        metric_for_best_model="argmax_accuracy")
     args = SimpleNamespace(eval_strategy="epoch", eval_delay=0, logging_strategy="steps",
                            save_strategy="no")
     state, expected = TrainerState(max_steps=MAX_STEPS), []
@@ -258,6 +259,21 @@ def test_epoch_evaluation_runs_at_each_epochs_end(cache, tmp_path):
     assert result.metrics == {k: v for k, v in evaluations(result)[-1].items()
                               if k not in ("epoch", "step")}
     assert result.compiles == 1 and result.eval_compiles == 1
+    # compute_metrics as the Trainer calls it: its values beside the run's own, "eval_" added.
+    for entry in evaluations(result):
+        assert entry["eval_argmax_accuracy"] == pytest.approx(entry["eval_accuracy"])
+        assert entry["eval_probability_sum"] == pytest.approx(1.0, abs=1e-5)
+        assert entry["eval_rows_seen"] == entry["eval_rows"] == ROWS // 10
+    assert result.best_metric == max(e["eval_argmax_accuracy"] for e in evaluations(result))
+
+
+def trainer_style(prediction):
+    """A Trainer-style `compute_metrics`: its argmax, its softmax, its row count."""
+    import numpy as np
+
+    scores, labels = prediction.predictions, prediction.label_ids
+    return {"argmax_accuracy": float((scores.argmax(-1) == labels).mean()),
+            "probability_sum": float(np.exp(scores).sum(-1).mean()), "rows_seen": len(labels)}
 
 
 class WeightWatcher(TrainerCallback):
@@ -359,6 +375,8 @@ def no_launch(monkeypatch):
     (dict(eval_steps=5), "eval_steps=5 is for eval_strategy='steps'"),
     (dict(save_total_limit=2), "save_steps=None writes none"),
     (dict(callbacks=[object()]), "transformers.TrainerCallback instances"),
+    (dict(compute_metrics="f1"), "compute_metrics must be a function of a"),
+    (dict(compute_metrics=trainer_style, task="masked-lm"), "leave compute_metrics out"),
 ])
 def test_refused_before_any_fork(no_launch, cache, options, says):
     dataset = demo.demo_dataset(n=200)

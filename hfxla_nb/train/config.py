@@ -140,6 +140,11 @@ class FineTuneConfig:
         load_best_model_at_end: the saved model and `result.metrics` are those of the best
             evaluation (its weights are kept on the host when it happens).
         save_total_limit: keep only the newest this many checkpoints (and the best one).
+        compute_metrics: the Trainer's `compute_metrics`: a function of a
+            `transformers.EvalPrediction` that returns a dict of floats, reported with
+            "eval_" (classification of text and images). Its `predictions` are each row's
+            log-probabilities (the logits less a constant per row: the same argmax and
+            softmax), its `label_ids` the labels.
         callbacks: `transformers.TrainerCallback`s (instances or classes), called in the
             worker on the Trainer's events with the Trainer's `args`, `state` and `control`;
             `transformers.EarlyStoppingCallback` works as it is.
@@ -241,6 +246,7 @@ class FineTuneConfig:
     load_best_model_at_end: bool = False
     save_total_limit: int | None = None
     callbacks: Sequence[Any] = ()
+    compute_metrics: Callable[[Any], Mapping[str, float]] | None = None
     max_grad_norm: float | None = 1.0
     log_every: int = 10
     progress: bool | str = True
@@ -465,6 +471,10 @@ def check_trainer_options(config: Any) -> None:
     _check_evaluation(config)
     _check_best_model(config)
     _check_callbacks(config)
+    if config.compute_metrics is not None and not callable(config.compute_metrics):
+        raise FineTuneError(
+            f"compute_metrics must be a function of a transformers.EvalPrediction that returns "
+            f"a dict of floats, as the Trainer's; got {config.compute_metrics!r}.")
 
 
 def _check_schedule(config: Any) -> None:

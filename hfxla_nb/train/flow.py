@@ -12,8 +12,11 @@ The worker side is `worker/callbacks.py`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import numpy as np
 
 from .config import FineTuneError
 
@@ -23,6 +26,7 @@ class ReportsMetrics(Protocol):
     callers: named by its shape to keep the imports one way)."""
 
     name: str
+    takes_compute_metrics: bool
 
     def eval_metric_names(self, config: Any) -> tuple[str, ...] | None: ...
 
@@ -62,6 +66,28 @@ class TrainerSettings:
         return self.eval_strategy != "no"
 
 
+@dataclass(frozen=True)
+class TrainerMetrics:
+    """A Trainer-style `compute_metrics`, among a run's metrics (`TrainPlan.metrics`)."""
+
+    function: Callable[[Any], Mapping[str, float]]
+
+    def __call__(self, scores: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+        """The function's values for `EvalPrediction(scores, labels)`, each named "eval_...".
+
+        Raises:
+            TypeError: the function returned something else than a mapping of numbers.
+        """
+        from transformers import EvalPrediction
+
+        values = self.function(EvalPrediction(predictions=scores, label_ids=labels))
+        if not isinstance(values, Mapping):
+            raise TypeError(f"compute_metrics returned {type(values).__name__}; return a dict "
+                            "of floats, as for the Trainer ({'f1': 0.9}).")
+        return {name if name.startswith("eval_") else f"eval_{name}": float(value)
+                for name, value in values.items()}
+
+
 def trainer_settings(config: Any, task: ReportsMetrics, total_steps: int,
                      has_eval: bool) -> TrainerSettings:
     """The run's `TrainerSettings`, resolved as `transformers.TrainingArguments` resolves
@@ -72,6 +98,10 @@ def trainer_settings(config: Any, task: ReportsMetrics, total_steps: int,
         FineTuneError: evaluation asked for without evaluation data, a best-model metric the
             task's evaluation does not report, or schedule options the schedule refuses.
     """
+    if config.compute_metrics is not None and not task.takes_compute_metrics:
+        raise FineTuneError(
+            f"compute_metrics works for classification of text and images; a {task.name!r} "
+            "run reports its own metrics: leave compute_metrics out.")
     strategy = config.eval_strategy
     if strategy != "no" and not has_eval:
         raise FineTuneError(

@@ -31,7 +31,7 @@ from ..runtime import detect_accelerator
 from . import data, preparation
 from .batching import EncodedData, StreamedSplit, steps_per_epoch
 from .config import FineTuneConfig, FineTuneError
-from .flow import trainer_settings
+from .flow import TrainerMetrics, trainer_settings
 from .hub import provenance
 from .memory import DiskEstimate, check_free_space, checkpoints_written, estimate_output, on_meta
 from .plan import TrainPlan
@@ -287,7 +287,8 @@ def build_plan(config: FineTuneConfig, context: TaskContext, task: Task,
         data=encoded,
         total_steps=total,
         steps_per_epoch=per_epoch,
-        metrics=tuple(config.metrics),
+        metrics=tuple(config.metrics) + ((TrainerMetrics(config.compute_metrics),)
+                                         if config.compute_metrics is not None else ()),
         devices=context.devices,
         fingerprint=fingerprint,
         **fields,

@@ -106,6 +106,9 @@ class Task:
     predict_example = '["a text"]'
     #: Whether `augment=True` is taken (its `augment` changes training batches).
     augments = False
+    #: Whether its evaluation calls a Trainer-style `compute_metrics` (`flow.TrainerMetrics`)
+    #: with each row's log-probabilities; False: the option is refused before any work.
+    takes_compute_metrics = False
     #: Whether its `prepare` takes a streamed training split (`datasets.IterableDataset`,
     #: `data.is_stream`), read in the worker as training consumes it
     #: (`batching.StreamedSplit`); False: such data is refused before any work.
@@ -203,6 +206,6 @@ class MaxLength:
 def classifier_metric_names(config: FineTuneConfig) -> tuple[str, ...] | None:
     """What a classifier's evaluation reports: its loss and the metrics asked for by name (a
     metric function's names are known only once it ran)."""
-    if any(callable(metric) for metric in config.metrics):
+    if any(callable(metric) for metric in config.metrics) or config.compute_metrics is not None:
         return None
     return ("loss", *config.metrics)

@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import batching, data, preparation
 from ..config import FineTuneConfig, FineTuneError
+from ..flow import TrainerMetrics
 from ..memory import meta_classifier
 from ..preparation import Prepared, Splits, TaskContext
 from ..worker.evaluate import chance_accuracy, compute_metrics, row_losses
@@ -321,6 +322,7 @@ class Classification(Task):
 
     pipeline_tag = "text-classification"
     eval_ahead = True
+    takes_compute_metrics = True
     auto_class = "AutoModelForSequenceClassification"
     head_suffixes = ("ForSequenceClassification",)
     peft_task_type = PEFT_TASK_TYPE
@@ -366,8 +368,10 @@ class Classification(Task):
         for bucket in split.buckets:
             labels[bucket.rows] = bucket.labels
         values = {"eval_loss": float(row_losses.mean())}
+        probabilities = (self._by_row(split, batches, fetched, 2, float)
+                         if any(isinstance(m, TrainerMetrics) for m in plan.metrics) else None)
         values.update(compute_metrics(plan.metrics, predictions, labels,
-                                      len(plan.data.label_names)))
+                                      len(plan.data.label_names), probabilities))
         values["eval_rows"] = float(split.num_rows)
         return values
 

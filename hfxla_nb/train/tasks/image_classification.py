@@ -350,6 +350,7 @@ class ImageClassification(Task):
 
     pipeline_tag = "image-classification"
     eval_ahead = True
+    takes_compute_metrics = True
     auto_class = "AutoModelForImageClassification"
     head_suffixes = ("ForImageClassification",)
     title = "image classification"
@@ -410,7 +411,7 @@ class ImageClassification(Task):
         num_labels = len(plan.data.label_names)
         values = {"eval_loss": float(row_losses.mean())}
         values.update(compute_metrics(plan.metrics, probabilities.argmax(-1).astype(np.int64),
-                                      labels, num_labels))
+                                      labels, num_labels, probabilities))
         values.update(top_k_metrics(probabilities, labels, num_labels))
         values["eval_rows"] = float(split.num_rows)
         return values

@@ -20,6 +20,7 @@ from ... import _xla, patches
 from ...events import Progress, emit, worker_rank
 from ...observe.reporting import count_in_bar
 from .. import batching
+from ..flow import TrainerMetrics
 from ..plan import TrainPlan
 from .context import WorkerContext
 
@@ -221,10 +222,12 @@ def chance_accuracy(split: EncodedSplit | None) -> float | None:
 
 def compute_metrics(
     metrics: Sequence[str | Callable], predictions: np.ndarray, labels: np.ndarray,
-    num_labels: int,
+    num_labels: int, probabilities: np.ndarray | None = None,
 ) -> dict[str, float]:
     """`eval_<name>` for each metric: accuracy, or macro-averaged f1/precision/recall, or what a
-    function `f(predictions, labels)` returns (a float, or a dict of floats)."""
+    function `f(predictions, labels)` returns (a float, or a dict of floats), or what a
+    Trainer-style `compute_metrics` (`flow.TrainerMetrics`) returns for each row's
+    log-probabilities (from `probabilities`) and the labels."""
     values: dict[str, float] = {}
     confusion = np.zeros((num_labels, num_labels), dtype=np.int64)
     np.add.at(confusion, (labels, predictions), 1)
@@ -237,7 +240,10 @@ def compute_metrics(
         recall = np.where(actual > 0, true_positive / actual, 0.0)
         f1 = np.where(precision + recall > 0, 2 * precision * recall / (precision + recall), 0.0)
     for metric in metrics:
-        if callable(metric):
+        if isinstance(metric, TrainerMetrics):
+            with np.errstate(divide="ignore"):  # a probability of 0 is a log of -inf
+                values.update(metric(np.log(probabilities), labels))
+        elif callable(metric):
             value = metric(predictions, labels)
             name = getattr(metric, "__name__", "metric")
             if isinstance(value, dict):
