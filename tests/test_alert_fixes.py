@@ -76,7 +76,8 @@ def test_no_warm_up_words_on_a_run_no_longer_than_the_warm_up():
     longer = recompiling(12)
     longer.compiles_after_warmup, longer.steps_after_warmup = 2, 2
     found = everything(alert(longer, "frequent-compiles"))
-    assert "warm-up" not in found and "(torch_xla warns above 0.5)" in found
+    assert "warm-up" not in found and (
+        "(torch_xla warns above 0.5; under 3 steps after the first 10, too few to rate)" in found)
     longer = recompiling(16)
     longer.compiles_after_warmup, longer.steps_after_warmup = 6, 6
     found = everything(alert(longer, "frequent-compiles"))

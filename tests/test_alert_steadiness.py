@@ -104,3 +104,20 @@ def test_a_trace_ahead_of_the_counters_never_counts_more_graphs_at_a_line_than_i
     behind.compiles -= 1
     (found,) = [a for a in analyze(behind) if a.code == "frequent-compiles"]
     assert f"6 of the 6 graphs end at {LINE.text()}" in found.explanation, found.explanation
+
+
+def test_the_alert_keeps_its_length_when_the_rate_after_the_warm_up_arrives():
+    # Past the 10 warm-up steps the alert says how many graphs the steps after them compiled:
+    # a clause of its own, from the warm-up snapshot (read a step late) 3 steps on. Said in
+    # as many words before the figure exists, the live alert keeps its lines.
+    lengths = {}
+    for step in range(11, 40):
+        summary = snapshot(step, changing=30)
+        if step > 11:  # the warm-up snapshot, read at step 11
+            summary.compiles_after_warmup = min(step, 30) - 10
+            summary.steps_after_warmup = step - 11
+        else:
+            summary.compiles_after_warmup = summary.steps_after_warmup = None
+        (found,) = [a for a in analyze(summary) if a.code == "frequent-compiles"]
+        lengths[step] = len(found.explanation)
+    assert max(lengths.values()) - min(lengths.values()) <= 10, lengths

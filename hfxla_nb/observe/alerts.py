@@ -468,12 +468,16 @@ def _frequent_compiles(summary: XlaSummary, warmup_steps: int, unit: str,
             rule = "a new graph at nearly every step"
         else:
             rule = f"torch_xla warns above {MAX_COMPILES_PER_STEP}"
-            # Only over enough steps to be a rate (the warm-up snapshot is read a step late).
-            if (summary.compiles_after_warmup and summary.steps_after_warmup
-                    and summary.steps_after_warmup >= MIN_RATE_STEPS):
-                rule += (f"; {summary.compiles_after_warmup} of them in the "
-                         f"{plural(summary.steps_after_warmup, 'step')} after the first "
-                         f"{warmup_steps}")
+            # Only over enough steps to be a rate (the warm-up snapshot is read a step late);
+            # said the same way before, so that the live alert keeps its length and the
+            # panel its height when the figure arrives.
+            after = summary.steps_after_warmup
+            if after and after >= MIN_RATE_STEPS:
+                rule += (f"; {summary.compiles_after_warmup or 'none'} of them in the "
+                         f"{plural(after, 'step')} after the first {warmup_steps}")
+            else:
+                rule += (f"; under {MIN_RATE_STEPS} steps after the first {warmup_steps}, "
+                         "too few to rate")
         numbers = (f"XLA compiled {rate:.2f} graphs per {unit} ({rule}), taking "
                    f"{duration(summary.compile_seconds)}.{share_text(summary)}")
     span = f" in {plural(steps, 'step')}" if steps else ""
