@@ -156,3 +156,12 @@ def test_a_launched_loop_that_recompiles_warns_with_its_line_whether_or_not_it_r
     bare = next(a for a in found["False"] if a["code"] == "frequent-compiles")
     assert "inputs=" in bare["explanation"], bare
     assert "⚠ Recompiling: " + line in done.stdout.split("✔ launch finished")[1], done.stdout
+
+
+def test_frequent_fetches_name_fine_tunes_log_every_too():
+    # fine_tune(log_every=1) fetches the loss every step from its own loop: no line of the
+    # user's to name, and the fix is fine_tune's option, not only report's.
+    summary = XlaSummary(steps=20, executions=20, transfers_from_device=22)
+    found = alert(summary, "frequent-transfers")
+    assert found.fix.startswith("Fetch values only every N steps: fine_tune(..., log_every=N), "
+                                "hfxla_nb.report(loss=loss, log_every=N)"), found.fix

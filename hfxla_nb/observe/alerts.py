@@ -340,7 +340,7 @@ def _transfers_alert(summary: XlaSummary) -> Alert | None:
         "Typical causes: .item(), print(tensor), `if tensor:`, logging every step (Trainer "
         "with logging_steps=1), and transformers' attention-mask check on padded batches.",
         f"{fix}{'f' if fix else 'F'}etch values only every N steps: "
-        "hfxla_nb.report(loss=loss, log_every=N) or "
+        "fine_tune(..., log_every=N), hfxla_nb.report(loss=loss, log_every=N) or "
         "xm.add_step_closure; log less often; keep decisions on the host.",
     )
 
