@@ -30,7 +30,7 @@ def vit(cache, tmp_path_factory):
     folder = tmp_path_factory.mktemp("vit")
     result = hx.fine_tune(demo_vit_model_dir(cache=cache), data, batch_size=32, max_steps=100,
                           learning_rate=3e-3, num_processes=4, output_dir=folder / "out",
-                          progress=False)
+                          progress=False, compute_metrics=argmax_accuracy)
     images = list(data["validation"]["image"])
     # The other forms predict takes: a HWC uint8 array and a file path, of the first image.
     images[0].save(folder / "first.png")
@@ -39,11 +39,18 @@ def vit(cache, tmp_path_factory):
     return result, data, predicted
 
 
+def argmax_accuracy(prediction):
+    """A Trainer-style `compute_metrics`."""
+    return {"argmax_accuracy": float((prediction.predictions.argmax(-1)
+                                      == prediction.label_ids).mean())}
+
+
 @pytest.mark.launch
 def test_it_learns_the_drawn_images(vit):
     result, _, _ = vit
     assert result.task == "image-classification"  # task="auto", from the ViT's head
     assert result.metrics["eval_accuracy"] >= 0.9  # chance: 1/3
+    assert result.metrics["eval_argmax_accuracy"] == result.metrics["eval_accuracy"]
     assert "eval_top5_accuracy" not in result.metrics  # 3 labels: every one is in a top 5
     assert result.metrics["eval_rows"] == ROWS // 5
     assert result.loss_history[-1][1] < 0.5 * result.loss_history[0][1]

@@ -173,6 +173,15 @@ def test_a_growing_batch_reported_without_inputs_warns_of_recompiling_live_and_f
     assert "inputs=" in panel_fixes["texts"][GROWING_CELL]
 
 
+def test_the_recompile_alert_keeps_the_panel_height_while_its_numbers_change(panel_fixes):
+    # Its count after the warm-up arrives a few steps after the alert itself: said in as many
+    # words before, the alert keeps its lines (it grew by two, 36 px, mid-run).
+    live = [sample for sample in panel_fixes["growing_live"] if sample["alert"]]
+    heights = [(sample["step"], sample["panel_height"]) for sample in live]
+    assert len(live) >= 3, heights
+    assert max(h for _, h in heights) - min(h for _, h in heights) <= 1, heights
+
+
 # -- 2. the bar's figures keep one line to the end ---------------------------------------------
 
 
