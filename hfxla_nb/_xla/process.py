@@ -59,7 +59,7 @@ def _register_item_fallback() -> None:
     torch_xla counts each CPU fallback op in a map it fills on the op's first call, without a
     lock (`_fallback_counters` in `torch_xla/csrc/aten_fallback.cpp`). Rank threads of one
     process (XLA on the CPU, TPU v2/v3) that call `.item()` for the first time at the same
-    moment insert into it together, and one in about 40 such launches died of SIGSEGV in
+    moment insert into it together, and about one in 50 such launches died of SIGSEGV in
     `xla_fallback`. Forked processes inherit the entry. Calling the op through XLA's kernel on
     a host tensor inserts it without starting the runtime; the count it adds is cleared, so a
     run's `.item()` calls are counted from zero. Other ops that fall back are first called by
