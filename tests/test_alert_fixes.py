@@ -165,3 +165,21 @@ def test_frequent_fetches_name_fine_tunes_log_every_too():
     found = alert(summary, "frequent-transfers")
     assert found.fix.startswith("Fetch values only every N steps: fine_tune(..., log_every=N), "
                                 "hfxla_nb.report(loss=loss, log_every=N)"), found.fix
+
+
+def test_a_callback_is_blamed_only_where_values_were_read_most():
+    callback = Frame("on_step_end", "/tmp/ipykernel_1/3.py", 7, cell=3)
+    library = Frame("_fetch", "/venv/somelib/metrics.py", 40)
+    trace = TraceLog()
+    trace.executions = (ExecutionSite(FETCH_CAUSE, callback, None, 20, 1),)
+    found = alert(XlaSummary(steps=20, executions=40, transfers_from_device=20, trace=trace),
+                  "frequent-transfers")
+    assert found.title.endswith("values read by a TrainerCallback at `on_step_end` in cell 3, "
+                                "line 7"), found.title
+    # Library code read values more often: the title names it, and no callback is blamed.
+    trace.executions = (ExecutionSite(FETCH_CAUSE, None, library, 30, 1),
+                        ExecutionSite(FETCH_CAUSE, callback, None, 20, 1))
+    found = alert(XlaSummary(steps=20, executions=60, transfers_from_device=50, trace=trace),
+                  "frequent-transfers")
+    assert found.title.endswith(", values read at library code"), found.title
+    assert "TrainerCallback" not in everything(found)

@@ -36,7 +36,7 @@ from typing import Literal
 
 from .._words import data_size, duration, plural
 from .metrics import MAX_QUIET_SHAPES, WARMUP_STEPS, InputShapes, XlaSummary, shape_changes
-from .tracing import CompileRow
+from .tracing import CompileRow, ExecutionSite, Frame
 
 # -- the alerts' words: causes and fixes --
 
@@ -320,13 +320,13 @@ def _transfers_alert(summary: XlaSummary) -> Alert | None:
     if callback is not None:
         return Alert(
             "frequent-transfers", "warning",
-            f"Device-to-host transfers: {transfers} in {steps} steps"
-            + title.replace(" values read at ", " values read by a TrainerCallback at "),
+            f"Device-to-host transfers: {transfers} in {steps} steps, values read by a "
+            f"TrainerCallback at {callback.text()}",
             f"The program fetched values from the device {transfer_rate:.2f} times per "
             f"{_unit(summary)} (more than {MAX_TRANSFERS_PER_STEP}){items}.{where} The callback "
-            f"reads a tensor's value in `{callback}`, which runs at every step or log: each read "
-            "waits for the device to finish and stops the next step's tracing from overlapping "
-            "with it.",
+            f"reads a tensor's value in `{callback.function}`, which runs at every step or log: "
+            "each read waits for the device to finish and stops the next step's tracing from "
+            "overlapping with it.",
             f"{fix}read the value every N steps (`if state.global_step % N == 0:`), or use "
             "what the run already fetched: `logs` in on_log (the loss and learning rate every "
             "log_every steps) and `metrics` in on_evaluate.",
@@ -526,23 +526,26 @@ def _mask_check(summary: XlaSummary) -> bool:
     return any(site.via is not None and site.via.function in MASK_CHECKS for site in sites)
 
 
-def _callback_site(summary: XlaSummary) -> str | None:
-    """The `TrainerCallback` event (`on_step_end`, ...) whose value read ran the graph most
-    often, from the trace; None when the most frequent fetch is elsewhere."""
+def _read_sites(summary: XlaSummary) -> list[ExecutionSite]:
+    """The traced value reads that ran the graph early and name a line (the user's, or the
+    library's one), most first; none without a trace."""
     trace = summary.trace
-    sites = [site for site in (trace.fetch_sites() if trace is not None else [])
-             if site.where is not None]
-    if sites and sites[0].where.function in CALLBACK_EVENTS:
-        return sites[0].where.function
-    return None
+    return [site for site in (trace.fetch_sites() if trace is not None else [])
+            if site.where is not None or site.via is not None]
+
+
+def _callback_site(summary: XlaSummary) -> Frame | None:
+    """The line in a `TrainerCallback` event (`on_step_end`, ...) when it is where values
+    were read most often (`_fetch_sites`' first place), else None."""
+    sites = _read_sites(summary)
+    where = sites[0].where if sites else None
+    return where if where is not None and where.function in CALLBACK_EVENTS else None
 
 
 def _fetch_sites(summary: XlaSummary) -> tuple[str, str, str]:
     """(title suffix, explanation, fix prefix) naming the lines whose value fetches ran the
     graph, from the trace; empty strings without one."""
-    trace = summary.trace
-    sites = [site for site in (trace.fetch_sites() if trace is not None else [])
-             if site.where is not None or site.via is not None]
+    sites = _read_sites(summary)
     if not sites and summary.item_calls and summary.item_lines:
         first = summary.item_lines[0]
         return (f", .item() at {first}",

@@ -79,15 +79,13 @@ def sparkline_svg(values: list[float], width: int = 180, height: int = 36,
     low, high = chart_range(values, dots)
     span, last = high - low, max(len(values) - 1, 1)
 
-    def xy(x: float, value: float) -> str:  # a flat series runs through the middle
+    def xy(x: float, value: float) -> tuple[float, float]:  # flat: through the middle
         y = height / 2 if span == 0 else height - 2 - (value - low) / span * (height - 4)
-        return f"{2 + min(max(x, 0), last) / last * (width - 4):.1f},{y:.1f}"
+        return 2 + min(max(x, 0), last) / last * (width - 4), y
 
-    coords = " ".join(xy(x, value) for x, value in line)
-    circles = "".join(
-        '<circle cx="{}" cy="{}" r="2.5" fill="{}"/>'.format(*xy(x, value).split(","),
-                                                             SERIES["eval loss"])
-        for x, value in dots)
+    coords = " ".join(f"{px:.1f},{py:.1f}" for px, py in (xy(*point) for point in line))
+    circles = "".join(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="2.5" '
+                      f'fill="{SERIES["eval loss"]}"/>' for px, py in (xy(*dot) for dot in dots))
     return (
         f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
         f'xmlns="http://www.w3.org/2000/svg" style="vertical-align:middle;width:{width}px;'
