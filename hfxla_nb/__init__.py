@@ -33,6 +33,8 @@ _EXPORTS = {
     "CompileCacheRefusedError": "runtime.compile_cache",
     "notebook_launcher": "launch.launcher",
     "last_launch": "launch.launcher",
+    "session": "launch.sessions",
+    "Session": "launch.sessions",
     "LaunchRecord": "launch.supervision",
     "RankRecord": "launch.supervision",
     "LaunchError": "launch.errors",

@@ -193,9 +193,9 @@ def test_output_main_all_none_and_a_list_say_whose_lines_reach_the_cell():
     """README: `output="main"` shows rank 0, `"all"` every rank, or a list of ranks; the
     launcher's own lines (no rank) show unless it is "none" (one decision for one host and
     a cluster: `supervision.shows`)."""
-    from hfxla_nb.launch.launcher import _parse_output
+    from hfxla_nb.launch.launcher import parse_output
 
-    main, listed = _parse_output("main"), _parse_output([1, 3])
+    main, listed = parse_output("main"), parse_output([1, 3])
     assert [shows(main, [rank]) for rank in range(4)] == [True, False, False, False]
     assert [shows(listed, [rank]) for rank in range(4)] == [False, True, False, True]
     assert all(shows("all", [rank]) for rank in range(4))

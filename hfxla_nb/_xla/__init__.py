@@ -94,6 +94,7 @@ from .process import (  # noqa: E402  # noqa: E402
     UNCACHED_COMPILE,
     add_step_closure,
     broadcast_master_param,
+    clear_metrics,
     clear_pending,
     compile_graph,
     compile_times,
@@ -156,5 +157,5 @@ __all__ = [
     "replicate_unsharded", "send_to_device", "share_sharding", "sharding_spec",
     "watch_mark_sharding",
     # metrics
-    "compile_times", "graphs_ran", "metric_counts", "metrics_snapshot",
+    "clear_metrics", "compile_times", "graphs_ran", "metric_counts", "metrics_snapshot",
 ]

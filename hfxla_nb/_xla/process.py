@@ -363,6 +363,15 @@ def compile_times() -> tuple[int, list[float]]:
     return int(count), [float(value) * 1e-9 for _, value in samples]
 
 
+def clear_metrics() -> None:
+    """Zero every torch_xla counter and metric of this process, so that the next job of a
+    warm session counts from zero as a fresh process does. Never starts the runtime."""
+    require_torch_xla()
+    import torch_xla.debug.metrics as met
+
+    met.clear_all()
+
+
 def graphs_ran() -> bool:
     """Whether this process has compiled or executed an XLA graph (after which torch_xla no
     longer reads `PT_XLA_DEBUG_LEVEL`). Never starts the runtime."""

@@ -21,6 +21,7 @@ _EXPORTS = {
     "last_launch": "launcher",
     "launch": "launcher",
     "notebook_launcher": "launcher",
+    "Session": "sessions",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -266,7 +266,7 @@ def _launch(function: Callable, args: Sequence, options: LaunchOptions, pass_ind
             tracker: Tracker | None) -> tuple[Any, LaunchRecord]:
     """`launch` once its function and tracker are known."""
     __tracebackhide__ = True
-    shown_ranks = _parse_output(options.output)
+    shown_ranks = parse_output(options.output)
     pods = options.cluster is not None or options.hosts is not None
     accelerate = check_accelerate_options(
         options.strategy, use_port=options.use_port, master_addr=options.master_addr,
@@ -283,6 +283,7 @@ def _launch(function: Callable, args: Sequence, options: LaunchOptions, pass_ind
                           stacklevel=3)
         from .pods import launch_on_cluster
 
+        close_warm_sessions()
         return launch_on_cluster(
             function, tuple(args), pass_index, cluster=options.cluster or "auto",
             hosts=options.hosts or 1, strategy=options.strategy,
@@ -290,18 +291,19 @@ def _launch(function: Callable, args: Sequence, options: LaunchOptions, pass_ind
             use_port=int(options.use_port) if options.use_port else None,
             timeout=options.timeout, shown_ranks=shown_ranks, progress=options.progress,
             heartbeat_timeout=options.heartbeat_timeout,
-            trace_compiles=options.trace_compiles, keep_record=_keep_record,
+            trace_compiles=options.trace_compiles, keep_record=keep_record,
             max_restarts=accelerate.max_attempts - 1, tracker=tracker)
-    plan = _local_plan(options.strategy, options.num_processes, options.mixed_precision,
-                       options.compile_cache, options.trace_compiles)
+    plan = local_plan(options.strategy, options.num_processes, options.mixed_precision,
+                      options.compile_cache, options.trace_compiles)
+    close_warm_sessions()
     runs = _Attempts(function, tuple(args), pass_index, plan, accelerate, shown_ranks,
                      options.progress, options.timeout, options.heartbeat_timeout, tracker)
     return runs.run()
 
 
-def _local_plan(strategy: str, num_processes: int | None, mixed_precision: str,
-                compile_cache: bool | str | os.PathLike | None,
-                trace_compiles: bool) -> LaunchPlan:
+def local_plan(strategy: str, num_processes: int | None, mixed_precision: str,
+               compile_cache: bool | str | os.PathLike | None,
+               trace_compiles: bool) -> LaunchPlan:
     """The checks and the plan of a launch on this host: its world and the workers'
     variables (the compile cache's and the compile trace's switch included)."""
     preflight.check_runtime_not_started()
@@ -381,7 +383,7 @@ class _Attempts:
         # "attempt 2 of 4" in the panel's status line; only passed with restarts
         shown = {"attempt": record.attempt_text} if record.attempt_text else {}
         display = launch_display(plan.world, self.progress, reader=reader, **shown)
-        _keep_record(record)
+        keep_record(record)
         prefix = options.prefix if options.line_prefix is not None else None
         supervision = Supervision(reader, display, self.shown_ranks, self.timeout,
                                   poll_interval=options.monitor_interval, line_prefix=prefix)
@@ -390,9 +392,18 @@ class _Attempts:
         return record, supervision
 
 
-def _keep_record(record: LaunchRecord) -> None:
+def keep_record(record: LaunchRecord) -> None:
+    """Make `record` what `last_launch()` returns."""
     global _last_record
     _last_record = record
+
+
+def close_warm_sessions() -> None:
+    """Close the warm sessions of this kernel before a launch takes the devices (one muted
+    line each; `launch.sessions`). A kernel that never opened one never imports it."""
+    session = sys.modules.get("hfxla_nb.launch.sessions")
+    if session is not None:
+        session.close_sessions("for this launch")
 
 
 def _cache_env(setting: Any, info: Any, strategy: str) -> dict[str, str | None]:
@@ -409,7 +420,7 @@ def _cache_env(setting: Any, info: Any, strategy: str) -> dict[str, str | None]:
     return cache.worker_env(settings, per_process=processes)
 
 
-def _parse_output(output: str | Iterable[int]) -> set[int] | str:
+def parse_output(output: str | Iterable[int]) -> set[int] | str:
     if output in ("main", "all", "none"):
         return {0} if output == "main" else output
     try:

@@ -367,15 +367,23 @@ class NativeRelay:
                  shown: Callable[[list[int]], bool], tagged: bool,
                  rewrite: Callable[[str], str | None] | None = None,
                  kept: list[str] | None = None) -> None:
+        self.pipes: dict[int, _Pipe] = {}
+        # (severity, source, text) of each XLA log line -> [times seen, stream, the tag of
+        # every process that wrote it]
+        self.repeats: dict[tuple[str, str, str], list] = {}
+        self.follow(ranks_of, shown, tagged, rewrite, kept)
+
+    def follow(self, ranks_of: Callable[[int], list[int]],
+               shown: Callable[[list[int]], bool], tagged: bool,
+               rewrite: Callable[[str], str | None] | None = None,
+               kept: list[str] | None = None) -> None:
+        """Relay for a launch (the arguments are the class's): for a warm session's next job,
+        the same pipes of the same processes, with the new job's record."""
         self.ranks_of = ranks_of
         self.shown = shown
         self.tagged = tagged
         self.rewrite = rewrite
         self.kept: list[str] = [] if kept is None else kept
-        self.pipes: dict[int, _Pipe] = {}
-        # (severity, source, text) of each XLA log line -> [times seen, stream, the tag of
-        # every process that wrote it]
-        self.repeats: dict[tuple[str, str, str], list] = {}
 
     def add(self, fd: int, stream: str, pid: int | None = None, rank: int | None = None) -> None:
         os.set_blocking(fd, False)
@@ -424,6 +432,16 @@ class NativeRelay:
             self.read(fd)
             if fd in self.pipes:
                 self._close(fd)
+        self._say_repeats()
+
+    def settle(self) -> None:
+        """What `close` says, with the pipes left open: a warm session's job ended, and its
+        processes stay for the next one."""
+        for fd in list(self.pipes):
+            self.read(fd)
+        self._say_repeats()
+
+    def _say_repeats(self) -> None:
         for (severity, source, text), (count, stream, tags) in self.repeats.items():
             tag = tags[0] if len(tags) == 1 else ""  # several processes: none is the one
             if severity in HELD:

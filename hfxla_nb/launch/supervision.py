@@ -39,6 +39,7 @@ from .processes import stop_group
 
 if TYPE_CHECKING:
     from ..ui import LaunchDisplay
+    from .worker import JobPipes
 
 
 # -- the records: what a launch did, rank by rank --
@@ -398,11 +399,14 @@ class Supervision(LaunchWatch):
     def __init__(self, reader: LaunchReader, display: LaunchDisplay,
                  shown_ranks: set[int] | str, timeout: float | None,
                  poll_interval: float = POLL_INTERVAL,
-                 line_prefix: Callable[[int], str] | None = None) -> None:
+                 line_prefix: Callable[[int], str] | None = None,
+                 relay: NativeRelay | None = None) -> None:
         """`reader`: the one reader of the launch's events (it holds the record);
         `poll_interval`: the longest wait between two looks at the workers (accelerate's
         `monitor_interval`); `line_prefix`: rank -> the prefix of its printed lines
-        (`log_line_prefix_template`), instead of `[rank N] ` when there are several ranks."""
+        (`log_line_prefix_template`), instead of `[rank N] ` when there are several ranks;
+        `relay`: the native output of processes that outlive one launch (a warm session's),
+        relayed for this one; None: a new one."""
         super().__init__(reader, display, shown_ranks, timeout)
         record = reader.record
         self.poll_interval = poll_interval
@@ -411,13 +415,18 @@ class Supervision(LaunchWatch):
         self.group: int | None = None  # its process group: every process of the launch
         self.exit_fd: int | None = None  # readable once the supervisor has exited
         said: dict[str, bool] = {}  # native messages already said once in this launch
-        self.native = NativeRelay(
+        follow = dict(
             ranks_of=lambda pid: sorted(self.reader.pid_ranks.get(pid, ())),
             shown=self._shown,
             tagged=record.world > 1,
             rewrite=lambda line: compile_cache.native_line(line, said),
             kept=record.native_log,
         )
+        if relay is None:
+            relay = NativeRelay(**follow)
+        else:
+            relay.follow(**follow)
+        self.native = relay
 
     def run(self, function: Callable[..., Any], args: tuple[Any, ...], pass_index: bool,
             env: dict[str, str | None]) -> None:
@@ -451,33 +460,43 @@ class Supervision(LaunchWatch):
         Raises:
             KeyboardInterrupt: the kernel was interrupted (after the launch was stopped).
         """
-        from .worker import supervise
-
         channel = Channel()
-        (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
         start = time.monotonic()
         outcome = Outcome.FAILED  # what an exception leaves
         try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:  # the supervisor; supervise() ends with os._exit
-                os.close(out_read)
-                os.close(err_read)
-                supervise(self.record.strategy, channel, (out_write, err_write), env,
-                          self.record.world, function, args, pass_index)
-            self.pid = self.group = self.record.process_group = pid
-            self.exit_fd = _exit_descriptor(pid)
-            os.close(out_write)
-            os.close(err_write)
-            self.native.add(out_read, "stdout")
-            self.native.add(err_read, "stderr")
+            self.fork(channel, env, function, args, pass_index)
             outcome = self._watch(channel, start)
         except KeyboardInterrupt:
             outcome = Outcome.INTERRUPTED
             raise
         finally:
             self._end(outcome, channel, start)
+
+    def fork(self, channel: Channel, env: dict[str, str | None],
+              function: Callable[..., Any] | None, args: tuple[Any, ...], pass_index: bool,
+              jobs: JobPipes | None = None, closed: tuple[int, ...] = ()) -> None:
+        """Fork the launch's supervisor (`worker.supervise`), relay its output; `jobs`: its
+        ranks serve a warm session's jobs instead of running `function`; `closed`: file
+        descriptors the supervisor must not hold (other sessions' job pipes)."""
+        from .worker import supervise
+
+        (out_read, out_write), (err_read, err_write) = os.pipe(), os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the supervisor; supervise() ends with os._exit
+            os.close(out_read)
+            os.close(err_read)
+            for fd in closed:
+                os.close(fd)
+            supervise(self.record.strategy, channel, (out_write, err_write), env,
+                      self.record.world, function, args, pass_index, jobs)
+        self.pid = self.group = self.record.process_group = pid
+        self.exit_fd = _exit_descriptor(pid)
+        os.close(out_write)
+        os.close(err_write)
+        self.native.add(out_read, "stdout")
+        self.native.add(err_read, "stderr")
 
     def failure_message(self) -> str:
         """What the cell's `LaunchError` says (this module's `failure_message`)."""

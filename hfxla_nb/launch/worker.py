@@ -25,14 +25,19 @@ per thread.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import math
 import os
+import pickle
+import select
 import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+import types
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _xla
@@ -351,9 +356,12 @@ def _run_backward_on_this_thread() -> None:
 
 
 def run_rank(
-    channel: Channel, rank: int, world: int, function: Callable, args: tuple, pass_index: bool
+    channel: Channel, rank: int, world: int, function: Callable, args: tuple, pass_index: bool,
+    keep: bool = False,
 ) -> Any:
-    """Run the user's function as `rank`, reporting its start and its outcome."""
+    """Run the user's function as `rank`, reporting its start and its outcome.
+
+    `keep`: the process stays for the next job of a warm session (its compile tracer too)."""
     route_this_process(channel)
     attach_worker(channel, rank)
     output.install(channel)  # after attach: each warning names its rank
@@ -370,7 +378,7 @@ def run_rank(
     except BaseException as error:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too
         drain_output()  # what it printed arrives before its failure
         # The metrics as they were when it failed, before Failed makes the launcher stop us.
-        tracing.rank_ended(rank)
+        tracing.rank_ended(rank, keep=keep)
         reporting.rank_ended(rank, failed=True)
         finish_like_a_script(failed=True)
         channel.send(
@@ -387,7 +395,7 @@ def run_rank(
         rank_ended(rank)
     _run_pending_step_closures()
     compile_cache.finish_in_worker()
-    tracing.rank_ended(rank)
+    tracing.rank_ended(rank, keep=keep)
     reporting.rank_ended(rank)  # the last rank of this process sends its final metrics
     finish_like_a_script()
     drain_output()
@@ -415,6 +423,162 @@ def _run_pending_step_closures() -> None:
         print(f"hfxla_nb: could not run the last step closures: {error}", file=sys.stderr)
 
 
+# -- a warm session's ranks: one job after another --
+
+@dataclass(frozen=True)
+class JobPipes:
+    """How the ranks of a warm session receive their jobs: one pipe per rank (its read end,
+    indexed by rank), and the seconds a rank waits for a job before the session ends (None:
+    until the notebook closes it)."""
+
+    fds: tuple[int, ...]
+    idle_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One `Session.run`: what every rank calls, and the notebook's cells as of now (a frame in
+    a cell run after the session started is named by its cell too)."""
+
+    number: int
+    function: Callable
+    args: tuple
+    kwargs: dict
+    pass_index: bool
+    cells: dict[str, int]
+    filenames: dict[str, str] = field(default_factory=dict)  # `code_files`
+
+
+def code_files(function: Callable) -> dict[str, str]:
+    """The file (a notebook cell's name) of a notebook function's code, and of the notebook
+    functions it names: cloudpickle sends code as `<dynamic-code>`, and tracebacks and the
+    compile trace name cells by these files. "" is the function's own."""
+    if not isinstance(function, types.FunctionType) or function.__module__ != "__main__":
+        return {}
+    files = {"": function.__code__.co_filename}
+    for name in function.__code__.co_names:
+        value = function.__globals__.get(name)
+        if isinstance(value, types.FunctionType) and value.__module__ == "__main__":
+            files[name] = value.__code__.co_filename
+    return files
+
+
+def dump_job(job: Job) -> bytes:
+    """`job` as bytes, by cloudpickle where it is installed: a function or class defined in a
+    notebook cell goes by value (plain pickle names it, and the workers were forked before
+    the cell ran).
+
+    Raises:
+        pickle.PicklingError, TypeError, AttributeError: what cannot be pickled."""
+    try:
+        import cloudpickle
+    except ImportError:
+        return pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+    return cloudpickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _read_jobs(fd: int, idle_timeout: float | None) -> Iterator[Job]:
+    """The jobs the notebook sends on `fd` (each a line `<path>`: the pickled job's file),
+    until it closes the pipe or none comes within `idle_timeout` seconds."""
+    pending = b""
+    while True:
+        while b"\n" not in pending:
+            ready, _, _ = select.select([fd], [], [], idle_timeout)
+            if not ready:
+                return  # idle past the limit: the session ends
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return  # the notebook closed the session
+            pending += chunk
+        line, pending = pending.split(b"\n", 1)
+        with open(line.decode(), "rb") as file:
+            yield pickle.load(file)
+
+
+_job_lock = threading.Lock()
+_job_number = 0  # the job this process runs (its rank threads start it once)
+
+
+def _begin_job(job: Job) -> None:
+    """The first rank of this process to start `job` makes its figures start from none, as in
+    a new process: XLA's counters, the steps and bars, the compilations and reshards. The
+    notebook sends a job only once every rank ended the one before, so no rank is running."""
+    global _job_number
+    with _job_lock:
+        if _job_number == job.number:
+            return
+        first = _job_number == 0
+        _job_number = job.number
+        _cells.update(job.cells)
+        if first:
+            return
+        if _xla.runtime_is_initialized():
+            _xla.clear_metrics()
+        reporting.new_job()
+        tracing.new_job(_cells)
+        metrics.new_job()
+
+
+def _in_file(code: types.CodeType, filename: str) -> types.CodeType:
+    """`code`, and the code it defines (nested functions, lambdas), as read from `filename`."""
+    consts = tuple(_in_file(const, filename) if isinstance(const, types.CodeType) else const
+                   for const in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+def _rebuilt(function: types.FunctionType, names: dict[str, Any],
+             filename: str | None) -> types.FunctionType:
+    """`function` with `names` as its globals, its code read from `filename` when given."""
+    code = function.__code__ if filename is None else _in_file(function.__code__, filename)
+    rebuilt = types.FunctionType(code, names, function.__name__, function.__defaults__,
+                                 function.__closure__)
+    rebuilt.__kwdefaults__ = function.__kwdefaults__
+    rebuilt.__qualname__ = function.__qualname__
+    rebuilt.__dict__.update(function.__dict__)
+    return rebuilt
+
+
+def in_notebook_namespace(function: Callable, filenames: Mapping[str, str]) -> Callable:
+    """A function defined in a notebook cell, as it runs in a session's worker: its globals
+    are the worker's copy of the notebook's names, so what one job sets with `global` the next
+    one reads. The names the function was sent with join them: functions, classes and modules
+    as the notebook has them now, other values only where the worker has none (a job's state
+    is not overwritten by the notebook's value of the same name). `filenames`: the cells the
+    code was read from (`code_files`)."""
+    main = sys.modules.get("__main__")
+    if (not isinstance(function, types.FunctionType) or function.__module__ != "__main__"
+            or main is None or function.__globals__ is vars(main)):
+        return function
+    names = vars(main)
+    for name, value in function.__globals__.items():
+        if isinstance(value, types.FunctionType) and name in filenames:
+            value = _rebuilt(value, names, filenames[name])
+        code = isinstance(value, (types.FunctionType, type, types.ModuleType))
+        if code or name not in names:
+            names[name] = value
+    return _rebuilt(function, names, filenames.get(""))
+
+
+def serve_rank(channel: Channel, rank: int, world: int, jobs: JobPipes) -> None:
+    """A warm session's rank: run each job the notebook sends, as `run_rank` runs a launch's
+    function, until the notebook closes the session (or it is idle past its limit)."""
+    for job in _read_jobs(jobs.fds[rank], jobs.idle_timeout):
+        _begin_job(job)
+        function = in_notebook_namespace(job.function, job.filenames)
+        if job.kwargs:
+            function = functools.partial(function, **job.kwargs)
+        run_rank(channel, rank, world, function, job.args, job.pass_index, keep=True)
+
+
+def _run_ranks(channel: Channel, rank: int, world: int, function: Callable | None,
+               args: tuple, pass_index: bool, jobs: JobPipes | None) -> None:
+    """A launch's rank runs its function once; a session's serves its jobs."""
+    if jobs is None:
+        run_rank(channel, rank, world, function, args, pass_index)
+    else:
+        serve_rank(channel, rank, world, jobs)
+
+
 # ---------------------------------------------------------------------------------------------
 # Strategies: each runs in the supervisor and never returns
 # ---------------------------------------------------------------------------------------------
@@ -425,7 +589,7 @@ _replicated_job: tuple | None = None
 
 
 def _replicated_entry(index: int) -> None:
-    channel, world, function, args, pass_index, supervisor = _replicated_job
+    channel, world, function, args, pass_index, supervisor, jobs = _replicated_job
     if os.getpid() != supervisor:  # a pool process of xmp.spawn, not the supervisor itself
         die_with_parent(signal.SIGTERM)  # for a supervisor killed (processes.py)
     variables = tpu_rank_variables(os.environ)  # torch_xla's, in a TPU process
@@ -435,7 +599,7 @@ def _replicated_entry(index: int) -> None:
     else:  # rank threads of one process (XLA:CPU, TPU v2/v3): each has its own
         set_thread_variables(
             rank_variables(_xla.global_ordinal(), index, world))
-    run_rank(channel, index, world, function, args, pass_index)
+    _run_ranks(channel, index, world, function, args, pass_index, jobs)
 
 
 def set_rank_variables(rank: int, local_rank: int, world: int) -> None:
@@ -453,11 +617,15 @@ def supervise(
     output_fds: tuple[int, int],
     env: dict[str, str],
     world: int,
-    function: Callable,
+    function: Callable | None,
     args: tuple,
     pass_index: bool,
+    jobs: JobPipes | None = None,
 ) -> None:
-    """Body of the forked supervisor. Ends the process; never returns."""
+    """Body of the forked supervisor. Ends the process; never returns.
+
+    With `jobs` (a warm session) the ranks run no function of their own: each runs the jobs
+    its pipe brings, until the notebook closes them."""
     code = 0
     child_reported: threading.Event | None = None
     try:
@@ -471,14 +639,14 @@ def supervise(
             _xla.use_spmd()
             metrics.watch(_cells)  # a tensor sharded after use: named by its line
             set_rank_variables(0, 0, 1)
-            run_rank(channel, 0, world, function, args, pass_index)
+            _run_ranks(channel, 0, world, function, args, pass_index, jobs)
         elif strategy == "replicated":
             global _replicated_job
-            _replicated_job = (channel, world, function, args, pass_index, os.getpid())
+            _replicated_job = (channel, world, function, args, pass_index, os.getpid(), jobs)
             child_reported = _watch_children(channel)
             _xla.spawn(_replicated_entry)
         else:
-            code = _run_debug(channel, world, function, args, pass_index, env)
+            code = _run_debug(channel, world, function, args, pass_index, env, jobs)
     except BaseException as error:  # noqa: BLE001 - report everything, then leave
         if child_reported is not None:
             # xmp.spawn's pool saw a child die (BrokenProcessPool): let the watcher report
@@ -595,6 +763,7 @@ def _run_debug(
     args: tuple,
     pass_index: bool,
     env: dict[str, str],
+    jobs: JobPipes | None = None,
 ) -> int:
     """Fork `world` CPU processes joined by a gloo process group; wait for all of them. The
     group's store is this process's (`processes.py`), on the port asked for (`MASTER_PORT`;
@@ -617,7 +786,7 @@ def _run_debug(
                     os._exit(1)
                 processes.join_gloo(rank, world, address, port)
                 gloo_world_for_accelerate()  # PartialState(): this group, not XLA's 1 process
-                run_rank(channel, rank, world, function, args, pass_index)
+                _run_ranks(channel, rank, world, function, args, pass_index, jobs)
             except BaseException as error:  # noqa: BLE001
                 channel.send(Failed(rank, type(error).__name__, str(error), traceback.format_exc()))
                 code = 1

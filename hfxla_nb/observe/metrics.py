@@ -52,7 +52,7 @@ def watch(cells: Mapping[str, int] | None = None) -> None:
     """From now on, count in this process each `xs.mark_sharding` that copied its tensor to the
     host, under the user's line that called it (`cells` names notebook cells)."""
     global _pid
-    names = dict(cells or {})
+    names = cells if cells is not None else {}  # a warm session adds later cells to it
     with _lock:
         if _pid == os.getpid():
             return
@@ -72,6 +72,12 @@ def watch(cells: Mapping[str, int] | None = None) -> None:
             _counts[key] = _counts.get(key, 0) + transfers
 
     _xla.watch_mark_sharding(copied)
+
+
+def new_job() -> None:
+    """A warm session's next job starts in this process: its reshards are counted from none."""
+    with _lock:
+        _counts.clear()
 
 
 def data() -> list[dict[str, Any]]:

@@ -228,9 +228,13 @@ def _process_state(target: Any) -> ProcessState:
         return _process
 
 
+_job = 0  # the warm session's job this process runs (`new_job`)
+
+
 def _bar_state(target: Any, label: str) -> _BarState:
-    if getattr(_thread, "target", None) is not target:
+    if getattr(_thread, "target", None) is not target or getattr(_thread, "job", 0) != _job:
         _thread.target = target
+        _thread.job = _job
         _thread.bars = {}
     return _thread.bars.setdefault(label, _BarState())
 
@@ -381,6 +385,15 @@ def count_in_bar(label: str, step: int) -> None:
     process = _process_state(target[0])
     with process.lock:
         process.bar = {"label": label, "step": int(step)}
+
+
+def new_job() -> None:
+    """A warm session's next job starts in this process: its steps, bars and input shapes
+    are counted from none, as in a new process."""
+    global _process, _job
+    with _process_lock:
+        _process = None
+        _job += 1  # each rank thread's bars start again (`_bar_state`)
 
 
 def rank_started(rank: int) -> None:

@@ -811,9 +811,12 @@ def start_in_worker(channel: Channel, rank: int, cells: Mapping[str, int] | None
         return True
 
 
-def rank_ended(rank: int) -> None:
+def rank_ended(rank: int, keep: bool = False) -> None:
     """`rank` returned or raised: when it was the last running rank of this process, read
-    and send the rest of the analysis (before the rank's `Finished` or `Failed`)."""
+    and send the rest of the analysis (before the rank's `Finished` or `Failed`).
+
+    `keep`: the process stays for more jobs (a warm session): the tracer goes on reading,
+    and the next job's first rank starts it again with `new_job`."""
     tracer = _tracer if _tracer_pid == os.getpid() else None
     if tracer is None:
         return
@@ -822,15 +825,30 @@ def rank_ended(rank: int) -> None:
         last = not tracer.running
     if not last:
         return
-    tracer.stop.set()
+    if not keep:
+        tracer.stop.set()
     try:
         tracer.poll(final=True)
     except Exception as error:  # noqa: BLE001 - the rank's outcome matters more
         warnings.warn(f"hfxla_nb: could not read the compilation analysis: {error!r}",
                       RuntimeWarning, stacklevel=2)
     finally:
-        # torch_xla read them already; processes this one starts see the user's settings.
-        _restore(tracer.previous)
+        if not keep:
+            # torch_xla read them already; processes this one starts see the user's settings.
+            _restore(tracer.previous)
+
+
+def new_job(cells: Mapping[str, int]) -> None:
+    """A warm session's next job starts in this process: its compilations and executions are
+    counted from none, as in a new process (the tracer itself goes on); `cells` names the
+    notebook's cells run since."""
+    tracer = _tracer if _tracer_pid == os.getpid() else None
+    if tracer is None:
+        return
+    with tracer.lock:
+        tracer.parser.cells.update(cells)
+        tracer.sites = {}
+        tracer._executions_changed = False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -82,6 +82,11 @@ _PACKAGES: dict[str, tuple[str, ...]] = {
 ENVIRONMENTS = ("colab", "kaggle", "tpu-vm", "vscode", "jupyter", "terminal")
 
 
+def in_notebook() -> bool:
+    """Whether this runs in a Jupyter kernel (Jupyter, Colab, Kaggle, VS Code), not a terminal."""
+    return "ZMQInteractiveShell" in shell_class_names(sys.modules)
+
+
 def shell_class_names(modules: Mapping[str, Any] | None = None) -> list[str]:
     """Class names (MRO) of the running IPython shell, or [] outside IPython.
 

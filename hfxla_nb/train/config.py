@@ -185,6 +185,12 @@ class FineTuneConfig:
             compilations view (the line, cause, graph and memory of each); False turns it off.
         compile_cache: the persistent compile cache: None (`hx.configure`'s choice, else on
             for TPU hosts), True, False, or a folder.
+        keep_warm: leave the trained model on the devices after the run, in a warm session,
+            so that `result.predict`, `generate` and `evaluate` start at once (no process, no
+            load, no compile for a shape seen before): None (default) in a Jupyter kernel
+            and with `strategy="spmd"` on one host; True or False to decide. It holds the
+            devices and their memory until `result.release()`, the next launch, or the
+            kernel's end (docs/fine-tune.md, "Warm between cells").
         lora: train LoRA adapters instead of every weight (needs peft: `pip install
             "hfxla_nb[lora]"`): True (rank 8, or 16 from a hidden size of 2048, on every linear
             layer), a `peft.LoraConfig`, a dict of its fields, or "auto" (LoRA only when
@@ -264,6 +270,7 @@ class FineTuneConfig:
     gradient_checkpointing: bool = False
     trace_compiles: bool = True
     compile_cache: bool | str | os.PathLike | None = None
+    keep_warm: bool | None = None
     lora: Any = False
     source_column: str | None = None
     target_column: str | None = None
@@ -354,6 +361,10 @@ def _check_choices(config: FineTuneConfig) -> None:
         raise FineTuneError(
             f"sharding={config.sharding!r} is not one of {', '.join(map(repr, SHARDINGS))}."
         )
+    if config.keep_warm and config.strategy != "spmd":
+        raise FineTuneError(
+            f"keep_warm=True holds the model in one process over every device: use "
+            f"strategy='spmd' (the default) with it, not {config.strategy!r}.")
     if config.sharding == "fsdp" and config.strategy != "spmd":
         raise FineTuneError(
             "sharding='fsdp' is FSDPv2, which runs under SPMD: use strategy='spmd' (the "

@@ -36,6 +36,7 @@ from typing import Any
 from ..launch import LaunchOptions, launch
 from ..launch.launcher import show_memory_plan
 from ..launch.preflight import check_backend
+from ..launch.sessions import Session
 from ..observe.tracing import is_library
 from ..observe.tracking import (
     HParam,
@@ -45,8 +46,8 @@ from ..observe.tracking import (
     default_log_dir,
     plain,
 )
-from ..runtime.environment import one_call
-from .config import FineTuneConfig
+from ..runtime.environment import in_notebook, one_call
+from .config import FineTuneConfig, FineTuneError
 from .hub import check_hub, push_after_training
 from .memory import MemoryPlan
 from .plan import TrainPlan
@@ -200,12 +201,19 @@ def fine_tune(
         memory = dataclasses.asdict(plan.memory) if plan.memory is not None else None
         notice = show_memory_plan(plan.memory, progress)  # the plan in the cell before the fork
         tracker = fine_tune_tracker(config, plan)  # report_to=: the run's tracker, or None
+        options = LaunchOptions(
+            num_processes=config.num_processes, strategy=config.strategy, progress=progress,
+            timeout=config.timeout, trace_compiles=config.trace_compiles,
+            compile_cache=config.compile_cache, cluster=cluster, hosts=hosts)
+        session = warm_session(config, options, plan)
         try:
-            raw, record = launch(train_worker, (plan,), LaunchOptions(
-                num_processes=config.num_processes, strategy=config.strategy, progress=progress,
-                timeout=config.timeout, trace_compiles=config.trace_compiles,
-                compile_cache=config.compile_cache, cluster=cluster, hosts=hosts), tracker=tracker)
+            if session is None:
+                raw, record = launch(train_worker, (plan,), options, tracker=tracker)
+            else:
+                raw, record = session.call(train_worker, (plan,), tracker=tracker)
         except BaseException:
+            if session is not None:
+                session.close()  # it holds no trained model
             if tracker is not None:
                 tracker.close(failed=True)
             if config.output_dir == "auto":
@@ -214,7 +222,11 @@ def fine_tune(
         finally:
             if notice is not None:
                 notice.close()
+        if session is not None and not raw.pop("warm", False):
+            session.close()  # the worker kept nothing (`load_best_model_at_end`)
+            session = None
         result = FineTuneResult.from_dict(raw)
+        result.session, result.config = session, config
         raw.pop("held_model", None)  # weights in memory: the result's, not hx.last_launch()'s too
         if result.save_error:  # the run ended, its model elsewhere: said first, in one line
             print(result.save_error, flush=True)
@@ -227,6 +239,26 @@ def fine_tune(
             push_after_training(result, hub)
         finish_tracker(tracker, result)
         return result
+
+
+def warm_session(config: FineTuneConfig, options: LaunchOptions,
+                 plan: TrainPlan) -> Session | None:
+    """The warm session the run trains in, so that its model stays on the devices
+    (`keep_warm`: by default in a notebook kernel, with `strategy="spmd"` on one host); None:
+    an ordinary launch, its worker gone with the run."""
+    one_host = options.cluster is None and options.hosts is None
+    warm = config.keep_warm
+    if warm is None:
+        warm = in_notebook() and config.strategy == "spmd" and one_host
+    if not warm:
+        return None
+    if not one_host:
+        raise FineTuneError("keep_warm=True holds the model on this host's devices; a "
+                            "cluster=/hosts= run ends with its workers (pass keep_warm=False).")
+    plan.keep_warm = True
+    folder = os.path.basename((plan.output_dir or "").rstrip(os.sep)) or "not saved"
+    name = f"model of fine_tune ({folder})"
+    return Session(options, name=name)
 
 
 def _signature_with_options(function: Any) -> inspect.Signature:

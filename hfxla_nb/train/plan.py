@@ -59,6 +59,9 @@ class TrainPlan:
     auto_class: str = ""
     # The Trainer-named options: schedule, evaluation during training, best model, callbacks.
     trainer: TrainerSettings = field(default_factory=TrainerSettings)
+    # The worker keeps the trained model on the devices for a warm session's next jobs
+    # (`worker/warm.py`): `fine_tune` in a notebook kernel.
+    keep_warm: bool = False
 
     @property
     def rows_per_step(self) -> int:

@@ -169,21 +169,31 @@ def predict(model: Any, inputs: Any, task: str = "auto", *, batch_size: int | No
             "stream=True) (or result.generate(prompts, stream=True) on the CPU).")
     with one_call():  # one look at the host for the checks, the plan and the launch
         check_backend("spmd")  # no torch_xla (TorchTPU only): refused before any work
+        session = None
         if type(model).__name__ == "FineTuneResult":
             if model.output_dir is None:
                 raise FineTuneError("this run saved no model (output_dir was None): fine-tune "
                                     "with an output_dir to predict with it.")
             task = model.task if task == AUTO else task
+            # Warm: the worker that trained it still holds it on the devices (same devices,
+            # same tokenizer: the kernel's encoding is the same).
+            if model.warm and tokenizer is None and num_processes in (None, model.devices):
+                session, num_processes = model.session, model.devices
             model = model.output_dir
         inputs = input_list(inputs)  # once: a generator is read here, and kept for the table
         plan = prepare_predict(model, inputs, task, batch_size=batch_size, max_length=max_length,
                                tokenizer=tokenizer, num_processes=num_processes,
                                allow_no_answer=allow_no_answer, max_new_tokens=max_new_tokens,
                                top_k=top_k, generation_config=generation_config, **generation)
-        from .worker.evaluate import predict_worker
+        if session is not None:
+            from .worker import warm
 
-        raw = notebook_launcher(predict_worker, args=(plan,), num_processes=plan.devices,
-                                strategy="spmd", progress=progress, timeout=timeout)
+            raw, _ = session.call(warm.predict, (plan,), progress=progress)
+        else:
+            from .worker.evaluate import predict_worker
+
+            raw = notebook_launcher(predict_worker, args=(plan,), num_processes=plan.devices,
+                                    strategy="spmd", progress=progress, timeout=timeout)
     out = Predictions(raw["predictions"])
     out.task, out.compiles, out.seconds = plan.task, raw["compiles"], raw["seconds"]
     out.inputs = inputs

@@ -13,6 +13,7 @@ It is drawn by `hfxla_nb.ui.panels` (HTML in a notebook, text elsewhere). It als
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,9 @@ from .worker import saving as ckpt
 if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+    from ..launch.sessions import Session
+    from .config import FineTuneConfig
 
 
 # -- a trained model held in the kernel --
@@ -215,6 +219,10 @@ class FineTuneResult:
         best_model_checkpoint: the checkpoint written at the best evaluation, if any.
         stopped_early: a callback stopped the training (`control.should_training_stop`)
             before its last step; `steps` says where.
+        session: the warm session whose worker holds the trained model on the devices
+            (`keep_warm`), or None; `warm` says whether it still does, `release()` frees it.
+        config: the run's `FineTuneConfig` (what `evaluate` encodes new data with), or None
+            for a result read from its folder.
     """
 
     output_dir: str | None
@@ -268,6 +276,8 @@ class FineTuneResult:
     best_model_checkpoint: str | None = None
     stopped_early: bool = False
     held_model: HeldModel | None = field(default=None, repr=False, compare=False)
+    session: Session | None = field(default=None, repr=False, compare=False)
+    config: FineTuneConfig | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         task = TASKS.get(self.task)
@@ -296,7 +306,7 @@ class FineTuneResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The result as plain data (a model held in memory left out)."""
-        return asdict(dataclasses.replace(self, held_model=None))
+        return asdict(dataclasses.replace(self, held_model=None, session=None, config=None))
 
     def save(self, folder: str | os.PathLike) -> str:
         """Write the trained model, its tokenizer and the run summary to `folder` (new or
@@ -406,13 +416,63 @@ class FineTuneResult:
                                           **kwargs)
             return getattr(transformers, auto_class).from_pretrained(self.output_dir, **kwargs)
 
+    # -- warm between cells --
+
+    @property
+    def warm(self) -> bool:
+        """Whether the trained model is on the devices now, in this result's warm session."""
+        return self.session is not None and not self.session.closed and self.session.alive
+
+    def release(self) -> None:
+        """Free the devices and their memory: the warm session holding the model ends (the
+        saved model stays; the next `predict` or `generate` starts a worker again)."""
+        if self.session is not None:
+            self.session.close()
+
+    def evaluate(self, dataset: Any, batch_size: int | None = None,
+                 progress: bool | str = "auto") -> dict[str, float]:
+        """The task's evaluation metrics of the trained model on `dataset` (rows with the
+        columns the run trained on), computed as `fine_tune` computes them after training.
+
+        Runs in the warm session: no process, no load, no compile for a batch shape seen.
+
+        Args:
+            dataset: what `fine_tune` takes for data (a `Dataset`, a DataFrame, a list of
+                dicts, a file, ...): every row is evaluated.
+            batch_size: rows per batch (default the run's).
+            progress: the run's panel ("auto", False, ...).
+
+        Raises:
+            FineTuneError: the model is not warm (its session was released or closed: use
+                `fine_tune` again, or `hx.predict` with the saved folder), or the data
+                cannot be encoded as the run's was.
+        """
+        from .config import FineTuneError
+        from .prepare import evaluation_plan
+        from .worker import warm
+
+        if not self.warm:
+            raise FineTuneError(
+                "evaluate() runs on the model a fine_tune left warm on the devices, and this "
+                "result's model is not warm (released, closed by a later launch, or trained "
+                "outside a notebook: fine_tune(..., keep_warm=True) keeps it).")
+        plan = evaluation_plan(self, dataset, batch_size)
+        value, _ = self.session.call(warm.evaluate, (plan,), progress=progress)
+        return value
+
     def generate(self, prompts: str | list[str] | None = None,
                  max_new_tokens: int | None = None, *, messages: Any = None,
                  generation_config: Any = None, bucket: int = 16, stream: bool = False,
+                 device: str = "xla", progress: bool | str = "auto",
                  **options: Any) -> list[str] | list[list[str]]:
-        """Continue each prompt with the fine-tuned causal LM, on the CPU in this process (the
-        XLA runtime stays off, so later launches still work): `hx.generate`'s decoding and
-        arguments, greedy by default (the same tokens as on XLA).
+        """Continue each prompt with the fine-tuned causal LM: `hx.generate`'s decoding and
+        arguments, greedy by default.
+
+        On the devices: in the warm session when the model is warm (no process, no load; two
+        graphs per prompt bucket, compiled once for the session), else in a launched worker
+        that loads the saved model. `device="cpu"` decodes on the CPU in this process
+        instead (the XLA runtime stays off; the same tokens); so does a model held in
+        memory (its save failed).
 
         Args:
             prompts: a prompt or a list of prompts (for models trained on pairs, the prompt
@@ -424,6 +484,8 @@ class FineTuneResult:
             bucket: prompts are padded on the left to a multiple of this, as on XLA.
             stream: print each row's new text every `check_every` tokens and at the end,
                 as `hx.generate`'s launch prints it (default False here).
+            device: "xla" (the devices) or "cpu" (this process).
+            progress: the run's panel on the devices ("auto", False, ...).
             options: `do_sample`, `temperature`, `top_k`, `top_p`, `min_p`,
                 `repetition_penalty`, `num_return_sequences`, `seed`, `eos_token_id`,
                 `stop_strings`, `check_every` (`docs/tasks.md`).
@@ -438,6 +500,8 @@ class FineTuneResult:
         if not self.generates:
             raise ValueError("generate() is for causal-LM results; this run was a "
                              f"{self.task} fine-tune (use load_model() and predict).")
+        if device not in ("xla", "cpu"):
+            raise ValueError(f"device={device!r}: pass 'xla' (the devices) or 'cpu'.")
         import torch
 
         from .config import model_generation_config, prompt_rows, resolve_options
@@ -454,6 +518,23 @@ class FineTuneResult:
                                        if self.output_dir else None)
         settings = resolve_options(tokenizer, config, max_new_tokens, **options)
         rows = prompt_rows(tokenizer, prompts, messages)
+        if device == "xla" and self.warm:
+            from .worker import warm
+
+            texts, _ = self.session.call(warm.generate, (rows, settings, bucket, stream),
+                                         progress=progress)
+            return texts
+        if device == "xla" and self.output_dir is not None:
+            from ..launch import LaunchOptions, launch
+            from .preparation import device_count
+            from .worker.generation import generate as on_device
+
+            worker = functools.partial(on_device, self.output_dir, prompts, max_new_tokens,
+                                       messages=messages, generation_config=config,
+                                       bucket=bucket, stream=stream, **options)
+            texts, _ = launch(worker, (), LaunchOptions(
+                num_processes=device_count(None), strategy="spmd", progress=progress))
+            return texts
         model = self.load_model()
         model.eval()
         streamer = Streamer(tokenizer, settings, print_generated) if stream else None

@@ -17,12 +17,11 @@ and which renderer that is, chosen like `tqdm.auto`: widgets in a notebook, else
 
 from __future__ import annotations
 
-import sys
 import warnings
 from typing import TYPE_CHECKING, Protocol
 
 from .._words import PROGRESS_MODES
-from ..runtime.environment import shell_class_names
+from ..runtime.environment import in_notebook
 
 if TYPE_CHECKING:
     from ..events import Event
@@ -110,11 +109,6 @@ def launch_display(world: int, mode: str | bool = "auto", attempt: str = "",
 
 MODES = PROGRESS_MODES
 MIN_IPYWIDGETS = (7, 6)
-
-
-def in_notebook() -> bool:
-    """Whether this runs in a Jupyter kernel (Jupyter, Colab, Kaggle, VS Code), not a terminal."""
-    return "ZMQInteractiveShell" in shell_class_names(sys.modules)
 
 
 def widgets_problem() -> str | None:

@@ -17,6 +17,7 @@ the fields add.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
@@ -189,6 +190,15 @@ class WorkerContext:
                 _xla.replicate_unsharded(list(model.parameters()), context.mesh)
                 _xla.sync()
         return context
+
+    def with_plan(self, plan: TrainPlan) -> WorkerContext:
+        """This worker's model, devices and precision, for another plan of the same model (a
+        warm model's `predict`: its inputs, batch size and task)."""
+        other = copy.copy(self)
+        other.plan = plan
+        other.task = TASKS[plan.task]
+        other.notes = []
+        return other
 
     def shard(self, model: torch.nn.Module) -> torch.nn.Module:
         """FSDPv2 (parameters sharded) or plain; torch_xla's checkpoint on each layer when

@@ -280,13 +280,19 @@ def predict_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
     if not _xla.is_spmd():
         _xla.use_spmd()  # before any tensor touches the device
     with patches.applied():
-        ctx = WorkerContext.load(plan, train=False)
-        before, _ = _xla.compile_times()
-        start = time.perf_counter()
-        batches, fetched = run_batches(ctx, bar="predict")  # the bar says what runs
-        predictions = ctx.task.decode(plan.data, batches, fetched)
-        seconds = time.perf_counter() - start
-        count, times = _xla.compile_times()
-        compiles = count - before
-        return {"predictions": predictions, "seconds": seconds, "compiles": compiles,
-                "compile_seconds": sum(times[len(times) - compiles:]) if compiles else 0.0}
+        return predictions(WorkerContext.load(plan, train=False))
+
+
+def predictions(ctx: WorkerContext) -> dict[str, Any]:
+    """The predictions of `ctx`'s model on its plan's inputs (plain Python), the graphs
+    compiled, the seconds taken and the seconds of them spent compiling (`predict_worker`,
+    and a warm model's predict: `worker.warm`)."""
+    before, _ = _xla.compile_times()
+    start = time.perf_counter()
+    batches, fetched = run_batches(ctx, bar="predict")  # the bar says what runs
+    decoded = ctx.task.decode(ctx.plan.data, batches, fetched)
+    seconds = time.perf_counter() - start
+    count, times = _xla.compile_times()
+    compiles = count - before
+    return {"predictions": decoded, "seconds": seconds, "compiles": compiles,
+            "compile_seconds": sum(times[len(times) - compiles:]) if compiles else 0.0}

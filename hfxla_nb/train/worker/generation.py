@@ -364,7 +364,6 @@ def generate(model: str | os.PathLike, prompts: str | list[str] | None = None,
             "hx.generate runs on the XLA device inside a launched function: "
             "hx.notebook_launcher(lambda: hx.generate(folder, prompts)). In the kernel itself "
             "use result.generate(prompts) (on the CPU; the XLA runtime stays off).")
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(os.fspath(model))
@@ -373,8 +372,18 @@ def generate(model: str | os.PathLike, prompts: str | list[str] | None = None,
     rows = prompt_rows(tokenizer, prompts, messages)
     with quiet_loading():  # no "Loading weights 21/21" bar in the launch panel
         network = AutoModelForCausalLM.from_pretrained(os.fspath(model))
-    device = _xla.device()
-    network.to(device).eval()
+    network.to(_xla.device())
+    return decode_prompts(network, tokenizer, rows, settings, bucket, stream)
+
+
+def decode_prompts(network: Any, tokenizer: Any, rows: list[list[int]],
+                   settings: GenerationOptions, bucket: int,
+                   stream: bool) -> list[str] | list[list[str]]:
+    """`generate`'s decoding of prompt token rows with a model already on this worker's XLA
+    device (loaded by `generate`, or held warm between cells: `worker.warm`)."""
+    import torch
+
+    network.eval()
     streamer = Streamer(tokenizer, settings, emit, rows) if stream else None
     hooks = DecodeHooks(sync=lambda tensors: _xla.sync(), fetch=_xla.to_cpu,
                         tokenizer=tokenizer, on_check=streamer.send if streamer else None)

@@ -38,6 +38,7 @@ from ..config import COUNTED, EXECUTE
 from ..plan import TrainPlan
 from ..result import learning_warnings
 from . import saving as ckpt
+from . import warm
 from .callbacks import TrainerRun
 from .context import WorkerContext
 from .evaluate import EvalAhead, announce_bar, evaluate
@@ -125,7 +126,16 @@ def train_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
             name for name in applied if name not in SEQUENCE_PATCHES]
         if noted:
             notes.append("patched for XLA: " + ", ".join(noted) + " (see hfxla_nb.patches)")
-        return TrainingLoop(ctx, notes + ctx.notes, start_time).train_evaluate_save()
+        loop = TrainingLoop(ctx, notes + ctx.notes, start_time)
+        result = loop.train_evaluate_save()
+    # Warm between cells: the trained model stays on the devices for the session's next
+    # jobs (`warm.py`). Not when the saved model is an earlier evaluation's best
+    # (`load_best_model_at_end`): the devices hold the last step's weights, and predicting
+    # with them would not be predicting with the result's model.
+    result["warm"] = plan.keep_warm and loop.best_model is None
+    if result["warm"]:
+        warm.hold(ctx)
+    return result
 
 
 def counts() -> dict[str, int]:
