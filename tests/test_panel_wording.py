@@ -30,7 +30,8 @@ def test_predict_runs_its_batches_under_a_bar_named_predict(monkeypatch):
     from hfxla_nb.train.worker import evaluate
 
     calls = []
-    ctx = SimpleNamespace(task=SimpleNamespace(decode=lambda data, batches, fetched: []))
+    ctx = SimpleNamespace(task=SimpleNamespace(decode=lambda data, batches, fetched: []),
+                          plan=SimpleNamespace(data=None))
     monkeypatch.setattr(evaluate, "_xla",
                         SimpleNamespace(is_spmd=lambda: True, compile_times=lambda: (0, [])))
     monkeypatch.setattr(evaluate, "patches",

@@ -286,9 +286,11 @@ def test_a_full_disk_starts_no_process_and_loses_no_trained_model(kernel, tmp_pa
                     found["refused"] = str(error)
                 found["refused_children"] = children(os.getpid()) == before
                 found["small_left"] = os.listdir(small)
+                # keep_warm=False: a warm model's worker is the kernel's child by design
                 result = hx.fine_tune(model_dir, demo.demo_dataset(n=200),
                                       output_dir=full + "/out", fallback_dir=base + "/rescued",
-                                      max_steps=2, batch_size=8, progress=False)
+                                      max_steps=2, batch_size=8, progress=False,
+                                      keep_warm=False)
                 time.sleep(1)  # a pool started during the launch would be up by now
                 found["saved_children"] = children(os.getpid()) == before
                 found.update(output_dir=result.output_dir, save_error=result.save_error,

@@ -250,6 +250,20 @@ def test_processes_holding_the_tpu_are_found_except_this_one(tmp_path):
     assert not info.ok
 
 
+def test_a_sessions_worker_holding_the_tpu_is_not_another_process(tmp_path):
+    """A warm session's workers (this process's children and grandchildren) hold the TPU by
+    design: a launch closes them before it forks, so they are no problem and no refusal. A
+    worker whose kernel died (its parent is init now) is one."""
+    make_tpu_host(tmp_path, "v5e", chips=4)
+    own = os.getpid()
+    for pid, parent in ((501, own), (502, 501), (503, 1)):
+        holds(tmp_path, pid, "/dev/vfio/0")
+        (tmp_path / f"proc/{pid}/stat").write_text(f"{pid} (python3) S {parent} {pid} 0\n")
+    assert find_device_holders(str(tmp_path)) == {503: "python3"}
+    info = detect(sys_root=str(tmp_path), environ={"PJRT_DEVICE": "TPU"})
+    assert info.accelerator.holders == {503: "python3"}
+
+
 @pytest.mark.launch
 def test_one_call_looks_at_the_host_once_and_the_next_call_looks_again(tmp_path, monkeypatch):
     """Within `one_call()` (one fine_tune / notebook_launcher / predict) the host is scanned

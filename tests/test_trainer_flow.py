@@ -86,8 +86,16 @@ def run(cache, tmp_path_factory, events_file):
         progress=False, output_dir=out, save_steps=EVAL_STEPS, save_total_limit=SAVE_LIMIT,
         lr_scheduler_type="cosine", warmup_steps=WARMUP, eval_strategy="steps",
         eval_steps=EVAL_STEPS, metric_for_best_model="loss", greater_is_better=True,
-        load_best_model_at_end=True,
+        load_best_model_at_end=True, keep_warm=True,
         callbacks=[EarlyStoppingCallback(early_stopping_patience=2), Recorder(str(events_file))])
+
+
+@pytest.mark.launch
+def test_with_load_best_model_at_end_nothing_stays_warm(run):
+    """The saved model is an early evaluation's best; the devices hold the last step's
+    weights: a warm predict would not predict with the result's model."""
+    assert run.best_step < run.steps  # the best is not the last step
+    assert run.session is None and not run.warm
 
 
 def evaluations(result) -> list[dict]:

@@ -43,6 +43,8 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     "torch._C.DispatchKey.XLA": ("2.8", "2.9"),
     "torch.ops.aten._local_scalar_dense.default": ("2.8", "2.9"),
     "torch_xla.debug.metrics.clear_counters": ("2.8", "2.9"),
+    # process.clear_metrics: a warm session's next job counts from zero
+    "torch_xla.debug.metrics.clear_all": ("2.8", "2.9"),
     # process.to_cpu: many tensors to the host in one transfer
     "torch_xla._XLAC._xla_get_cpu_tensors": ("2.8", "2.9"),
     # process: compile a traced graph under its key, run it later with new inputs

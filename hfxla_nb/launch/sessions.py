@@ -37,11 +37,12 @@ from .._words import duration, plural
 from ..events import Channel
 from ..observe.reader import LaunchReader
 from ..observe.tracking import Tracker
+from ..runtime import detect_accelerator
 from ..states import Outcome
 from ..ui import launch_display
 from .launcher import LaunchOptions, keep_record, local_plan, parse_output
 from .output import MUTED, PLAIN, NativeRelay
-from .preflight import LaunchPlan, LaunchRefusedError, check_function
+from .preflight import LaunchPlan, LaunchRefusedError, check_function, launch_devices
 from .processes import kernel_gains_no_process, stop_group
 from .supervision import LaunchRecord, RankRecord, Supervision
 from .worker import Job, JobPipes, cell_numbers, code_files, dump_job
@@ -131,8 +132,11 @@ class Session:
         self.name = name
         self.shown_ranks = parse_output(options.output)
         self.plan: LaunchPlan = local_plan(options.strategy, options.num_processes,
-                                            options.mixed_precision, options.compile_cache,
-                                            options.trace_compiles)
+                                           options.mixed_precision, options.compile_cache,
+                                           options.trace_compiles)
+        accelerator = detect_accelerator()
+        self.devices = launch_devices(options.num_processes, accelerator.kind,
+                                      accelerator.devices)
         self.runs = 0
         self.closed = False
         self.last_record: LaunchRecord | None = None
@@ -182,9 +186,10 @@ class Session:
         pass_index = check_function(functools.partial(function, **kwargs), tuple(args))
         job = Job(self.runs + 1, function, tuple(args), kwargs, pass_index, cell_numbers(),
                   code_files(function))
-        payload = _pickled(job)
         if self._workers is not None and not self.alive:
             self._forget_workers()
+        # New workers get their first job by the fork; running ones by a pickle.
+        payload = None if self._workers is None else _pickled(job)
         if self._ended is not None:
             print(f"{MUTED}hfxla_nb: {self._ended}; starting new workers for this "
                   f"{self.name} (what the old ones held is gone).{PLAIN}", file=sys.stderr,
@@ -195,7 +200,7 @@ class Session:
         shown = self.options.progress if progress is None else progress
         return self._run_job(job, payload, tracker, shown)
 
-    def _run_job(self, job: Job, payload: bytes, tracker: Tracker | None,
+    def _run_job(self, job: Job, payload: bytes | None, tracker: Tracker | None,
                  progress: bool | str) -> tuple[Any, LaunchRecord]:
         __tracebackhide__ = True
         plan = self.plan
@@ -215,10 +220,15 @@ class Session:
         self.runs = job.number
         try:
             with kernel_gains_no_process():
-                self._workers = watch.run_job(self, job.number, payload)
+                watch.run_job(self, job, payload)
         finally:
             self._idle_since = time.monotonic()
-            if self._workers is None:
+            if watch.usable:
+                self._workers = watch.workers
+            else:  # stopped by the run's end (or never started)
+                for fd in self.job_pipes() if watch.workers is not None else ():
+                    _close(fd)
+                self._workers = None
                 self._ended = watch.ended_because()
                 _forget(self)
         if record.ok:
@@ -231,9 +241,10 @@ class Session:
                         "workers hold stays.")
         raise launch_error(message, record)
 
-    def _start(self, watch: _SessionRun) -> _Workers:
+    def _start(self, watch: _SessionRun, first: Job) -> _Workers:
         """Fork the session's workers (by `watch`, the first run's), each rank with the read
-        end of its job pipe; the kernel keeps the write ends."""
+        end of its job pipe; the kernel keeps the write ends. `first`, their first job, goes
+        by the fork's memory: never pickled (a fine_tune's plan holds its whole data)."""
         pipes = [os.pipe() for _ in range(self.plan.world)]
         writes = [write for _, write in pipes]
         others = tuple(fd for other in _open for fd in (other.job_pipes()))
@@ -243,7 +254,8 @@ class Session:
             env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", "0"
         try:
             watch.fork(channel, env, None, (), False,
-                        jobs=JobPipes(tuple(read for read, _ in pipes), self.idle_timeout),
+                        jobs=JobPipes(tuple(read for read, _ in pipes), self.idle_timeout,
+                                      first),
                         closed=(*writes, *others))
         except BaseException:
             for read, write in pipes:
@@ -287,7 +299,7 @@ class Session:
         memory = getattr(metrics, "memory", None) if metrics is not None else None
         used = memory.get("bytes_used") if isinstance(memory, dict) else None
         idle = None if self._idle_since is None else time.monotonic() - self._idle_since
-        return SessionInfo(self.name, self.plan.strategy, self.plan.world, pids, self.runs,
+        return SessionInfo(self.name, self.plan.strategy, self.devices, pids, self.runs,
                            idle, used)
 
     # -- ending ----------------------------------------------------------------------------
@@ -345,7 +357,7 @@ class Session:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "warm" if self.alive else "not started"
         return (f"<Session {self.name!r}: {self.plan.strategy} on "
-                f"{plural(self.plan.world, 'device')}, {state}, {plural(self.runs, 'run')}>")
+                f"{plural(self.devices, 'device')}, {state}, {plural(self.runs, 'run')}>")
 
     def __enter__(self) -> Session:
         return self
@@ -361,37 +373,42 @@ class _SessionRun(Supervision):
 
     usable = False
 
-    def run_job(self, session: Session, number: int, payload: bytes) -> _Workers | None:
-        """Start the workers if need be, send the job, watch it to its end; returns the
-        session's workers when they are still usable, else None (they were stopped)."""
+    workers: _Workers | None = None
+
+    def run_job(self, session: Session, job: Job, payload: bytes | None) -> None:
+        """Start the workers if need be (`payload` None: `job` is their first, handed over by
+        the fork), send the job, watch it to its end. `usable` then says whether the
+        workers stay (else they were stopped)."""
         start = time.monotonic()
         outcome = Outcome.FAILED  # what an exception leaves
         workers = session._workers
+        path = None
         try:
             if workers is None:
-                workers = session._start(self)
+                workers = session._start(self, job)
             else:
                 self.pid, self.group, self.exit_fd = workers.pid, workers.group, workers.exit_fd
                 self.record.process_group = workers.group
             self.workers = workers
-            path = workers.channel.scratch_path(f"job-{number}.pkl")
-            with open(path, "wb") as file:
-                file.write(payload)
-            for fd in workers.job_pipes:
-                try:
-                    os.write(fd, path.encode() + b"\n")
-                except OSError:
-                    pass  # that rank is gone: the watch sees its process end
+            if payload is not None:
+                path = workers.channel.scratch_path(f"job-{job.number}.pkl")
+                with open(path, "wb") as file:
+                    file.write(payload)
+                for fd in workers.job_pipes:
+                    try:
+                        os.write(fd, path.encode() + b"\n")
+                    except OSError:
+                        pass  # that rank is gone: the watch sees its process end
             outcome = self._watch(workers.channel, start)
         except KeyboardInterrupt:
             outcome = Outcome.INTERRUPTED
             raise
         finally:
             self._end(outcome, workers.channel if workers else None, start)
+            if path is not None:
+                _close_file(path)
             if workers is not None:
-                _close_file(workers.channel.scratch_path(f"job-{number}.pkl"))
                 workers.pid = self.pid
-        return workers if self.usable else None
 
     def ended_because(self) -> str:
         """Why the workers ended, for the next run's line."""
@@ -514,6 +531,7 @@ def close_sessions(why: str, keep: Session | None = None) -> int:
             continue
         warm = each.alive
         each._end_workers()
+        each._ended = f"its workers were closed {why}"
         if warm:
             closed += 1
             print(f"{MUTED}hfxla_nb: closed the warm {each.name} {why}: one owner of the "

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import faulthandler
 import functools
+import itertools
 import math
 import os
 import pickle
@@ -426,16 +427,6 @@ def _run_pending_step_closures() -> None:
 # -- a warm session's ranks: one job after another --
 
 @dataclass(frozen=True)
-class JobPipes:
-    """How the ranks of a warm session receive their jobs: one pipe per rank (its read end,
-    indexed by rank), and the seconds a rank waits for a job before the session ends (None:
-    until the notebook closes it)."""
-
-    fds: tuple[int, ...]
-    idle_timeout: float | None = None
-
-
-@dataclass(frozen=True)
 class Job:
     """One `Session.run`: what every rank calls, and the notebook's cells as of now (a frame in
     a cell run after the session started is named by its cell too)."""
@@ -447,6 +438,17 @@ class Job:
     pass_index: bool
     cells: dict[str, int]
     filenames: dict[str, str] = field(default_factory=dict)  # `code_files`
+
+
+@dataclass(frozen=True)
+class JobPipes:
+    """How the ranks of a warm session receive their jobs: one pipe per rank (its read end,
+    indexed by rank), and the seconds a rank waits for a job before the session ends (None:
+    until the notebook closes it)."""
+
+    fds: tuple[int, ...]
+    idle_timeout: float | None = None
+    first: Job | None = None  # the first job, handed over by the fork (never pickled)
 
 
 def code_files(function: Callable) -> dict[str, str]:
@@ -562,7 +564,8 @@ def in_notebook_namespace(function: Callable, filenames: Mapping[str, str]) -> C
 def serve_rank(channel: Channel, rank: int, world: int, jobs: JobPipes) -> None:
     """A warm session's rank: run each job the notebook sends, as `run_rank` runs a launch's
     function, until the notebook closes the session (or it is idle past its limit)."""
-    for job in _read_jobs(jobs.fds[rank], jobs.idle_timeout):
+    first = [jobs.first] if jobs.first is not None else []
+    for job in itertools.chain(first, _read_jobs(jobs.fds[rank], jobs.idle_timeout)):
         _begin_job(job)
         function = in_notebook_namespace(job.function, job.filenames)
         if job.kwargs:

@@ -82,6 +82,22 @@ _PACKAGES: dict[str, tuple[str, ...]] = {
 ENVIRONMENTS = ("colab", "kaggle", "tpu-vm", "vscode", "jupyter", "terminal")
 
 
+def _descends_from(sys_root: str, pid: int, ancestor: int) -> bool:
+    """Whether `ancestor` is `pid`'s parent, or its parent's, ... (from `/proc/<pid>/stat`)."""
+    for _ in range(64):  # deeper than any process tree of a launch
+        try:
+            with open(_under(sys_root, f"/proc/{pid}/stat")) as file:
+                parent = int(file.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False
+        if parent == ancestor:
+            return True
+        if parent <= 1:
+            return False
+        pid = parent
+    return False
+
+
 def in_notebook() -> bool:
     """Whether this runs in a Jupyter kernel (Jupyter, Colab, Kaggle, VS Code), not a terminal."""
     return "ZMQInteractiveShell" in shell_class_names(sys.modules)
@@ -411,10 +427,12 @@ def scan_gpus(sys_root: str = "/") -> int:
 
 
 def find_device_holders(sys_root: str = "/", own_pid: int | None = None) -> dict[int, str]:
-    """Processes other than `own_pid` that hold TPU device files open.
+    """Processes other than `own_pid` and its descendants that hold TPU device files open.
 
     A forgotten kernel or a stale worker holding `/dev/accel*` or `/dev/vfio/*` makes the TPU
     unusable for everyone else; tpu-info finds them the same way, through `/proc/*/fd` links.
+    This process's own workers (a warm session's, `launch.sessions`) are not others: a launch
+    closes them before it forks, and `detect()` lists them as sessions.
 
     Returns:
         pid -> command line (from `/proc/<pid>/cmdline`, else its name), for every holder.
@@ -423,7 +441,7 @@ def find_device_holders(sys_root: str = "/", own_pid: int | None = None) -> dict
     holders: dict[int, str] = {}
     for proc in glob.glob(_under(sys_root, "/proc/[0-9]*")):
         pid = int(os.path.basename(proc))
-        if pid == own_pid:
+        if pid == own_pid or _descends_from(sys_root, pid, own_pid):
             continue
         try:
             fds = os.listdir(os.path.join(proc, "fd"))

@@ -527,6 +527,21 @@ STOPPED_LAUNCH_FIX = (
     "kernel that dies mid-launch is most often out of memory (docs/memory.md).")
 
 
+WARM_SESSION_FIX = (
+    "It keeps its model on the devices between cells. result.release() or s.close() frees "
+    "them; a launch or fine_tune closes it first.")
+
+
+def warm_sessions() -> list[Problem]:
+    """The warm sessions of this kernel, each a note: what they hold, for how long, with which
+    processes (`launch.sessions`; a kernel that never opened one never imported it)."""
+    sessions = sys.modules.get("hfxla_nb.launch.sessions")
+    if sessions is None:
+        return []
+    return [Problem("info", f"A warm session holds the devices: {info}.", WARM_SESSION_FIX)
+            for info in sessions.open_sessions()]
+
+
 def _torch_xla_importable() -> bool:
     try:
         return _xla.is_installed()
@@ -577,6 +592,7 @@ def detect(*, sys_root: str = "/", environ: Mapping[str, str] | None = None) -> 
     stopped = read() if sys_root == "/" else []
     problems += [Problem("warning", launch.sentence() + ".", STOPPED_LAUNCH_FIX)
                  for launch in stopped]
+    problems += warm_sessions()
     return RuntimeInfo(
         accelerator=accelerator,
         environment=environment,

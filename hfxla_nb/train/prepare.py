@@ -24,7 +24,6 @@ a `FineTuneError` that says what to change.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +43,6 @@ from .worker import saving as ckpt
 if TYPE_CHECKING:
     import torch
 
-    from .result import FineTuneResult
 
 
 # -- the output folder's free space --
@@ -170,31 +168,6 @@ def prepare_fine_tune(
         model, dataset, config, data.columns_of(splits.train),
         {name: len(ds) for name, ds in splits.named.items() if not data.is_stream(ds)},
         detect_accelerator().description)
-    return plan
-
-
-def evaluation_plan(result: FineTuneResult, dataset: Any,
-                    batch_size: int | None = None) -> TrainPlan:
-    """What `FineTuneResult.evaluate` runs on the warm model: `dataset` encoded as the run
-    encoded its evaluation data (its columns, lengths, labels and metrics; the saved model's
-    tokenizer and config), without training, saving or tracking.
-
-    Raises:
-        FineTuneError: the run's settings are not known (a result loaded from its folder), or
-            the data cannot be encoded as the run's was (the message says why).
-    """
-    if result.config is None or result.output_dir is None:
-        raise FineTuneError("evaluate() needs the run's settings and its saved folder: "
-                            "evaluate the result fine_tune returned in this kernel.")
-    config = dataclasses.replace(
-        result.config, task=result.task, eval_dataset=dataset, output_dir=None,
-        overwrite_output_dir=False, resume_from_checkpoint=None, max_steps=1,
-        batch_size=batch_size or result.config.batch_size, gradient_accumulation_steps=1,
-        eval_strategy="no", eval_steps=None, load_best_model_at_end=False,
-        metric_for_best_model=None, callbacks=(), report_to=None, push_to_hub=False,
-        keep_warm=False, lora=False, tokenizer=None, num_processes=result.devices)
-    plan = prepare_fine_tune(result.output_dir, dataset, config)
-    plan.keep_warm = False
     return plan
 
 

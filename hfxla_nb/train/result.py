@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..launch.output import quiet_loading
+from .config import FineTuneError
 from .memory import on_meta
 from .tasks import TASKS
 from .worker import saving as ckpt
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
     from ..launch.sessions import Session
     from .config import FineTuneConfig
+    from .plan import TrainPlan
 
 
 # -- a trained model held in the kernel --
@@ -379,6 +381,14 @@ class FineTuneResult:
         """The last logged training loss."""
         return self.loss_history[-1][1] if self.loss_history else None
 
+    def _model_config(self) -> PretrainedConfig:
+        """The trained model's transformers config (held, or read from `output_dir`)."""
+        if self.held_model is not None:
+            return self.held_model.config
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(self.output_dir)
+
     def _auto_class(self) -> str:
         """The transformers Auto class the trained model loads with: the task's
         (`Task.auto_class_for` of the model's config, which speech recognition reads:
@@ -447,8 +457,6 @@ class FineTuneResult:
                 `fine_tune` again, or `hx.predict` with the saved folder), or the data
                 cannot be encoded as the run's was.
         """
-        from .config import FineTuneError
-        from .prepare import evaluation_plan
         from .worker import warm
 
         if not self.warm:
@@ -504,11 +512,13 @@ class FineTuneResult:
             raise ValueError(f"device={device!r}: pass 'xla' (the devices) or 'cpu'.")
         import torch
 
-        from .config import model_generation_config, prompt_rows, resolve_options
+        from .config import check_room, model_generation_config, prompt_rows, resolve_options
+        from .preparation import position_limit
         from .worker.generation import (
             Streamer,
             cpu_hooks,
             generate_rows,
+            left_padded,
             print_generated,
             texts_of,
         )
@@ -518,6 +528,9 @@ class FineTuneResult:
                                        if self.output_dir else None)
         settings = resolve_options(tokenizer, config, max_new_tokens, **options)
         rows = prompt_rows(tokenizer, prompts, messages)
+        # Refused here, before any worker runs (the worker checks again, as on the CPU).
+        _, _, length = left_padded(tokenizer, rows, bucket, settings.num_return_sequences)
+        check_room(rows, length, settings, position_limit(self._model_config()))
         if device == "xla" and self.warm:
             from .worker import warm
 
@@ -591,3 +604,32 @@ class FineTuneResult:
 
     def _unsaved(self) -> str:
         return "memory (result.save(folder) writes it)" if self.held_model else "None"
+
+
+# -- evaluate: new data encoded as the run's --
+
+def evaluation_plan(result: FineTuneResult, dataset: Any,
+                    batch_size: int | None = None) -> TrainPlan:
+    """What `FineTuneResult.evaluate` runs on the warm model: `dataset` encoded as the run
+    encoded its evaluation data (its columns, lengths, labels and metrics; the saved model's
+    tokenizer and config), without training, saving or tracking.
+
+    Raises:
+        FineTuneError: the run's settings are not known (a result loaded from its folder), or
+            the data cannot be encoded as the run's was (the message says why).
+    """
+    if result.config is None or result.output_dir is None:
+        raise FineTuneError("evaluate() needs the run's settings and its saved folder: "
+                            "evaluate the result fine_tune returned in this kernel.")
+    config = dataclasses.replace(
+        result.config, task=result.task, eval_dataset=dataset, output_dir=None,
+        overwrite_output_dir=False, resume_from_checkpoint=None, max_steps=1,
+        batch_size=batch_size or result.config.batch_size, gradient_accumulation_steps=1,
+        eval_strategy="no", eval_steps=None, load_best_model_at_end=False,
+        metric_for_best_model=None, callbacks=(), report_to=None, push_to_hub=False,
+        keep_warm=False, lora=False, tokenizer=None, num_processes=result.devices)
+    from .prepare import prepare_fine_tune
+
+    plan = prepare_fine_tune(result.output_dir, dataset, config)
+    plan.keep_warm = False
+    return plan
