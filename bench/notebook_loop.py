@@ -34,19 +34,19 @@ LOOP_TARGET = 0.3
 REPEATS = 1 if common.QUICK else 2
 
 
-def loop(warm: bool, folder: str) -> dict:
-    """One notebook loop: train, then `CALLS` predicts and generates; the seconds of each."""
+def loop(warm: bool, folder: str, steps: int = TRAIN_STEPS, calls: int = CALLS) -> dict:
+    """One notebook loop: train, then `calls` predicts and generates; the seconds of each."""
     import hfxla_nb as hx
     from hfxla_nb.demo.lm import demo_lm_dataset, demo_lm_model_dir
 
     start = time.perf_counter()
-    result = hx.fine_tune(demo_lm_model_dir(), demo_lm_dataset(400), max_steps=TRAIN_STEPS,
+    result = hx.fine_tune(demo_lm_model_dir(), demo_lm_dataset(400), max_steps=steps,
                           batch_size=8, progress=False, keep_warm=warm, output_dir=folder,
                           overwrite_output_dir=True)
     trained = time.perf_counter()
     assert result.warm == warm
     predicts, generates, texts = [], [], []
-    for _ in range(CALLS):
+    for _ in range(calls):
         begin = time.perf_counter()
         out = result.predict(PROMPTS, max_new_tokens=NEW_TOKENS, progress=False)
         predicts.append(time.perf_counter() - begin)
@@ -66,6 +66,10 @@ def run() -> list[common.Figure]:
 
     runs: dict[str, list[dict]] = {"warm": [], "cold": []}
     with tempfile.TemporaryDirectory() as folder:
+        # Each side's first-time set-up of this process (imports, the demo's files) first:
+        # no part of either side's figures.
+        loop(True, f"{folder}/warm-up", steps=2, calls=1)
+        loop(False, f"{folder}/warm-up", steps=2, calls=1)
         for repeat in range(REPEATS):
             order = ("warm", "cold") if repeat % 2 == 0 else ("cold", "warm")
             for side in order:

@@ -154,6 +154,15 @@ def test_what_cannot_be_pickled_is_refused_before_anything_runs(session):
     assert session.runs == runs and session.alive  # nothing was sent
 
 
+def test_a_session_on_a_cluster_is_refused():
+    from hfxla_nb.launch import LaunchOptions, Session
+
+    with pytest.raises(LaunchRefusedError, match="sessions run on this host"):
+        Session(LaunchOptions(cluster="auto", hosts=2))
+    with pytest.raises(hx.FineTuneError, match="keep_warm=True holds the model on this host"):
+        hx.fine_tune("no-model", [], keep_warm=True, cluster="auto", hosts=2)
+
+
 def test_detect_lists_a_warm_session_and_not_as_a_holder_of_the_devices(session):
     session.run(put, 1.0)
     notes = [p.title for p in hx.detect().problems if p.severity == "info"]
@@ -199,6 +208,8 @@ def test_a_fine_tune_in_a_kernel_leaves_its_model_warm_and_predict_forks_and_com
     assert kernel.value("result.evaluate(demo_dataset()['validation'], progress=False)"
                         " == result.metrics")
     assert kernel.value("hx.detect().runtime_initialized") is False  # the kernel's XLA: off
+    assert "result.release() frees them" in kernel.value(
+        "__import__('hfxla_nb.ui.panels', fromlist=['next_step']).next_step(result)")
     run_ok(kernel, "result.release()")
     assert kernel.value("result.warm") is False
     assert kernel.value("[p['label'] for p in result.predict(['a great film', 'a dull film'],"
@@ -223,6 +234,10 @@ def test_a_warm_causal_lms_generate_never_loads_the_model_in_the_kernel(kernel, 
         """, timeout=300)
     assert kernel.value("warm == again == cpu")  # greedy: the CPU's tokens
     assert kernel.value("hx.last_launch().ranks[0].metrics.compiles") == 0
+    streamed = run_ok(kernel, """
+        (text,) = lm.generate(["the cat"], max_new_tokens=5, stream=True, progress=False)
+        """)
+    assert kernel.value("text") in streamed.stdout  # printed as it came, as a launch prints it
     run_ok(kernel, "lm.release()")
 
 

@@ -192,6 +192,10 @@ def fine_tune(
     # One look at the host for the whole call: the checks, the plan and the launch share it.
     with one_call():
         config = FineTuneConfig.build(config, options)
+        if config.keep_warm and (cluster is not None or hosts is not None):
+            raise FineTuneError(
+                "keep_warm=True holds the model on this host's devices; a cluster=/hosts= run "
+                "ends with its workers (pass keep_warm=False).")
         check_backend(config.strategy)  # no torch_xla (TorchTPU only): refused before any work
         plan = prepare_fine_tune(model, dataset, config)  # refuses lora= for tasks without it
         hub = check_hub(config, plan.output_dir)  # push_to_hub: the token and the Hub, now
@@ -250,11 +254,8 @@ def warm_session(config: FineTuneConfig, options: LaunchOptions,
     warm = config.keep_warm
     if warm is None:
         warm = in_notebook() and config.strategy == "spmd" and one_host
-    if not warm:
+    if not warm or not one_host:  # keep_warm=True with cluster= was refused before any work
         return None
-    if not one_host:
-        raise FineTuneError("keep_warm=True holds the model on this host's devices; a "
-                            "cluster=/hosts= run ends with its workers (pass keep_warm=False).")
     plan.keep_warm = True
     folder = os.path.basename((plan.output_dir or "").rstrip(os.sep)) or "not saved"
     name = f"model of fine_tune ({folder})"

@@ -677,14 +677,19 @@ def next_step(result: Any) -> str | None:
     """What to do with the result now, as code to type."""
     if not result.output_dir:
         return None
+    # A run that ended warm: its model stays on the devices until released (the panel is
+    # static HTML: it says where the calls run, not whether the model is warm now).
+    where = ("on the model this run left on the devices while result.warm, else in a launched "
+             "worker; result.release() frees them" if getattr(result, "session", None)
+             else "in a launched worker")
     if result.generates:
-        return ('result.generate(["a prompt"], max_new_tokens=32) continues prompts on the '
-                "CPU here; result.load_model() and result.load_tokenizer() give the model "
-                "and its tokenizer (the XLA runtime stays off, so you can launch again)")
+        return (f'result.generate(["a prompt"], max_new_tokens=32) continues prompts on the '
+                f"devices ({where}); result.load_model() and result.load_tokenizer() give the "
+                "model and its tokenizer on the CPU here")
     example = result.predict_example or '["a text"]'
     processor = getattr(result, "processor", None) or "tokenizer"
     load = "load_tokenizer" if processor == "tokenizer" else "load_processor"
-    return (f"result.predict({example}) predicts on every XLA device (in a launched worker); "
+    return (f"result.predict({example}) predicts on every XLA device ({where}); "
             f"result.load_model() and result.{load}() give the trained model and its "
             f"{processor} on the CPU here (the XLA runtime stays off, so you can launch again)")
 
