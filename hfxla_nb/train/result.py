@@ -16,9 +16,10 @@ import dataclasses
 import functools
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..launch.output import quiet_loading
 from .config import FineTuneError
@@ -30,9 +31,28 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-    from ..launch.sessions import Session
+    from ..observe.tracking import Tracker
+    from ..states import BaseLaunchRecord
     from .config import FineTuneConfig
     from .plan import TrainPlan
+
+
+# -- the warm session holding a trained model on the devices --
+
+class WarmSession(Protocol):
+    """What a result asks of the warm session whose worker holds its model
+    (`hfxla_nb.launch.sessions.Session`; the worker side is `worker/warm.py`)."""
+
+    closed: bool
+
+    @property
+    def alive(self) -> bool: ...
+
+    def call(self, function: Callable, args: tuple = (), kwargs: dict | None = None,
+             tracker: Tracker | None = None,
+             progress: bool | str | None = None) -> tuple[Any, BaseLaunchRecord]: ...
+
+    def close(self) -> None: ...
 
 
 # -- a trained model held in the kernel --
@@ -278,7 +298,7 @@ class FineTuneResult:
     best_model_checkpoint: str | None = None
     stopped_early: bool = False
     held_model: HeldModel | None = field(default=None, repr=False, compare=False)
-    session: Session | None = field(default=None, repr=False, compare=False)
+    session: WarmSession | None = field(default=None, repr=False, compare=False)
     config: FineTuneConfig | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
