@@ -315,7 +315,7 @@ def cpu_steps(result, call: dict) -> int:
     from hfxla_nb.train.worker.generation import cpu_hooks, generate_rows
 
     tokenizer, model = result.load_tokenizer(), result.load_model().eval()
-    options = dict(call)
+    options = {k: v for k, v in call.items() if k != "device"}
     rows = prompt_rows(tokenizer, options.pop("prompts"))
     settings = resolve_options(tokenizer, None, options.pop("max_new_tokens"), **options)
     with torch.no_grad():

@@ -15,6 +15,7 @@ import hfxla_nb as hx
 from hfxla_nb.launch import LaunchError, LaunchRefusedError
 from hfxla_nb.launch.processes import group_processes
 from tests.helpers import Kernel, kernel_fixture, run_ok
+from tests.test_kernel_death import GONE_WITHIN, alive, wait_for
 
 pytestmark = pytest.mark.launch
 
@@ -138,7 +139,7 @@ def test_close_stops_every_process_and_a_closed_session_refuses_runs(session):
     session.run(put, 1.0)
     pids = session.info().pids
     session.close()
-    assert not any(os.path.exists(f"/proc/{pid}") and _running(pid) for pid in pids)
+    assert not any(alive(pid) for pid in pids)
     with pytest.raises(LaunchRefusedError, match="was closed"):
         session.run(read)
 
@@ -170,14 +171,6 @@ def test_detect_lists_a_warm_session_and_not_as_a_holder_of_the_devices(session)
                for note in notes)
     session.close()
     assert not any("warm session" in p.title for p in hx.detect().problems)
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as file:
-            return file.read().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except OSError:
-        return False
 
 
 # -- in a real kernel: the notebook loop --
@@ -286,10 +279,8 @@ def test_the_stop_button_mid_run_gives_the_cell_back_and_ends_the_sessions_worke
 
 
 @pytest.mark.kernel
-def test_a_killed_kernel_leaves_no_process_of_its_warm_sessions():
-    from tests.test_kernel_death import GONE_WITHIN, alive, wait_for
-
-    dying = Kernel()
+def test_a_killed_kernel_leaves_no_process_of_its_warm_sessions(tmp_path):
+    dying = Kernel(TMPDIR=str(tmp_path))  # the note of what was stopped goes there
     try:
         output = dying.run_ok("""
             import hfxla_nb as hx

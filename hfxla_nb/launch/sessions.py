@@ -24,6 +24,7 @@ kernel's death stops them, as it stops a launch's (`processes.watch_kernel`).
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import select
@@ -538,6 +539,14 @@ def close_sessions(why: str, keep: Session | None = None) -> int:
                   f"devices at a time (its next run starts new workers).{PLAIN}",
                   file=sys.stderr, flush=True)
     return closed
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """The kernel (or script) is exiting: its sessions' workers exit with it, and their
+    scratch folders go (a killed kernel's workers are stopped by `processes.watch_kernel`)."""
+    for each in list(_open):
+        each.close()
 
 
 def session(num_processes: int | None = None, strategy: str = "replicated", *,
