@@ -43,8 +43,6 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     "torch._C.DispatchKey.XLA": ("2.8", "2.9"),
     "torch.ops.aten._local_scalar_dense.default": ("2.8", "2.9"),
     "torch_xla.debug.metrics.clear_counters": ("2.8", "2.9"),
-    # process.clear_metrics: a warm session's next job counts from zero
-    "torch_xla.debug.metrics.clear_all": ("2.8", "2.9"),
     # process.to_cpu: many tensors to the host in one transfer
     "torch_xla._XLAC._xla_get_cpu_tensors": ("2.8", "2.9"),
     # process: compile a traced graph under its key, run it later with new inputs
@@ -96,7 +94,6 @@ from .process import (  # noqa: E402  # noqa: E402
     UNCACHED_COMPILE,
     add_step_closure,
     broadcast_master_param,
-    clear_metrics,
     clear_pending,
     compile_graph,
     compile_times,
@@ -113,6 +110,7 @@ from .process import (  # noqa: E402  # noqa: E402
     metrics_snapshot,
     optimizer_step,
     process_device_count,
+    rebase_metrics,
     run_compiled,
     set_rng_state,
     spawn,
@@ -159,5 +157,5 @@ __all__ = [
     "replicate_unsharded", "send_to_device", "share_sharding", "sharding_spec",
     "watch_mark_sharding",
     # metrics
-    "clear_metrics", "compile_times", "graphs_ran", "metric_counts", "metrics_snapshot",
+    "compile_times", "graphs_ran", "metric_counts", "metrics_snapshot", "rebase_metrics",
 ]

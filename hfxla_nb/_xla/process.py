@@ -301,19 +301,29 @@ def graph_lookups() -> int:
     require_torch_xla()
     import torch_xla.debug.metrics as met
 
-    return sum(int(met.counter_value(name) or 0) for name in (UNCACHED_COMPILE, CACHED_COMPILE))
+    return sum(int(met.counter_value(name) or 0) - _baseline["counters"].get(name, 0)
+               for name in (UNCACHED_COMPILE, CACHED_COMPILE))
 
 
 # -- counters and metrics as plain data --
 
-def metrics_snapshot() -> dict[str, Any]:
-    """All torch_xla counters and metrics as plain data (starts the runtime).
+# A warm session's next job counts its figures from where the last one left them
+# (`rebase_metrics`), as a fresh process counts from zero. A baseline only reads torch_xla's
+# figures; its own reset (`met.clear_all()`) would change them under everything else that
+# reads them in the process (the compile trace, `graph_lookups`, the loss fetcher).
+_baseline: dict[str, Any] = {"counters": {}, "metrics": {}}
 
-    Returns:
-        `{"counters": {name: int}, "metrics": {name: {"count", "total", "samples"}},
-        "fallback_ops": [aten op names]}`. Absent counters are simply missing (torch_xla
-        returns None for them).
-    """
+
+def rebase_metrics() -> None:
+    """From now on, every figure of this process is counted from its value now
+    (`metrics_snapshot`, `metric_counts`, `compile_times`, `graph_lookups`)."""
+    global _baseline
+    _baseline = _raw_snapshot()
+
+
+def _raw_snapshot() -> dict[str, Any]:
+    """torch_xla's counters and metrics as they are: `{"counters": {name: int}, "metrics":
+    {name: {"count", "total", "samples"}}}` (the last 50 samples, `(time ns, value)`)."""
     require_torch_xla()
     import torch_xla.debug.metrics as met
 
@@ -332,26 +342,58 @@ def metrics_snapshot() -> dict[str, Any]:
                 "total": float(total),
                 "samples": [(float(t), float(v)) for t, v in samples[-50:]],
             }
+    return {"counters": counters, "metrics": metrics}
+
+
+def _since(name: str, count: int, total: float, samples: list) -> dict[str, Any]:
+    """A metric's figures since `rebase_metrics`: its count and total less the baseline's,
+    its samples those recorded after the baseline's last one."""
+    base = _baseline["metrics"].get(name)
+    if base is None:
+        return {"count": count, "total": total, "samples": samples}
+    last = max((t for t, _ in base["samples"]), default=float("-inf"))
+    return {"count": count - base["count"], "total": total - base["total"],
+            "samples": [(t, v) for t, v in samples if t > last]}
+
+
+def metrics_snapshot() -> dict[str, Any]:
+    """All torch_xla counters and metrics as plain data (starts the runtime), counted since
+    the last `rebase_metrics` (or the process's start).
+
+    Returns:
+        `{"counters": {name: int}, "metrics": {name: {"count", "total", "samples"}},
+        "fallback_ops": [aten op names]}`. Absent counters are simply missing (torch_xla
+        returns None for them).
+    """
+    import torch_xla.debug.metrics as met
+
+    raw = _raw_snapshot()
+    counters = {name: value - _baseline["counters"].get(name, 0)
+                for name, value in raw["counters"].items()}
+    metrics = {name: _since(name, data["count"], data["total"], data["samples"])
+               for name, data in raw["metrics"].items()}
     fallback_ops = [str(op) for op in met.executed_fallback_ops()]
     return {"counters": counters, "metrics": metrics, "fallback_ops": fallback_ops}
 
 
 def metric_counts(names: tuple[str, ...]) -> dict[str, int]:
-    """How many samples each torch_xla metric has recorded (0 when absent), e.g.
-    `(COMPILE_TIME, *EXECUTE_TIMES, TRANSFER_FROM_DEVICE_TIME)`."""
+    """How many samples each torch_xla metric has recorded since the last `rebase_metrics`
+    (0 when absent), e.g. `(COMPILE_TIME, *EXECUTE_TIMES, TRANSFER_FROM_DEVICE_TIME)`."""
     require_torch_xla()
     import torch_xla.debug.metrics as met
 
     counts = {}
     for name in names:
         data = met.metric_data(name)
-        counts[name] = int(data[0]) if data is not None else 0
+        base = _baseline["metrics"].get(name, {}).get("count", 0)
+        counts[name] = int(data[0]) - base if data is not None else 0
     return counts
 
 
 def compile_times() -> tuple[int, list[float]]:
-    """(compilations so far, the seconds of those torch_xla still holds samples of, oldest
-    first): the `CompileTime` metric of this process. (0, []) before the runtime started."""
+    """(compilations since the last `rebase_metrics`, the seconds of those torch_xla still
+    holds samples of, oldest first): the `CompileTime` metric of this process. (0, []) before
+    the runtime started."""
     if not runtime_is_initialized():
         return 0, []
     import torch_xla.debug.metrics as met
@@ -359,17 +401,10 @@ def compile_times() -> tuple[int, list[float]]:
     data = met.metric_data(COMPILE_TIME)
     if data is None:
         return 0, []
-    count, _, samples = data
-    return int(count), [float(value) * 1e-9 for _, value in samples]
-
-
-def clear_metrics() -> None:
-    """Zero every torch_xla counter and metric of this process, so that the next job of a
-    warm session counts from zero as a fresh process does. Never starts the runtime."""
-    require_torch_xla()
-    import torch_xla.debug.metrics as met
-
-    met.clear_all()
+    count, total, samples = data
+    since = _since(COMPILE_TIME, int(count), float(total),
+                   [(float(t), float(v)) for t, v in samples])
+    return since["count"], [value * 1e-9 for _, value in since["samples"]]
 
 
 def graphs_ran() -> bool:

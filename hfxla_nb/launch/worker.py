@@ -515,7 +515,7 @@ def _begin_job(job: Job) -> None:
         if first:
             return
         if _xla.runtime_is_initialized():
-            _xla.clear_metrics()
+            _xla.rebase_metrics()
         reporting.new_job()
         tracing.new_job(_cells)
         metrics.new_job()
