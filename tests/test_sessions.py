@@ -15,7 +15,7 @@ import hfxla_nb as hx
 from hfxla_nb.launch import LaunchError, LaunchRefusedError
 from hfxla_nb.launch.processes import group_processes
 from tests.helpers import Kernel, kernel_fixture, run_ok
-from tests.test_kernel_death import GONE_WITHIN, alive, wait_for
+from tests.test_kernel_death import GONE_WITHIN, alive, notes, wait_for
 
 pytestmark = pytest.mark.launch
 
@@ -293,5 +293,7 @@ def test_a_killed_kernel_leaves_no_process_of_its_warm_sessions(tmp_path):
         os.kill(dying.pid, signal.SIGKILL)
         wait_for(lambda: not any(alive(pid) for pid in pids), GONE_WITHIN,
                  "a warm session's process outlived its kernel")
+        # Between runs nothing was lost: no "a launch was stopped" note for %xla_info.
+        assert notes(tmp_path) == []
     finally:
         dying.client.stop_channels()

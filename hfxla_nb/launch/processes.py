@@ -405,15 +405,29 @@ def watch_kernel() -> threading.Thread:
     return watch_parent(_stop_orphaned_launch)
 
 
+_serves_jobs = False  # this process's ranks serve a warm session's jobs (`serves_jobs`)
+
+
+def serves_jobs() -> None:
+    """This process's ranks run a warm session's jobs: when its kernel ends while no rank
+    runs one (a restart, a shutdown), its processes are stopped without a note (nothing was
+    lost: the session's end is the kernel's)."""
+    global _serves_jobs
+    _serves_jobs = True
+
+
 def _stop_orphaned_launch(kernel_pid: int) -> None:
-    """Stop every process below this supervisor, note what was stopped, end the process."""
+    """Stop every process below this supervisor, note what was stopped (unless it was a warm
+    session between jobs), end the process."""
     _stopping.acquire()  # never released: this ends the process
     me = os.getpid()
     processes = [describe(me)]
     try:
+        noted = not _serves_jobs or bool(_active.snapshot())
         stopped = stop_descendants(grace=LEFTOVER_GRACE)
         processes += [stopped[pid] for pid in sorted(stopped)]
-        record(StoppedLaunch(kernel_pid, me, time.time(), processes))
+        if noted:
+            record(StoppedLaunch(kernel_pid, me, time.time(), processes))
     finally:
         os._exit(1)
 

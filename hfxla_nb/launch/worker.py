@@ -564,6 +564,7 @@ def in_notebook_namespace(function: Callable, filenames: Mapping[str, str]) -> C
 def serve_rank(channel: Channel, rank: int, world: int, jobs: JobPipes) -> None:
     """A warm session's rank: run each job the notebook sends, as `run_rank` runs a launch's
     function, until the notebook closes the session (or it is idle past its limit)."""
+    processes.serves_jobs()
     first = [jobs.first] if jobs.first is not None else []
     for job in itertools.chain(first, _read_jobs(jobs.fds[rank], jobs.idle_timeout)):
         _begin_job(job)
