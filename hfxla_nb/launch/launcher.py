@@ -283,7 +283,7 @@ def _launch(function: Callable, args: Sequence, options: LaunchOptions, pass_ind
                           stacklevel=3)
         from .pods import launch_on_cluster
 
-        close_warm_sessions()
+        close_warm_sessions(options.progress)
         return launch_on_cluster(
             function, tuple(args), pass_index, cluster=options.cluster or "auto",
             hosts=options.hosts or 1, strategy=options.strategy,
@@ -295,7 +295,8 @@ def _launch(function: Callable, args: Sequence, options: LaunchOptions, pass_ind
             max_restarts=accelerate.max_attempts - 1, tracker=tracker)
     plan = local_plan(options.strategy, options.num_processes, options.mixed_precision,
                       options.compile_cache, options.trace_compiles)
-    close_warm_sessions()
+    closed = close_warm_sessions(options.progress)
+    plan = dataclasses.replace(plan, warnings=(*plan.warnings, *closed))  # under the bars
     runs = _Attempts(function, tuple(args), pass_index, plan, accelerate, shown_ranks,
                      options.progress, options.timeout, options.heartbeat_timeout, tracker)
     return runs.run()
@@ -398,12 +399,16 @@ def keep_record(record: LaunchRecord) -> None:
     _last_record = record
 
 
-def close_warm_sessions() -> None:
-    """Close the warm sessions of this kernel before a launch takes the devices (one muted
-    line each; `launch.sessions`). A kernel that never opened one never imports it."""
-    session = sys.modules.get("hfxla_nb.launch.sessions")
-    if session is not None:
-        session.close_sessions("for this launch")
+def close_warm_sessions(progress: bool | str) -> list[str]:
+    """Close the warm sessions of this kernel before a launch takes the devices
+    (`launch.sessions`); returns a line for each, for the launch's panel (printed, muted,
+    without one). A kernel that never opened one never imports that module."""
+    sessions = sys.modules.get("hfxla_nb.launch.sessions")
+    if sessions is None:
+        return []
+    lines = sessions.close_sessions("for this launch")
+    sessions.say_notes(lines, progress)
+    return lines
 
 
 def _cache_env(setting: Any, info: Any, strategy: str) -> dict[str, str | None]:

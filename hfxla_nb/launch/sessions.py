@@ -28,7 +28,6 @@ import atexit
 import functools
 import os
 import select
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,7 +51,8 @@ from .worker import Job, JobPipes, cell_numbers, code_files, dump_job
 # before they are stopped.
 CLOSE_GRACE = 2.0
 
-__all__ = ["Session", "session", "open_sessions", "close_sessions", "SessionInfo"]
+__all__ = ["Session", "session", "open_sessions", "close_sessions", "say_notes",
+           "SessionInfo"]
 
 
 @dataclass
@@ -191,23 +191,25 @@ class Session:
             self._forget_workers()
         # New workers get their first job by the fork; running ones by a pickle.
         payload = None if self._workers is None else _pickled(job)
+        notes = []
         if self._ended is not None:
-            print(f"{MUTED}hfxla_nb: {self._ended}; starting new workers for this "
-                  f"{self.name} (what the old ones held is gone).{PLAIN}", file=sys.stderr,
-                  flush=True)
+            notes.append(f"hfxla_nb: {self._ended}; new workers started for this "
+                         f"{self.name} (what the old ones held is gone).")
             self._ended = None
         if self._workers is None:
-            close_sessions("for this run", keep=self)
+            notes += close_sessions("for this run", keep=self)
         shown = self.options.progress if progress is None else progress
-        return self._run_job(job, payload, tracker, shown)
+        say_notes(notes, shown)
+        return self._run_job(job, payload, tracker, shown, notes)
 
     def _run_job(self, job: Job, payload: bytes | None, tracker: Tracker | None,
-                 progress: bool | str) -> tuple[Any, LaunchRecord]:
+                 progress: bool | str, notes: list[str]) -> tuple[Any, LaunchRecord]:
         __tracebackhide__ = True
         plan = self.plan
         record = LaunchRecord(plan.strategy, plan.world,
                               [RankRecord(rank) for rank in range(plan.world)],
-                              notes=list(plan.warnings) if self._workers is None else [],
+                              notes=(list(plan.warnings) if self._workers is None else [])
+                              + notes,
                               collective_notes=list(plan.collective_notes))
         reader = LaunchReader(record, self.options.timeout, self.options.heartbeat_timeout,
                               follower=tracker.handle if tracker is not None else None)
@@ -523,10 +525,11 @@ def open_sessions() -> list[SessionInfo]:
     return [each.info() for each in list(_open) if each.alive]
 
 
-def close_sessions(why: str, keep: Session | None = None) -> int:
-    """Close every session open in this kernel but `keep`, each with one muted line that says
-    so and `why` ("to launch"); returns how many were closed."""
-    closed = 0
+def close_sessions(why: str, keep: Session | None = None) -> list[str]:
+    """Close every session open in this kernel but `keep`; returns one line for each warm
+    one, that says so and `why` ("for this launch"): the new run's panel shows them under its
+    bars (`say_notes`)."""
+    lines = []
     for each in list(_open):
         if each is keep:
             continue
@@ -534,11 +537,16 @@ def close_sessions(why: str, keep: Session | None = None) -> int:
         each._end_workers()
         each._ended = f"its workers were closed {why}"
         if warm:
-            closed += 1
-            print(f"{MUTED}hfxla_nb: closed the warm {each.name} {why}: one owner of the "
-                  f"devices at a time (its next run starts new workers).{PLAIN}",
-                  file=sys.stderr, flush=True)
-    return closed
+            lines.append(f"hfxla_nb: closed the warm {each.name} {why}: one owner of the "
+                         "devices at a time (its next run starts new workers).")
+    return lines
+
+
+def say_notes(lines: list[str], progress: bool | str) -> None:
+    """Print `lines`, muted, where no panel shows them under its bars (`progress=False`)."""
+    if progress is False:
+        for line in lines:
+            print(f"{MUTED}{line}{PLAIN}", flush=True)
 
 
 @atexit.register
