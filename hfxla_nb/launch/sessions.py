@@ -229,7 +229,8 @@ class Session:
             if watch.usable:
                 self._workers = watch.workers
             else:  # stopped by the run's end (or never started)
-                for fd in self.job_pipes() if watch.workers is not None else ():
+                # The run's own workers' pipes: new ones are not the session's yet.
+                for fd in watch.workers.job_pipes if watch.workers is not None else ():
                     _close(fd)
                 self._workers = None
                 self._ended = watch.ended_because()
