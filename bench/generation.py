@@ -10,9 +10,11 @@ themselves: every row runs `NEW_TOKENS` steps unless the end ids are chosen to e
   within its share of the 15 minutes.
 - Graphs per prompt bucket: predict's compiles over its buckets, greedy and sampled (an exact
   contract: 2, the prompt's graph and one decoding step's).
-- The limit: one launched worker, one device, `decode` itself; the wall time between two
-  step syncs against XLA's `ExecuteTime` of a step (torch_xla's metrics through `_xla`), both
-  medians over the steady steps of a run that decodes every `LIMIT_TOKENS` step.
+- The limit: one launched worker, one device, `decode` itself as `generate` runs it (the step
+  traced once, then run by its compiled graph: `StepGraph`); the wall time per steady step
+  (from the first of them to the tokens on the host) against the median of XLA's
+  `ExecuteTime` of a step (torch_xla's metrics through `_xla`), in a run that decodes every
+  `LIMIT_TOKENS` step.
 - The early stop: the same worker; end ids chosen from the batch's own greedy tokens so every
   answer ends within its first tokens, decoded with the default `check_every` (16) and with
   `check_every=LIMIT_TOKENS` (no check before the end: every step runs); executions counted
@@ -35,10 +37,12 @@ SAMPLING = {"do_sample": True, "temperature": 0.8, "top_p": 0.9, "seed": 0}
 MODES = {"greedy": {}, "sampling": SAMPLING}
 GRAPHS_PER_BUCKET = 2
 LIMIT_TARGET = 1.3
-# 64 steps: 63 gaps between step syncs, the first 13 left out: the last 50, the execution
+# 64 steps: 63 gaps between step ends, the first 13 left out: the last 50, the execution
 # samples torch_xla keeps (`_xla.metrics_snapshot`).
 LIMIT_ROWS, LIMIT_TOKENS, LIMIT_SKIP = 32, 64, 13
 EARLY_REPEATS = 3
+HOST_REPEATS = 2
+HOST_TARGET = 0.33  # a token's host work at most a third of a traced step's
 
 
 def _prompts(rows: int) -> tuple[str, list[str]]:
@@ -146,52 +150,78 @@ def decoding_worker(config: dict) -> dict:
     ids, mask, length = left_padded(tokenizer, rows, 16)
     ids, mask = ids.to(device), mask.to(device)
     times: list[float] = []
+    cpu: list[float] = []  # this thread's CPU time at each step's end: the host's work
 
-    def sync(tensors: list) -> None:
-        _xla.sync()
+    def stepped() -> None:
         times.append(time.perf_counter())
+        cpu.append(time.thread_time())
 
-    hooks = DecodeHooks(sync=sync, fetch=_xla.to_cpu, tokenizer=tokenizer)
+    # Each step's end, as `generate` runs it (its graph run by its key after the first), or
+    # with every step traced (the baseline of the host's work per token).
+    hooks = {capture: DecodeHooks(sync=lambda tensors: _xla.sync(), fetch=_xla.to_cpu,
+                                  tokenizer=tokenizer, capture=capture, on_step=stepped)
+             for capture in (True, False)}
 
-    def run(**options) -> dict:
+    def run(capture: bool = True, **options) -> dict:
         settings = resolve_options(tokenizer, None, config["tokens"], **options)
         times.clear()
+        cpu.clear()
         compiles = _xla.metric_counts((_xla.COMPILE_TIME,))[_xla.COMPILE_TIME]
         executions = _executions()[0]
         start = time.perf_counter()
         with torch.no_grad(), patches.applied():
-            decoded = decode(model, ids, mask, settings, hooks)
+            decoded = decode(model, ids, mask, settings, hooks[capture])
         tokens = _xla.to_cpu([decoded.tokens])[0]  # the end's one transfer, as generate's
-        seconds = time.perf_counter() - start
+        end = time.perf_counter()
+        seconds = end - start
         count, samples = _executions()
+        steady = cpu[config["skip"]:]
         return {"seconds": seconds, "steps": decoded.steps, "checks": decoded.checks,
                 "executions": count - executions, "samples": samples,
                 "compiles": _xla.metric_counts((_xla.COMPILE_TIME,))[_xla.COMPILE_TIME]
                 - compiles, "walls": [b - a for a, b in zip(times, times[1:], strict=False)],
-                "tokens": tokens.tolist()}
+                "host": common.median([b - a for a, b in zip(steady, steady[1:],
+                                                             strict=False)]),
+                "marks": list(times), "end": end, "tokens": tokens.tolist()}
 
     every = config["tokens"]
     first = run(check_every=every)  # compiles the bucket's 2 graphs
     limit = run(check_every=every)
+    # The host's CPU per token, each step run by its compiled graph against every step traced
+    # (the traced steps sync a graph of their own: compiled by a first run, left out).
+    runs = {True: [limit], False: [run(False, check_every=every)]}
+    for _ in range(HOST_REPEATS):
+        for capture in (False, True):
+            runs[capture].append(run(capture, check_every=every))
+    host = {"captured": [r["host"] for r in runs[True]],
+            "traced": [r["host"] for r in runs[False][1:]],
+            # A traced step reaches the device after its trace, which it never waits behind:
+            # its `ExecuteTime` is the execution itself.
+            "execute": common.median([common.median(r["samples"][-LIMIT_TOKENS // 2:])
+                                      for r in runs[False][1:]])}
     ends = end_ids(limit["tokens"])
     sides: dict[str, list[dict]] = {"early": [], "every": []}
     for _ in range(config["repeats"]):
         sides["early"].append(run(eos_token_id=ends))
         sides["every"].append(run(eos_token_id=ends, check_every=every))
-    return _summary(config, first, limit, sides, ends) | {"rows": len(rows), "bucket": length}
+    return _summary(config, first, limit, sides, ends) | {"rows": len(rows), "bucket": length,
+                                                          "host": host}
 
 
 def _summary(config: dict, first: dict, limit: dict, sides: dict[str, list[dict]],
              ends: list[int]) -> dict:
     """The worker's figures as plain data (the token lists and samples left behind)."""
     steady = limit["walls"][config["skip"]:]
-    execute = limit["samples"][-len(steady):]
+    # The steady steps' wall from the first of them to the tokens on the host: a step handed
+    # to the device returns before it ran, so the last ones finish only by the fetch.
+    marks = limit["marks"][config["skip"]:]
+    wall = (limit["end"] - marks[0]) / (len(marks) - 1) if len(marks) > 1 else None
     later = limit["compiles"] + sum(m["compiles"] for side in sides.values() for m in side)
     for side in sides.values():
         for measured in side:
-            del measured["tokens"], measured["samples"], measured["walls"]
+            del measured["tokens"], measured["samples"], measured["walls"], measured["marks"]
     return {"first_compiles": first["compiles"], "later_compiles": later,
-            "wall": common.median(steady), "execute": common.median(execute),
+            "wall": wall,
             "steady_steps": len(steady), "ends": ends,
             "ended_by": {within: sum(any(t in ends for t in row[:within])
                                      for row in limit["tokens"]) for within in (6, 16)},
@@ -248,15 +278,19 @@ def _throughput_figures(mode: str, runs: list[dict]) -> list[common.Figure]:
 
 
 def _decoding_figures(m: dict) -> list[common.Figure]:
-    ratio = m["wall"] / m["execute"] if m["wall"] and m["execute"] else None
-    note = (f"{m['wall'] * 1000:.2f} ms wall vs {m['execute'] * 1000:.2f} ms executing per "
+    execute = m["host"]["execute"]
+    ratio = m["wall"] / execute if m["wall"] and execute else None
+    note = (f"{m['wall'] * 1000:.2f} ms wall vs {execute * 1000:.2f} ms executing per "
             f"step ({m['executions_per_step']:.2f} executions/step), {m['rows']} prompts "
-            f"(bucket {m['bucket']}), {LIMIT_TOKENS} steps, one device, greedy; medians of "
-            f"the last {m['steady_steps']} steps")
+            f"(bucket {m['bucket']}), {LIMIT_TOKENS} steps, one device, greedy, each step "
+            f"after the first run by its compiled graph (StepGraph); the wall of the last "
+            f"{m['steady_steps']} steps to the tokens on the host; the execution: the median "
+            "ExecuteTime of the traced runs' steps (the compiled steps are queued ahead of "
+            "the device, so their own ExecuteTime counts the wait in the queue)")
     if ratio is not None and ratio > LIMIT_TARGET:
-        note += ("; why: a step of this tiny model executes in far less time than tracing "
-                 "its Python (transformers' Llama forward, the processors) takes on the host, "
-                 "and both share the 2 cores")
+        note += ("; why: a step of this tiny model executes in less time than the host "
+                 "takes to hand it over (the inputs' upload and the run call), and both share "
+                 "the 2 cores")
     early, every = m["sides"]["early"], m["sides"]["every"]
     early_s = common.median([r["seconds"] for r in early])
     every_s = common.median([r["seconds"] for r in every])
@@ -264,7 +298,17 @@ def _decoding_figures(m: dict) -> list[common.Figure]:
     setting = (f"{m['rows']} prompts, max_new_tokens={LIMIT_TOKENS}, greedy; end ids "
                f"{m['ends']} (from the batch's own tokens: {m['ended_by'][16]} of {m['rows']} "
                f"answers end by their 16th token, {m['ended_by'][6]} by their 6th)")
+    captured, traced = m["host"]["captured"], m["host"]["traced"]
+    host = common.ratios(captured[-len(traced):], traced)
+    host_note = (f"this thread's CPU per steady step, median: {common.median(captured) * 1000:.2f}"
+                 f" ms with each step run by its compiled graph (StepGraph), "
+                 f"{common.median(traced) * 1000:.2f} ms with every step traced (transformers' "
+                 f"Llama forward and the processors); {m['rows']} prompts, {LIMIT_TOKENS} steps, "
+                 f"one device, greedy; {len(host)} alternating pairs")
     return [
+        common.target_figure(GROUP, "tiny Llama decoding: host CPU per token, compiled step / "
+                             "traced step", common.median(host), "<=", HOST_TARGET, "x",
+                             len(host), host_note, samples=host),
         common.target_figure(GROUP, "tiny Llama decoding: wall / XLA execution time per step",
                              ratio, "<=", LIMIT_TARGET, "x", m["steady_steps"], note),
         common.Figure(GROUP, "tiny Llama decoding: graphs per prompt bucket",

@@ -237,6 +237,7 @@ def launched(chat_dir):
                  "max_new_tokens": 6},
     }
     calls["drawn again"] = calls["drawn"]
+    calls["longer"] = {"prompts": PROMPTS, "max_new_tokens": 24}
     for options in calls.values():
         options["stream"] = False  # only "streamed" below sends its text as it comes
     calls["streamed"] = {"prompts": PROMPTS[:1], "max_new_tokens": 12, "check_every": 4}
@@ -248,6 +249,10 @@ def launched(chat_dir):
             data = met.metric_data(name)
             return data[0] if data else 0
 
+        def traced():  # operations traced on XLA, each counted by torch_xla (`xla::add`...)
+            return sum(met.counter_value(name) or 0 for name in met.counter_names()
+                       if name.startswith("xla::"))
+
         import torch
 
         from hfxla_nb.train.worker.generation import uniform_noise
@@ -257,9 +262,11 @@ def launched(chat_dir):
                                         for v in NOISE_INPUTS), VOCAB).cpu()}
         for name, options in calls.items():
             compiles, executions = count("CompileTime"), count("ExecuteTime")
+            ops = traced()
             texts = hx.generate(chat_dir, **options)
             out[name] = (texts, count("CompileTime") - compiles,
                          count("ExecuteTime") - executions)
+            out["traced", name] = traced() - ops
         return out
 
     out = hx.notebook_launcher(work, progress=False)
@@ -277,6 +284,20 @@ def test_greedy_on_xla_is_the_kernels_greedy_in_two_graphs(launched):
     chat, compiles, _ = out["chat"]
     assert chat == result.generate(**cpu_call(calls["chat"])) and compiles == 2
     assert not _xla.runtime_is_initialized()
+
+
+@pytest.mark.launch
+def test_a_later_token_runs_the_compiled_step_and_traces_no_model_operation(launched):
+    """The decoding step is traced once per call (`StepGraph`); every later token runs its
+    compiled graph: 16 more tokens trace only their two position tensors and a check, not
+    the model's few hundred operations a step."""
+    result, calls, out = launched
+    greedy, longer = out["greedy"][0], out["longer"][0]
+    assert all(long.startswith(short) for short, long in zip(greedy, longer, strict=True))
+    assert out["longer"][1] == 2  # its own two (the token buffer's length is a shape)
+    per_step = out["traced", "greedy"] / 2  # the prompt's trace and the first step's
+    extra = out["traced", "longer"] - out["traced", "greedy"]
+    assert per_step > 200 and extra < 16 * 12, (per_step, extra)
 
 
 @pytest.mark.launch

@@ -52,6 +52,7 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     "torch_xla._XLAC._xla_warm_up_cache": ("2.8", "2.9"),
     "torch_xla._XLAC._clear_pending_irs": ("2.8", "2.9"),
     "torch_xla._XLAC._run_cached_graph": ("2.8", "2.9"),
+    "torch_xla._XLAC._check_tensor_need_materialization": ("2.8", "2.9"),
     # sharding: read and copy a tensor's SPMD sharding; FSDPv2
     "torch_xla._XLAC._get_xla_sharding_spec": ("2.8", "2.9"),
     "torch_xla._XLAC._get_xla_op_sharding": ("2.8", "2.9"),
@@ -109,6 +110,7 @@ from .process import (  # noqa: E402  # noqa: E402
     metric_counts,
     metrics_snapshot,
     optimizer_step,
+    pending,
     process_device_count,
     rebase_metrics,
     run_compiled,
@@ -150,7 +152,7 @@ __all__ = [
     "process_device_count", "set_rng_state", "spawn", "sync", "to_cpu", "use_spmd",
     "wait_device_ops", "world_size",
     # graphs
-    "clear_pending", "compile_graph", "graph_inputs", "graph_lookups", "run_compiled",
+    "clear_pending", "compile_graph", "graph_inputs", "graph_lookups", "pending", "run_compiled",
     "tensor_id",
     # sharding
     "checkpoint_layers", "data_parallel_mesh", "fsdp_v2", "mark_sharding", "replicate",

@@ -271,8 +271,13 @@ def graph_inputs(outputs: list, known: list) -> tuple[bytes, list[int], list]:
     inputs in order, each with the id of the tensor it came from. An input from a `known`
     tensor is that tensor; any other is a new tensor on its data. (A new tensor on a weight's
     data would take over its buffer's owner id, and the next step would no longer donate
-    that buffer: another graph.)"""
+    that buffer: another graph.)
+
+    It first waits for the executions queued on the devices: the walk reads each input's
+    buffer, and an input that an earlier graph outputs is a placeholder that graph's run
+    fills on another thread (reading it meanwhile crashed the process with SIGSEGV)."""
     xlac = require_torch_xla()._XLAC
+    wait_device_ops()
     ids, inputs = xlac._get_tensors_xla_device_data_node(outputs, known)
     return xlac._get_graph_hash(outputs), list(ids), list(inputs)
 
@@ -288,6 +293,11 @@ def clear_pending() -> None:
     placeholders that must not be read, and no later sync includes them."""
     torch_xla = require_torch_xla()
     torch_xla._XLAC._clear_pending_irs(str(torch_xla.device()))
+
+
+def pending(tensors: list) -> list[bool]:
+    """For each tensor, whether it is traced and not yet run (a sync would compute it)."""
+    return list(require_torch_xla()._XLAC._check_tensor_need_materialization(tensors))
 
 
 def run_compiled(key: bytes, inputs: list) -> list:

@@ -539,8 +539,9 @@ def generate_on_device(ctx: WorkerContext, batch: Batch,
                 _xla.replicate(tensor, mesh)
         _xla.sync()
 
+    # A batch split over the mesh keeps every step traced (`StepGraph`).
     hooks = DecodeHooks(sync=sync, fetch=_xla.to_cpu, autocast=ctx.autocast,
-                        tokenizer=ctx.plan.tokenizer)
+                        tokenizer=ctx.plan.tokenizer, capture=mesh is None)
     decoded = decode(ctx.model, inputs["input_ids"], inputs["attention_mask"], options, hooks,
                      keys=keys, live=batch.weights)
     return decoded.tokens, decoded.done

@@ -186,6 +186,10 @@ class DecodeHooks:
         tokenizer: decodes the tokens at a check when there are stop strings.
         on_check: called at each check with every row's tokens so far (host lists) and the
             steps run: the tokens come in the check's one transfer (streaming).
+        capture: on XLA, trace the decoding step once and run its compiled graph for every
+            later token (`StepGraph`); the CPU runs the model itself.
+        on_step: called after the prompt and after every step, once its work is handed to
+            the device (a benchmark times the steps by it).
     """
 
     sync: Callable[[list], None]
@@ -193,6 +197,8 @@ class DecodeHooks:
     autocast: Callable[[], Any] | None = None
     tokenizer: Any = None
     on_check: Callable[[list[list[int]], int], None] | None = None
+    capture: bool = False  # on XLA: run the decoding step by its compiled graph (`StepGraph`)
+    on_step: Callable[[], None] | None = None
 
 
 @dataclass
@@ -266,28 +272,153 @@ def decode(model: Any, ids: torch.Tensor, mask: torch.Tensor, options: Generatio
                        cache_position=torch.arange(length, device=device), use_cache=True,
                        **{name: cache})
     step_tensor = torch.zeros(1, dtype=torch.int32, device=device)
+    # The next step's cache position and index: data, not constants (every step is the same
+    # graph), carried from step to step on the device rather than uploaded for each token.
     state = _chosen(state, output.logits[:, -1], options, (seed, keys, step_tensor), columns,
-                    eos)
+                    eos) | {"where": torch.tensor([length], device=device),
+                            "step": torch.tensor([1], dtype=torch.int32, device=device)}
     hooks.sync([tensor for tensor in state.values() if tensor is not None] + [full])
+    stepped = hooks.on_step or (lambda: None)
+    stepped()
     steps, checks, ended = 1, 0, [False] * rows
+    graph: StepGraph | None = None
+    capture = hooks.capture
     while steps < new:
         if steps % options.check_every == 0:
             checks += 1
             if _all_ended(state, steps, options, hooks, ended):
                 break
+        if graph is not None:
+            state = graph.run(state)
+            stepped()
+            steps += 1
+            continue
+        before, carried = dict(state), cache_tensors(cache)
+        # The cache's tensors before the step: an update in place gives a tensor a new id.
+        carried_ids = [_xla.tensor_id(tensor) for tensor in carried] if capture else []
+        where, step_tensor = state["where"], state["step"]
         state["position"] = state["position"] + 1
-        # Data, not constants: every step is the same graph.
-        where = torch.tensor([length + steps - 1], device=device)
-        step_tensor = torch.tensor([steps], dtype=torch.int32, device=device)
         with autocast():
             output = model(input_ids=state["token"], attention_mask=full,
                            position_ids=state["position"], cache_position=where,
                            use_cache=True, **{name: cache})
         state = _chosen(state, output.logits[:, -1], options, (seed, keys, step_tensor),
-                        columns, eos)
-        hooks.sync([tensor for tensor in state.values() if tensor is not None] + [full])
+                        columns, eos) | {"where": where + 1, "step": step_tensor + 1}
+        del output  # traced logits nothing reads: never run
+        if capture:
+            capture = False
+            graph = StepGraph.capture(model, before, state, carried, carried_ids)
+        if graph is not None:
+            # The traced step is dropped unrun (its tensors die here, its compiled graph
+            # runs instead), and the cache's own tensors with it: the graph carries the cache.
+            del carried
+            drop_cache_tensors(cache)
+            state = graph.run(before)
+        else:
+            hooks.sync([tensor for tensor in state.values() if tensor is not None] + [full])
+        stepped()
         steps += 1
     return Decoded(state["tokens"], steps, checks, state["done"])
+
+
+def drop_cache_tensors(cache: Any) -> None:
+    """Let go of every tensor a static cache holds (`cache_tensors`): a `StepGraph` carries
+    them from then on, and the cache is not read again."""
+    import torch
+
+    for layer in getattr(cache, "layers", ()):
+        for attribute, value in list(vars(layer).items()):
+            if isinstance(value, torch.Tensor):
+                setattr(layer, attribute, None)
+
+
+def cache_tensors(cache: Any) -> list[torch.Tensor]:
+    """Every tensor a static cache holds (each layer's keys, values and lengths): what a
+    decoding step updates in place."""
+    import torch
+
+    found = []
+    for layer in getattr(cache, "layers", ()):
+        found += [value for value in vars(layer).values() if isinstance(value, torch.Tensor)]
+    return found
+
+
+class StepGraph:
+    """A decoding step traced once and run by its compiled graph for every token.
+
+    Tracing transformers' forward and the logits processors costs the host more per token
+    than a small model's step takes to run. The step's graph is the same at every token (its
+    inputs are data), so it is traced once, at the first step: its key and inputs are read
+    and it is compiled under that key (torch_xla's cached-graph API, as its Dynamo bridge
+    uses it). Every token, the first too, passes the previous step's outputs (the state, and
+    the cache the step updates) as the next inputs to that program: no trace, the same
+    program, the same tokens. The traced tensors are dropped by letting go of them, not by
+    `clear_pending`, which would also void whatever else of the process is traced and not
+    yet run.
+
+    Args:
+        key: the graph's key.
+        slots: each input in order: ("state", name), ("cache", index), or ("tensor", t): a
+            weight or a constant, passed as it is.
+        names: the state's names, in the order of the outputs; the cache's tensors follow.
+        cache: the cache's tensors, as the next step reads them.
+    """
+
+    def __init__(self, key: bytes, slots: list[tuple], names: list[str],
+                 cache: list[torch.Tensor]) -> None:
+        self.key, self.slots, self.names, self.cache = key, slots, names, cache
+
+    @classmethod
+    def capture(cls, model: Any, before: dict, after: dict, carried: list,
+                carried_ids: list[int]) -> StepGraph | None:
+        """The first step's graph, traced (`after` and the cache's tensors pending) and
+        compiled; None where it cannot be run on the next inputs (the caller then syncs the
+        traced step and traces every step, as on the CPU).
+
+        Args:
+            model: the network (its parameters and buffers are the graph's weights).
+            before: the state the step read; after: the state it traced.
+            carried: the cache's tensors (updated in place by the step).
+            carried_ids: their ids before the step (the graph's inputs are named by them).
+        """
+        names = [name for name, value in after.items() if value is not None]
+        outputs = [after[name] for name in names] + list(carried)
+        weights = [*model.parameters(), *model.buffers()]
+        roles = {_xla.tensor_id(tensor): ("state", name) for name, tensor in before.items()
+                 if tensor is not None}
+        roles.update({tensor_id: ("cache", i) for i, tensor_id in enumerate(carried_ids)})
+        # A sharded input (FSDP's parameters; a batch split over a mesh, which the caller
+        # never captures) keeps the step traced: the outputs would come back in the
+        # shardings XLA picks, not in those the next step's inputs were compiled for.
+        given = [*weights, *carried, *(value for value in before.values() if value is not None)]
+        if any(_xla.sharding_spec(tensor) not in ("", "{replicated}") for tensor in given):
+            return None
+        # The compiled program returns each traced output once, in order: an output the step
+        # did not compute (or one named twice) would shift the state and the cache.
+        if len({id(tensor) for tensor in outputs}) < len(outputs) or not all(
+                _xla.pending(outputs)):
+            return None
+        try:
+            key, ids, inputs = _xla.graph_inputs(outputs, weights)
+            _xla.compile_graph(outputs)
+        except Exception:  # noqa: BLE001 - the traced step then runs as it is
+            return None
+        cache = list(carried)
+        slots = []
+        for tensor_id, tensor in zip(ids, inputs, strict=True):
+            role = roles.get(tensor_id)
+            if role is not None and role[0] == "cache":
+                cache[role[1]] = tensor  # the cache before the step, on its own data
+            slots.append(role or ("tensor", tensor))
+        return cls(key, slots, names, cache)
+
+    def run(self, state: dict) -> dict:
+        """The state after one more step: the compiled graph run on `state` and the cache."""
+        inputs = [state[slot[1]] if slot[0] == "state" else self.cache[slot[1]]
+                  if slot[0] == "cache" else slot[1] for slot in self.slots]
+        outputs = _xla.run_compiled(self.key, inputs)
+        self.cache = outputs[len(self.names):]
+        return {**state, **dict(zip(self.names, outputs[:len(self.names)], strict=False))}
 
 
 def _chosen(state: dict, logits: torch.Tensor, options: GenerationOptions, draw: tuple,
@@ -386,7 +517,8 @@ def decode_prompts(network: Any, tokenizer: Any, rows: list[list[int]],
     network.eval()
     streamer = Streamer(tokenizer, settings, emit, rows) if stream else None
     hooks = DecodeHooks(sync=lambda tensors: _xla.sync(), fetch=_xla.to_cpu,
-                        tokenizer=tokenizer, on_check=streamer.send if streamer else None)
+                        tokenizer=tokenizer, on_check=streamer.send if streamer else None,
+                        capture=True)
     # The mask check's patch (`patches.py`): without it, masking syncs once more, a graph.
     with torch.no_grad(), patches.applied():
         decoded = generate_rows(network, tokenizer, rows, settings, bucket, hooks)
