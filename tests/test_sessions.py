@@ -299,4 +299,4 @@ def test_a_killed_kernel_leaves_no_process_of_its_warm_sessions(tmp_path):
         # Between runs nothing was lost: no "a launch was stopped" note for %xla_info.
         assert notes(tmp_path) == []
     finally:
-        dying.client.stop_channels()
+        dying.close()

@@ -53,6 +53,10 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     "torch_xla._XLAC._clear_pending_irs": ("2.8", "2.9"),
     "torch_xla._XLAC._run_cached_graph": ("2.8", "2.9"),
     "torch_xla._XLAC._check_tensor_need_materialization": ("2.8", "2.9"),
+    # process: a training step run by its compiled graph (the seed, the parameters' data)
+    "torch_xla._XLAC._get_seed_info_id": ("2.8", "2.9"),
+    "torch_xla._XLAC._get_base_seed_as_tensor": ("2.8", "2.9"),
+    "torch_xla._XLAC._replace_xla_tensor": ("2.8", "2.9"),
     # sharding: read and copy a tensor's SPMD sharding; FSDPv2
     "torch_xla._XLAC._get_xla_sharding_spec": ("2.8", "2.9"),
     "torch_xla._XLAC._get_xla_op_sharding": ("2.8", "2.9"),
@@ -98,6 +102,7 @@ from .process import (  # noqa: E402  # noqa: E402
     clear_pending,
     compile_graph,
     compile_times,
+    current_seed,
     device,
     get_rng_state,
     global_device_count,
@@ -113,7 +118,9 @@ from .process import (  # noqa: E402  # noqa: E402
     pending,
     process_device_count,
     rebase_metrics,
+    replace_data,
     run_compiled,
+    seed_input_id,
     set_rng_state,
     spawn,
     sync,
@@ -152,8 +159,8 @@ __all__ = [
     "process_device_count", "set_rng_state", "spawn", "sync", "to_cpu", "use_spmd",
     "wait_device_ops", "world_size",
     # graphs
-    "clear_pending", "compile_graph", "graph_inputs", "graph_lookups", "pending", "run_compiled",
-    "tensor_id",
+    "clear_pending", "compile_graph", "graph_inputs", "graph_lookups", "pending", "replace_data",
+    "run_compiled", "seed_input_id", "current_seed", "tensor_id",
     # sharding
     "checkpoint_layers", "data_parallel_mesh", "fsdp_v2", "mark_sharding", "replicate",
     "replicate_unsharded", "send_to_device", "share_sharding", "sharding_spec",

@@ -300,6 +300,24 @@ def pending(tensors: list) -> list[bool]:
     return list(require_torch_xla()._XLAC._check_tensor_need_materialization(tensors))
 
 
+def seed_input_id() -> int:
+    """The id `graph_inputs` gives the device's random seed, an input of every graph with a
+    random op (dropout): a graph run again by its key takes `current_seed()` there."""
+    return int(require_torch_xla()._XLAC._get_seed_info_id())
+
+
+def current_seed(device) -> Any:
+    """The device's random seed as a tensor: what a graph traced now would read (each sync
+    moves it on, so each step's dropout differs)."""
+    return require_torch_xla()._XLAC._get_base_seed_as_tensor(str(device))
+
+
+def replace_data(tensor, source) -> None:
+    """Make `tensor` hold `source`'s value without tracing an op (a parameter takes the
+    output of a graph run by its key; whatever `tensor` had traced is dropped)."""
+    require_torch_xla()._XLAC._replace_xla_tensor(tensor, source)
+
+
 def run_compiled(key: bytes, inputs: list) -> list:
     """Run a graph `compile_graph` compiled, on new inputs (same shapes, same order)."""
     return list(require_torch_xla()._XLAC._run_cached_graph(key, inputs))

@@ -62,6 +62,9 @@ class TrainPlan:
     # The worker keeps the trained model on the devices for a warm session's next jobs
     # (`worker/warm.py`): `fine_tune` in a notebook kernel.
     keep_warm: bool = False
+    # Each batch shape's step traced once, then run by its compiled graph
+    # (`worker/captured.py`); False traces every step (a benchmark's baseline).
+    capture_steps: bool = True
 
     @property
     def rows_per_step(self) -> int:

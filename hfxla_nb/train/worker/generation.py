@@ -416,6 +416,9 @@ class StepGraph:
         """The state after one more step: the compiled graph run on `state` and the cache."""
         inputs = [state[slot[1]] if slot[0] == "state" else self.cache[slot[1]]
                   if slot[0] == "cache" else slot[1] for slot in self.slots]
+        # One step in flight: a run returns before it ran, and the host, no longer tracing,
+        # would queue token after token, each with a cache of its own.
+        _xla.wait_device_ops()
         outputs = _xla.run_compiled(self.key, inputs)
         self.cache = outputs[len(self.names):]
         return {**state, **dict(zip(self.names, outputs[:len(self.names)], strict=False))}

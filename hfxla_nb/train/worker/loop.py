@@ -6,8 +6,11 @@ the notebook kernel. What happens per training step, and why:
 - one packed int32 tensor (all inputs, labels) is uploaded, sharded over the "data" axis of
   the mesh at upload in SPMD mode;
 - forward, backward (over `gradient_accumulation_steps` micro-batches), gradient clipping,
-  AdamW (`foreach`), scheduler, and the running loss sum are traced into one graph; one
-  `torch_xla.sync()` runs it, asynchronously, so the next step is traced while it executes;
+  AdamW (`foreach`), scheduler, and the running loss sum are traced into one graph, once per
+  batch shape: every later step of the shape runs that compiled graph on its data
+  (`captured.py`), asynchronously, one step in flight, so the host prepares the next batch
+  while it executes; where a step cannot run so, each step is traced and one
+  `torch_xla.sync()` runs it;
 - nothing is read from the device except the running loss, once per logging interval, queued
   by a step closure (after the graph ran) and fetched by a thread of its own (`Fetcher`), so
   the loop goes on tracing; the panel's progress is sent with no device value.
@@ -40,6 +43,7 @@ from ..result import learning_warnings
 from . import saving as ckpt
 from . import warm
 from .callbacks import TrainerRun
+from .captured import Before, CapturedStep
 from .context import WorkerContext
 from .evaluate import EvalAhead, announce_bar, evaluate
 from .optimizer import make_first_step_steady, make_optimizer
@@ -176,6 +180,8 @@ class TrainingLoop:
         self.optimizer, self.scheduler = make_optimizer(ctx.model, ctx.plan)
         self.loss_total: torch.Tensor | None = None
         self.eval_ahead: EvalAhead | None = None
+        # Each batch shape's step run by its compiled graph, or None: traced (captured.py).
+        self.captured: dict[tuple, CapturedStep | None] = {}
         self._schedules: dict[int, list] = {}
         self._report_rank = worker_rank()
         base_lrs = self.scheduler.base_lrs
@@ -476,6 +482,18 @@ class TrainingLoop:
         bucket, host = self.batch(step)
         # One micro-batch is uploaded as [rows, columns]: no slicing op traced per step.
         batch = ctx.upload(host)
+        shape = tuple(tuple(tensor.shape) for tensor in batch.tensors)
+        captured = self.captured.get(shape)
+        if captured is not None:  # run by its compiled graph (captured.py)
+            numbers = self.optimizer.count_step()
+            lr = float(self.scheduler.get_last_lr()[0])
+            self.scheduler.step()
+            self.loss_total = captured.run(batch, numbers, self.loss_total)
+            return bucket, batch.tensors[0], lr
+        capture = shape not in self.captured and self._capturable()
+        if capture:
+            before = Before.take(parameters, self.optimizer, self.loss_total, batch)
+            self.optimizer.new_values = {}
         step_loss = None
         for m in range(micro):
             loss = ctx.task.train_loss(ctx, batch if micro == 1 else batch.micro(m))
@@ -494,7 +512,42 @@ class TrainingLoop:
         for parameter in parameters:  # zero_grad(set_to_none=True), minus its wrapper
             parameter.grad = None
         self.loss_total = self.loss_total + step_loss
+        if capture:
+            self.captured[shape] = self._capture(before, parameters, batch)
         return bucket, batch.tensors[0], lr  # as uploaded: the panel reads its shape
+
+    def _capturable(self) -> bool:
+        """Whether steps may run by their compiled graph: AdamW's own update traced (not
+        torch's step), and no all-reduce across processes (`optimizer_step`)."""
+        from .optimizer import AdamW
+
+        return (self.plan.capture_steps and isinstance(self.optimizer, AdamW)
+                and (self.ctx.spmd or self.ctx.world == 1))
+
+    def _capture(self, before: Before, trained: list, batch: Any) -> CapturedStep | None:
+        """Compile the step just traced and run it by its graph; None (the traced step
+        synced as always, and its shape traced from now on) where it cannot be."""
+        import torch
+
+        trained_ids = {id(p) for p in trained}
+        model = self.ctx.model
+        frozen = [t for t in (*model.parameters(), *model.buffers()) if id(t) not in trained_ids]
+        captured = CapturedStep.capture(before, trained, self.optimizer, self.loss_total,
+                                        frozen)
+        values, self.optimizer.new_values = self.optimizer.new_values or {}, None
+        if captured is None:  # the update traced as `step` traces it, then synced
+            updated = [p for p in trained if id(p) in values]
+            with torch.no_grad():
+                torch._foreach_copy_(updated, [values[id(p)] for p in updated])
+            return None
+        values.clear()  # the traced new values: never run
+        step, inputs = captured
+        self.loss_total = step.run(batch, self.optimizer.last_numbers, self.loss_total, inputs)
+        if step.shardings(self.loss_total) != before.shardings:
+            # The next run would read inputs sharded otherwise than the program was compiled
+            # for: this shape's later steps are traced (the sync compiles for them).
+            return None
+        return step
 
     def log(self, step: int, loss_total: torch.Tensor, lr: float) -> None:
         """Records logging point `step`: the mean loss since the previous one.

@@ -115,7 +115,19 @@ def make_first_step_steady(ctx: WorkerContext, optimizer: AdamW,
 # -- AdamW: torch's update, out of place --
 
 class AdamW(torch.optim.AdamW):
-    """`torch.optim.AdamW` whose foreach update is traced out of place (same results)."""
+    """`torch.optim.AdamW` whose foreach update is traced out of place (same results).
+
+    Attributes:
+        last_numbers: the last `step`'s numbers as uploaded (`_count`), or None.
+        new_values: None: `step` copies the new values into the parameters. A dict: `step`
+            leaves the parameters as they are and puts each one's new value there (by the
+            parameter's `id`), for a step whose graph is captured (`captured.py`):
+            a value copied into a parameter by the trace stays held with it after the
+            compiled graph's output replaced it, and the next sync would run it.
+    """
+
+    last_numbers: torch.Tensor | None = None
+    new_values: dict[int, torch.Tensor] | None = None
 
     def _plain(self, group: dict[str, Any]) -> bool:
         return (group.get("foreach") is True and not group["amsgrad"] and not group["maximize"]
@@ -136,6 +148,7 @@ class AdamW(torch.optim.AdamW):
             with torch.enable_grad():
                 loss = closure()
         with torch.no_grad():
+            parts = []
             for group in self.param_groups:
                 params, grads, exp_avgs, exp_avg_sqs, max_sqs, steps = [], [], [], [], [], []
                 has_complex = self._init_group(group, params, grads, exp_avgs, exp_avg_sqs,
@@ -143,8 +156,27 @@ class AdamW(torch.optim.AdamW):
                 if has_complex:
                     raise NotImplementedError("complex parameters: use torch.optim.AdamW")
                 if params:
-                    _update(self.state, params, grads, exp_avgs, exp_avg_sqs, steps, group)
+                    parts += _parts(group, params, grads, exp_avgs, exp_avg_sqs, steps)
+            numbers, self.last_numbers = _count(parts)
+            for part, each in zip(parts, numbers, strict=True):
+                _update(self.state, part, each, self.new_values)
         return loss
+
+    def count_step(self) -> torch.Tensor | None:
+        """Count a step on the host for every trained parameter, as `step` does before its
+        update, and return the step's numbers as `step` gives them to the device (one
+        tensor); None where they are not one tensor (a parameter left without a gradient at
+        some step). For a step whose update runs by its compiled graph."""
+        parts = []
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.requires_grad]
+            if params:
+                states = [self.state[p] for p in params]
+                parts += _parts(group, params, [None] * len(params),
+                                [state["exp_avg"] for state in states],
+                                [state["exp_avg_sq"] for state in states],
+                                [state["step"] for state in states])
+        return _count(parts)[1]
 
 
 def _same_or_each(values: list[float]) -> float | list[float]:
@@ -155,42 +187,82 @@ def _same_or_each(values: list[float]) -> float | list[float]:
     return first if all(value == first for value in values) else values
 
 
-def _update(state: dict, params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
-            steps: list, group: dict[str, Any]) -> None:
-    """torch's `_multi_tensor_adam` (capturable=False, decoupled weight decay), op for op,
-    with the in-place foreach ops written out of place: the parameters' new values are
-    copied in, the moments' new tensors replace the old ones in `state` (a copy would only
-    add ops to trace)."""
-    beta1, beta2 = group["betas"]
-    lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+def _parts(group: dict[str, Any], params: list, grads: list, exp_avgs: list,
+           exp_avg_sqs: list, steps: list) -> list[tuple]:
+    """A group's tensors split by device and dtype, as torch's foreach update splits them:
+    `(group, (params, grads, exp_avgs, exp_avg_sqs, steps), indices into params)` each."""
     grouped = torch.optim.Optimizer._group_tensors_by_device_and_dtype(
         [params, grads, exp_avgs, exp_avg_sqs, steps], with_indices=True)
-    for (device_params, device_grads, device_avgs, device_sqs, device_steps), indices in (
-            grouped.values()):
-        if device_steps[0].is_cpu:
-            torch._foreach_add_(device_steps, torch.tensor(1.0, device="cpu"), alpha=1.0)
+    return [(group, tensors, params, indices) for tensors, indices in grouped.values()]
+
+
+def _count(parts: list[tuple]) -> tuple[list[tuple], torch.Tensor | None]:
+    """Count the step of each part's parameters (on the host) and return each part's three
+    numbers (the decay factor, the step size and the second moment's bias correction) and
+    the tensor they were uploaded in (None: host numbers).
+
+    They change every step (the rate, the step count), so they reach the device as data:
+    where every part's are one value each, one uploaded float32 tensor holds them all and
+    each number is a 0-d slice of it (one transfer per step; a graph run again by its key
+    takes the next step's tensor). Otherwise they stay host numbers, lists per tensor."""
+    numbers = []
+    for group, (_, _, _, _, steps), _, _ in parts:
+        if steps[0].is_cpu:
+            torch._foreach_add_(steps, torch.tensor(1.0, device="cpu"), alpha=1.0)
         else:
-            torch._foreach_add_(device_steps, 1)
-        new_params = device_params
-        if weight_decay != 0:
-            new_params = torch._foreach_mul(device_params, _graph_scalar(1 - lr * weight_decay))
-        new_avgs = torch._foreach_lerp(device_avgs, device_grads, 1 - beta1)
-        new_sqs = torch._foreach_mul(device_sqs, beta2)
-        new_sqs = torch._foreach_addcmul(new_sqs, device_grads, device_grads, 1 - beta2)
-        step_values = [float(step) for step in device_steps]
-        bias_correction1 = [1 - beta1 ** step for step in step_values]
-        bias_correction2 = [1 - beta2 ** step for step in step_values]
-        step_size = [_graph_scalar((lr / bc) * -1) for bc in bias_correction1]
-        bias_correction2_sqrt = [bc ** 0.5 for bc in bias_correction2]
-        denominator = torch._foreach_sqrt(new_sqs)
-        denominator = torch._foreach_div(denominator, _same_or_each(bias_correction2_sqrt))
-        denominator = torch._foreach_add(denominator, eps)
-        new_params = torch._foreach_addcdiv(new_params, new_avgs, denominator,
-                                            _same_or_each(step_size))
+            torch._foreach_add_(steps, 1)
+        beta1, beta2 = group["betas"]
+        lr, weight_decay = group["lr"], group["weight_decay"]
+        step_values = [float(step) for step in steps]
+        step_size = _same_or_each([(lr / (1 - beta1 ** step)) * -1 for step in step_values])
+        bias_sqrt = _same_or_each([(1 - beta2 ** step) ** 0.5 for step in step_values])
+        numbers.append((1 - lr * weight_decay, step_size, bias_sqrt))
+    if not numbers or not all(isinstance(n, float) for each in numbers for n in each):
+        return numbers, None
+    device = parts[0][1][0][0].device
+    uploaded = torch.tensor([n for each in numbers for n in each], dtype=torch.float32)
+    uploaded = uploaded.to(device)
+    return [tuple(uploaded[3 * k + j] for j in range(3)) for k in range(len(numbers))], uploaded
+
+
+def _update(state: dict, part: tuple, numbers: tuple,
+            new_values: dict[int, torch.Tensor] | None = None) -> None:
+    """torch's `_multi_tensor_adam` (capturable=False, decoupled weight decay) on one part,
+    op for op, with the in-place foreach ops written out of place: the parameters' new
+    values are copied in, the moments' new tensors replace the old ones in `state` (a copy
+    would only add ops to trace). `numbers`: `_count`'s, tensors or host numbers;
+    `new_values`: `AdamW.new_values`."""
+    group, (device_params, device_grads, device_avgs, device_sqs, _), params, indices = part
+    beta1, beta2 = group["betas"]
+    eps, weight_decay = group["eps"], group["weight_decay"]
+    decay, step_size, bias_sqrt = numbers
+    uploaded = isinstance(decay, torch.Tensor)
+    new_params = device_params
+    if weight_decay != 0:
+        new_params = torch._foreach_mul(device_params,
+                                        decay if uploaded else _graph_scalar(decay))
+    new_avgs = torch._foreach_lerp(device_avgs, device_grads, 1 - beta1)
+    new_sqs = torch._foreach_mul(device_sqs, beta2)
+    new_sqs = torch._foreach_addcmul(new_sqs, device_grads, device_grads, 1 - beta2)
+    denominator = torch._foreach_sqrt(new_sqs)
+    denominator = torch._foreach_div(denominator, bias_sqrt)
+    denominator = torch._foreach_add(denominator, eps)
+    if uploaded:
+        # addcdiv's own lowering on XLA: input + (tensor1 / tensor2) * value.
+        quotient = torch._foreach_div(new_avgs, denominator)
+        new_params = torch._foreach_add(new_params, torch._foreach_mul(quotient, step_size))
+    else:
+        step_size = ([_graph_scalar(size) for size in step_size]
+                     if isinstance(step_size, list) else _graph_scalar(step_size))
+        new_params = torch._foreach_addcdiv(new_params, new_avgs, denominator, step_size)
+    if new_values is None:
         torch._foreach_copy_(device_params, new_params)
-        for index, avg, square in zip(indices, new_avgs, new_sqs, strict=True):
-            moments = state[params[index]]
-            moments["exp_avg"], moments["exp_avg_sq"] = avg, square
+    else:
+        new_values.update({id(p): value for p, value in zip(device_params, new_params,
+                                                            strict=True)})
+    for index, avg, square in zip(indices, new_avgs, new_sqs, strict=True):
+        moments = state[params[index]]
+        moments["exp_avg"], moments["exp_avg_sq"] = avg, square
 
 
 # -- gradient clipping, out of place --
