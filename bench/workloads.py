@@ -43,45 +43,37 @@ def tiny_bert() -> str:
 def bert_4x256() -> str:
     """A config-built BERT, 4 layers, hidden 256 (4 heads, intermediate 1024), with the demo's
     tokenizer; built once into the demo's cache folder."""
-    from hfxla_nb.demo import cache_dir, demo_tokenizer
-
-    target = cache_dir() / "bench-bert-4x256-v1"
-    if (target / "model.safetensors").is_file():
-        return str(target)
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification
-
-    tokenizer = demo_tokenizer()
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=256, num_hidden_layers=4,
+    return _config_bert("bench-bert-4x256-v1", hidden_size=256, num_hidden_layers=4,
                         num_attention_heads=4, intermediate_size=1024,
-                        max_position_embeddings=128, num_labels=2)
-    torch.manual_seed(0)
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    BertForSequenceClassification(config).save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(target)
-    return str(target)
+                        max_position_embeddings=128)
 
 
 def bert_base() -> str:
     """A config-built BERT-base body: 12 layers, hidden 768 (12 heads, intermediate 3072), with
-    the demo's tokenizer (a small vocabulary: 85M parameters, not BERT-base's 110M); built
+    the demo's tokenizer (a small vocabulary: 86M parameters, not BERT-base's 110M); built
     once into the demo's cache folder."""
+    return _config_bert("bench-bert-base-v1", hidden_size=768, num_hidden_layers=12,
+                        num_attention_heads=12, intermediate_size=3072,
+                        max_position_embeddings=512)
+
+
+def _config_bert(name: str, **config: int) -> str:
+    """A freshly initialized BERT classifier of `config` with the demo's tokenizer, saved once
+    as `name` in the demo's cache folder; its path."""
     from hfxla_nb.demo import cache_dir, demo_tokenizer
 
-    target = cache_dir() / "bench-bert-base-v1"
+    target = cache_dir() / name
     if (target / "model.safetensors").is_file():
         return str(target)
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 
     tokenizer = demo_tokenizer()
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=768, num_hidden_layers=12,
-                        num_attention_heads=12, intermediate_size=3072,
-                        max_position_embeddings=512, num_labels=2)
     torch.manual_seed(0)
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    BertForSequenceClassification(config).save_pretrained(tmp)
+    model = BertForSequenceClassification(BertConfig(vocab_size=len(tokenizer), num_labels=2,
+                                                     **config))
+    model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     tmp.rename(target)
     return str(target)
