@@ -27,8 +27,10 @@ def counted_worker(index: int, plan):
                    if name.startswith("xla::"))
 
     result = loop.train_worker(index, plan)
+    aliased = met.metric_data("InputOutputAliasCount")  # per compiled graph: donated inputs
     return {"traced": traced(), "history": result["loss_history"],
-            "compiles": result["compiles"], "executions": result["executions_per_step"]}
+            "compiles": result["compiles"], "executions": result["executions_per_step"],
+            "aliased": int(aliased[2][-1][1]) if aliased else 0}
 
 
 def run(plan, capture: bool = True, num_processes: int = 1, strategy: str = "spmd") -> dict:
@@ -67,6 +69,9 @@ def test_compiled_steps_give_the_traced_steps_losses_bit_for_bit(plans):
     assert compiled["compiles"] == traced["compiles"] == 1
     assert compiled["executions"] == traced["executions"] == 1.0
     assert traced["traced"] > 3 * compiled["traced"]
+    # A traced step's buffers: each parameter's, updated in place. A compiled step's: each
+    # parameter's and its two moments' (one copy of each in memory).
+    assert compiled["aliased"] == 3 * traced["aliased"] > 0
 
 
 def test_over_a_mesh_of_4_devices_the_losses_are_the_traced_ones(plans):

@@ -57,6 +57,9 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     "torch_xla._XLAC._get_seed_info_id": ("2.8", "2.9"),
     "torch_xla._XLAC._get_base_seed_as_tensor": ("2.8", "2.9"),
     "torch_xla._XLAC._replace_xla_tensor": ("2.8", "2.9"),
+    "torch_xla._XLAC._set_buffer_donation": ("2.8", "2.9"),
+    "torch_xla._XLAC._xla_get_enable_alias_with_buffer_donor_config": ("2.8", "2.9"),
+    "torch_xla._XLAC._xla_set_enable_alias_with_buffer_donor_config": ("2.8", "2.9"),
     # sharding: read and copy a tensor's SPMD sharding; FSDPv2
     "torch_xla._XLAC._get_xla_sharding_spec": ("2.8", "2.9"),
     "torch_xla._XLAC._get_xla_op_sharding": ("2.8", "2.9"),

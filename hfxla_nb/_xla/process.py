@@ -282,10 +282,35 @@ def graph_inputs(outputs: list, known: list) -> tuple[bytes, list[int], list]:
     return xlac._get_graph_hash(outputs), list(ids), list(inputs)
 
 
-def compile_graph(outputs: list) -> None:
-    """Compile the graph of `outputs` into torch_xla's cache under `graph_inputs`' key,
-    without running it; the GIL is released while it compiles."""
-    require_torch_xla()._XLAC._xla_warm_up_cache(outputs, [])
+def compile_graph(outputs: list, donated: list = ()) -> bytes:
+    """Compile the graph of `outputs` into torch_xla's cache without running it, and return
+    its key: `graph_inputs`' key when nothing is donated (the donated inputs are part of a
+    graph's key). The GIL is released while it compiles.
+
+    Args:
+        outputs: the traced tensors.
+        donated: inputs (from `graph_inputs`) whose buffers every run of the graph gives to
+            its outputs: a value the run replaces (a parameter, a moment) needs no second
+            buffer. Nothing may read such an input after a run.
+    """
+    xlac = require_torch_xla()._XLAC
+    if not donated:
+        xlac._xla_warm_up_cache(outputs, [])
+        return xlac._get_graph_hash(outputs)
+    for tensor in donated:
+        xlac._set_buffer_donation(tensor, True)
+    saved = xlac._xla_get_enable_alias_with_buffer_donor_config()
+    xlac._xla_set_enable_alias_with_buffer_donor_config(True)
+    try:
+        key = xlac._get_graph_hash(outputs)
+        xlac._xla_warm_up_cache(outputs, [])
+        return key
+    except BaseException:
+        for tensor in donated:  # a sync must not give these buffers away
+            xlac._set_buffer_donation(tensor, False)
+        raise
+    finally:
+        xlac._xla_set_enable_alias_with_buffer_donor_config(saved)
 
 
 def clear_pending() -> None:

@@ -14,8 +14,9 @@ traced), AdamW's moments and the running loss. The device computes what the trac
 have, with the seed each sync moves on, so the losses are the traced loop's.
 
 Where a step cannot be run so (torch's own AdamW step, gradients all-reduced across processes
-by `optimizer_step`, a parameter left without a gradient, an output whose sharding differs
-from its input's), that shape's steps are traced as before.
+by `optimizer_step`, a parameter left without a gradient, a weight changed in place by the
+step: batch norm's statistics, torch_xla's gradient checkpointing; an output whose sharding
+differs from its input's), that shape's steps are traced as before.
 """
 
 from __future__ import annotations
@@ -100,16 +101,25 @@ class CapturedStep:
         # compute (a parameter without a gradient) or one named twice would shift the rest.
         if len({id(t) for t in outputs}) < len(outputs) or not all(_xla.pending(outputs)):
             return None
+        # A weight the step changed in place is not an output: a batch norm's running
+        # statistics would stop moving, and torch_xla's checkpoint (its optimization barrier
+        # on the parameters) would leave traced values that read buffers given away.
+        if any(_xla.pending([*trained, *frozen])):
+            return None
         roles = dict(before.roles)
         roles[_xla.tensor_id(numbers)] = ("numbers",)
         seed = _xla.seed_input_id()
         try:
-            key, ids, inputs = _xla.graph_inputs(outputs, frozen)
-            _xla.compile_graph(outputs)
+            _, ids, inputs = _xla.graph_inputs(outputs, frozen)
+            slots = [roles.get(tensor_id) or (("seed",) if tensor_id == seed else ("tensor", t))
+                     for tensor_id, t in zip(ids, inputs, strict=True)]
+            # The parameters' and moments' buffers go to their new values, as a traced step's
+            # in-place updates do: one copy of each in memory. Not the running loss: a
+            # logging point's fetch reads it after the next step ran.
+            key = _xla.compile_graph(outputs, [t for slot, t in zip(slots, inputs, strict=True)
+                                               if slot[0] in ("param", "avg", "square")])
         except Exception:  # noqa: BLE001 - the traced step then runs as it is
             return None
-        slots = [roles.get(tensor_id) or (("seed",) if tensor_id == seed else ("tensor", t))
-                 for tensor_id, t in zip(ids, inputs, strict=True)]
         return cls(key, slots, list(trained), optimizer), inputs
 
     def run(self, batch: Batch, numbers: torch.Tensor, loss_total: torch.Tensor,
