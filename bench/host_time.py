@@ -315,8 +315,12 @@ def run(models: tuple[str, ...] | None = None) -> list[common.Figure]:
                               for p in phases)
             fetcher = (f" ({_ms(m['off_thread'])} of it on the loss fetcher's thread)"
                        if side == "fine_tune" else "")
+            # A compiled step's run waits for the previous step inside torch_xla's timed
+            # code: its LazyTracing timer then counts that wait (wall), not tracing.
+            lazy = ("torch_xla's LazyTracing timer, the compiled steps' waits included"
+                    if m["compiled"] else "torch_xla's LazyTracing timer")
             note = (f"per steady step, training thread's CPU: tracing {_ms(m['tracing'])} "
-                    f"(torch_xla's LazyTracing timer {_ms(m['lazy_tracing'])}), graph cut "
+                    f"({lazy} {_ms(m['lazy_tracing'])}), graph cut "
                     f"{_ms(m['graph_cut'])} (wall {_ms(m['graph_cut_wall'])}, the wait for the "
                     f"previous execution included), data {_ms(m['data'])}, the loop's own "
                     f"{_ms(m['ours'])}{fetcher}; in all {_ms(m['cpu'])} CPU of the training "
