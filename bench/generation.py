@@ -15,6 +15,9 @@ themselves: every row runs `NEW_TOKENS` steps unless the end ids are chosen to e
   (from the first of them to the tokens on the host) against the median of XLA's
   `ExecuteTime` of a step (torch_xla's metrics through `_xla`), in a run that decodes every
   `LIMIT_TOKENS` step.
+- Seq2seq decoding (`tasks/seq2seq.py`, evaluation's and `predict`'s loop) on the demo BART
+  (`bench/seq2seq.py`): the host CPU per token with the step run by its compiled graph
+  against every step traced, alternating, one device.
 - The early stop: the same worker; end ids chosen from the batch's own greedy tokens so every
   answer ends within its first tokens, decoded with the default `check_every` (16) and with
   `check_every=LIMIT_TOKENS` (no check before the end: every step runs); executions counted
@@ -331,8 +334,23 @@ def _decoding_figures(m: dict) -> list[common.Figure]:
     ]
 
 
+def _seq2seq_figure(m: dict) -> common.Figure:
+    host = common.ratios(m["captured"], m["traced"])
+    return common.target_figure(
+        GROUP, "demo BART seq2seq decoding: host CPU per token, compiled step / traced step",
+        common.median(host), "<=", HOST_TARGET, "x", len(host),
+        f"this thread's CPU per token (the encoder and the first step's trace in), median: "
+        f"{common.median(m['captured']) * 1000:.2f} ms compiled, "
+        f"{common.median(m['traced']) * 1000:.2f} ms traced; {m['rows']} rows, {m['tokens']} "
+        f"tokens, one device; the same tokens: {m['same_tokens']}; {len(host)} alternating "
+        "pairs", host)
+
+
 def run() -> list[common.Figure]:
+    from . import seq2seq
+
     figures = _decoding_figures(measure_decoding())
+    figures.append(_seq2seq_figure(seq2seq.measure_host(repeats=HOST_REPEATS + 1)))
     for mode in MODES:
         measured = measure_predict(mode, predict_first=mode == "sampling")
         common.say(f"  {mode}: {measured['ratio']:.2f}x compiles in, "

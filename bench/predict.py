@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 from . import common
 
@@ -138,6 +139,50 @@ def _on_cpu(folder: str, inputs: list, pipeline_task: str) -> tuple[list, float]
         reference = pipe(inputs, batch_size=32)
     end = time.perf_counter()
     return reference, end - built, end - start
+
+
+def host_worker(index: int, plan: Any, repeats: int) -> dict:
+    """In a launched worker: `predict`'s host CPU per batch (this thread's CPU time over the
+    batches, the fetch and the decoding), each bucket's later batches run by its compiled
+    graph against every batch traced, alternating, the model loaded once. Each side runs once
+    first (its compile, and the first batch's trace, stay out)."""
+    import dataclasses
+
+    from hfxla_nb import _xla
+    from hfxla_nb.train.worker.context import WorkerContext
+    from hfxla_nb.train.worker.evaluate import predictions
+
+    if not _xla.is_spmd():
+        _xla.use_spmd()
+    ctx = WorkerContext.load(plan, train=False)
+    plans = {capture: dataclasses.replace(plan, capture_steps=capture) for capture in (True, False)}
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    answers = {}
+    for repeat in range(repeats + 1):
+        for capture in (False, True) if repeat % 2 else (True, False):
+            ctx.plan = plans[capture]
+            start = time.thread_time()
+            answers[capture] = predictions(ctx)["predictions"]
+            if repeat:
+                seconds[capture].append(time.thread_time() - start)
+    return {"captured": seconds[True], "traced": seconds[False],
+            "same": answers[True] == answers[False]}
+
+
+def measure_host(rows: int, repeats: int, devices: int = 4, batch_size: int = 32) -> dict:
+    """`host_worker` on the demo's tiny BERT classifier over `rows` texts: the host CPU per
+    batch of each side, and whether both predicted the same."""
+    import hfxla_nb as hx
+    from hfxla_nb.train.predict import prepare_predict
+
+    folder, inputs, _ = _inputs("classification", rows)
+    plan = prepare_predict(folder, inputs, num_processes=devices, batch_size=batch_size)
+    out = hx.notebook_launcher(host_worker, args=(plan, repeats), num_processes=devices,
+                               strategy="spmd", progress=False)
+    from hfxla_nb.train import batching
+
+    return {**out, "batches": batching.eval_batch_count(plan.data.eval, batch_size),
+            "buckets": len(plan.data.bucket_lengths)}
 
 
 def measure(task: str, rows: int, devices: int = 4, model: str | None = None,

@@ -46,22 +46,17 @@ FIGURES = {
 
 
 # Each module's share of make bench's 15 minutes on an idle 2-core machine, in seconds (what
-# its repetitions and steps are sized for): 835 s, leaving room for the start (models built,
-# about 15 s) and 50 s of margin (a whole run at most ~900 s). A group that takes longer is
-# named at the end of the run, and every group's time is written to the results, so the 15
-# minutes can be kept as figures are added. When group 17 came, the shares of overhead, versus,
-# launch_latency and task_compiles were cut to about 1.25x their times in the last run
-# (bench/results/2026-12-02.json: 36, 145, 53 and 51 s); when group 18 came, those of relay,
-# predict_group and pods_group (30, 26 and 26 s) were. versus is the largest: 3 sides x 5
-# alternating whole runs (launch and compiles in each: its figure 5 times them). Group 17's
-# speech-recognition rows (wav2vec2 CTC, Whisper) made it slower than its share (248 s in its
-# last run, on a loaded machine; a CTC graph compiles slowly): named at the end of a run. When
-# group 19 came, those of overhead, versus, compiles, host_time and task_compiles were cut to
-# about 1.8x their times in the 2026-12-06 run (17, 80, 21, 30 and 30 s).
-SHARES = {"overhead": 35, "versus": 140, "compiles": 35, "limit": 50, "launch_latency": 65,
-          "scaling": 60, "trace_overhead": 60, "lora": 30, "host_time": 50, "relay": 38,
-          "predict_group": 33, "pods_group": 33, "task_compiles": 55,
-          "media_compiles": 50, "generation": 36, "notebook_loop": 60}
+# its repetitions and steps are sized for): at most 835 s, leaving room for the start (models
+# built, about 15 s) and 50 s of margin (a whole run at most ~900 s). A group that takes longer
+# is named at the end of the run, and every group's time is written to the results, so the 15
+# minutes can be kept as figures are added. The shares are about 1.5x each group's time in
+# the whole run of bench/results/2026-12-06.json (560 s; host_time 109 s, versus 87 s), plus
+# 15 s each for the host rows predict_group and generation gained since (a compiled graph
+# against a traced one).
+SHARES = {"overhead": 30, "versus": 130, "compiles": 33, "limit": 40, "launch_latency": 55,
+          "scaling": 45, "trace_overhead": 60, "lora": 26, "host_time": 120, "relay": 25,
+          "predict_group": 45, "pods_group": 40, "task_compiles": 42,
+          "media_compiles": 55, "generation": 25, "notebook_loop": 44}
 
 
 def over_share(seconds: dict[str, float]) -> list[str]:

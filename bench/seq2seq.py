@@ -75,6 +75,52 @@ def generation_worker(rows: int, tokens: int, batch_size: int) -> dict:
     return {**results, "same_tokens": same}
 
 
+def host_worker(rows: int, tokens: int, repeats: int) -> dict:
+    """In the launched worker: the fixed-shape loop's host CPU per token (this thread's CPU
+    time from the encoder to the tokens on the host, over the tokens), its step traced once
+    and run by its compiled graph (`generation.StepGraph`, as evaluation and `predict` run
+    it) against every step traced, alternating; each side runs once first (its compiles)."""
+    import torch
+
+    from hfxla_nb import _xla
+    from hfxla_nb.train.tasks.seq2seq import greedy_generate
+    from hfxla_nb.train.worker.generation import StepGraph
+
+    model, ids, mask = _model_and_sources(rows)
+    device = _xla.device()
+    model.to(device)
+    source, source_mask = ids.to(device), mask.to(device)
+    _xla.sync()
+
+    def capture(state: dict, step: dict):
+        graph = StepGraph.capture(model, state, step, [], [])
+        return graph.run if graph is not None else None
+
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    tokens_of = {}
+    with torch.no_grad():
+        for repeat in range(repeats + 1):
+            for captured in (False, True) if repeat % 2 else (True, False):
+                start = time.thread_time()
+                out = greedy_generate(model, source, source_mask, tokens,
+                                      sync=lambda state: _xla.sync(),
+                                      capture=capture if captured else None)
+                tokens_of[captured] = _xla.to_cpu([out])[0].tolist()
+                if repeat:
+                    seconds[captured].append((time.thread_time() - start) / tokens)
+    return {"captured": seconds[True], "traced": seconds[False],
+            "same_tokens": tokens_of[True] == tokens_of[False]}
+
+
+def measure_host(rows: int = 16, tokens: int = 32, repeats: int = 3) -> dict:
+    """`host_worker` in one launched worker on one device."""
+    import hfxla_nb as hx
+
+    out = hx.notebook_launcher(host_worker, args=(rows, tokens, repeats), num_processes=1,
+                               progress=False)
+    return {"rows": rows, "tokens": tokens, **out}
+
+
 def measure(rows: int = 64, tokens: int = 16, batch_size: int = 16) -> dict:
     import hfxla_nb as hx
 

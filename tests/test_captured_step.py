@@ -1,6 +1,7 @@
-"""The training step run by its compiled graph (`train/worker/captured.py`): the first step of
-a batch shape is traced, every later one runs the compiled graph on its data. Real fine_tune
-workers on XLA:CPU, each step's loss compared with a run that traces every step."""
+"""Steps run by their compiled graph (`_xla.CompiledGraph`): the training step
+(`train/worker/captured.py`), `predict`'s batches (`worker/evaluate.py`) and seq2seq decoding
+(`tasks/seq2seq.py`). The first of a kind is traced, every later one runs the compiled graph
+on its data. Real workers on XLA:CPU, compared with runs that trace every step."""
 
 from __future__ import annotations
 
@@ -10,21 +11,38 @@ import pytest
 
 import hfxla_nb as hx
 from hfxla_nb import demo
+from hfxla_nb.demo.seq2seq import demo_seq2seq_dataset, demo_seq2seq_model_dir
+from hfxla_nb.demo.tasks import classifier_model_dir
 from hfxla_nb.train import prepare_fine_tune
+from hfxla_nb.train.predict import prepare_predict
 
 pytestmark = pytest.mark.launch
 
 
+def traced() -> int:
+    """The operations this worker traced on XLA (torch_xla counts each: `xla::add`...)."""
+    import torch_xla.debug.metrics as met
+
+    return sum(met.counter_value(name) or 0 for name in met.counter_names()
+               if name.startswith("xla::"))
+
+
+def counted_predict(index: int, plan):
+    """`predict`'s worker, with the operations it traced and the graphs it ran."""
+    from hfxla_nb import _xla
+    from hfxla_nb.train.worker import evaluate
+
+    result = evaluate.predict_worker(index, plan)
+    executions = sum(_xla.metric_counts(_xla.EXECUTE_TIMES).values())
+    return {"traced": traced(), "predictions": result["predictions"],
+            "compiles": result["compiles"], "executions": executions}
+
+
 def counted_worker(index: int, plan):
-    """`fine_tune`'s worker, with the operations it traced on XLA (torch_xla counts each,
-    `xla::add`...) and its executions."""
+    """`fine_tune`'s worker, with the operations it traced and its executions."""
     import torch_xla.debug.metrics as met
 
     from hfxla_nb.train.worker import loop
-
-    def traced() -> int:
-        return sum(met.counter_value(name) or 0 for name in met.counter_names()
-                   if name.startswith("xla::"))
 
     result = loop.train_worker(index, plan)
     aliased = met.metric_data("InputOutputAliasCount")  # per compiled graph: donated inputs
@@ -79,3 +97,41 @@ def test_over_a_mesh_of_4_devices_the_losses_are_the_traced_ones(plans):
     compiled = run(plan, num_processes=4)
     traced = run(plan, capture=False, num_processes=4)
     assert compiled["history"] == traced["history"] and compiled["compiles"] == 1
+
+
+def predicted(plan, capture: bool = True) -> dict:
+    plan = dataclasses.replace(plan, capture_steps=capture)
+    return hx.notebook_launcher(counted_predict, args=(plan,), num_processes=plan.devices,
+                                strategy="spmd", progress=False)
+
+
+def test_predicts_later_batches_run_the_bucket_s_graph_and_trace_no_model_operation(cache):
+    folder = classifier_model_dir(cache=cache)
+    texts = demo.demo_dataset(n=80)["train"]["text"][:32]
+
+    def plan(rows: int):
+        return prepare_predict(folder, (texts * 4)[:rows], batch_size=8, num_processes=4)
+
+    short, long, every = predicted(plan(32)), predicted(plan(64)), predicted(plan(64), False)
+    # 4 more batches of each bucket: uploaded and run, against the model's ops for each.
+    batches = 64 // 8
+    per_batch = (long["traced"] - short["traced"]) / (batches / 2)
+    assert per_batch < every["traced"] / batches / 10, (per_batch, every["traced"])
+    assert long["predictions"] == every["predictions"]
+    assert long["compiles"] == every["compiles"] == short["compiles"] >= 1
+    assert long["executions"] == every["executions"]
+
+
+def test_seq2seq_decoding_traces_its_step_once_and_gives_the_traced_tokens(cache):
+    folder = demo_seq2seq_model_dir("bart", cache=cache)
+    sources = [row["en"] for row in demo_seq2seq_dataset(n=40)["validation"]["translation"]]
+    # Drawn: an untrained model's most likely token ends the text at once.
+    plan = prepare_predict(folder, sources[:4], task="seq2seq", batch_size=4, num_processes=1,
+                           max_new_tokens=16, do_sample=True, seed=3)
+    compiled, every = predicted(plan), predicted(plan, False)
+    assert compiled["predictions"] == every["predictions"]
+    assert all(row["generated_text"] for row in compiled["predictions"])
+    assert compiled["compiles"] == every["compiles"] == 2  # the encoder's, the step's
+    assert compiled["executions"] == every["executions"]
+    # The encoder and one step traced, against the encoder and every step.
+    assert 4 * compiled["traced"] < every["traced"], (compiled["traced"], every["traced"])

@@ -266,12 +266,12 @@ def tensor_id(tensor) -> int:
     return int(require_torch_xla()._XLAC._xla_get_tensor_id(tensor))
 
 
-def graph_inputs(outputs: list, known: list) -> tuple[bytes, list[int], list]:
-    """The graph of `outputs` (traced, not run): `(key, input ids, inputs)`, its device-data
-    inputs in order, each with the id of the tensor it came from. An input from a `known`
-    tensor is that tensor; any other is a new tensor on its data. (A new tensor on a weight's
-    data would take over its buffer's owner id, and the next step would no longer donate
-    that buffer: another graph.)
+def graph_inputs(outputs: list, known: list) -> tuple[list[int], list]:
+    """The device-data inputs of the graph of `outputs` (traced, not run), in order, and the
+    id of the tensor each came from: `(input ids, inputs)`. An input from a `known` tensor is
+    that tensor; any other is a new tensor on its data. (A new tensor on a weight's data would
+    take over its buffer's owner id, and the next step would no longer donate that buffer:
+    another graph.)
 
     It first waits for the executions queued on the devices: the walk reads each input's
     buffer, and an input that an earlier graph outputs is a placeholder that graph's run
@@ -279,13 +279,12 @@ def graph_inputs(outputs: list, known: list) -> tuple[bytes, list[int], list]:
     xlac = require_torch_xla()._XLAC
     wait_device_ops()
     ids, inputs = xlac._get_tensors_xla_device_data_node(outputs, known)
-    return xlac._get_graph_hash(outputs), list(ids), list(inputs)
+    return list(ids), list(inputs)
 
 
 def compile_graph(outputs: list, donated: list = ()) -> bytes:
     """Compile the graph of `outputs` into torch_xla's cache without running it, and return
-    its key: `graph_inputs`' key when nothing is donated (the donated inputs are part of a
-    graph's key). The GIL is released while it compiles.
+    its key (the donated inputs are part of it). The GIL is released while it compiles.
 
     Args:
         outputs: the traced tensors.
@@ -295,8 +294,9 @@ def compile_graph(outputs: list, donated: list = ()) -> bytes:
     """
     xlac = require_torch_xla()._XLAC
     if not donated:
+        key = xlac._get_graph_hash(outputs)
         xlac._xla_warm_up_cache(outputs, [])
-        return xlac._get_graph_hash(outputs)
+        return key
     for tensor in donated:
         xlac._set_buffer_donation(tensor, True)
     saved = xlac._xla_get_enable_alias_with_buffer_donor_config()
@@ -311,6 +311,92 @@ def compile_graph(outputs: list, donated: list = ()) -> bytes:
         raise
     finally:
         xlac._xla_set_enable_alias_with_buffer_donor_config(saved)
+
+
+#: The slot of the device's random seed, an input of every graph with a random op (dropout).
+SEED = ("seed",)
+
+#: What a slot names: a role its caller gives a value for at each run, `SEED`, or
+#: `("tensor", t)`: a weight or a constant of the trace, passed as it is.
+Slot = tuple
+
+
+class CompiledGraph:
+    """A traced graph compiled under its key and run again on new data, with no trace.
+
+    A step repeated with new data (a training step, a decoding step, an evaluation batch)
+    traces the same graph each time; tracing it costs the host milliseconds per layer. So
+    its first trace is compiled (torch_xla's cached-graph API, as its Dynamo bridge uses it)
+    and every run passes new tensors in the places the trace read: each input is named by a
+    role (what the caller gives at each run: a batch column, the state a step carries), is
+    the device's seed (read at each run: each sync moves it on), or is a tensor passed as it
+    is (a weight: its current value is read at each run). The traced tensors are then
+    dropped by letting go of them (`clear_pending` would void whatever else is traced).
+
+    Args:
+        key: the compiled graph's key.
+        slots: each input in order: a role, `SEED`, or `("tensor", t)`.
+        device: the device the graph runs on (its seed is read there).
+    """
+
+    def __init__(self, key: bytes, slots: list[Slot], device: Any) -> None:
+        self.key, self.slots, self.device = key, slots, device
+
+    @classmethod
+    def read(cls, outputs: list, roles: dict[int, Slot],
+             known: list = ()) -> tuple[CompiledGraph, list] | None:
+        """The graph of `outputs` (traced, not run) and the inputs it was traced on, not yet
+        compiled (`key` is empty); None where the compiled program could not return each
+        output once, in order (an output not traced, or one named twice).
+
+        Args:
+            outputs: the traced tensors, in the order a run returns them.
+            roles: `tensor_id` of an input (taken before the trace: an update in place
+                gives a tensor a new id) -> its role.
+            known: tensors passed as they are (weights): their inputs are these tensors.
+        """
+        if len({id(tensor) for tensor in outputs}) < len(outputs) or not all(pending(outputs)):
+            return None
+        seed = seed_input_id()
+        ids, inputs = graph_inputs(outputs, list(known))
+        slots = [roles.get(tensor_id) or (SEED if tensor_id == seed else ("tensor", tensor))
+                 for tensor_id, tensor in zip(ids, inputs, strict=True)]
+        return cls(b"", slots, outputs[0].device), inputs
+
+    @classmethod
+    def capture(cls, outputs: list, roles: dict[int, Slot], known: list = (),
+                donate: tuple[str, ...] = ()) -> tuple[CompiledGraph, list] | None:
+        """`read`, then compiled; None where it cannot be run again (`read`) or does not
+        compile: the caller then syncs the traced tensors as always.
+
+        Args:
+            donate: the kinds of role (a role's first item) whose buffers each run gives to
+                its outputs: values the run replaces, which nothing reads after it.
+        """
+        try:
+            read = cls.read(outputs, roles, known)
+            if read is None:
+                return None
+            graph, inputs = read
+            graph.key = compile_graph(outputs, [tensor for slot, tensor
+                                                in zip(graph.slots, inputs, strict=True)
+                                                if slot[0] in donate])
+        except Exception:  # noqa: BLE001 - the traced tensors then run as they are
+            return None
+        return graph, inputs
+
+    def inputs(self, value: Callable[[Slot], Any]) -> list:
+        """Each slot's tensor for a run: `value(role)` for a role."""
+        return [slot[1] if slot[0] == "tensor" else current_seed(self.device)
+                if slot == SEED else value(slot) for slot in self.slots]
+
+    def run(self, inputs: list) -> list:
+        """The outputs of the graph run on `inputs` (`inputs(...)`, or `read`'s own).
+
+        One run in flight: a run returns before it ran, and a host no longer tracing would
+        queue run after run, each holding outputs of its own."""
+        wait_device_ops()
+        return run_compiled(self.key, inputs)
 
 
 def clear_pending() -> None:

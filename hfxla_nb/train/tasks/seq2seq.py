@@ -395,7 +395,9 @@ def greedy_generate(model: Any, input_ids: Any, attention_mask: Any, target_leng
                     sync: Callable[[dict[str, Any]], None] | None = None,
                     encoder_hidden: Any = None, prompt: list[int] | None = None,
                     options: GenerationOptions | None = None,
-                    fetch: Callable[[list], list] | None = None) -> Any:
+                    fetch: Callable[[list], list] | None = None,
+                    capture: Callable[[dict, dict], Callable[[dict], dict] | None] | None = None,
+                    ) -> Any:
     """Greedy decoding of `target_length` tokens for a batch of padded sources.
 
     Args:
@@ -411,6 +413,9 @@ def greedy_generate(model: Any, input_ids: Any, attention_mask: Any, target_leng
         options: `predict`'s generation options (sampling, `check_every`); None: greedy,
             every step (evaluation).
         fetch: copies device tensors to the host in one transfer (the early-stop checks).
+        capture: called once with the state and the first step traced (not run): returns
+            what runs a step on a state by the step's compiled graph (then no step is traced
+            again), or None (every step traced and synced).
 
     Returns:
         `[batch, target_length]` token ids: the prompt after its first token, then what each
@@ -430,12 +435,22 @@ def greedy_generate(model: Any, input_ids: Any, attention_mask: Any, target_leng
             state.update(draw)  # synced with the state: device data for every step
         if sync is not None:
             sync(state)
+        compiled: Callable[[dict], dict] | None = None
         for index in range(target_length - max(len(prompt or ()), 1) + 1):
             if (options is not None and fetch is not None and index
                     and index % options.check_every == 0 and bool(fetch([state["done"]])[0].all())):
                 break  # every row has ended: the rest would be padding
+            if compiled is not None:
+                state = compiled(state)
+                continue
             step = greedy_step(model, encoder_hidden, attention_mask, state, options,
                                {"seed": state["seed"], "keys": state["keys"]} if draw else None)
+            if capture is not None:
+                compiled, capture = capture(state, step), None
+                if compiled is not None:
+                    del step  # never run: the compiled graph runs instead
+                    state = compiled(state)
+                    continue
             state = {**state, **step}
             if sync is not None:
                 sync(state)
@@ -688,8 +703,9 @@ def generate_synced(ctx: WorkerContext, first: list[Any], input_ids: Any, mask: 
                     target_length: int, encoder_hidden: Any,
                     prompt: list[int] | None = None,
                     options: GenerationOptions | None = None) -> Any:
-    """`greedy_generate` in evaluation's worker: each step one graph (a sync after it), the
-    step's state and the batch's outputs computed before (`first`, in the first graph)
+    """`greedy_generate` in evaluation's worker: the encoder and the batch's outputs
+    (`first`) one graph, then each step one graph, traced once and run by its compiled graph
+    (`generation.StepGraph`), or where it cannot be, traced and synced; the state and `first`
     replicated over the mesh under SPMD."""
 
     def sync(state: dict[str, Any]) -> None:
@@ -702,10 +718,20 @@ def generate_synced(ctx: WorkerContext, first: list[Any], input_ids: Any, mask: 
             first.clear()
         _xla.sync()
 
+    def capture(state: dict[str, Any], step: dict[str, Any]) -> Callable[[dict], dict] | None:
+        from ..worker.generation import StepGraph
+
+        if ctx.mesh is not None:
+            for tensor in step.values():  # as `sync` replicates them
+                _xla.replicate(tensor, ctx.mesh)
+        graph = StepGraph.capture(ctx.model, state, step, [], [])
+        return graph.run if graph is not None else None
+
     with ctx.autocast():
         return greedy_generate(ctx.model, input_ids, mask, target_length, sync=sync,
                                encoder_hidden=encoder_hidden, prompt=prompt, options=options,
-                               fetch=_xla.to_cpu)
+                               fetch=_xla.to_cpu,
+                               capture=capture if ctx.plan.capture_steps else None)
 
 
 def references(data: Seq2SeqData) -> list[str]:

@@ -58,24 +58,33 @@ class Before:
                               ("batch", batch.tensors)):
             roles.update({_xla.tensor_id(t): (name, i) for i, t in enumerate(tensors)})
         roles[_xla.tensor_id(loss_total)] = ("loss",)
-        shardings = [_xla.sharding_spec(t) for t in (*trained, *avgs, *squares, loss_total)]
+        shardings = [_xla.sharding_spec(t)
+                     for t in outputs_of(trained, optimizer, loss_total)]
         return cls(roles, shardings)
+
+
+def outputs_of(trained: list, optimizer: AdamW, loss_total: torch.Tensor,
+               values: dict[int, torch.Tensor] | None = None) -> list:
+    """A step's outputs in the compiled program's order: the parameters (or their new
+    values, `values`: `id(parameter)` -> value), their first moments, their second moments,
+    the running loss."""
+    moments = [optimizer.state[p] for p in trained]
+    parameters = list(trained) if values is None else [values[id(p)] for p in trained]
+    return [*parameters, *(m["exp_avg"] for m in moments),
+            *(m["exp_avg_sq"] for m in moments), loss_total]
 
 
 class CapturedStep:
     """One batch shape's training step, compiled, run on each step's data.
 
     Args:
-        key: the graph's key.
-        slots: each input in order: a role of `Before`, ("numbers",), ("seed",), or
-            ("tensor", t): a frozen weight or a constant, passed as it is.
+        graph: the compiled step; its roles are `Before`'s and ("numbers",).
         trained: the trained parameters, in the outputs' order.
         optimizer: the AdamW whose moments the outputs are.
     """
 
-    def __init__(self, key: bytes, slots: list[tuple], trained: list,
-                 optimizer: AdamW) -> None:
-        self.key, self.slots, self.trained, self.optimizer = key, slots, trained, optimizer
+    def __init__(self, graph: _xla.CompiledGraph, trained: list, optimizer: AdamW) -> None:
+        self.graph, self.trained, self.optimizer = graph, trained, optimizer
 
     @classmethod
     def capture(cls, before: Before, trained: list, optimizer: AdamW,
@@ -94,13 +103,6 @@ class CapturedStep:
         numbers, values = optimizer.last_numbers, optimizer.new_values or {}
         if numbers is None or any(id(p) not in values for p in trained):
             return None  # host numbers (constants, another graph each step), or no gradient
-        moments = [optimizer.state[p] for p in trained]
-        outputs = [*(values[id(p)] for p in trained), *(m["exp_avg"] for m in moments),
-                   *(m["exp_avg_sq"] for m in moments), loss_total]
-        # The program returns each traced output once, in order: an output the step did not
-        # compute (a parameter without a gradient) or one named twice would shift the rest.
-        if len({id(t) for t in outputs}) < len(outputs) or not all(_xla.pending(outputs)):
-            return None
         # A weight the step changed in place is not an output: a batch norm's running
         # statistics would stop moving, and torch_xla's checkpoint (its optimization barrier
         # on the parameters) would leave traced values that read buffers given away.
@@ -108,19 +110,15 @@ class CapturedStep:
             return None
         roles = dict(before.roles)
         roles[_xla.tensor_id(numbers)] = ("numbers",)
-        seed = _xla.seed_input_id()
-        try:
-            _, ids, inputs = _xla.graph_inputs(outputs, frozen)
-            slots = [roles.get(tensor_id) or (("seed",) if tensor_id == seed else ("tensor", t))
-                     for tensor_id, t in zip(ids, inputs, strict=True)]
-            # The parameters' and moments' buffers go to their new values, as a traced step's
-            # in-place updates do: one copy of each in memory. Not the running loss: a
-            # logging point's fetch reads it after the next step ran.
-            key = _xla.compile_graph(outputs, [t for slot, t in zip(slots, inputs, strict=True)
-                                               if slot[0] in ("param", "avg", "square")])
-        except Exception:  # noqa: BLE001 - the traced step then runs as it is
+        # The parameters' and moments' buffers go to their new values, as a traced step's
+        # in-place updates do: one copy of each in memory. Not the running loss: a
+        # logging point's fetch reads it after the next step ran.
+        captured = _xla.CompiledGraph.capture(outputs_of(trained, optimizer, loss_total, values),
+                                              roles, frozen, donate=("param", "avg", "square"))
+        if captured is None:
             return None
-        return cls(key, slots, list(trained), optimizer), inputs
+        graph, inputs = captured
+        return cls(graph, list(trained), optimizer), inputs
 
     def run(self, batch: Batch, numbers: torch.Tensor, loss_total: torch.Tensor,
             inputs: list | None = None) -> torch.Tensor:
@@ -128,11 +126,9 @@ class CapturedStep:
         from `count_step`) and the device's seed; put the outputs in place and return the
         new running loss. `inputs`: the traced step's own (its first run)."""
         if inputs is None:
-            inputs = [self._input(slot, batch, numbers, loss_total) for slot in self.slots]
-        # One step in flight: a run returns before it ran, and the host, no longer tracing,
-        # would queue step after step, each with its own new parameters and moments.
-        _xla.wait_device_ops()
-        outputs = _xla.run_compiled(self.key, inputs)
+            inputs = self.graph.inputs(lambda slot: self._input(slot, batch, numbers,
+                                                                loss_total))
+        outputs = self.graph.run(inputs)
         count = len(self.trained)
         for parameter, value in zip(self.trained, outputs[:count], strict=True):
             _xla.replace_data(parameter, value)
@@ -143,10 +139,8 @@ class CapturedStep:
 
     def shardings(self, loss_total: torch.Tensor) -> list[str]:
         """The sharding of each output as the last run left it, in the outputs' order."""
-        moments = [self.optimizer.state[p] for p in self.trained]
-        return [_xla.sharding_spec(t) for t in (*self.trained, *(m["exp_avg"] for m in moments),
-                                                 *(m["exp_avg_sq"] for m in moments),
-                                                 loss_total)]
+        return [_xla.sharding_spec(t)
+                for t in outputs_of(self.trained, self.optimizer, loss_total)]
 
     def _input(self, slot: tuple, batch: Batch, numbers: torch.Tensor,
                loss_total: torch.Tensor) -> Any:
@@ -160,8 +154,4 @@ class CapturedStep:
             return batch.tensors[slot[1]]
         if role == "loss":
             return loss_total
-        if role == "numbers":
-            return numbers
-        if role == "seed":
-            return _xla.current_seed(numbers.device)
-        return slot[1]
+        return numbers  # ("numbers",)

@@ -74,14 +74,20 @@ def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None,
     outputs = []
     # The bar's clock starts with the evaluation (step 0: no batch done yet).
     emit(Progress(worker_rank(), 0, len(batches), {}, None, bar))
+    # Each bucket's graph: compiled while training ran, or captured from its first batch.
+    graphs: dict[int, _xla.CompiledGraph | None] = dict(ahead.graphs) if ahead else {}
     with torch.no_grad():
         for i, (bucket_index, positions, real) in enumerate(batches):
             bucket = split.buckets[bucket_index]
             # Uploaded as [rows, columns]: a `[0]` on the device would be a view the sync
             # returns too, one more output (a copy of the batch) in the evaluation graph.
             batch = ctx.upload(batching.eval_batch(bucket, positions, real))
-            if ahead is not None and bucket_index in ahead.graphs:
-                outputs += ahead.run_batch(bucket_index, batch)  # compiled while training ran
+            graph = graphs.get(bucket_index)
+            if graph is not None:
+                outputs += run_on(graph, batch)
+            elif (bucket_index not in graphs and ctx.task.eval_ahead  # no sync of its own
+                  and plan.capture_steps):
+                outputs += captured_outputs(ctx, batch, graphs, bucket_index)
             else:
                 outputs += traced_outputs(ctx, batch)
                 _xla.sync()
@@ -108,24 +114,57 @@ def traced_outputs(ctx: WorkerContext, batch: Batch) -> list[torch.Tensor]:
     return tensors
 
 
+def batch_roles(batch: Batch) -> dict[int, _xla.Slot]:
+    """The roles of a batch's tensors in an evaluation graph: ("batch", column group)."""
+    return {_xla.tensor_id(tensor): ("batch", j) for j, tensor in enumerate(batch.tensors)}
+
+
+def run_on(graph: _xla.CompiledGraph, batch: Batch) -> list[torch.Tensor]:
+    """The outputs of an evaluation graph run on `batch` and the current weights."""
+    return graph.run(graph.inputs(lambda slot: batch.tensors[slot[1]]))
+
+
+def weights_of(ctx: WorkerContext) -> list[torch.Tensor]:
+    """The model's parameters and buffers: an evaluation graph reads their current values."""
+    return [*ctx.model.parameters(), *ctx.model.buffers()]
+
+
+def captured_outputs(ctx: WorkerContext, batch: Batch,
+                     graphs: dict[int, _xla.CompiledGraph | None],
+                     bucket_index: int) -> list[torch.Tensor]:
+    """The evaluation outputs of a bucket's first batch, by its graph compiled from their
+    trace (kept in `graphs` for the bucket's later batches: no trace for them), or traced and
+    synced as always where the graph cannot run again (kept as None)."""
+    roles = batch_roles(batch)
+    traced = traced_outputs(ctx, batch)
+    captured = _xla.CompiledGraph.capture(traced, roles, weights_of(ctx))
+    graphs[bucket_index] = captured[0] if captured else None
+    if captured is None:
+        _xla.sync()
+        return traced
+    graph, inputs = captured
+    del traced  # never run: the compiled graph runs instead
+    return graph.run(inputs)
+
+
 class EvalAhead:
     """The evaluation's graphs (one per bucket), compiled while the training compiles its
     first step: on XLA:CPU on the second core, on a TPU host beside the training's compile.
 
     Before the first training step, each bucket's first evaluation batch is traced (the model
-    in eval mode), the graph's key and inputs are read, and one thread per graph compiles it
-    under that key (torch_xla's Dynamo API, `_xla.compile_graph`). Once the threads have
-    taken the traced graphs, the traced tensors are cleared (`_xla.clear_pending`), so the
-    training's syncs never see them. Evaluation then runs each graph by its key on the
-    trained weights (`run_batch`): same graph, no compilation. A `sync()` cannot do this: a sync in
-    progress leaves its tensors with neither graph nor value, which fails the training's next
-    sync, and pending outputs would be swept into the training's graph.
-    Any failure here leaves evaluation to compile when it starts, as before.
+    in eval mode), the graph's inputs are read (`_xla.CompiledGraph.read`), and one thread
+    per graph compiles it. Once the threads have taken the traced graphs, the traced tensors
+    are cleared (`_xla.clear_pending`), so the training's syncs never see them. Evaluation
+    then runs each graph by its key on the trained weights (`run_batches`): same graph, no
+    compilation. A `sync()` cannot do this: a sync in progress leaves its tensors with
+    neither graph nor value, which fails the training's next sync, and pending outputs would
+    be swept into the training's graph. Any failure here leaves evaluation to compile when
+    it starts, as before.
     """
 
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
-        self.graphs: dict[int, tuple[bytes, list]] = {}  # bucket -> (key, slots)
+        self.graphs: dict[int, _xla.CompiledGraph] = {}  # bucket -> its graph
         self.error: BaseException | None = None
         self._compiled: list[int] = []
         self._threads: list[threading.Thread] = []
@@ -153,8 +192,6 @@ class EvalAhead:
         first: dict[int, tuple] = {}
         for batch in batching.eval_batches(split, ctx.plan.batch_size):
             first.setdefault(batch[0], batch)
-        weights = {_xla.tensor_id(t): t
-                   for t in (*ctx.model.parameters(), *ctx.model.buffers())}
         traced = []
         ctx.model.eval()
         try:
@@ -162,23 +199,21 @@ class EvalAhead:
                 for bucket_index, positions, real in first.values():
                     bucket = split.buckets[bucket_index]
                     batch = ctx.upload(batching.eval_batch(bucket, positions, real))
-                    traced.append((bucket_index, batch, traced_outputs(ctx, batch)))
+                    traced.append((bucket_index, batch_roles(batch), traced_outputs(ctx, batch)))
         finally:
             ctx.model.train()
         lookups = _xla.graph_lookups()
         try:
-            for bucket_index, batch, outputs in traced:
-                key, ids, inputs = _xla.graph_inputs(outputs, [*weights.values(), *batch.tensors])
-                batch_slots = {_xla.tensor_id(t): k for k, t in enumerate(batch.tensors)}
-                # A batch tensor's slot is its index; weights are read when run (they change);
-                # any other input is a constant of the traced graph, which holds its value.
-                slots = [batch_slots[i] if i in batch_slots else weights.get(i, tensor)
-                         for i, tensor in zip(ids, inputs, strict=True)]
-                thread = threading.Thread(target=self._compile, args=(outputs,),
+            for bucket_index, roles, outputs in traced:
+                read = _xla.CompiledGraph.read(outputs, roles, weights_of(ctx))
+                if read is None:
+                    raise RuntimeError("an evaluation output is not computed by its graph")
+                graph = read[0]
+                thread = threading.Thread(target=self._compile, args=(graph, outputs),
                                           name="hfxla_nb-eval-compile", daemon=True)
                 thread.start()
                 self._threads.append(thread)
-                self.graphs[bucket_index] = (key, slots)
+                self.graphs[bucket_index] = graph
             # Each compilation looks its graph up once it has taken it.
             while (_xla.graph_lookups() < lookups + len(self._threads)
                    and any(t.is_alive() for t in self._threads)):
@@ -187,9 +222,9 @@ class EvalAhead:
             del traced
             _xla.clear_pending()  # the traced outputs: never run, never synced
 
-    def _compile(self, outputs: list) -> None:
+    def _compile(self, graph: _xla.CompiledGraph, outputs: list) -> None:
         try:
-            _xla.compile_graph(outputs)
+            graph.key = _xla.compile_graph(outputs)
             self._compiled.append(1)
         except Exception as error:  # noqa: BLE001 - evaluation then compiles as before
             self.error = error
@@ -202,13 +237,6 @@ class EvalAhead:
         if self.error is not None:
             self.graphs.clear()
         return len(self._compiled)
-
-    def run_batch(self, bucket_index: int, batch: Batch) -> list[torch.Tensor]:
-        """The evaluation outputs of `batch` of bucket `bucket_index`, on the current
-        weights, by the graph compiled ahead."""
-        key, slots = self.graphs[bucket_index]
-        return _xla.run_compiled(key, [batch.tensors[slot] if isinstance(slot, int) else slot
-                                       for slot in slots])
 
 
 def chance_accuracy(split: EncodedSplit | None) -> float | None:

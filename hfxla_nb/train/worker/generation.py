@@ -348,25 +348,20 @@ class StepGraph:
 
     Tracing transformers' forward and the logits processors costs the host more per token
     than a small model's step takes to run. The step's graph is the same at every token (its
-    inputs are data), so it is traced once, at the first step: its key and inputs are read
-    and it is compiled under that key (torch_xla's cached-graph API, as its Dynamo bridge
-    uses it). Every token, the first too, passes the previous step's outputs (the state, and
-    the cache the step updates) as the next inputs to that program: no trace, the same
-    program, the same tokens. The traced tensors are dropped by letting go of them, not by
-    `clear_pending`, which would also void whatever else of the process is traced and not
-    yet run.
+    inputs are data), so it is traced once, at the first step, and compiled
+    (`_xla.CompiledGraph`). Every token, the first too, passes the previous step's outputs
+    (the state, and the cache the step updates) as the next inputs to that program: no
+    trace, the same program, the same tokens.
 
     Args:
-        key: the graph's key.
-        slots: each input in order: ("state", name), ("cache", index), or ("tensor", t): a
-            weight or a constant, passed as it is.
+        graph: the compiled step; its roles are ("state", name) and ("cache", index).
         names: the state's names, in the order of the outputs; the cache's tensors follow.
         cache: the cache's tensors, as the next step reads them.
     """
 
-    def __init__(self, key: bytes, slots: list[tuple], names: list[str],
+    def __init__(self, graph: _xla.CompiledGraph, names: list[str],
                  cache: list[torch.Tensor]) -> None:
-        self.key, self.slots, self.names, self.cache = key, slots, names, cache
+        self.graph, self.names, self.cache = graph, names, cache
 
     @classmethod
     def capture(cls, model: Any, before: dict, after: dict, carried: list,
@@ -382,7 +377,6 @@ class StepGraph:
             carried_ids: their ids before the step (the graph's inputs are named by them).
         """
         names = [name for name, value in after.items() if value is not None]
-        outputs = [after[name] for name in names] + list(carried)
         weights = [*model.parameters(), *model.buffers()]
         roles = {_xla.tensor_id(tensor): ("state", name) for name, tensor in before.items()
                  if tensor is not None}
@@ -393,33 +387,21 @@ class StepGraph:
         given = [*weights, *carried, *(value for value in before.values() if value is not None)]
         if any(_xla.sharding_spec(tensor) not in ("", "{replicated}") for tensor in given):
             return None
-        # The compiled program returns each traced output once, in order: an output the step
-        # did not compute (or one named twice) would shift the state and the cache.
-        if len({id(tensor) for tensor in outputs}) < len(outputs) or not all(
-                _xla.pending(outputs)):
+        captured = _xla.CompiledGraph.capture([after[name] for name in names] + list(carried),
+                                              roles, weights)
+        if captured is None:
             return None
-        try:
-            key, ids, inputs = _xla.graph_inputs(outputs, weights)
-            _xla.compile_graph(outputs)
-        except Exception:  # noqa: BLE001 - the traced step then runs as it is
-            return None
+        graph, inputs = captured
         cache = list(carried)
-        slots = []
-        for tensor_id, tensor in zip(ids, inputs, strict=True):
-            role = roles.get(tensor_id)
-            if role is not None and role[0] == "cache":
-                cache[role[1]] = tensor  # the cache before the step, on its own data
-            slots.append(role or ("tensor", tensor))
-        return cls(key, slots, names, cache)
+        for slot, tensor in zip(graph.slots, inputs, strict=True):
+            if slot[0] == "cache":
+                cache[slot[1]] = tensor  # the cache before the step, on its own data
+        return cls(graph, names, cache)
 
     def run(self, state: dict) -> dict:
         """The state after one more step: the compiled graph run on `state` and the cache."""
-        inputs = [state[slot[1]] if slot[0] == "state" else self.cache[slot[1]]
-                  if slot[0] == "cache" else slot[1] for slot in self.slots]
-        # One step in flight: a run returns before it ran, and the host, no longer tracing,
-        # would queue token after token, each with a cache of its own.
-        _xla.wait_device_ops()
-        outputs = _xla.run_compiled(self.key, inputs)
+        outputs = self.graph.run(self.graph.inputs(
+            lambda slot: state[slot[1]] if slot[0] == "state" else self.cache[slot[1]]))
         self.cache = outputs[len(self.names):]
         return {**state, **dict(zip(self.names, outputs[:len(self.names)], strict=False))}
 
