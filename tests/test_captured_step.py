@@ -12,6 +12,7 @@ import pytest
 import hfxla_nb as hx
 from hfxla_nb import demo
 from hfxla_nb.demo.seq2seq import demo_seq2seq_dataset, demo_seq2seq_model_dir
+from hfxla_nb.demo.speech import RATE, demo_speech_clip, demo_whisper_model_dir
 from hfxla_nb.demo.tasks import classifier_model_dir
 from hfxla_nb.train import prepare_fine_tune
 from hfxla_nb.train.predict import prepare_predict
@@ -135,3 +136,31 @@ def test_seq2seq_decoding_traces_its_step_once_and_gives_the_traced_tokens(cache
     assert compiled["executions"] == every["executions"]
     # The encoder and one step traced, against the encoder and every step.
     assert 4 * compiled["traced"] < every["traced"], (compiled["traced"], every["traced"])
+
+
+def test_causal_lm_predict_over_a_mesh_of_4_devices_traces_its_step_once(lm_dir):
+    prompts = ["the cat", "a dog likes", "my old fox", "red", "the bird finds the", "hi"] * 3
+    plan = prepare_predict(lm_dir, prompts, task="causal-lm", batch_size=8, num_processes=4,
+                           max_new_tokens=16, do_sample=True, seed=5)
+    compiled, every = predicted(plan), predicted(plan, False)
+    assert compiled["predictions"] == every["predictions"]
+    assert len({row["generated_text"] for row in compiled["predictions"]}) > 1
+    assert compiled["compiles"] == every["compiles"]  # 2 a bucket (test_predict_causal_lm.py)
+    assert compiled["executions"] == every["executions"]
+    # Each batch's prompt and first step traced, against its prompt and every step.
+    assert 3 * compiled["traced"] < every["traced"], (compiled["traced"], every["traced"])
+
+
+def test_whisper_decoding_traces_its_step_once(cache):
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    clips = [{"array": demo_speech_clip(letters, rng), "sampling_rate": RATE}
+             for letters in ([0, 2], [3, 1], [1, 0, 3], [2, 2])]
+    plan = prepare_predict(demo_whisper_model_dir(cache=cache), clips,
+                           task="speech-recognition", batch_size=4, num_processes=1)
+    compiled, every = predicted(plan), predicted(plan, False)
+    assert compiled["predictions"] == every["predictions"]
+    assert compiled["compiles"] == every["compiles"] and compiled["executions"] == every[
+        "executions"]
+    assert 3 * compiled["traced"] < every["traced"], (compiled["traced"], every["traced"])

@@ -533,15 +533,17 @@ def generate_on_device(ctx: WorkerContext, batch: Batch,
     inputs = batch.inputs()
     keys = batch.tokens[:, 2 * batch.length]  # the label column: the row's index
 
-    def sync(tensors: list) -> None:
+    def mark(tensors: list) -> None:
         if mesh is not None:  # the same input shardings for every step: one step graph
             for tensor in tensors:
                 _xla.replicate(tensor, mesh)
+
+    def sync(tensors: list) -> None:
+        mark(tensors)
         _xla.sync()
 
-    # A batch split over the mesh keeps every step traced (`StepGraph`).
     hooks = DecodeHooks(sync=sync, fetch=_xla.to_cpu, autocast=ctx.autocast,
-                        tokenizer=ctx.plan.tokenizer, capture=mesh is None)
+                        tokenizer=ctx.plan.tokenizer, capture=ctx.plan.capture_steps, mark=mark)
     decoded = decode(ctx.model, inputs["input_ids"], inputs["attention_mask"], options, hooks,
                      keys=keys, live=batch.weights)
     return decoded.tokens, decoded.done

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from ..predict import PredictContext
     from ..preparation import Splits, TaskContext
     from ..worker.context import Batch, WorkerContext
+    from ..worker.generation import StepGraph
 
 
 # -- the kernel side: source and target texts, at fixed shapes --
@@ -396,8 +397,7 @@ def greedy_generate(model: Any, input_ids: Any, attention_mask: Any, target_leng
                     encoder_hidden: Any = None, prompt: list[int] | None = None,
                     options: GenerationOptions | None = None,
                     fetch: Callable[[list], list] | None = None,
-                    capture: Callable[[dict, dict], Callable[[dict], dict] | None] | None = None,
-                    ) -> Any:
+                    capture: Callable[[dict, dict], StepGraph | None] | None = None) -> Any:
     """Greedy decoding of `target_length` tokens for a batch of padded sources.
 
     Args:
@@ -414,8 +414,8 @@ def greedy_generate(model: Any, input_ids: Any, attention_mask: Any, target_leng
             every step (evaluation).
         fetch: copies device tensors to the host in one transfer (the early-stop checks).
         capture: called once with the state and the first step traced (not run): returns
-            what runs a step on a state by the step's compiled graph (then no step is traced
-            again), or None (every step traced and synced).
+            the step's compiled graph (`StepGraph`: then no step is traced again), or None
+            (every step traced and synced).
 
     Returns:
         `[batch, target_length]` token ids: the prompt after its first token, then what each
@@ -435,21 +435,23 @@ def greedy_generate(model: Any, input_ids: Any, attention_mask: Any, target_leng
             state.update(draw)  # synced with the state: device data for every step
         if sync is not None:
             sync(state)
-        compiled: Callable[[dict], dict] | None = None
+        graph: StepGraph | None = None
         for index in range(target_length - max(len(prompt or ()), 1) + 1):
             if (options is not None and fetch is not None and index
                     and index % options.check_every == 0 and bool(fetch([state["done"]])[0].all())):
                 break  # every row has ended: the rest would be padding
-            if compiled is not None:
-                state = compiled(state)
+            if graph is not None:
+                state = graph.run(state)
                 continue
             step = greedy_step(model, encoder_hidden, attention_mask, state, options,
                                {"seed": state["seed"], "keys": state["keys"]} if draw else None)
             if capture is not None:
-                compiled, capture = capture(state, step), None
-                if compiled is not None:
+                graph, capture = capture(state, step), None
+                if graph is not None:
                     del step  # never run: the compiled graph runs instead
-                    state = compiled(state)
+                    state = graph.run(state)
+                    if not graph.kept_shardings:  # resharded: later steps are traced
+                        graph = None
                     continue
             state = {**state, **step}
             if sync is not None:
@@ -718,14 +720,13 @@ def generate_synced(ctx: WorkerContext, first: list[Any], input_ids: Any, mask: 
             first.clear()
         _xla.sync()
 
-    def capture(state: dict[str, Any], step: dict[str, Any]) -> Callable[[dict], dict] | None:
+    def capture(state: dict[str, Any], step: dict[str, Any]) -> StepGraph | None:
         from ..worker.generation import StepGraph
 
         if ctx.mesh is not None:
             for tensor in step.values():  # as `sync` replicates them
                 _xla.replicate(tensor, ctx.mesh)
-        graph = StepGraph.capture(ctx.model, state, step, [], [])
-        return graph.run if graph is not None else None
+        return StepGraph.capture(ctx.model, state, step, [], [])
 
     with ctx.autocast():
         return greedy_generate(ctx.model, input_ids, mask, target_length, sync=sync,

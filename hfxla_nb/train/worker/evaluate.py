@@ -5,6 +5,9 @@ no recompilation.
   metrics computed from its predictions on the host.
 - `predict`'s worker side: load the model onto every device, run the task's evaluation
   outputs over padded batches (one graph per bucket), decode on the host.
+
+Each bucket's first batch is traced; its later batches run the compiled graph on their data
+(`_xla.CompiledGraph`), tracing nothing, unless the task syncs inside its outputs (seq2seq).
 """
 
 from __future__ import annotations

@@ -188,6 +188,8 @@ class DecodeHooks:
             steps run: the tokens come in the check's one transfer (streaming).
         capture: on XLA, trace the decoding step once and run its compiled graph for every
             later token (`StepGraph`); the CPU runs the model itself.
+        mark: on XLA over a mesh, marks the step's traced state as `sync` would (replicated),
+            without running it: the compiled step returns it as it reads it.
         on_step: called after the prompt and after every step, once its work is handed to
             the device (a benchmark times the steps by it).
     """
@@ -199,6 +201,7 @@ class DecodeHooks:
     on_check: Callable[[list[list[int]], int], None] | None = None
     capture: bool = False  # on XLA: run the decoding step by its compiled graph (`StepGraph`)
     on_step: Callable[[], None] | None = None
+    mark: Callable[[list], None] | None = None
 
 
 @dataclass
@@ -307,13 +310,20 @@ def decode(model: Any, ids: torch.Tensor, mask: torch.Tensor, options: Generatio
         del output  # traced logits nothing reads: never run
         if capture:
             capture = False
+            if hooks.mark is not None:
+                hooks.mark([tensor for tensor in state.values() if tensor is not None])
             graph = StepGraph.capture(model, before, state, carried, carried_ids)
         if graph is not None:
             # The traced step is dropped unrun (its tensors die here, its compiled graph
             # runs instead), and the cache's own tensors with it: the graph carries the cache.
             del carried
-            drop_cache_tensors(cache)
+            places = drop_cache_tensors(cache)
             state = graph.run(before)
+            if not graph.kept_shardings:
+                # Outputs sharded otherwise than the inputs they become: the program would
+                # read them wrongly. Later steps are traced (their sync compiles for them).
+                put_cache_tensors(places, graph.cache)
+                graph = None
         else:
             hooks.sync([tensor for tensor in state.values() if tensor is not None] + [full])
         stepped()
@@ -321,15 +331,24 @@ def decode(model: Any, ids: torch.Tensor, mask: torch.Tensor, options: Generatio
     return Decoded(state["tokens"], steps, checks, state["done"])
 
 
-def drop_cache_tensors(cache: Any) -> None:
+def drop_cache_tensors(cache: Any) -> list[tuple[Any, str]]:
     """Let go of every tensor a static cache holds (`cache_tensors`): a `StepGraph` carries
-    them from then on, and the cache is not read again."""
+    them from then on. Returns where each was (`(layer, attribute)`, in their order)."""
     import torch
 
+    places = []
     for layer in getattr(cache, "layers", ()):
         for attribute, value in list(vars(layer).items()):
             if isinstance(value, torch.Tensor):
                 setattr(layer, attribute, None)
+                places.append((layer, attribute))
+    return places
+
+
+def put_cache_tensors(places: list[tuple[Any, str]], tensors: list[torch.Tensor]) -> None:
+    """Give a static cache back its tensors (`drop_cache_tensors`' places, in order)."""
+    for (layer, attribute), tensor in zip(places, tensors, strict=True):
+        setattr(layer, attribute, tensor)
 
 
 def cache_tensors(cache: Any) -> list[torch.Tensor]:
@@ -362,6 +381,9 @@ class StepGraph:
     def __init__(self, graph: _xla.CompiledGraph, names: list[str],
                  cache: list[torch.Tensor]) -> None:
         self.graph, self.names, self.cache = graph, names, cache
+        #: Whether the first run's outputs came back sharded as the inputs they become went
+        #: in (always, off a mesh); None before it.
+        self.kept_shardings: bool | None = None
 
     @classmethod
     def capture(cls, model: Any, before: dict, after: dict, carried: list,
@@ -381,12 +403,6 @@ class StepGraph:
         roles = {_xla.tensor_id(tensor): ("state", name) for name, tensor in before.items()
                  if tensor is not None}
         roles.update({tensor_id: ("cache", i) for i, tensor_id in enumerate(carried_ids)})
-        # A sharded input (FSDP's parameters; a batch split over a mesh, which the caller
-        # never captures) keeps the step traced: the outputs would come back in the
-        # shardings XLA picks, not in those the next step's inputs were compiled for.
-        given = [*weights, *carried, *(value for value in before.values() if value is not None)]
-        if any(_xla.sharding_spec(tensor) not in ("", "{replicated}") for tensor in given):
-            return None
         captured = _xla.CompiledGraph.capture([after[name] for name in names] + list(carried),
                                               roles, weights)
         if captured is None:
@@ -400,8 +416,14 @@ class StepGraph:
 
     def run(self, state: dict) -> dict:
         """The state after one more step: the compiled graph run on `state` and the cache."""
+        carried = [*(state.get(name) for name in self.names), *self.cache]
         outputs = self.graph.run(self.graph.inputs(
             lambda slot: state[slot[1]] if slot[0] == "state" else self.cache[slot[1]]))
+        if self.kept_shardings is None:
+            # Over a mesh XLA picks the shardings of the outputs no mark fixed (the cache).
+            self.kept_shardings = all(
+                before is None or _xla.sharding_spec(before) == _xla.sharding_spec(after)
+                for before, after in zip(carried, outputs, strict=True))
         self.cache = outputs[len(self.names):]
         return {**state, **dict(zip(self.names, outputs[:len(self.names)], strict=False))}
 
