@@ -18,7 +18,7 @@ it: only inside a launched worker, or in the kernel when the user asked for in-k
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .loader import degraded, require_torch_xla, runtime_is_initialized
@@ -341,6 +341,11 @@ class CompiledGraph:
 
     def __init__(self, key: bytes, slots: list[Slot], device: Any) -> None:
         self.key, self.slots, self.device = key, slots, device
+        # What `inputs` fills in per run: the constants are in place once.
+        self._constants = [slot[1] if slot[0] == "tensor" else None for slot in slots]
+        self._roles = [(i, slot[0], slot[1] if len(slot) > 1 else None)
+                       for i, slot in enumerate(slots) if slot[0] != "tensor" and slot != SEED]
+        self._seed = [i for i, slot in enumerate(slots) if slot == SEED]
 
     @classmethod
     def read(cls, outputs: list, roles: dict[int, Slot],
@@ -385,10 +390,15 @@ class CompiledGraph:
             return None
         return graph, inputs
 
-    def inputs(self, value: Callable[[Slot], Any]) -> list:
-        """Each slot's tensor for a run: `value(role)` for a role."""
-        return [slot[1] if slot[0] == "tensor" else current_seed(self.device)
-                if slot == SEED else value(slot) for slot in self.slots]
+    def inputs(self, values: Mapping[str, Any]) -> list:
+        """Each slot's tensor for a run: `values[name][key]` for a role `(name, key)`,
+        `values[name]` for a role `(name,)`; the seed, and the constants as they are."""
+        inputs = list(self._constants)
+        for i, name, key in self._roles:
+            inputs[i] = values[name] if key is None else values[name][key]
+        for i in self._seed:
+            inputs[i] = current_seed(self.device)
+        return inputs
 
     def run(self, inputs: list) -> list:
         """The outputs of the graph run on `inputs` (`inputs(...)`, or `read`'s own).

@@ -22,7 +22,7 @@ differs from its input's), that shape's steps are traced as before.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ... import _xla
 
@@ -125,33 +125,23 @@ class CapturedStep:
         """Run the step on the current parameters and moments, `batch`, `numbers` (AdamW's,
         from `count_step`) and the device's seed; put the outputs in place and return the
         new running loss. `inputs`: the traced step's own (its first run)."""
+        moments = [self.optimizer.state[p] for p in self.trained]
         if inputs is None:
-            inputs = self.graph.inputs(lambda slot: self._input(slot, batch, numbers,
-                                                                loss_total))
+            # The moments as the optimizer holds them now: another shape's step may have
+            # moved them since this one ran.
+            inputs = self.graph.inputs({
+                "param": self.trained, "avg": [m["exp_avg"] for m in moments],
+                "square": [m["exp_avg_sq"] for m in moments], "batch": batch.tensors,
+                "loss": loss_total, "numbers": numbers})
         outputs = self.graph.run(inputs)
         count = len(self.trained)
         for parameter, value in zip(self.trained, outputs[:count], strict=True):
             _xla.replace_data(parameter, value)
-        for i, parameter in enumerate(self.trained):
-            moments = self.optimizer.state[parameter]
-            moments["exp_avg"], moments["exp_avg_sq"] = outputs[count + i], outputs[2 * count + i]
+        for i, state in enumerate(moments):
+            state["exp_avg"], state["exp_avg_sq"] = outputs[count + i], outputs[2 * count + i]
         return outputs[-1]
 
     def shardings(self, loss_total: torch.Tensor) -> list[str]:
         """The sharding of each output as the last run left it, in the outputs' order."""
         return [_xla.sharding_spec(t)
                 for t in outputs_of(self.trained, self.optimizer, loss_total)]
-
-    def _input(self, slot: tuple, batch: Batch, numbers: torch.Tensor,
-               loss_total: torch.Tensor) -> Any:
-        role = slot[0]
-        if role == "param":
-            return self.trained[slot[1]]
-        if role in ("avg", "square"):
-            moments = self.optimizer.state[self.trained[slot[1]]]
-            return moments["exp_avg" if role == "avg" else "exp_avg_sq"]
-        if role == "batch":
-            return batch.tensors[slot[1]]
-        if role == "loss":
-            return loss_total
-        return numbers  # ("numbers",)

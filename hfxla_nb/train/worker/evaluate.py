@@ -124,7 +124,7 @@ def batch_roles(batch: Batch) -> dict[int, _xla.Slot]:
 
 def run_on(graph: _xla.CompiledGraph, batch: Batch) -> list[torch.Tensor]:
     """The outputs of an evaluation graph run on `batch` and the current weights."""
-    return graph.run(graph.inputs(lambda slot: batch.tensors[slot[1]]))
+    return graph.run(graph.inputs({"batch": batch.tensors}))
 
 
 def weights_of(ctx: WorkerContext) -> list[torch.Tensor]:

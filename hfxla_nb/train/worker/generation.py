@@ -417,8 +417,7 @@ class StepGraph:
     def run(self, state: dict) -> dict:
         """The state after one more step: the compiled graph run on `state` and the cache."""
         carried = [*(state.get(name) for name in self.names), *self.cache]
-        outputs = self.graph.run(self.graph.inputs(
-            lambda slot: state[slot[1]] if slot[0] == "state" else self.cache[slot[1]]))
+        outputs = self.graph.run(self.graph.inputs({"state": state, "cache": self.cache}))
         if self.kept_shardings is None:
             # Over a mesh XLA picks the shardings of the outputs no mark fixed (the cache).
             self.kept_shardings = all(
