@@ -342,10 +342,10 @@ class CompiledGraph:
     def __init__(self, key: bytes, slots: list[Slot], device: Any) -> None:
         self.key, self.slots, self.device = key, slots, device
         # What `inputs` fills in per run: the constants are in place once.
-        self._constants = [slot[1] if slot[0] == "tensor" else None for slot in slots]
-        self._roles = [(i, slot[0], slot[1] if len(slot) > 1 else None)
+        self.constants = [slot[1] if slot[0] == "tensor" else None for slot in slots]
+        self.role_places = [(i, slot[0], slot[1] if len(slot) > 1 else None)
                        for i, slot in enumerate(slots) if slot[0] != "tensor" and slot != SEED]
-        self._seed = [i for i, slot in enumerate(slots) if slot == SEED]
+        self.seed_places = [i for i, slot in enumerate(slots) if slot == SEED]
 
     @classmethod
     def read(cls, outputs: list, roles: dict[int, Slot],
@@ -393,10 +393,10 @@ class CompiledGraph:
     def inputs(self, values: Mapping[str, Any]) -> list:
         """Each slot's tensor for a run: `values[name][key]` for a role `(name, key)`,
         `values[name]` for a role `(name,)`; the seed, and the constants as they are."""
-        inputs = list(self._constants)
-        for i, name, key in self._roles:
+        inputs = list(self.constants)
+        for i, name, key in self.role_places:
             inputs[i] = values[name] if key is None else values[name][key]
-        for i in self._seed:
+        for i in self.seed_places:
             inputs[i] = current_seed(self.device)
         return inputs
 
