@@ -51,8 +51,8 @@ FIGURES = {
 # is named at the end of the run, and every group's time is written to the results, so the 15
 # minutes can be kept as figures are added. The shares are about 1.5x each group's time in
 # the whole run of bench/results/2026-12-06.json (560 s; host_time 109 s, versus 87 s), plus
-# 15 s each for the host rows predict_group and generation gained since (a compiled graph
-# against a traced one).
+# 15 s each for the host rows of predict_group and generation (a compiled graph against a
+# traced one), which that run did not have.
 SHARES = {"overhead": 30, "versus": 130, "compiles": 33, "limit": 40, "launch_latency": 55,
           "scaling": 45, "trace_overhead": 60, "lora": 26, "host_time": 120, "relay": 25,
           "predict_group": 45, "pods_group": 40, "task_compiles": 42,

@@ -82,7 +82,7 @@ def host_worker(rows: int, tokens: int, repeats: int) -> dict:
     it) against every step traced, alternating; each side runs once first (its compiles)."""
     import torch
 
-    from hfxla_nb import _xla
+    from hfxla_nb import _xla, patches
     from hfxla_nb.train.tasks.seq2seq import greedy_generate
     from hfxla_nb.train.worker.generation import StepGraph
 
@@ -97,7 +97,7 @@ def host_worker(rows: int, tokens: int, repeats: int) -> dict:
 
     seconds: dict[bool, list[float]] = {True: [], False: []}
     tokens_of = {}
-    with torch.no_grad():
+    with torch.no_grad(), patches.applied():  # as a worker's evaluation runs
         for repeat in range(repeats + 1):
             for captured in (False, True) if repeat % 2 else (True, False):
                 start = time.thread_time()

@@ -14,7 +14,7 @@ from hfxla_nb import demo
 from hfxla_nb.demo.seq2seq import demo_seq2seq_dataset, demo_seq2seq_model_dir
 from hfxla_nb.demo.speech import RATE, demo_speech_clip, demo_whisper_model_dir
 from hfxla_nb.demo.tasks import classifier_model_dir
-from hfxla_nb.train import prepare_fine_tune
+from hfxla_nb.train import batching, prepare_fine_tune
 from hfxla_nb.train.predict import prepare_predict
 
 pytestmark = pytest.mark.launch
@@ -114,10 +114,10 @@ def test_predicts_later_batches_run_the_bucket_s_graph_and_trace_no_model_operat
         return prepare_predict(folder, (texts * 4)[:rows], batch_size=8, num_processes=4)
 
     short, long, every = predicted(plan(32)), predicted(plan(64)), predicted(plan(64), False)
-    # 4 more batches of each bucket: uploaded and run, against the model's ops for each.
-    batches = 64 // 8
-    per_batch = (long["traced"] - short["traced"]) / (batches / 2)
-    assert per_batch < every["traced"] / batches / 10, (per_batch, every["traced"])
+    # More batches of the same buckets: uploaded and run, against the model's ops for each.
+    count = {rows: batching.eval_batch_count(plan(rows).data.eval, 8) for rows in (32, 64)}
+    per_batch = (long["traced"] - short["traced"]) / (count[64] - count[32])
+    assert per_batch < every["traced"] / count[64] / 10, (per_batch, every["traced"])
     assert long["predictions"] == every["predictions"]
     assert long["compiles"] == every["compiles"] == short["compiles"] >= 1
     assert long["executions"] == every["executions"]
@@ -127,7 +127,8 @@ def test_seq2seq_decoding_traces_its_step_once_and_gives_the_traced_tokens(cache
     folder = demo_seq2seq_model_dir("bart", cache=cache)
     sources = [row["en"] for row in demo_seq2seq_dataset(n=40)["validation"]["translation"]]
     # Drawn: an untrained model's most likely token ends the text at once.
-    plan = prepare_predict(folder, sources[:4], task="seq2seq", batch_size=4, num_processes=1,
+    # Two batches: the second traces its first step again, and finds its graph compiled.
+    plan = prepare_predict(folder, sources[:4], task="seq2seq", batch_size=2, num_processes=1,
                            max_new_tokens=16, do_sample=True, seed=3)
     compiled, every = predicted(plan), predicted(plan, False)
     assert compiled["predictions"] == every["predictions"]
@@ -158,9 +159,9 @@ def test_whisper_decoding_traces_its_step_once(cache):
     clips = [{"array": demo_speech_clip(letters, rng), "sampling_rate": RATE}
              for letters in ([0, 2], [3, 1], [1, 0, 3], [2, 2])]
     plan = prepare_predict(demo_whisper_model_dir(cache=cache), clips,
-                           task="speech-recognition", batch_size=4, num_processes=1)
+                           task="speech-recognition", batch_size=2, num_processes=1)
     compiled, every = predicted(plan), predicted(plan, False)
     assert compiled["predictions"] == every["predictions"]
-    assert compiled["compiles"] == every["compiles"] and compiled["executions"] == every[
-        "executions"]
+    assert compiled["compiles"] == every["compiles"] == 2  # the encoder's, the step's
+    assert compiled["executions"] == every["executions"]
     assert 3 * compiled["traced"] < every["traced"], (compiled["traced"], every["traced"])

@@ -5,9 +5,10 @@
 - torch_xla's metric and counter names (torch_xla 2.8 and 2.9, XLA on the CPU and TPU),
   written only here: `observe.metrics` summarizes them and `fine_tune` counts some
   (`train.config.COUNTED`). A rename upstream is one edit.
-- Graphs compiled off the step (torch_xla's Dynamo API: compile a traced graph under its own
-  key, run it later by that key with new inputs). Evaluation compiles this way while
-  training compiles (`train.worker.evaluate`); `EvalAhead` there says why `sync()` cannot.
+- `CompiledGraph`: a traced graph compiled under its own key (torch_xla's Dynamo API) and
+  run again by that key on new inputs, with no trace: training steps, decoding steps and
+  evaluation batches after their first, and evaluation compiled while training compiles
+  (`train.worker.evaluate`; `EvalAhead` there says why `sync()` cannot).
 - torch_xla's counters and metrics (`torch_xla.debug.metrics`) as plain data.
 
 Which calls start the runtime matters: a kernel that started it cannot launch workers.
@@ -288,7 +289,7 @@ def compile_graph(outputs: list, donated: list = ()) -> bytes:
 
     Args:
         outputs: the traced tensors.
-        donated: inputs (from `graph_inputs`) whose buffers every run of the graph gives to
+        donated: inputs (of `graph_inputs`) whose buffers every run of the graph gives to
             its outputs: a value the run replaces (a parameter, a moment) needs no second
             buffer. Nothing may read such an input after a run.
     """
@@ -344,21 +345,31 @@ class CompiledGraph:
         # What `inputs` fills in per run: the constants are in place once.
         self.constants = [slot[1] if slot[0] == "tensor" else None for slot in slots]
         self.role_places = [(i, slot[0], slot[1] if len(slot) > 1 else None)
-                       for i, slot in enumerate(slots) if slot[0] != "tensor" and slot != SEED]
+                            for i, slot in enumerate(slots)
+                            if slot[0] != "tensor" and slot != SEED]
         self.seed_places = [i for i, slot in enumerate(slots) if slot == SEED]
+
+    @property
+    def reads_seed(self) -> bool:
+        """Whether the graph has a random op: it reads the device's seed, which only syncs
+        move on (runs with no sync between them draw alike)."""
+        return bool(self.seed_places)
 
     @classmethod
     def read(cls, outputs: list, roles: dict[int, Slot],
              known: list = ()) -> tuple[CompiledGraph, list] | None:
-        """The graph of `outputs` (traced, not run) and the inputs it was traced on, not yet
-        compiled (`key` is empty); None where the compiled program could not return each
-        output once, in order (an output not traced, or one named twice).
+        """The graph of `outputs` (traced, not run), not yet compiled (`key` is empty).
 
         Args:
             outputs: the traced tensors, in the order a run returns them.
             roles: `tensor_id` of an input (taken before the trace: an update in place
                 gives a tensor a new id) -> its role.
             known: tensors passed as they are (weights): their inputs are these tensors.
+
+        Returns:
+            The graph and the inputs it was traced on; None where the compiled program
+            could not return each output once, in order (an output not traced, or one
+            named twice).
         """
         if len({id(tensor) for tensor in outputs}) < len(outputs) or not all(pending(outputs)):
             return None
@@ -371,12 +382,16 @@ class CompiledGraph:
     @classmethod
     def capture(cls, outputs: list, roles: dict[int, Slot], known: list = (),
                 donate: tuple[str, ...] = ()) -> tuple[CompiledGraph, list] | None:
-        """`read`, then compiled; None where it cannot be run again (`read`) or does not
-        compile: the caller then syncs the traced tensors as always.
+        """`read`, then compiled.
 
         Args:
+            outputs, roles, known: as `read` takes them.
             donate: the kinds of role (a role's first item) whose buffers each run gives to
                 its outputs: values the run replaces, which nothing reads after it.
+
+        Returns:
+            The graph and the inputs it was traced on; None where it cannot be run again
+            (`read`) or does not compile: the caller then syncs the traced tensors.
         """
         try:
             read = cls.read(outputs, roles, known)
@@ -391,8 +406,15 @@ class CompiledGraph:
         return graph, inputs
 
     def inputs(self, values: Mapping[str, Any]) -> list:
-        """Each slot's tensor for a run: `values[name][key]` for a role `(name, key)`,
-        `values[name]` for a role `(name,)`; the seed, and the constants as they are."""
+        """Each slot's tensor for a run.
+
+        Args:
+            values: role name -> a tensor (for a role `(name,)`), or what is indexed by the
+                role's key (for `(name, key)`: a list, or a dict).
+
+        Returns:
+            The inputs in order: the roles' values, the device's seed, the constants.
+        """
         inputs = list(self.constants)
         for i, name, key in self.role_places:
             inputs[i] = values[name] if key is None else values[name][key]
@@ -400,12 +422,18 @@ class CompiledGraph:
             inputs[i] = current_seed(self.device)
         return inputs
 
-    def run(self, inputs: list) -> list:
+    def run(self, inputs: list, wait: bool = True) -> list:
         """The outputs of the graph run on `inputs` (`inputs(...)`, or `read`'s own).
 
-        One run in flight: a run returns before it ran, and a host no longer tracing would
-        queue run after run, each holding outputs of its own."""
-        wait_device_ops()
+        Args:
+            inputs: a tensor per slot.
+            wait: first wait for the runs queued on the devices (one run in flight): a run
+                returns before it ran, and a host no longer tracing would queue run after
+                run, each holding outputs of its own (steps that replace what they read).
+                False: runs queue (evaluation batches, whose outputs are all kept).
+        """
+        if wait:
+            wait_device_ops()
         return run_compiled(self.key, inputs)
 
 

@@ -414,8 +414,8 @@ def greedy_generate(model: Any, input_ids: Any, attention_mask: Any, target_leng
             every step (evaluation).
         fetch: copies device tensors to the host in one transfer (the early-stop checks).
         capture: called once with the state and the first step traced (not run): returns
-            the step's compiled graph (`StepGraph`: then no step is traced again), or None
-            (every step traced and synced).
+            the step's compiled graph (`StepGraph`: it runs the later steps, unless its first
+            run resharded the state), or None (every step traced and synced).
 
     Returns:
         `[batch, target_length]` token ids: the prompt after its first token, then what each

@@ -7,7 +7,8 @@ no recompilation.
   outputs over padded batches (one graph per bucket), decode on the host.
 
 Each bucket's first batch is traced; its later batches run the compiled graph on their data
-(`_xla.CompiledGraph`), tracing nothing, unless the task syncs inside its outputs (seq2seq).
+(`_xla.CompiledGraph`), tracing nothing, unless the task or its data say its outputs sync
+inside (`eval_ahead` False: seq2seq and Whisper decode in their own loop).
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None,
                 bar: str = "eval", finish: bool = True) -> tuple[list, list]:
     """The task's `eval_outputs` of every batch of the plan's evaluation split, on the host:
     `(batches, fetched)` (evaluation and `predict` both); `ahead`'s graphs run the buckets
-    they were compiled for; `bar` names the progress bar ("eval", or "predict").
+    they were compiled for (after `ahead.finish()`), each other bucket's first batch is
+    compiled and its later ones run by that graph (`captured_outputs`); `bar` names the
+    progress bar ("eval", or "predict").
 
     The bar reaches its total once every result is on the host (the graphs run until then),
     or, with `finish=False`, where the caller says its work ends."""
@@ -78,7 +81,8 @@ def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None,
     # The bar's clock starts with the evaluation (step 0: no batch done yet).
     emit(Progress(worker_rank(), 0, len(batches), {}, None, bar))
     # Each bucket's graph: compiled while training ran, or captured from its first batch.
-    graphs: dict[int, _xla.CompiledGraph | None] = dict(ahead.graphs) if ahead else {}
+    graphs: dict[int, _xla.CompiledGraph | None] = {
+        bucket: graph for bucket, graph in (ahead.graphs if ahead else {}).items() if graph.key}
     with torch.no_grad():
         for i, (bucket_index, positions, real) in enumerate(batches):
             bucket = split.buckets[bucket_index]
@@ -89,7 +93,7 @@ def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None,
             if graph is not None:
                 outputs += run_on(graph, batch)
             elif (bucket_index not in graphs and ctx.task.eval_ahead  # no sync of its own
-                  and plan.capture_steps):
+                  and plan.data.eval_ahead and plan.capture_steps):
                 outputs += captured_outputs(ctx, batch, graphs, bucket_index)
             else:
                 outputs += traced_outputs(ctx, batch)
@@ -124,7 +128,7 @@ def batch_roles(batch: Batch) -> dict[int, _xla.Slot]:
 
 def run_on(graph: _xla.CompiledGraph, batch: Batch) -> list[torch.Tensor]:
     """The outputs of an evaluation graph run on `batch` and the current weights."""
-    return graph.run(graph.inputs({"batch": batch.tensors}))
+    return graph.run(graph.inputs({"batch": batch.tensors}), wait=False)
 
 
 def weights_of(ctx: WorkerContext) -> list[torch.Tensor]:
@@ -141,13 +145,15 @@ def captured_outputs(ctx: WorkerContext, batch: Batch,
     roles = batch_roles(batch)
     traced = traced_outputs(ctx, batch)
     captured = _xla.CompiledGraph.capture(traced, roles, weights_of(ctx))
-    graphs[bucket_index] = captured[0] if captured else None
-    if captured is None:
-        _xla.sync()
+    # A random op would draw alike in every batch: no sync moves the seed between runs.
+    if captured is None or captured[0].reads_seed:
+        graphs[bucket_index] = None
+        _xla.sync()  # the graph compiled for it, if any: found in the cache
         return traced
     graph, inputs = captured
+    graphs[bucket_index] = graph
     del traced  # never run: the compiled graph runs instead
-    return graph.run(inputs)
+    return graph.run(inputs, wait=False)
 
 
 class EvalAhead:
@@ -162,7 +168,7 @@ class EvalAhead:
     compilation. A `sync()` cannot do this: a sync in progress leaves its tensors with
     neither graph nor value, which fails the training's next sync, and pending outputs would
     be swept into the training's graph. Any failure here leaves evaluation to compile when
-    it starts, as before.
+    it starts.
     """
 
     def __init__(self, ctx: WorkerContext) -> None:
@@ -182,7 +188,7 @@ class EvalAhead:
             return self
         try:
             self._start(split)
-        except Exception as error:  # noqa: BLE001 - evaluation then compiles as before
+        except Exception as error:  # noqa: BLE001 - evaluation then compiles its graphs
             self.error = error
             self.graphs.clear()
             _xla.clear_pending()
@@ -207,11 +213,14 @@ class EvalAhead:
             ctx.model.train()
         lookups = _xla.graph_lookups()
         try:
-            for bucket_index, roles, outputs in traced:
-                read = _xla.CompiledGraph.read(outputs, roles, weights_of(ctx))
-                if read is None:
-                    raise RuntimeError("an evaluation output is not computed by its graph")
-                graph = read[0]
+            # Every graph read before any compiles: a failure then leaves no thread to
+            # compile a graph the clearing below voids.
+            read = {bucket_index: _xla.CompiledGraph.read(outputs, roles, weights_of(ctx))
+                    for bucket_index, roles, outputs in traced}
+            if any(one is None or one[0].reads_seed for one in read.values()):
+                raise RuntimeError("an evaluation output is not computed by its graph alone")
+            for bucket_index, _, outputs in traced:
+                graph = read[bucket_index][0]
                 thread = threading.Thread(target=self._compile, args=(graph, outputs),
                                           name="hfxla_nb-eval-compile", daemon=True)
                 thread.start()
@@ -229,12 +238,12 @@ class EvalAhead:
         try:
             graph.key = _xla.compile_graph(outputs)
             self._compiled.append(1)
-        except Exception as error:  # noqa: BLE001 - evaluation then compiles as before
+        except Exception as error:  # noqa: BLE001 - evaluation then compiles its graphs
             self.error = error
 
     def finish(self) -> int:
         """Wait for the compilations; returns how many graphs were compiled ahead (after a
-        failure evaluation compiles its graphs itself, as before)."""
+        failure evaluation compiles its graphs itself)."""
         for thread in self._threads:
             thread.join()
         if self.error is not None:

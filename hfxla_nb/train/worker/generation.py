@@ -370,7 +370,9 @@ class StepGraph:
     inputs are data), so it is traced once, at the first step, and compiled
     (`_xla.CompiledGraph`). Every token, the first too, passes the previous step's outputs
     (the state, and the cache the step updates) as the next inputs to that program: no
-    trace, the same program, the same tokens.
+    trace, the same program, the same tokens. Where the first run's outputs come back
+    sharded otherwise than they went in (`kept_shardings`), the caller traces the later
+    steps instead.
 
     Args:
         graph: the compiled step; its roles are ("state", name) and ("cache", index).
@@ -405,7 +407,8 @@ class StepGraph:
         roles.update({tensor_id: ("cache", i) for i, tensor_id in enumerate(carried_ids)})
         captured = _xla.CompiledGraph.capture([after[name] for name in names] + list(carried),
                                               roles, weights)
-        if captured is None:
+        # A random op of the model would draw alike at every token: no sync moves the seed.
+        if captured is None or captured[0].reads_seed:
             return None
         graph, inputs = captured
         cache = list(carried)
