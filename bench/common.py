@@ -124,6 +124,15 @@ def alternate(sides: dict[str, Callable[[], Any]], repeats: int,
     return results
 
 
+def compiled_over_traced(group: str, name: str, compiled: Sequence[float],
+                         traced: Sequence[float], bound: float, note: str) -> Figure:
+    """The host CPU of runs by a compiled graph over that of traced runs, alternating: the
+    median of the per-pair ratios, against the target `<= bound`."""
+    pairs = ratios(compiled, traced)
+    return target_figure(group, name, median(pairs), "<=", bound, "x", len(pairs),
+                         f"{note}; {len(pairs)} alternating pairs", pairs)
+
+
 def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[float]:
     """Per-repetition ratios of two alternating sides (pair i: the i-th run of each)."""
     return [a / b for a, b in zip(numerators, denominators, strict=True) if a and b]
