@@ -255,8 +255,8 @@ def _throughput_figures(mode: str, runs: list[dict]) -> list[common.Figure]:
                   if mode == "sampling" else "")
                + f"; predict on 4 virtual devices (batch 8 each), transformers' generate on "
                f"the CPU (batch 32, steps run {first['cpu_steps']}); 1 pair "
-               f"({'predict' if mode == 'sampling' else 'the CPU'} first); reported: the "
-               "machine was shared with another bench run, so the ratio is noisy")
+               f"({'predict' if mode == 'sampling' else 'the CPU'} first); reported: one pair, "
+               "so the ratio is noisy")
     tokens = (f"tokens/s: predict {med('predict_tokens_per_second'):.0f} in the worker "
               f"({med('compiled_tokens_per_second'):.0f} compiles out; compiling "
               f"{med('compile_seconds'):.1f} of {med('predict_seconds'):.1f} s), generate "
