@@ -34,6 +34,8 @@ def counted_predict(index: int, plan):
     from hfxla_nb.train.worker import evaluate
 
     result = evaluate.predict_worker(index, plan)
+    # An execution's sample is recorded as it ends, which may be after its outputs were read.
+    _xla.wait_device_ops()
     executions = sum(_xla.metric_counts(_xla.EXECUTE_TIMES).values())
     return {"traced": traced(), "predictions": result["predictions"],
             "compiles": result["compiles"], "executions": executions}
