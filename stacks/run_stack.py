@@ -5,9 +5,10 @@ line names its interpreter) this script:
   1. finds Python X.Y (pyenv's versions folder, then pythonX.Y on PATH), or skips the stack;
   2. builds .stacks/NAME, a venv holding exactly the pinned packages (reused until the pin file
      changes, like the Makefile's $(STAMP));
-  3. installs hfxla_nb from this checkout WITH dependency resolution and fails if that changed,
-     removed or added any package: on Colab/Kaggle `%pip install hfxla_nb` must reinstall
-     nothing, so our pyproject ranges have to accept every version of the stack;
+  3. installs hfxla_nb from this checkout WITH dependency resolution and fails if that changed
+     or removed any package (a package the stack lacks may be added, and is named): on
+     Colab/Kaggle `%pip install hfxla_nb` must reinstall nothing, so our pyproject ranges have
+     to accept every version of the stack;
   4. runs the kernel-level tests (and notebooks/*.ipynb through nbval, when there are any)
      with that venv's python.
 
@@ -212,7 +213,12 @@ def install_package(stack: str, venv: Path) -> None:
     changes = [
         f"{name}: {before[name]} -> {after.get(name, 'removed')}"
         for name in sorted(before) if before[name] != after.get(name)
-    ] + [f"{name}: added {after[name]}" for name in sorted(set(after) - set(before))]
+    ]
+    # A package the image lacks (an extra's: cloudpickle for sessions) is added beside it;
+    # that replaces nothing the image's other software relies on.
+    added = [f"{name} {after[name]}" for name in sorted(set(after) - set(before))]
+    if added:
+        say(stack, "installing hfxla_nb added " + ", ".join(added))
     if changes:
         # The venv no longer holds the pinned stack: the next run must rebuild it.
         (venv / ".stack-installed").unlink(missing_ok=True)
