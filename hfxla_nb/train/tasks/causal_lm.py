@@ -529,21 +529,16 @@ def generate_on_device(ctx: WorkerContext, batch: Batch,
                        options: GenerationOptions) -> tuple[torch.Tensor, torch.Tensor]:
     """`[rows, max_new_tokens]` tokens of a batch of left-padded prompts, on the device, and
     which rows ended (already computed by the last step: returning it costs no graph)."""
-    mesh = ctx.mesh
     inputs = batch.inputs()
     keys = batch.tokens[:, 2 * batch.length]  # the label column: the row's index
 
-    def mark(tensors: list) -> None:
-        if mesh is not None:  # the same input shardings for every step: one step graph
-            for tensor in tensors:
-                _xla.replicate(tensor, mesh)
-
     def sync(tensors: list) -> None:
-        mark(tensors)
+        ctx.replicate(tensors)  # the same input shardings for every step: one step graph
         _xla.sync()
 
     hooks = DecodeHooks(sync=sync, fetch=_xla.to_cpu, autocast=ctx.autocast,
-                        tokenizer=ctx.plan.tokenizer, capture=ctx.plan.capture_steps, mark=mark)
+                        tokenizer=ctx.plan.tokenizer, capture=ctx.plan.capture_steps,
+                        mark=ctx.replicate)
     decoded = decode(ctx.model, inputs["input_ids"], inputs["attention_mask"], options, hooks,
                      keys=keys, live=batch.weights)
     return decoded.tokens, decoded.done

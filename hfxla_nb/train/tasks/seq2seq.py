@@ -711,21 +711,17 @@ def generate_synced(ctx: WorkerContext, first: list[Any], input_ids: Any, mask: 
     replicated over the mesh under SPMD."""
 
     def sync(state: dict[str, Any]) -> None:
-        if ctx.mesh is not None:
-            # Replicated inside each graph: fetching sharded results would compile a
-            # gather per tensor, and the first step then sees the same input shardings
-            # as every later one (one step graph, not two).
-            for tensor in [*first, *state.values()]:
-                _xla.replicate(tensor, ctx.mesh)
-            first.clear()
+        # Replicated inside each graph: fetching sharded results would compile a gather per
+        # tensor, and the first step then sees the same input shardings as every later one
+        # (one step graph, not two).
+        ctx.replicate([*first, *state.values()])
+        first.clear()
         _xla.sync()
 
     def capture(state: dict[str, Any], step: dict[str, Any]) -> StepGraph | None:
         from ..worker.generation import StepGraph
 
-        if ctx.mesh is not None:
-            for tensor in step.values():  # as `sync` replicates them
-                _xla.replicate(tensor, ctx.mesh)
+        ctx.replicate(list(step.values()))  # as `sync` replicates them
         return StepGraph.capture(ctx.model, state, step, [], [])
 
     with ctx.autocast():

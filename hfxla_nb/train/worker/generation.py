@@ -419,7 +419,9 @@ class StepGraph:
 
     def run(self, state: dict) -> dict:
         """The state after one more step: the compiled graph run on `state` and the cache."""
-        carried = [*(state.get(name) for name in self.names), *self.cache]
+        # What the outputs become, read at the first run only (a token's run reads nothing).
+        carried = ([*(state.get(name) for name in self.names), *self.cache]
+                   if self.kept_shardings is None else [])
         outputs = self.graph.run(self.graph.inputs({"state": state, "cache": self.cache}))
         if self.kept_shardings is None:
             # Over a mesh XLA picks the shardings of the outputs no mark fixed (the cache).
