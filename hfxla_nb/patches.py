@@ -37,12 +37,18 @@ The patches:
   transformers kernelizes a model at load and again at each `model.train()` or `eval()`,
   for the model's device; `kernels` knows no "xla" device and raises "Unsupported device
   type 'xla'". On a model whose parameters are on an XLA device the patched `kernelize`
-  does nothing: the model keeps transformers' own PyTorch layers, which XLA compiles. (A
-  launched worker also loads models with `USE_HUB_KERNELS=NO`, transformers' own switch.)
+  does nothing: the model keeps transformers' own PyTorch layers, which XLA compiles.
+  transformers' mapping names no kernel for the CPU, so a model kernelized at load on the
+  CPU (in the notebook, or in a worker) holds those same PyTorch layers. Every launched
+  worker keeps this one patch on for its whole life (`keep_hub_kernels_off_xla`), from the
+  moment transformers is imported there: a model loaded in the notebook before the launch,
+  with hub kernels on as transformers' default, trains and evaluates in the worker.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -55,6 +61,8 @@ _applied: dict[str, tuple[Any, str, Any]] = {}
 # open one, and the patches stay until the last of them closes.
 _users = 0
 _outside: set[str] = set()
+# Patches kept for the process's whole life: the end of an `applied()` block leaves them on.
+_kept: set[str] = set()
 
 
 def _on_xla(tensor: Any) -> bool:
@@ -131,15 +139,18 @@ def _targets() -> dict[str, tuple[Any, str, Callable[[Any], Any]]]:
     return targets
 
 
-def apply() -> list[str]:
+def apply(only: tuple[str, ...] | None = None) -> list[str]:
     """Apply every patch this version of transformers needs; returns the names applied.
 
     Idempotent: applying twice patches once. Call `remove()` to restore the originals.
+
+    Args:
+        only: the names of the patches to apply (every one when None).
     """
     names = []
     with _lock:
         for name, (module, attribute, make) in _targets().items():
-            if name in _applied:
+            if name in _applied or (only is not None and name not in only):
                 continue
             original = getattr(module, attribute)
             setattr(module, attribute, make(original))
@@ -154,6 +165,7 @@ def remove() -> None:
         for module, attribute, original in _applied.values():
             setattr(module, attribute, original)
         _applied.clear()
+        _kept.clear()
 
 
 def active() -> list[str]:
@@ -181,6 +193,47 @@ def applied() -> Iterator[list[str]]:
             _users -= 1
             if _users == 0:
                 for name in list(_applied):
-                    if name not in _outside:
+                    if name not in _outside and name not in _kept:
                         module, attribute, original = _applied.pop(name)
                         setattr(module, attribute, original)
+
+
+def keep_hub_kernels_off_xla() -> None:
+    """Keep the `hub_kernels` patch on in this process from now on (a launched worker's).
+
+    Applied now when transformers' `modeling_utils` is already imported (a model loaded in the
+    notebook before the fork), else the moment it is: the patch must be in place before the
+    first `model.train()` or `eval()` of a model on an XLA device. transformers' own switch,
+    `USE_HUB_KERNELS=NO`, is no substitute: a model loaded with hub kernels on raises at its
+    next `train()` under it ("Hub kernels are disabled through the environment variable").
+    """
+    with _lock:
+        _kept.add("hub_kernels")
+    if _MODELING_UTILS in sys.modules:
+        apply(only=("hub_kernels",))
+    elif not any(isinstance(finder, _ApplyOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _ApplyOnImport())
+
+
+_MODELING_UTILS = "transformers.modeling_utils"
+
+
+class _ApplyOnImport(importlib.abc.MetaPathFinder):
+    """Applies the `hub_kernels` patch right after `transformers.modeling_utils` is imported."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _MODELING_UTILS:
+            return None
+        sys.meta_path.remove(self)  # one import to watch; the other finders locate it
+        spec = next((found for finder in sys.meta_path if hasattr(finder, "find_spec")
+                     for found in [finder.find_spec(fullname, path, target)] if found), None)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_patch(module) -> None:
+            exec_module(module)
+            apply(only=("hub_kernels",))
+
+        spec.loader.exec_module = exec_then_patch  # this spec's own loader instance
+        return spec

@@ -23,10 +23,11 @@ def test_training_arguments_refuse_in_the_kernel():
     assert not _xla.runtime_is_initialized()
 
 
-def _train_with_trainer(index, folder, output_dir, report_to):
+def _train_with_trainer(index, folder, output_dir, report_to, model):
+    """`model` was loaded before the launch, as in accelerate's notebooks (hub kernels on)."""
     import warnings
 
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer
+    from transformers import AutoTokenizer, Trainer
 
     import hfxla_nb as hx
     from hfxla_nb import demo
@@ -37,7 +38,6 @@ def _train_with_trainer(index, folder, output_dir, report_to):
                                truncation=True),
         batched=True,
     )
-    model = AutoModelForSequenceClassification.from_pretrained(folder)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         args = hx.xla_training_arguments(
@@ -69,12 +69,16 @@ def _train_with_trainer(index, folder, output_dir, report_to):
 
 @pytest.mark.launch
 def test_trainer_with_the_callback_in_a_launched_run(cache, tmp_path, capsys, monkeypatch):
+    from transformers import AutoModelForSequenceClassification
+
     folder = demo.demo_model_dir(cache=cache)
+    model = AutoModelForSequenceClassification.from_pretrained(folder)  # before the launch
     monkeypatch.setenv("WANDB_MODE", "offline")  # the Trainer's own trackers, asked for
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
     result = hx.notebook_launcher(
-        _train_with_trainer, args=(folder, str(tmp_path / "trainer"), ["tensorboard", "wandb"]),
+        _train_with_trainer,
+        args=(folder, str(tmp_path / "trainer"), ["tensorboard", "wandb"], model),
         progress="console"
     )
     # The Trainer's own bars are gone from hx.xla_trainer(Trainer); ours is there. A plain
@@ -111,22 +115,22 @@ def test_trainer_with_the_callback_in_a_launched_run(cache, tmp_path, capsys, mo
     assert not _xla.runtime_is_initialized()
 
 
-def _sft_lora_fsdp(folder, output_dir):
+def _sft_lora_fsdp(folder, output_dir, model):
     """trl's SFTTrainer + LoRA + packing with FSDPv2 on every device (SFTConfig's default
-    gradient checkpointing kept, through torch_xla's checkpoint)."""
+    gradient checkpointing kept, through torch_xla's checkpoint); `model` was loaded before
+    the launch (hub kernels on)."""
     import warnings
 
     import torch_xla.debug.metrics as met
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
     import hfxla_nb as hx
     from hfxla_nb.demo.lm import TEMPLATE, demo_lm_dataset
 
     rows = demo_lm_dataset(n=160)["train"]
-    model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     lora = LoraConfig(r=8, target_modules="all-linear", task_type="CAUSAL_LM")
     with warnings.catch_warnings():
@@ -176,9 +180,14 @@ def test_sft_trainer_with_lora_and_fsdp_v2_in_a_launched_worker(tmp_path):
 
     peft = pytest.importorskip("peft")
     pytest.importorskip("trl")
+    from transformers import AutoModelForCausalLM
+
     folder = demo_lm_model_dir(cache=tmp_path / "cache")
+    model = AutoModelForCausalLM.from_pretrained(folder)  # in the notebook, before the launch
+    assert model.use_kernels  # transformers' default with `kernels` installed
     out = tmp_path / "sft"
-    result = hx.notebook_launcher(_sft_lora_fsdp, args=(folder, str(out)), num_processes=4,
+    result = hx.notebook_launcher(_sft_lora_fsdp, args=(folder, str(out), model),
+                                  num_processes=4,
                                   strategy="spmd", progress=False)
     assert "rename_column('response', 'completion')" in result["refused"]
     config = result["fsdp_config"]
@@ -197,8 +206,6 @@ def test_sft_trainer_with_lora_and_fsdp_v2_in_a_launched_worker(tmp_path):
     assert result["trainable"] < 0.2 * 123584  # adapters only
     adapter = peft.PeftConfig.from_pretrained(out)  # saved in PEFT's format, gathered
     assert adapter.peft_type == "LORA" and adapter.r == 8
-    from transformers import AutoModelForCausalLM
-
     model = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(folder), out)
     trained = [p for n, p in model.named_parameters() if "lora_B" in n]
     assert len(trained) == 14 and all(p.abs().max() > 0 for p in trained)  # all trained

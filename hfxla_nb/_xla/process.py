@@ -19,6 +19,7 @@ it: only inside a launched worker, or in the kernel when the user asked for in-k
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -44,34 +45,49 @@ def spawn(function: Callable[..., Any], args: tuple = ()) -> None:
     measures it).
     """
     require_torch_xla()
+    import functools
+
     import torch_xla.distributed.xla_multiprocessing as xmp
 
-    _register_item_fallback()
-    body = _one_process_body(function, args)
+    ranked = functools.partial(_after_item_fallback, function)
+    body = _one_process_body(ranked, args)
     if body is None:
-        xmp.spawn(function, args=args, start_method="fork")
+        xmp.spawn(ranked, args=args, start_method="fork")
     else:
         body()
 
 
-def _register_item_fallback() -> None:
-    """Make torch_xla create its `.item()` fallback counter now, before any rank thread runs.
+_item_fallback_lock = threading.Lock()
+_item_fallback_ready = False
+
+
+def _after_item_fallback(function: Callable[..., Any], index: int, *args: Any) -> Any:
+    """`function(index, *args)` in a rank thread, once this process's `.item()` fallback
+    counter exists.
 
     torch_xla counts each CPU fallback op in a map it fills on the op's first call, without a
     lock (`_fallback_counters` in `torch_xla/csrc/aten_fallback.cpp`). Rank threads of one
     process (XLA on the CPU, TPU v2/v3) that call `.item()` for the first time at the same
     moment insert into it together, and about one in 50 such launches died of SIGSEGV in
-    `xla_fallback`. Forked processes inherit the entry. Calling the op through XLA's kernel on
-    a host tensor inserts it without starting the runtime; the count it adds is cleared, so a
-    run's `.item()` calls are counted from zero. Other ops that fall back are first called by
-    ranks at the same moment far less often, and stay exposed to the race.
+    `xla_fallback`. So the first rank thread of a process calls the op once through XLA's
+    kernel on a host tensor while the others wait; the count it adds is cleared, so a run's
+    `.item()` calls are counted from zero. This runs in the rank thread, after torch_xla set
+    the process up: on torch_xla 2.8 the same call made before `xmp.spawn` counts as starting
+    the runtime, and xmp.spawn then refuses ("Runtime is already initialized"). Other ops that
+    fall back are first called by ranks at the same moment far less often, and stay exposed to
+    the race.
     """
-    import torch
-    import torch_xla.debug.metrics as met
+    global _item_fallback_ready
+    with _item_fallback_lock:
+        if not _item_fallback_ready:
+            import torch
+            import torch_xla.debug.metrics as met
 
-    xla = torch._C.DispatchKeySet(torch._C.DispatchKey.XLA)
-    torch.ops.aten._local_scalar_dense.default.redispatch(xla, torch.zeros(()))
-    met.clear_counters()
+            xla = torch._C.DispatchKeySet(torch._C.DispatchKey.XLA)
+            torch.ops.aten._local_scalar_dense.default.redispatch(xla, torch.zeros(()))
+            met.clear_counters()
+            _item_fallback_ready = True
+    return function(index, *args)
 
 
 def _one_process_body(function: Callable[..., Any], args: tuple) -> Callable[[], Any] | None:

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import _xla
+from .. import _xla, patches
 from ..events import (
     Channel,
     Failed,
@@ -310,22 +310,15 @@ def prepare_process(channel: Channel, output_fds: tuple[int, int],
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _avoid_forked_openmp_pool()
-    _keep_hub_kernels_off_xla()
+    # transformers 5.25 kernelizes a model (hub kernels) at load and at each `train()`/`eval()`
+    # for its device; `kernels` knows no "xla" device. Models loaded here or in the notebook
+    # before the fork keep transformers' own layers on XLA (hfxla_nb.patches says how).
+    patches.keep_hub_kernels_off_xla()
     global _cells
     _cells = cell_numbers()
     leave_the_notebook(channel)
 
 
-def _keep_hub_kernels_off_xla() -> None:
-    """Load models in the worker without the `kernels` package's hub kernels.
-
-    transformers 5.25 kernelizes every model it loads when `kernels` is installed, and again
-    at each `model.train()`/`eval()`; `kernels` knows no "xla" device and raises "Unsupported
-    device type 'xla'" once the model is on one. `USE_HUB_KERNELS` is transformers' own switch
-    (read at each `from_pretrained`); a value the user set is kept. `hx.patches`' `hub_kernels`
-    covers a model loaded before the launch.
-    """
-    os.environ.setdefault("USE_HUB_KERNELS", "NO")
 
 
 def _avoid_forked_openmp_pool() -> None:

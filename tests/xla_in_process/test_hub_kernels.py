@@ -4,8 +4,6 @@ model on an XLA device with transformers' own layers."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -48,17 +46,21 @@ def test_the_patch_trains_and_evaluates_a_kernelized_model_on_xla(kernelized):
     assert "hub_kernels" not in patches.active()
 
 
-def test_the_launched_worker_loads_models_without_hub_kernels():
-    from hfxla_nb.launch import worker
+KEPT_FROM_IMPORT = """
+    import json, sys
+    from hfxla_nb import patches
+    patches.keep_hub_kernels_off_xla()  # as a launched worker does, before transformers loads
+    before = "transformers.modeling_utils" in sys.modules
+    from transformers import modeling_utils
+    patched = getattr(modeling_utils.kernelize, "__hfxla_nb_patch__", False)
+    with patches.applied():  # fine_tune's block ends: the kept patch stays
+        pass
+    print(json.dumps({"before": before, "patched": patched, "after_block": patches.active()}))
+"""
 
-    saved = os.environ.pop("USE_HUB_KERNELS", None)
-    try:
-        worker._keep_hub_kernels_off_xla()
-        assert os.environ["USE_HUB_KERNELS"] == "NO"
-        os.environ["USE_HUB_KERNELS"] = "YES"  # a user's own choice is kept
-        worker._keep_hub_kernels_off_xla()
-        assert os.environ["USE_HUB_KERNELS"] == "YES"
-    finally:
-        os.environ.pop("USE_HUB_KERNELS", None)
-        if saved is not None:
-            os.environ["USE_HUB_KERNELS"] = saved
+
+def test_a_worker_keeps_the_patch_from_transformers_import_on():
+    from tests.helpers import run_python
+
+    assert run_python(KEPT_FROM_IMPORT) == {"before": False, "patched": True,
+                                            "after_block": ["hub_kernels"]}
