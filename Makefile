@@ -8,7 +8,7 @@ export PJRT_DEVICE ?= CPU
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: setup test test-fast lint demo bench lab clean test-browser test-stacks test-notebooks \
-	test-pods strip-notebooks test-binder test-stress dist test-latest
+	test-pods strip-notebooks test-binder test-stress dist test-latest test-stacks-smoke
 
 $(STAMP): pyproject.toml requirements-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -118,6 +118,10 @@ test-stacks:
 
 test-latest:
 	$(PYTHON) stacks/run_stack.py latest
+
+# CI: a replicated and an SPMD launch, a session and a fine_tune on Colab's and Kaggle's stacks.
+test-stacks-smoke:
+	$(PYTHON) stacks/run_stack.py colab kaggle --smoke
 
 # The wheel and the sdist, into dist/ (git-ignored), then twine's check of their metadata (the
 # README renders on PyPI). tests/test_wheel.py installs such a wheel in fresh venvs.

