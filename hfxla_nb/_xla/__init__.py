@@ -101,6 +101,7 @@ from .process import (  # noqa: E402  # noqa: E402
     TRANSFER_TO_DEVICE_TIME,
     UNCACHED_COMPILE,
     CompiledGraph,
+    Declined,
     Slot,
     add_step_closure,
     broadcast_master_param,
@@ -108,6 +109,8 @@ from .process import (  # noqa: E402  # noqa: E402
     compile_graph,
     compile_times,
     device,
+    fallback_counts,
+    fallbacks_since,
     get_rng_state,
     global_device_count,
     global_ordinal,
@@ -160,8 +163,8 @@ __all__ = [
     "process_device_count", "set_rng_state", "spawn", "sync", "to_cpu", "use_spmd",
     "wait_device_ops", "world_size",
     # graphs
-    "CompiledGraph", "Slot", "clear_pending", "compile_graph", "graph_lookups", "pending",
-    "replace_data", "tensor_id",
+    "CompiledGraph", "Declined", "Slot", "clear_pending", "compile_graph", "fallback_counts",
+    "fallbacks_since", "graph_lookups", "pending", "replace_data", "tensor_id",
     # sharding
     "checkpoint_layers", "data_parallel_mesh", "fsdp_v2", "mark_sharding", "replicate",
     "replicate_unsharded", "send_to_device", "share_sharding", "sharding_spec",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .loader import degraded, require_torch_xla, runtime_is_initialized
@@ -338,6 +339,33 @@ SEED = ("seed",)
 Slot = tuple
 
 
+@dataclass(frozen=True)
+class Declined:
+    """Why a traced graph is not run again by its key: its steps stay traced.
+
+    Attributes:
+        reason: one line a person can act on ("the step ran aten::nonzero on the CPU ...").
+    """
+
+    reason: str
+
+
+def fallback_counts() -> dict[str, int]:
+    """How many times each op has run on the CPU (torch_xla's `aten::<op>` counters): an op
+    with no XLA lowering reads its inputs back from the device in the middle of a trace."""
+    require_torch_xla()
+    import torch_xla.debug.metrics as met
+
+    return {name: int(met.counter_value(name) or 0) for name in met.counter_names()
+            if name.startswith(FALLBACK_PREFIX)}
+
+
+def fallbacks_since(before: Mapping[str, int]) -> list[str]:
+    """The ops that ran on the CPU since `before` (`fallback_counts()`), by name."""
+    return sorted(name.removeprefix(FALLBACK_PREFIX) for name, count in fallback_counts().items()
+                  if count > before.get(name, 0))
+
+
 class CompiledGraph:
     """A traced graph compiled under its key and run again on new data, with no trace.
 
@@ -350,14 +378,24 @@ class CompiledGraph:
     is (a weight: its current value is read at each run). The traced tensors are then
     dropped by letting go of them (`clear_pending` would void whatever else is traced).
 
+    A constant of the trace that is neither a role nor a known tensor was made on the host
+    while tracing: a Python number torch_xla keeps on the device (`x * 0.5`: the same data at
+    every trace), or a value uploaded (a numpy mask, a host random draw: new data each trace).
+    Their places are `traced_constants`: a caller proves them the same at a second trace
+    (`constant_values`) before it runs the graph again.
+
     Args:
         key: the compiled graph's key.
         slots: each input in order: a role, `SEED`, or `("tensor", t)`.
         device: the device the graph runs on (its seed is read there).
+        traced_constants: the places of the `("tensor", t)` slots whose tensor was made while
+            tracing (not a known tensor).
     """
 
-    def __init__(self, key: bytes, slots: list[Slot], device: Any) -> None:
+    def __init__(self, key: bytes, slots: list[Slot], device: Any,
+                 traced_constants: tuple[int, ...] = ()) -> None:
         self.key, self.slots, self.device = key, slots, device
+        self.traced_constants = traced_constants
         # What `inputs` fills in per run: the constants are in place once.
         self.constants = [slot[1] if slot[0] == "tensor" else None for slot in slots]
         self.role_places = [(i, slot[0], slot[1] if len(slot) > 1 else None)
@@ -393,11 +431,19 @@ class CompiledGraph:
         ids, inputs = graph_inputs(outputs, list(known))
         slots = [roles.get(tensor_id) or (SEED if tensor_id == seed else ("tensor", tensor))
                  for tensor_id, tensor in zip(ids, inputs, strict=True)]
-        return cls(b"", slots, outputs[0].device), inputs
+        weights = {id(tensor) for tensor in known}
+        traced = tuple(i for i, slot in enumerate(slots)
+                       if slot[0] == "tensor" and id(slot[1]) not in weights)
+        return cls(b"", slots, outputs[0].device, traced), inputs
+
+    def constant_values(self) -> list:
+        """The traced constants' values on the host (one transfer): equal at two traces of
+        the same step, they are the same at every one."""
+        return to_cpu([self.slots[i][1] for i in self.traced_constants])
 
     @classmethod
     def capture(cls, outputs: list, roles: dict[int, Slot], known: list = (),
-                donate: tuple[str, ...] = ()) -> tuple[CompiledGraph, list] | None:
+                donate: tuple[str, ...] = ()) -> tuple[CompiledGraph, list] | Declined:
         """`read`, then compiled.
 
         Args:
@@ -406,19 +452,22 @@ class CompiledGraph:
                 its outputs: values the run replaces, which nothing reads after it.
 
         Returns:
-            The graph and the inputs it was traced on; None where it cannot be run again
-            (`read`) or does not compile: the caller then syncs the traced tensors.
+            The graph and the inputs it was traced on; `Declined` (with its cause) where it
+            cannot be run again (`read`) or does not compile: the caller then syncs the
+            traced tensors.
         """
         try:
             read = cls.read(outputs, roles, known)
             if read is None:
-                return None
+                return Declined("an output of the step is not traced, or is named twice")
             graph, inputs = read
             graph.key = compile_graph(outputs, [tensor for slot, tensor
                                                 in zip(graph.slots, inputs, strict=True)
                                                 if slot[0] in donate])
-        except Exception:  # noqa: BLE001 - the traced tensors then run as they are
-            return None
+        except Exception as error:  # noqa: BLE001 - the traced tensors then run as they are
+            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            return Declined(f"compiling its graph by key raised {type(error).__name__}"
+                            + (f": {first}" if first else ""))
         return graph, inputs
 
     def inputs(self, values: Mapping[str, Any]) -> list:

@@ -569,6 +569,7 @@ def config_fields(config: FineTuneConfig, output_dir: str | None,
         save=output_dir is not None,
         fallback_dir=None if config.fallback_dir is None else str(config.fallback_dir),
         augment=bool(config.augment),
+        capture_steps=config.replays_steps,
     )
 
 

@@ -241,6 +241,10 @@ class FineTuneResult:
         best_model_checkpoint: the checkpoint written at the best evaluation, if any.
         stopped_early: a callback stopped the training (`control.should_training_stop`)
             before its last step; `steps` says where.
+        compiled_steps: each batch shape of the training ("32x48") -> "replayed" (its later
+            steps ran by the first step's compiled graph, with no trace), or "traced: " and
+            why not (`compiled_steps=False`, LayerDrop, an op run on the CPU while tracing,
+            a host value that differs between steps, ...).
         session: the warm session whose worker holds the trained model on the devices
             (`keep_warm`), or None; `warm` says whether it still does, `release()` frees it.
         config: the run's `FineTuneConfig` (what `evaluate` encodes new data with), or None
@@ -297,6 +301,7 @@ class FineTuneResult:
     best_step: int | None = None
     best_model_checkpoint: str | None = None
     stopped_early: bool = False
+    compiled_steps: dict[str, str] = field(default_factory=dict)
     held_model: HeldModel | None = field(default=None, repr=False, compare=False)
     session: WarmSession | None = field(default=None, repr=False, compare=False)
     config: FineTuneConfig | None = field(default=None, repr=False, compare=False)

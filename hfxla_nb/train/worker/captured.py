@@ -13,10 +13,21 @@ current data, and its outputs become the parameters' data (`_xla.replace_data`: 
 traced), AdamW's moments and the running loss. The device computes what the traced step would
 have, with the seed each sync moves on, so the losses are the traced loop's.
 
-Where a step cannot be run so (torch's own AdamW step, gradients all-reduced across processes
-by `optimizer_step`, a parameter left without a gradient, a weight changed in place by the
-step: batch norm's statistics, torch_xla's gradient checkpointing; an output whose sharding
-differs from its input's), that shape's steps are traced as before.
+A step is run again only where nothing in its trace can differ at the next step:
+- no op ran on the CPU while it was traced (a value read back from the device, such as
+  `.item()`, `bool(tensor)` or `nonzero`, would decide what is traced);
+- every input of its graph is a role (a parameter, a moment, the batch, the running loss,
+  AdamW's numbers), the seed, or a parameter or buffer of the model; a constant made on the host
+  while tracing (a Python number, a numpy mask, a host random draw) is fetched at the shape's
+  first and second trace, and the step is run again only once the two are equal;
+- the model draws no LayerDrop coin on the host (`layerdrop` in its config).
+Where a step cannot be run so (`compiled_steps=False`, torch's own AdamW step, gradients
+all-reduced across processes by `optimizer_step`, a weight changed in place by the step: batch
+norm's statistics, torch_xla's gradient checkpointing; an output whose sharding differs from
+its input's), that shape's steps are traced as before, and the result says why
+(`FineTuneResult.compiled_steps`). A parameter the step gives no gradient (an unused
+embedding) is passed as it is. Python branches on host values that leave no trace in the
+graph (a `random.random()` in a model's forward) cannot be seen: `compiled_steps=False`.
 """
 
 from __future__ import annotations
@@ -42,10 +53,12 @@ class Before:
         roles: torch_xla's tensor id -> the input's role: ("param", i), ("avg", i),
             ("square", i), ("loss",), ("batch", j).
         shardings: the sharding of each output to come, in the outputs' order.
+        fallbacks: torch_xla's counts of the ops run on the CPU so far.
     """
 
     roles: dict[int, tuple]
     shardings: list[str]
+    fallbacks: dict[str, int]
 
     @classmethod
     def take(cls, trained: list, optimizer: AdamW, loss_total: torch.Tensor,
@@ -60,7 +73,14 @@ class Before:
         roles[_xla.tensor_id(loss_total)] = ("loss",)
         shardings = [_xla.sharding_spec(t)
                      for t in outputs_of(trained, optimizer, loss_total)]
-        return cls(roles, shardings)
+        return cls(roles, shardings, _xla.fallback_counts())
+
+    def shardings_of(self, places: list[int]) -> list[str]:
+        """The shardings of a step whose outputs are the parameters at `places` (their
+        moments, the running loss), in the outputs' order."""
+        count = (len(self.shardings) - 1) // 3
+        return [*(self.shardings[kind * count + i] for kind in range(3) for i in places),
+                self.shardings[-1]]
 
 
 def outputs_of(trained: list, optimizer: AdamW, loss_total: torch.Tensor,
@@ -79,46 +99,73 @@ class CapturedStep:
 
     Args:
         graph: the compiled step; its roles are `Before`'s and ("numbers",).
-        trained: the trained parameters, in the outputs' order.
+        trained: the parameters it updates, in the outputs' order.
         optimizer: the AdamW whose moments the outputs are.
+        places: where each of `trained` stands among the parameters `Before` took.
     """
 
-    def __init__(self, graph: _xla.CompiledGraph, trained: list, optimizer: AdamW) -> None:
+    def __init__(self, graph: _xla.CompiledGraph, trained: list, optimizer: AdamW,
+                 places: list[int]) -> None:
         self.graph, self.trained, self.optimizer = graph, trained, optimizer
+        self.places = places  # where `trained` stands among the parameters `Before` took
 
     @classmethod
     def capture(cls, before: Before, trained: list, optimizer: AdamW,
-                loss_total: torch.Tensor, frozen: list) -> tuple[CapturedStep, list] | None:
-        """The traced step's graph, compiled, and the inputs it was traced on; None where it
-        cannot be run again on new data (the traced step is then synced as always).
+                loss_total: torch.Tensor, frozen: list
+                ) -> tuple[CapturedStep, list] | _xla.Declined:
+        """The traced step's graph, compiled, and the inputs it was traced on; `Declined`,
+        with its cause, where it cannot be run again on new data (the traced step is then
+        synced as always).
 
         Args:
             before: what the step read, taken before its trace.
-            trained: the trained parameters (their new values traced).
+            trained: the trained parameters (their new values traced; one the step gave no
+                gradient is passed as it is).
             optimizer: the AdamW that traced the update (the parameters' new values in
                 `new_values`, its moments' in its state, its step numbers in `last_numbers`).
             loss_total: the new running loss (traced).
             frozen: the model's other parameters and buffers (inputs passed as they are).
         """
+        ran_on_cpu = _xla.fallbacks_since(before.fallbacks)
+        if ran_on_cpu:
+            return _xla.Declined(
+                f"the step ran {', '.join(ran_on_cpu)} on the CPU while it was traced: a value "
+                "read back from the device (.item(), bool(tensor), nonzero) may trace another "
+                "step each time")
         numbers, values = optimizer.last_numbers, optimizer.new_values or {}
-        if numbers is None or any(id(p) not in values for p in trained):
-            return None  # host numbers (constants, another graph each step), or no gradient
+        if numbers is None:
+            return _xla.Declined("the optimizer's step numbers were not one uploaded tensor")
+        updated = [p for p in trained if id(p) in values]
+        if not updated:
+            return _xla.Declined("no parameter got a gradient")
         # A weight the step changed in place is not an output: a batch norm's running
         # statistics would stop moving, and torch_xla's checkpoint (its optimization barrier
         # on the parameters) would leave traced values that read buffers given away.
         if any(_xla.pending([*trained, *frozen])):
-            return None
-        roles = dict(before.roles)
+            return _xla.Declined(
+                "the step changes a weight in place (batch norm's running statistics, or "
+                "torch_xla's gradient checkpointing)")
+        unchanged = [p for p in trained if id(p) not in values]  # no gradient: as they are
+        # The roles of the updated parameters and their moments, numbered in `updated`'s order.
+        places = [i for i, p in enumerate(trained) if id(p) in values]
+        place = {i: n for n, i in enumerate(places)}
+        roles = {}
+        for tensor_id, role in before.roles.items():
+            if role[0] not in ("param", "avg", "square"):
+                roles[tensor_id] = role
+            elif role[1] in place:
+                roles[tensor_id] = (role[0], place[role[1]])
         roles[_xla.tensor_id(numbers)] = ("numbers",)
         # The parameters' and moments' buffers go to their new values, as a traced step's
         # in-place updates do: one copy of each in memory. Not the running loss: a
         # logging point's fetch reads it after the next step ran.
-        captured = _xla.CompiledGraph.capture(outputs_of(trained, optimizer, loss_total, values),
-                                              roles, frozen, donate=("param", "avg", "square"))
-        if captured is None:
-            return None
+        captured = _xla.CompiledGraph.capture(outputs_of(updated, optimizer, loss_total, values),
+                                              roles, [*frozen, *unchanged],
+                                              donate=("param", "avg", "square"))
+        if isinstance(captured, _xla.Declined):
+            return captured
         graph, inputs = captured
-        return cls(graph, list(trained), optimizer), inputs
+        return cls(graph, updated, optimizer, places), inputs
 
     def run(self, batch: Batch, numbers: torch.Tensor, loss_total: torch.Tensor,
             inputs: list | None = None) -> torch.Tensor:

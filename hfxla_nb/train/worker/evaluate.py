@@ -146,7 +146,7 @@ def captured_outputs(ctx: WorkerContext, batch: Batch,
     traced = traced_outputs(ctx, batch)
     captured = _xla.CompiledGraph.capture(traced, roles, weights_of(ctx))
     # A random op would draw alike in every batch: no sync moves the seed between runs.
-    if captured is None or captured[0].reads_seed:
+    if isinstance(captured, _xla.Declined) or captured[0].reads_seed:
         graphs[bucket_index] = None
         _xla.sync()  # the graph compiled for it, if any: found in the cache
         return traced

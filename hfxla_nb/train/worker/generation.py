@@ -408,7 +408,7 @@ class StepGraph:
         captured = _xla.CompiledGraph.capture([after[name] for name in names] + list(carried),
                                               roles, weights)
         # A random op of the model would draw alike at every token: no sync moves the seed.
-        if captured is None or captured[0].reads_seed:
+        if isinstance(captured, _xla.Declined) or captured[0].reads_seed:
             return None
         graph, inputs = captured
         cache = list(carried)

@@ -182,6 +182,15 @@ class TrainingLoop:
         self.eval_ahead: EvalAhead | None = None
         # Each batch shape's step run by its compiled graph, or None: traced (captured.py).
         self.captured: dict[tuple, CapturedStep | None] = {}
+        # A shape whose graph has constants made while tracing: its key and their values at
+        # its first trace, checked against its second before its steps run by the graph.
+        self.first_constants: dict[tuple, tuple[bytes, list]] = {}
+        # Each batch shape, as "<rows>x<padded length>" -> "replayed", or why its steps were
+        # traced; the names of the shapes seen.
+        self.compiled_steps: dict[str, str] = {}
+        self.shape_names: dict[tuple, str] = {}
+        # The constants' fetches: kept out of the per-step figures, as checkpoints are.
+        self.check_marks: list[tuple[float, float, dict[str, int]]] = []
         self._schedules: dict[int, list] = {}
         self._report_rank = worker_rank()
         base_lrs = self.scheduler.base_lrs
@@ -483,14 +492,20 @@ class TrainingLoop:
         # One micro-batch is uploaded as [rows, columns]: no slicing op traced per step.
         batch = ctx.upload(host)
         shape = tuple(tuple(tensor.shape) for tensor in batch.tensors)
+        self.shape_names.setdefault(shape, f"{batch.tensors[0].shape[0]}x{bucket.length}")
         captured = self.captured.get(shape)
         if captured is not None:  # run by its compiled graph (captured.py)
-            numbers = self.optimizer.count_step()
+            numbers = self.optimizer.count_step(captured.trained)
             lr = float(self.scheduler.get_last_lr()[0])
             self.scheduler.step()
             self.loss_total = captured.run(batch, numbers, self.loss_total)
             return bucket, batch.tensors[0], lr
-        capture = shape not in self.captured and self._capturable()
+        capture = shape not in self.captured
+        if capture:
+            declined = self._not_capturable()
+            if declined is not None:
+                self._decide(shape, None, declined)
+                capture = False
         if capture:
             before = Before.take(parameters, self.optimizer, self.loss_total, batch)
             self.optimizer.new_values = {}
@@ -513,20 +528,41 @@ class TrainingLoop:
             parameter.grad = None
         self.loss_total = self.loss_total + step_loss
         if capture:
-            self.captured[shape] = self._capture(before, parameters, batch)
+            self._capture(before, parameters, batch, shape)
         return bucket, batch.tensors[0], lr  # as uploaded: the panel reads its shape
 
-    def _capturable(self) -> bool:
-        """Whether steps may run by their compiled graph: AdamW's own update traced (not
-        torch's step), and no all-reduce across processes (`optimizer_step`)."""
+    def _not_capturable(self) -> str | None:
+        """Why no step may run by its compiled graph, or None: steps may when AdamW's own
+        update is traced (not torch's step), nothing is all-reduced across processes
+        (`optimizer_step`), and the model draws no LayerDrop coin on the host."""
         from .optimizer import AdamW
 
-        return (self.plan.capture_steps and isinstance(self.optimizer, AdamW)
-                and (self.ctx.spmd or self.ctx.world == 1))
+        if not self.plan.capture_steps:
+            return "compiled_steps=False"
+        if not isinstance(self.optimizer, AdamW):
+            return "torch's own optimizer step"
+        if not (self.ctx.spmd or self.ctx.world == 1):
+            return "gradients all-reduced across processes (strategy='replicated')"
+        config = getattr(self.ctx.base_model, "config", None)
+        drawn = {name: value for name in ("layerdrop", "encoder_layerdrop", "decoder_layerdrop")
+                 if isinstance(value := getattr(config, name, 0.0), (int, float)) and value > 0}
+        if drawn:
+            settings = ", ".join(f"{name}={value}" for name, value in drawn.items())
+            return (f"LayerDrop ({settings}) drops layers by a coin drawn on the host at each "
+                    "step: each draw is another graph")
+        return None
 
-    def _capture(self, before: Before, trained: list, batch: Any) -> CapturedStep | None:
-        """Compile the step just traced and run it by its graph; None (the traced step
-        synced as always, and its shape traced from now on) where it cannot be."""
+    def _decide(self, shape: tuple, step: CapturedStep | None, declined: str | None) -> None:
+        """Shape `shape`'s later steps run by `step`'s graph, or are traced (`declined`
+        says why)."""
+        self.captured[shape] = step
+        self.compiled_steps[self.shape_names[shape]] = ("replayed" if declined is None
+                                                   else f"traced: {declined}")
+
+    def _capture(self, before: Before, trained: list, batch: Any, shape: tuple) -> None:
+        """Compile the step just traced and run it by its graph; where it cannot be, the traced
+        step is synced as always and its shape traced from now on. A graph with constants
+        made while tracing runs its shape's later steps once a second trace gave the same."""
         import torch
 
         trained_ids = {id(p) for p in trained}
@@ -535,19 +571,45 @@ class TrainingLoop:
         captured = CapturedStep.capture(before, trained, self.optimizer, self.loss_total,
                                         frozen)
         values, self.optimizer.new_values = self.optimizer.new_values or {}, None
-        if captured is None:  # the update traced as `step` traces it, then synced
+        if isinstance(captured, _xla.Declined):  # the update traced as `step` traces it
             updated = [p for p in trained if id(p) in values]
             with torch.no_grad():
                 torch._foreach_copy_(updated, [values[id(p)] for p in updated])
-            return None
+            self._decide(shape, None, captured.reason)
+            return
         values.clear()  # the traced new values: never run
         step, inputs = captured
         self.loss_total = step.run(batch, self.optimizer.last_numbers, self.loss_total, inputs)
-        if step.shardings(self.loss_total) != before.shardings:
+        if step.shardings(self.loss_total) != before.shardings_of(step.places):
             # The next run would read inputs sharded otherwise than the program was compiled
             # for: this shape's later steps are traced (the sync compiles for them).
-            return None
-        return step
+            self._decide(shape, None, "an output's sharding differs from its input's")
+            return
+        if step.graph.traced_constants:
+            begin, counts_before = time.perf_counter(), counts()
+            constants = step.graph.constant_values()
+            after = counts()
+            self.check_marks.append((begin, time.perf_counter(),
+                                     {k: after[k] - counts_before[k] for k in COUNTED}))
+            first_key, first = self.first_constants.setdefault(shape, (step.graph.key,
+                                                                       constants))
+            if first is constants:  # the shape's first trace: checked at its next step
+                return
+            if first_key != step.graph.key:
+                self._decide(shape, None, "its second step traced another graph than its "
+                             "first (a Python branch on a value of the host)")
+                return
+            if not all(a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+                       for a, b in zip(first, constants, strict=True)):
+                made = sorted({f"{tuple(a.shape)} {str(a.dtype).removeprefix('torch.')}"
+                               for a, b in zip(first, constants, strict=True)
+                               if not (a.shape == b.shape and torch.equal(a, b))})
+                self._decide(shape, None, (
+                    f"a value made on the host while tracing ({', '.join(made)}) differs "
+                    "between two steps: a host draw (SpecAugment's numpy mask, a random "
+                    "number) or a number set at each step"))
+                return
+        self._decide(shape, step, None)
 
     def log(self, step: int, loss_total: torch.Tensor, lr: float) -> None:
         """Records logging point `step`: the mean loss since the previous one.
@@ -605,6 +667,11 @@ class TrainingLoop:
             "bucket_lengths": list(plan.data.bucket_lengths),
             "batch_size": plan.batch_size,
             "resumed_from": plan.resume_from,
+            "compiled_steps": {**dict.fromkeys(
+                (self.shape_names[shape] for shape in self.first_constants
+                 if shape not in self.captured),
+                "run once by its compiled graph (a second step checks its constants)"),
+                **self.compiled_steps},
             **lora.described(ctx.base_model, plan.lora),
         }
 
@@ -625,4 +692,4 @@ class TrainingLoop:
     def _checkpoint_counts_after(self, name: str) -> int:
         since = self.steady_since
         return sum(delta.get(name, 0) for begin, _, delta in self.checkpoint_marks
-                   + self.eval_marks if since is None or begin >= since)
+                   + self.eval_marks + self.check_marks if since is None or begin >= since)

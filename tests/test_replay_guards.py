@@ -1,0 +1,119 @@
+"""A training step is run again by its compiled graph only where a check proves it computes what
+the traced step would (`train/worker/captured.py`); where it is not, its steps are traced, the
+losses are the traced loop's, and `result.compiled_steps` says why. Each model below trips one
+guard (or proves itself the same at a second trace) and is trained both ways on XLA:CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertForSequenceClassification
+
+import hfxla_nb as hx
+from hfxla_nb import demo
+
+pytestmark = pytest.mark.launch
+
+
+class HostDrawForSequenceClassification(BertForSequenceClassification):
+    """Scales its logits by a number drawn on the host at each step (as SpecAugment's mask)."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        draw = torch.from_numpy(np.random.rand(1).astype("float32")).to(out.logits.device)
+        out.logits = out.logits * (1 + draw)
+        return out
+
+
+class HostNumberForSequenceClassification(BertForSequenceClassification):
+    """Uploads the same number at each step: new data, the same value."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        out.logits = out.logits * torch.tensor([1.5]).to(out.logits.device)
+        return out
+
+
+class DeviceReadForSequenceClassification(BertForSequenceClassification):
+    """Reads a value back from the device in the middle of its step (`bool(tensor)`)."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        if bool(out.logits.abs().sum() > 1e9):  # never true; read on the host all the same
+            out.logits = out.logits * 0
+        return out
+
+
+class UnusedForSequenceClassification(BertForSequenceClassification):
+    """Holds a parameter its forward never uses: it gets no gradient."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.unused = torch.nn.Linear(4, 4)
+
+
+@pytest.fixture(scope="module")
+def trained(cache):
+    """Each model trained with its steps replayed where allowed, and with every step traced."""
+    folder = demo.demo_model_dir(cache=cache)
+    rows = demo.demo_dataset(n=200)
+    runs = {}
+    for cls in (HostDrawForSequenceClassification, HostNumberForSequenceClassification,
+                DeviceReadForSequenceClassification, UnusedForSequenceClassification):
+        for replay in (True, False):
+            model = cls.from_pretrained(folder)
+            runs[cls.__name__.removesuffix("ForSequenceClassification"), replay] = hx.fine_tune(
+                model, rows, max_steps=6, batch_size=8, log_every=1, learning_rate=1e-3,
+                output_dir=None, progress=False, compiled_steps=replay)
+    return runs
+
+
+def _losses(result) -> list[float]:
+    return [loss for _, loss in result.loss_history]
+
+
+@pytest.mark.parametrize("name", ["HostDraw", "HostNumber", "DeviceRead", "Unused"])
+def test_each_model_trains_exactly_as_the_traced_loop(trained, name):
+    replayed, traced = trained[name, True], trained[name, False]
+    assert _losses(replayed) == _losses(traced)  # bit for bit
+    assert len(set(_losses(replayed))) > 1
+    assert list(traced.compiled_steps.values()) == ["traced: compiled_steps=False"]
+
+
+def test_a_host_draw_at_each_step_declines_the_replay_and_says_so(trained):
+    (why,) = trained["HostDraw", True].compiled_steps.values()
+    assert why.startswith("traced: a value made on the host while tracing ((1,) float32) "
+                          "differs between two steps"), why
+
+
+def test_the_same_host_number_at_each_step_is_proven_the_same_and_replayed(trained):
+    assert list(trained["HostNumber", True].compiled_steps.values()) == ["replayed"]
+
+
+def test_a_device_read_while_tracing_declines_the_replay_naming_the_op(trained):
+    (why,) = trained["DeviceRead", True].compiled_steps.values()
+    assert why.startswith("traced: the step ran _local_scalar_dense on the CPU"), why
+
+
+def test_a_parameter_without_a_gradient_is_passed_as_it_is_and_the_step_replayed(trained):
+    assert list(trained["Unused", True].compiled_steps.values()) == ["replayed"]
+    assert trained["Unused", True].compiles == trained["Unused", False].compiles == 1
+
+
+def test_layerdrop_declines_the_replay_before_any_capture(cache):
+    folder = demo.demo_model_dir(cache=cache)
+    model = BertForSequenceClassification.from_pretrained(folder)
+    model.config.layerdrop = 0.1  # read from the config, as BART's and wav2vec2's carry it
+    result = hx.fine_tune(model, demo.demo_dataset(n=100), max_steps=2, batch_size=8,
+                          output_dir=None, progress=False)
+    (why,) = result.compiled_steps.values()
+    assert why.startswith("traced: LayerDrop (layerdrop=0.1)"), why
+
+
+def test_the_environment_turns_replay_off(cache, monkeypatch):
+    monkeypatch.setenv("HFXLA_NB_COMPILED_STEPS", "0")
+    assert hx.FineTuneConfig().replays_steps is False
+    assert hx.FineTuneConfig(compiled_steps=True).replays_steps is True  # the argument wins
+    monkeypatch.delenv("HFXLA_NB_COMPILED_STEPS")
+    assert hx.FineTuneConfig().replays_steps is True
