@@ -82,9 +82,14 @@ def test_each_model_trains_exactly_as_the_traced_loop(trained, name):
 
 
 def test_a_host_draw_at_each_step_declines_the_replay_and_says_so(trained):
+    from hfxla_nb.ui.panels import result_text
+
     (why,) = trained["HostDraw", True].compiled_steps.values()
     assert why.startswith("traced: a value made on the host while tracing ((1,) float32) "
                           "differs between two steps"), why
+    assert f"8x48: {why}" in result_text(trained["HostDraw", True])  # the result's panel
+    assert "8x48: later steps run by the first step's compiled graph" in result_text(
+        trained["HostNumber", True])
 
 
 def test_the_same_host_number_at_each_step_is_proven_the_same_and_replayed(trained):

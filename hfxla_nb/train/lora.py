@@ -81,7 +81,22 @@ def lora_settings(lora: Any, model: Any, model_config: Any,
             "nn.Linear and Conv1D layers): fine-tune it without lora=.")
     targets = settings.get("target_modules") or "all-linear"
     lora_parameter_count(facts, rank, targets)  # refuses targets that match nothing
+    if _experts(model_config) and settings.get("lora_dropout"):
+        # peft adapts a MoE model's expert weights (parameters, not layers) with its
+        # ParamWrapper, which takes no dropout and raises in the worker otherwise.
+        if isinstance(lora, peft.LoraConfig) or (isinstance(lora, Mapping)
+                                                  and "lora_dropout" in lora):
+            raise FineTuneError(
+                f"{facts.name} is a mixture of experts: peft's LoRA on its expert weights takes "
+                f"no dropout (lora_dropout={settings['lora_dropout']}); pass lora_dropout=0.")
+        settings["lora_dropout"] = 0.0
     return _jsonable(settings)
+
+
+def _experts(model_config: Any) -> int:
+    """How many experts a mixture-of-experts model has per layer (0: not one)."""
+    counts = [getattr(model_config, name, None) for name in ("num_local_experts", "num_experts")]
+    return max((count for count in counts if isinstance(count, int) and count > 1), default=0)
 
 
 def _requested(lora: Any, peft: Any, default_rank: int) -> dict[str, Any]:

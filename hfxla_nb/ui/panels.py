@@ -764,6 +764,9 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
                  f"{result.compiles + result.eval_compiles + result.setup_compiles} in all")
     rows.append(("XLA", f"{result.compiles} training + {result.eval_compiles} evaluation graphs "
                  f"compiled{per_step}{setup}"))
+    replay = compiled_steps_text(result.compiled_steps)
+    if replay:
+        rows.append(("steps", replay))
     what = _task_text(result)
     rows.append(("setup", f"{result.strategy} over {plural(result.devices, 'device')}, "
                  f"{result.precision}, batch {result.batch_size}, lengths "
@@ -786,6 +789,20 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
     if hint:
         rows.append(("next", hint))
     return rows
+
+
+def compiled_steps_text(compiled_steps: dict[str, str]) -> str | None:
+    """Per batch shape, whether its later steps ran by the first step's compiled graph, or
+    were traced and why (one line per traced shape); None when the run says nothing."""
+    if not compiled_steps:
+        return None
+    replayed = [shape for shape, how in compiled_steps.items() if how == "replayed"]
+    lines = []
+    if replayed:
+        lines.append(f"{', '.join(replayed)}: later steps run by the first step's compiled "
+                     "graph (no trace)")
+    lines += [f"{shape}: {how}" for shape, how in compiled_steps.items() if how != "replayed"]
+    return "\n".join(lines)
 
 
 def result_text(result: Any) -> str:

@@ -26,6 +26,7 @@ import numpy as np
 
 from ... import _xla
 from .. import lora
+from ..experts import use_dense_experts
 from ..plan import TrainPlan, resolve_precision
 from ..tasks import TASKS
 
@@ -174,6 +175,9 @@ class WorkerContext:
         torch.manual_seed(plan.seed)  # the new head's initialization
         model = _loaded_model(plan)
         context = cls(plan, model)
+        experts = use_dense_experts(model)  # MoE: static shapes (train/experts.py)
+        if experts is not None:
+            context.notes.append(experts)
         if train:
             context.base_model = lora.worker_model(model, plan, context.precision)
             context.base_model.to(context.device)
