@@ -101,9 +101,10 @@ def test_a_device_read_while_tracing_declines_the_replay_naming_the_op(trained):
     assert why.startswith("traced: the step ran _local_scalar_dense on the CPU"), why
 
 
-def test_a_parameter_without_a_gradient_is_passed_as_it_is_and_the_step_replayed(trained):
-    assert list(trained["Unused", True].compiled_steps.values()) == ["replayed"]
-    assert trained["Unused", True].compiles == trained["Unused", False].compiles == 1
+def test_a_parameter_without_a_gradient_declines_the_replay_naming_it(trained):
+    assert list(trained["Unused", True].compiled_steps.values()) == [
+        "traced: 2 trained parameter(s) got no gradient at the step (unused.weight, "
+        "unused.bias)"]
 
 
 def test_layerdrop_declines_the_replay_before_any_capture(cache):

@@ -22,16 +22,17 @@ A step is run again only where nothing in its trace can differ at the next step:
   first and second trace, and the step is run again only once the two are equal;
 - the model draws no LayerDrop coin on the host (`layerdrop` in its config).
 Where a step cannot be run so (`compiled_steps=False`, torch's own AdamW step, gradients
-all-reduced across processes by `optimizer_step`, a weight changed in place by the step: batch
-norm's statistics, torch_xla's gradient checkpointing; an output whose sharding differs from
-its input's), that shape's steps are traced as before, and the result says why
-(`FineTuneResult.compiled_steps`). A parameter the step gives no gradient (an unused
-embedding) is passed as it is. Python branches on host values that leave no trace in the
-graph (a `random.random()` in a model's forward) cannot be seen: `compiled_steps=False`.
+all-reduced across processes by `optimizer_step`, a parameter left without a gradient, a weight
+changed in place by the step: batch norm's statistics, torch_xla's gradient checkpointing; an
+output whose sharding differs from its input's), that shape's steps are traced as before, and
+the result says why (`FineTuneResult.compiled_steps`). Python branches on host values that
+leave no trace in the graph (a `random.random()` in a model's forward) cannot be seen: turn
+replay off for such a model (`compiled_steps=False`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -75,13 +76,6 @@ class Before:
                      for t in outputs_of(trained, optimizer, loss_total)]
         return cls(roles, shardings, _xla.fallback_counts())
 
-    def shardings_of(self, places: list[int]) -> list[str]:
-        """The shardings of a step whose outputs are the parameters at `places` (their
-        moments, the running loss), in the outputs' order."""
-        count = (len(self.shardings) - 1) // 3
-        return [*(self.shardings[kind * count + i] for kind in range(3) for i in places),
-                self.shardings[-1]]
-
 
 def outputs_of(trained: list, optimizer: AdamW, loss_total: torch.Tensor,
                values: dict[int, torch.Tensor] | None = None) -> list:
@@ -99,19 +93,17 @@ class CapturedStep:
 
     Args:
         graph: the compiled step; its roles are `Before`'s and ("numbers",).
-        trained: the parameters it updates, in the outputs' order.
+        trained: the trained parameters, in the outputs' order.
         optimizer: the AdamW whose moments the outputs are.
-        places: where each of `trained` stands among the parameters `Before` took.
     """
 
-    def __init__(self, graph: _xla.CompiledGraph, trained: list, optimizer: AdamW,
-                 places: list[int]) -> None:
+    def __init__(self, graph: _xla.CompiledGraph, trained: list, optimizer: AdamW) -> None:
         self.graph, self.trained, self.optimizer = graph, trained, optimizer
-        self.places = places  # where `trained` stands among the parameters `Before` took
 
     @classmethod
     def capture(cls, before: Before, trained: list, optimizer: AdamW,
-                loss_total: torch.Tensor, frozen: list
+                loss_total: torch.Tensor, frozen: list,
+                names: Mapping[int, str] | None = None
                 ) -> tuple[CapturedStep, list] | _xla.Declined:
         """The traced step's graph, compiled, and the inputs it was traced on; `Declined`,
         with its cause, where it cannot be run again on new data (the traced step is then
@@ -119,12 +111,12 @@ class CapturedStep:
 
         Args:
             before: what the step read, taken before its trace.
-            trained: the trained parameters (their new values traced; one the step gave no
-                gradient is passed as it is).
+            trained: the trained parameters (their new values traced).
             optimizer: the AdamW that traced the update (the parameters' new values in
                 `new_values`, its moments' in its state, its step numbers in `last_numbers`).
             loss_total: the new running loss (traced).
             frozen: the model's other parameters and buffers (inputs passed as they are).
+            names: `id(parameter)` -> its name in the model, for what a decline says.
         """
         ran_on_cpu = _xla.fallbacks_since(before.fallbacks)
         if ran_on_cpu:
@@ -135,9 +127,15 @@ class CapturedStep:
         numbers, values = optimizer.last_numbers, optimizer.new_values or {}
         if numbers is None:
             return _xla.Declined("the optimizer's step numbers were not one uploaded tensor")
-        updated = [p for p in trained if id(p) in values]
-        if not updated:
-            return _xla.Declined("no parameter got a gradient")
+        unchanged = [p for p in trained if id(p) not in values]
+        if unchanged:
+            # One without a gradient at this step may get one at the next (a layer a host coin
+            # dropped): the step is not the same graph at every step.
+            names = names or {}
+            named = ", ".join(names.get(id(p), "a parameter of shape " + str(tuple(p.shape)))
+                              for p in unchanged[:3])
+            return _xla.Declined(f"{len(unchanged)} trained parameter(s) got no gradient at "
+                                 f"the step ({named}{', ...' if len(unchanged) > 3 else ''})")
         # A weight the step changed in place is not an output: a batch norm's running
         # statistics would stop moving, and torch_xla's checkpoint (its optimization barrier
         # on the parameters) would leave traced values that read buffers given away.
@@ -145,27 +143,17 @@ class CapturedStep:
             return _xla.Declined(
                 "the step changes a weight in place (batch norm's running statistics, or "
                 "torch_xla's gradient checkpointing)")
-        unchanged = [p for p in trained if id(p) not in values]  # no gradient: as they are
-        # The roles of the updated parameters and their moments, numbered in `updated`'s order.
-        places = [i for i, p in enumerate(trained) if id(p) in values]
-        place = {i: n for n, i in enumerate(places)}
-        roles = {}
-        for tensor_id, role in before.roles.items():
-            if role[0] not in ("param", "avg", "square"):
-                roles[tensor_id] = role
-            elif role[1] in place:
-                roles[tensor_id] = (role[0], place[role[1]])
+        roles = dict(before.roles)
         roles[_xla.tensor_id(numbers)] = ("numbers",)
         # The parameters' and moments' buffers go to their new values, as a traced step's
         # in-place updates do: one copy of each in memory. Not the running loss: a
         # logging point's fetch reads it after the next step ran.
-        captured = _xla.CompiledGraph.capture(outputs_of(updated, optimizer, loss_total, values),
-                                              roles, [*frozen, *unchanged],
-                                              donate=("param", "avg", "square"))
+        captured = _xla.CompiledGraph.capture(outputs_of(trained, optimizer, loss_total, values),
+                                              roles, frozen, donate=("param", "avg", "square"))
         if isinstance(captured, _xla.Declined):
             return captured
         graph, inputs = captured
-        return cls(graph, updated, optimizer, places), inputs
+        return cls(graph, list(trained), optimizer), inputs
 
     def run(self, batch: Batch, numbers: torch.Tensor, loss_total: torch.Tensor,
             inputs: list | None = None) -> torch.Tensor:

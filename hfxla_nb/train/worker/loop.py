@@ -495,7 +495,7 @@ class TrainingLoop:
         self.shape_names.setdefault(shape, f"{batch.tensors[0].shape[0]}x{bucket.length}")
         captured = self.captured.get(shape)
         if captured is not None:  # run by its compiled graph (captured.py)
-            numbers = self.optimizer.count_step(captured.trained)
+            numbers = self.optimizer.count_step()
             lr = float(self.scheduler.get_last_lr()[0])
             self.scheduler.step()
             self.loss_total = captured.run(batch, numbers, self.loss_total)
@@ -568,8 +568,9 @@ class TrainingLoop:
         trained_ids = {id(p) for p in trained}
         model = self.ctx.model
         frozen = [t for t in (*model.parameters(), *model.buffers()) if id(t) not in trained_ids]
+        names = {id(p): name for name, p in model.named_parameters()}
         captured = CapturedStep.capture(before, trained, self.optimizer, self.loss_total,
-                                        frozen)
+                                        frozen, names)
         values, self.optimizer.new_values = self.optimizer.new_values or {}, None
         if isinstance(captured, _xla.Declined):  # the update traced as `step` traces it
             updated = [p for p in trained if id(p) in values]
@@ -580,7 +581,7 @@ class TrainingLoop:
         values.clear()  # the traced new values: never run
         step, inputs = captured
         self.loss_total = step.run(batch, self.optimizer.last_numbers, self.loss_total, inputs)
-        if step.shardings(self.loss_total) != before.shardings_of(step.places):
+        if step.shardings(self.loss_total) != before.shardings:
             # The next run would read inputs sharded otherwise than the program was compiled
             # for: this shape's later steps are traced (the sync compiles for them).
             self._decide(shape, None, "an output's sharding differs from its input's")

@@ -162,17 +162,14 @@ class AdamW(torch.optim.AdamW):
                 _update(self.state, part, each, self.new_values)
         return loss
 
-    def count_step(self, updated: list | None = None) -> torch.Tensor | None:
-        """Count a step on the host for every trained parameter (or those of `updated`: the
-        ones a compiled step gives a gradient), as `step` does before its update, and return
-        the step's numbers as `step` gives them to the device (one tensor); None where they
-        are not one tensor (parameters counted a different number of steps). For a step whose
-        update runs by its compiled graph."""
+    def count_step(self) -> torch.Tensor | None:
+        """Count a step on the host for every trained parameter, as `step` does before its
+        update, and return the step's numbers as `step` gives them to the device (one
+        tensor); None where they are not one tensor (a parameter left without a gradient at
+        some step). For a step whose update runs by its compiled graph."""
         parts = []
-        chosen = None if updated is None else {id(p) for p in updated}
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.requires_grad
-                      and (chosen is None or id(p) in chosen)]
+            params = [p for p in group["params"] if p.requires_grad]
             if params:
                 states = [self.state[p] for p in params]
                 parts += _parts(group, params, [None] * len(params),

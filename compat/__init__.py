@@ -1,0 +1,1 @@
+"""`make compat`: the table of transformers' architectures (docs/compatibility.md)."""
