@@ -8,7 +8,7 @@ export PJRT_DEVICE ?= CPU
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: setup test test-fast lint demo bench lab clean test-browser test-stacks test-notebooks \
-	test-pods strip-notebooks test-binder test-stress dist test-latest test-stacks-smoke
+	test-pods strip-notebooks test-binder test-stress dist test-latest test-stacks-smoke compat
 
 $(STAMP): pyproject.toml requirements-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ setup: $(STAMP)
 
 # ruff, and the layer contracts of docs/architecture.md (pyproject.toml [tool.importlinter]).
 lint: setup
-	$(PY) -m ruff check hfxla_nb tests bench
+	$(PY) -m ruff check hfxla_nb tests bench compat
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_worker_purity.py  # workers never draw, at run time
 
@@ -34,7 +34,7 @@ test: setup lint
 # ruff, then the tests that start no kernel and no process and run no XLA (the others carry
 # the mark `kernel`, `launch` or `slow`, written on them): about 40 s on 2 cores.
 test-fast: setup
-	$(PY) -m ruff check hfxla_nb tests bench
+	$(PY) -m ruff check hfxla_nb tests bench compat
 	$(PY) -m pytest -q -p no:cacheprovider -m "not kernel and not launch and not slow"
 
 # notebook_launcher(cluster=...) on a real 2-node Ray cluster, in a network namespace of its own
@@ -97,6 +97,13 @@ DEMO_TASKS := token-classification question-answering multiple-choice image-clas
 	audio-classification speech-recognition
 demo: setup
 	$(PY) -m hfxla_nb.demo$(if $(filter causal-lm,$(TASK)),.lm,$(if $(filter seq2seq,$(TASK)),.seq2seq,$(if $(filter $(DEMO_TASKS),$(TASK)),.tasks --task $(TASK),)))
+
+# The compatibility table (docs/compatibility.md): a tiny model of each architecture family as
+# its checkpoint ships, fine-tuned with replay on and off, then predicting (compat/run.py; about
+# 20 minutes on 2 cores). `make compat COMPAT_ONLY="BERT Mixtral"` runs some rows.
+COMPAT_ONLY ?=
+compat: setup
+	$(PY) -m compat.run $(if $(COMPAT_ONLY),--only $(COMPAT_ONLY))
 
 # Every group of bench/ (aimed at 15 minutes on 2 cores; bench/RESULTS.md says how long its last
 # run took); writes bench/results/<date>.json and bench/RESULTS.md. `make bench BENCH_GROUPS=1,7` runs some; BENCH_QUICK=1 fewer repetitions.

@@ -240,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "compatibility.md")
     options = parser.parse_args(argv)
     os.environ.setdefault("PJRT_DEVICE", "CPU")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" at each row's save
     chosen = [family for family in FAMILIES
               if not options.only or family.row in options.only or family.name in options.only]
     start = time.perf_counter()

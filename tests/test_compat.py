@@ -1,0 +1,42 @@
+"""`make compat`'s fixed subset in CI (`compat/run.py`): an encoder, a decoder, a mixture of
+experts, an encoder-decoder and a vision model, each as its checkpoint ships (sizes shrunk),
+fine-tuned with its steps replayed and traced (equal losses), then predicting; and the table's
+families and rows as docs/compatibility.md promises them."""
+
+from __future__ import annotations
+
+import pytest
+
+from compat.families import FAMILIES
+from compat.run import Row, run_family, table
+
+SUBSET = {("BERT", "classification"), ("Llama 3.2", "causal-lm"), ("Mixtral", "causal-lm"),
+          ("BART", "seq2seq"), ("ResNet", "image-classification")}
+
+
+def test_the_table_covers_forty_families_and_every_task():
+    assert len({family.name for family in FAMILIES}) >= 40
+    assert {family.task for family in FAMILIES} >= {
+        "classification", "token-classification", "question-answering", "causal-lm",
+        "seq2seq", "speech-recognition", "audio-classification", "image-classification"}
+    assert sum(family.lora for family in FAMILIES) >= 3
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("name,task", sorted(SUBSET))
+def test_a_family_as_it_ships_fine_tunes_replays_as_traced_and_predicts(name, task):
+    family = next(f for f in FAMILIES if (f.name, f.task) == (name, task) and not f.lora)
+    row = run_family(family)
+    assert row.works == "yes", row.works
+    assert row.predict == "yes", row.predict
+    assert row.equal == "yes"  # the losses of the replayed steps are the traced ones
+    # ResNet's batch norm moves its statistics in place: its steps are traced, and it says so.
+    expected = "traced: the step changes a weight in place" if name == "ResNet" else "replayed"
+    assert row.steps.startswith(expected), row.steps
+    text = table([row], 0.1)
+    assert f"| {family.row} | `{family.checkpoint}` | {task} | yes |" in text
+
+
+def test_a_row_that_fails_shows_the_first_line_of_its_error():
+    row = Row(FAMILIES[0], works="ValueError: no such thing")
+    assert "| ValueError: no such thing |" in table([row], 0.1)
