@@ -261,6 +261,64 @@ def test_a_function_from_a_later_cell_runs_with_the_state_earlier_runs_left(kern
 
 
 @pytest.mark.kernel
+def test_a_value_a_cell_changes_is_the_one_the_next_run_reads_on_every_rank(kernel):
+    """A plain launch reads the notebook's values as they are; so does a session's run, on
+    every rank thread (XLA:CPU replicated over 2 devices); a name a run set with `global`
+    keeps the run's value."""
+    run_ok(kernel, """
+        lr = 1
+        s = hx.session(num_processes=2, progress=False)
+        def read_lr(index):
+            return lr * 10
+        first = s.run(read_lr)
+        """)
+    run_ok(kernel, "lr = 2")
+    run_ok(kernel, "second = s.run(read_lr)")
+    assert kernel.value("(first, second)") == (10, 20)
+    assert kernel.value("[rank.result for rank in hx.last_launch().ranks]") == [20, 20]
+    run_ok(kernel, """
+        def keep(index):
+            global kept
+            kept = 41
+        s.run(keep)
+        kept = 0  # the notebook's own `kept`: the workers keep the one the run set
+        def read_kept(index):
+            return kept, lr
+        """)
+    assert kernel.value("s.run(read_kept)") == (41, 2)
+    run_ok(kernel, "s.close()")
+
+
+@pytest.mark.kernel
+def test_without_cloudpickle_a_function_changed_after_the_start_is_refused_and_said_so():
+    """cloudpickle blocked in the kernel (as where `hfxla_nb[session]` is not installed): the
+    session says so when it starts, a function defined before runs, one changed after is
+    refused before anything runs, with the fix."""
+    kernel = Kernel()
+    try:
+        run_ok(kernel, """
+            import sys
+            sys.modules["cloudpickle"] = None  # `import cloudpickle` raises ImportError
+            import hfxla_nb as hx
+            def read_lr():
+                return 1
+            s = hx.session(num_processes=1, strategy="spmd", progress=False)
+            """)
+        started = run_ok(kernel, "first = s.run(read_lr)")
+        assert "cloudpickle is not installed" in started.stdout
+        assert kernel.value("first") == 1
+        assert kernel.value("s.run(read_lr)") == 1  # unchanged: runs by name
+        refused = kernel.run("def read_lr():\n    return 2\ns.run(read_lr)")
+        assert refused.error["ename"] == "LaunchRefusedError"
+        assert "read_lr was defined or changed after this session's workers started" in (
+            refused.error["evalue"])
+        assert 'pip install "hfxla_nb[session]"' in refused.error["evalue"]
+        run_ok(kernel, "s.close()")
+    finally:
+        kernel.close()
+
+
+@pytest.mark.kernel
 def test_the_stop_button_mid_run_gives_the_cell_back_and_ends_the_sessions_workers(kernel):
     run_ok(kernel, """
         import time

@@ -144,6 +144,8 @@ class Session:
         self._workers: _Workers | None = None
         self._idle_since: float | None = None
         self._ended: str | None = None  # why the last workers ended, said at the next run
+        # The notebook's functions as the workers were forked with them (`_unsendable`).
+        self._forked_code: dict[str, Any] = {}
 
     # -- running ---------------------------------------------------------------------------
 
@@ -190,8 +192,19 @@ class Session:
         if self._workers is not None and not self.alive:
             self._forget_workers()
         # New workers get their first job by the fork; running ones by a pickle.
+        if self._workers is not None:
+            refused = _unsendable(function, self._forked_code)
+            if refused:
+                raise LaunchRefusedError(refused)
         payload = None if self._workers is None else _pickled(job)
         notes = []
+        if self._workers is None:
+            self._forked_code = _notebook_code()
+            if not _has_cloudpickle():
+                notes.append(
+                    f"hfxla_nb: cloudpickle is not installed: this {self.name}'s later runs "
+                    "read the notebook's values as they were now, and a function defined "
+                    "or changed after now is refused (pip install \"hfxla_nb[session]\").")
         if self._ended is not None:
             notes.append(f"hfxla_nb: {self._ended}; new workers started for this "
                          f"{self.name} (what the old ones held is gone).")
@@ -462,6 +475,42 @@ class _SessionRun(Supervision):
             self._handle(event)
         self._say_library_warnings()
         self.native.settle()
+
+
+def _has_cloudpickle() -> bool:
+    try:
+        import cloudpickle  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _notebook_code() -> dict[str, Any]:
+    """The code object of each function the notebook (`__main__`) defines now."""
+    import sys
+    import types
+
+    main = sys.modules.get("__main__")
+    return {} if main is None else {
+        name: value.__code__ for name, value in vars(main).items()
+        if isinstance(value, types.FunctionType) and value.__module__ == "__main__"}
+
+
+def _unsendable(function: Callable, forked: dict[str, Any]) -> str | None:
+    """Why a run cannot send `function` to running workers (None: it can). Without
+    cloudpickle a notebook function goes by name, and the workers hold the one they were
+    forked with: a function defined or changed since would run its old body."""
+    if _has_cloudpickle():
+        return None
+    target = function.func if isinstance(function, functools.partial) else function
+    if getattr(target, "__module__", None) != "__main__":
+        return None
+    if forked.get(getattr(target, "__name__", "")) is getattr(target, "__code__", None):
+        return None
+    return (f"{getattr(target, '__name__', 'this function')} was defined or changed after this "
+            "session's workers started, and without cloudpickle they would run the body they "
+            "were started with: pip install \"hfxla_nb[session]\" (then restart the kernel), "
+            "or close the session (s.close()) so that the next run starts new workers.")
 
 
 def _pickled(job: Job) -> bytes:

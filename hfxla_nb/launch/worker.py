@@ -533,13 +533,20 @@ def _rebuilt(function: types.FunctionType, names: dict[str, Any],
     return rebuilt
 
 
+# The notebook names a session's job rebound in this worker (`global x; x = ...`): the next
+# jobs read the worker's value, not the notebook's. The values the notebook sent are told
+# apart by identity (rank threads of one process each merge their own copy of a job).
+_set_by_jobs: set[str] = set()
+_sent: set[int] = set()
+
+
 def in_notebook_namespace(function: Callable, filenames: Mapping[str, str]) -> Callable:
     """A function defined in a notebook cell, as it runs in a session's worker: its globals
     are the worker's copy of the notebook's names, so what one job sets with `global` the next
-    one reads. The names the function was sent with join them: functions, classes and modules
-    as the notebook has them now, other values only where the worker has none (a job's state
-    is not overwritten by the notebook's value of the same name). `filenames`: the cells the
-    code was read from (`code_files`)."""
+    one reads. The names the function was sent with (their values in the notebook when the
+    run started) join them, as a plain launch would see them, except a name a job rebound in
+    the workers: that keeps the job's value. `filenames`: the cells the code was read from
+    (`code_files`)."""
     main = sys.modules.get("__main__")
     if (not isinstance(function, types.FunctionType) or function.__module__ != "__main__"
             or main is None or function.__globals__ is vars(main)):
@@ -549,9 +556,23 @@ def in_notebook_namespace(function: Callable, filenames: Mapping[str, str]) -> C
         if isinstance(value, types.FunctionType) and name in filenames:
             value = _rebuilt(value, names, filenames[name])
         code = isinstance(value, (types.FunctionType, type, types.ModuleType))
-        if code or name not in names:
+        if code or name not in _set_by_jobs:
             names[name] = value
+            _sent.add(id(value))
     return _rebuilt(function, names, filenames.get(""))
+
+
+def _bindings() -> dict[str, int]:
+    """What each notebook name of this worker is bound to now (by identity)."""
+    main = sys.modules.get("__main__")
+    return {} if main is None else {name: id(value) for name, value in vars(main).items()}
+
+
+def _note_rebound(before: Mapping[str, int]) -> None:
+    """Remember the notebook names a job bound anew since `before` (`_bindings()`)."""
+    for name, identity in _bindings().items():
+        if before.get(name) != identity and identity not in _sent:
+            _set_by_jobs.add(name)
 
 
 def serve_rank(channel: Channel, rank: int, world: int, jobs: JobPipes) -> None:
@@ -564,7 +585,11 @@ def serve_rank(channel: Channel, rank: int, world: int, jobs: JobPipes) -> None:
         function = in_notebook_namespace(job.function, job.filenames)
         if job.kwargs:
             function = functools.partial(function, **job.kwargs)
-        run_rank(channel, rank, world, function, job.args, job.pass_index, keep=True)
+        before = _bindings()
+        try:
+            run_rank(channel, rank, world, function, job.args, job.pass_index, keep=True)
+        finally:
+            _note_rebound(before)
 
 
 def _run_ranks(channel: Channel, rank: int, world: int, function: Callable | None,
