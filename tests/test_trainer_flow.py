@@ -202,6 +202,41 @@ def test_callback_sees_events_in_order(run, events_file):
     assert epoch_ends == [s for s in (15, run.steps) if s <= run.steps][:len(epoch_ends)]
 
 
+class CollectsLosses(TrainerCallback):
+    """The usual way to plot something custom after training: collect it in an attribute."""
+
+    def __init__(self):
+        self.losses: list[float] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.losses.append(logs["loss"])
+
+
+class HoldsALock(TrainerCallback):
+    def __init__(self):
+        import threading
+
+        self.lock, self.calls = threading.Lock(), 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.calls += 1
+
+
+@pytest.mark.launch
+def test_a_callbacks_state_comes_back_to_the_notebooks_object(cache):
+    collects, locked = CollectsLosses(), HoldsALock()
+    result = hx.fine_tune(demo.demo_model_dir(cache=cache), demo.demo_dataset(n=120),
+                          max_steps=6, batch_size=8, log_every=2, progress=False,
+                          output_dir=None, callbacks=[collects, locked])
+    assert collects.losses == [loss for _, loss in result.loss_history]  # every logged loss
+    assert len(collects.losses) == 3
+    # One that cannot be sent back stays as it was, and the result says so.
+    assert locked.calls == 0
+    assert any(note.startswith("HoldsALock's state stayed in the worker") for note in
+               result.notes)
+
+
 @pytest.mark.launch
 def test_load_best_model_at_end_keeps_the_best(run, small_eval):
     import torch

@@ -48,6 +48,7 @@ from ..observe.tracking import (
 )
 from ..runtime.environment import in_notebook, one_call
 from .config import FineTuneConfig, FineTuneError
+from .flow import take_back
 from .hub import check_hub, push_after_training
 from .memory import MemoryPlan
 from .plan import TrainPlan
@@ -229,6 +230,7 @@ def fine_tune(
         if session is not None and not raw.pop("warm", False):
             session.close()  # the worker kept nothing (`load_best_model_at_end`)
             session = None
+        take_back(config.callbacks, raw.pop("callback_states", None))
         result = FineTuneResult.from_dict(raw)
         result.session, result.config = session, config
         raw.pop("held_model", None)  # weights in memory: the result's, not hx.last_launch()'s too

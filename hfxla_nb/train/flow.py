@@ -165,3 +165,11 @@ def learning_rates(settings: TrainerSettings, learning_rate: float,
                             ) from None
     lambdas = scheduler.lr_lambdas[0]
     return [learning_rate * lambdas(step) for step in range(total_steps)]
+
+
+def take_back(callbacks: tuple, states: list[dict[str, Any] | None] | None) -> None:
+    """Give the notebook's callback objects the attributes the worker's copies ended the run
+    with (what a callback collected: losses to plot, a patience counter)."""
+    for callback, state in zip(callbacks, states or [], strict=False):
+        if state is not None:
+            vars(callback).update(state)

@@ -263,6 +263,23 @@ class TrainerRun:
         self.call("on_log", logs=logs)
         self.call("on_train_end")
 
+    def ended_states(self) -> tuple[list[dict[str, Any] | None], list[str]]:
+        """Each callback's attributes as the run left them, for the notebook's own objects
+        (None for one that cannot be sent back), and a note naming each of those."""
+        import pickle
+
+        states, notes = [], []
+        for callback in self.callbacks:
+            try:
+                pickle.dumps(vars(callback))
+            except Exception as error:  # noqa: BLE001 - whatever pickling raised, said plainly
+                states.append(None)
+                notes.append(f"{type(callback).__name__}'s state stayed in the worker: its "
+                             f"attributes could not be sent back ({error}).")
+            else:
+                states.append(dict(vars(callback)))
+        return states, notes
+
     # -- checkpoints -----------------------------------------------------------------------------
 
     def saved_state(self) -> dict[str, Any]:

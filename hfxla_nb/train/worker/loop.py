@@ -261,6 +261,9 @@ class TrainingLoop:
             "total_seconds": time.perf_counter() - self.start_time,
             "provenance": plan.provenance,  # the kernel's, for the model card
         }
+        # The callbacks' state comes back to the notebook's objects (`flow.take_back`).
+        result["callback_states"], sent_back = self.run.ended_states()
+        result["notes"] += sent_back
         result["chance_accuracy"] = ctx.task.chance_accuracy(plan.data.eval)
         result["warnings"] = learning_warnings(self.history, metrics,
                                                result["chance_accuracy"])
