@@ -4,7 +4,8 @@ and routing, sliding windows, soft-capping, rope scaling, tied embeddings, batch
 only its sizes shrunk.
 
 The settings below are read off each checkpoint's published `config.json`; where a family's
-config class defaults to the checkpoint's value, it is not repeated.
+config class defaults to the checkpoint's value, it is not repeated. Token ids (padding, start,
+end) are the tokenizer's each row trains with, not the checkpoint's.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def _lm(name, checkpoint, config, shipped=(), sizes=DECODER, lora=False):
     return Family(name, checkpoint, config, "causal-lm", dict(shipped), dict(sizes), lora)
 
 
-ROBERTA = dict(BERT_DROPOUT, pad_token_id=1, layer_norm_eps=1e-5)
+ROBERTA = dict(BERT_DROPOUT, layer_norm_eps=1e-5)
 DEBERTA_V3 = dict(BERT_DROPOUT, relative_attention=True, position_buckets=256,
                   norm_rel_ebd="layer_norm", share_att_key=True, pos_att_type=["p2c", "c2p"],
                   max_relative_positions=-1, position_biased_input=False, layer_norm_eps=1e-7)
@@ -94,7 +95,7 @@ FAMILIES: list[Family] = [
     _text("DeBERTa-v3", "microsoft/deberta-v3-base", "DebertaV2Config", DEBERTA_V3),
     _text("XLM-RoBERTa", "FacebookAI/xlm-roberta-base", "XLMRobertaConfig", ROBERTA),
     _text("MPNet", "microsoft/mpnet-base", "MPNetConfig",
-          dict(BERT_DROPOUT, relative_attention_num_buckets=32, pad_token_id=1)),
+          dict(BERT_DROPOUT, relative_attention_num_buckets=32)),
     _text("ModernBERT", "answerdotai/ModernBERT-base", "ModernBertConfig",
           dict(global_attn_every_n_layers=3, local_attention=128, global_rope_theta=160000.0,
                local_rope_theta=10000.0, embedding_dropout=0.0, attention_dropout=0.0,

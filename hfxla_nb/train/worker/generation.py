@@ -46,6 +46,7 @@ from ..config import (
     prompt_rows,
     resolve_options,
 )
+from ..experts import use_dense_experts
 
 if TYPE_CHECKING:
     import torch
@@ -270,10 +271,14 @@ def decode(model: Any, ids: torch.Tensor, mask: torch.Tensor, options: Generatio
     ends = list(options.eos_token_ids)
     eos = torch.tensor(ends + [-1] * max(8 - len(ends), 0), dtype=torch.long, device=device)
     columns = torch.arange(new, device=device)[None, :]
+    # A mixture of experts that reports its router logits (Mixtral's config with the aux loss
+    # on) would compute that loss against the whole mask at each token: off, as generate does.
+    routers = ({"output_router_logits": False}
+               if getattr(getattr(model, "config", None), "output_router_logits", False) else {})
     with autocast():
         output = model(input_ids=ids, attention_mask=full[:, :length], position_ids=positions,
                        cache_position=torch.arange(length, device=device), use_cache=True,
-                       **{name: cache})
+                       **{name: cache}, **routers)
     step_tensor = torch.zeros(1, dtype=torch.int32, device=device)
     # The next step's cache position and index: data, not constants (every step is the same
     # graph), carried from step to step on the device rather than uploaded for each token.
@@ -304,7 +309,7 @@ def decode(model: Any, ids: torch.Tensor, mask: torch.Tensor, options: Generatio
         with autocast():
             output = model(input_ids=state["token"], attention_mask=full,
                            position_ids=state["position"], cache_position=where,
-                           use_cache=True, **{name: cache})
+                           use_cache=True, **{name: cache}, **routers)
         state = _chosen(state, output.logits[:, -1], options, (seed, keys, step_tensor),
                         columns, eos) | {"where": where + 1, "step": step_tensor + 1}
         del output  # traced logits nothing reads: never run
@@ -514,6 +519,7 @@ def generate(model: str | os.PathLike, prompts: str | list[str] | None = None,
     rows = prompt_rows(tokenizer, prompts, messages)
     with quiet_loading():  # no "Loading weights 21/21" bar in the launch panel
         network = AutoModelForCausalLM.from_pretrained(os.fspath(model))
+    use_dense_experts(network)  # a mixture of experts: static shapes (train/experts.py)
     network.to(_xla.device())
     return decode_prompts(network, tokenizer, rows, settings, bucket, stream)
 
