@@ -131,6 +131,11 @@ def build(family: Family, folder: Path) -> tuple[Any, dict[str, Any], list]:
         from hfxla_nb.demo.images import IMAGE_LABELS, IMAGE_SIZE, demo_image_dataset
 
         config = config_class(num_labels=len(IMAGE_LABELS), **settings)
+        from transformers.models.auto import modeling_auto
+
+        heads = modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES.get(config.model_type)
+        if isinstance(heads, tuple):  # DeiT has two heads: the Auto class needs one named
+            config.architectures = [heads[0]]
         processor = transformers.ViTImageProcessor(
             size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
         auto, data = "AutoModelForImageClassification", demo_image_dataset(ROWS)
@@ -175,7 +180,7 @@ def run_family(family: Family) -> Row:
         row.graphs = f"{replayed.compiles} + {replayed.eval_compiles}"
         row.steps = "; ".join(sorted(set(replayed.compiled_steps.values()))) or "-"
         row.equal = "yes" if replayed.loss_history == traced.loss_history else "no"
-        row.fallbacks = ", ".join(replayed.xla.get("fallback_ops") or []) or "none"
+        row.fallbacks = ", ".join(sorted(replayed.xla.get("fallbacks") or {})) or "none"
         try:
             if family.task == "causal-lm":
                 replayed.generate(inputs, max_new_tokens=4, progress=False)
@@ -234,6 +239,27 @@ def table(rows: list[Row], minutes: float) -> str:
     return text
 
 
+def _key(line: str) -> tuple[str, ...]:
+    """A table line's family, checkpoint and task."""
+    return tuple(cell.strip() for cell in line.strip("|\n").split(" | ")[:3])
+
+
+def merged(old: str, new: str) -> str:
+    """The table `old` with the rows of `new` in place of its rows of the same family and
+    task (`--only`); the count of working rows made again."""
+    fresh = {_key(line): line for line in new.splitlines() if line.startswith("| ")
+             and not line.startswith(("| family", "|---"))}
+    lines = [fresh.get(_key(line), line) if line.startswith("| ") else line
+             for line in old.splitlines()]
+    rows = [line for line in lines if line.startswith("| ")
+            and not line.startswith(("| family", "|---"))]
+    working = sum(line.split(" | ")[3].strip() == "yes" for line in rows)
+    families = len({_key(line)[0].removesuffix(" + LoRA") for line in rows})
+    lines = [f"{working} of {len(rows)} rows work; {families} families." if
+             line.endswith("families.") and " rows work; " in line else line for line in lines]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", help="only these rows (family names)")
@@ -252,7 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row.family.row:<16} {row.family.task:<22} {row.works[:60]:<60} "
               f"{row.steps[:50]} ({row.seconds:.0f} s)", flush=True)
         rows.append(row)
-    options.out.write_text(table(rows, (time.perf_counter() - start) / 60))
+    text = table(rows, (time.perf_counter() - start) / 60)
+    if options.only and options.out.exists():  # these rows updated in the table there
+        text = merged(options.out.read_text(), text)
+    options.out.write_text(text)
     print(f"wrote {options.out}")
     return 0 if all(row.works == "yes" for row in rows) else 1
 

@@ -121,9 +121,10 @@ class CapturedStep:
         ran_on_cpu = _xla.fallbacks_since(before.fallbacks)
         if ran_on_cpu:
             return _xla.Declined(
-                f"the step ran {', '.join(ran_on_cpu)} on the CPU while it was traced: a value "
-                "read back from the device (.item(), bool(tensor), nonzero) may trace another "
-                "step each time")
+                f"the step ran {', '.join(ran_on_cpu)} on the CPU while it was traced (an op "
+                "XLA does not lower, or a value read back from the device: .item(), "
+                "bool(tensor), nonzero): the graph is cut there, and what is read may differ "
+                "at the next step")
         numbers, values = optimizer.last_numbers, optimizer.new_values or {}
         if numbers is None:
             return _xla.Declined("the optimizer's step numbers were not one uploaded tensor")
