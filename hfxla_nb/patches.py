@@ -54,7 +54,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-_lock = threading.Lock()
+# Re-entrant: `apply()` imports transformers' modules, and where a worker keeps `hub_kernels`
+# from the import on (`keep_hub_kernels_off_xla`) that import applies it, on the same thread.
+_lock = threading.RLock()
 # patch name -> (module, attribute, original value); present while applied
 _applied: dict[str, tuple[Any, str, Any]] = {}
 # How many `applied()` blocks are open: rank threads of one process (TPU v2/v3, XLA:CPU) each

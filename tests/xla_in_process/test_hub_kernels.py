@@ -64,3 +64,22 @@ def test_a_worker_keeps_the_patch_from_transformers_import_on():
 
     assert run_python(KEPT_FROM_IMPORT) == {"before": False, "patched": True,
                                             "after_block": ["hub_kernels"]}
+
+
+FIRST_IMPORT_IN_A_BLOCK = """
+    import json
+    from hfxla_nb import patches
+    patches.keep_hub_kernels_off_xla()
+    with patches.applied() as names:  # imports transformers, which applies the kept patch
+        print(json.dumps({"names": names}))
+"""
+
+
+def test_a_block_that_first_imports_transformers_in_a_worker_does_not_deadlock():
+    """The first `applied()` of a worker imports transformers while it holds the patches'
+    lock, and that import applies the kept `hub_kernels` patch on the same thread (a
+    tutorial's launch hung there)."""
+    from tests.helpers import run_python
+
+    names = run_python(FIRST_IMPORT_IN_A_BLOCK, timeout=60)["names"]
+    assert "hub_kernels" in names and "bidirectional_mask" in names
