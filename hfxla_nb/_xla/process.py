@@ -465,7 +465,7 @@ class CompiledGraph:
                                                 in zip(graph.slots, inputs, strict=True)
                                                 if slot[0] in donate])
         except Exception as error:  # noqa: BLE001 - the traced tensors then run as they are
-            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            first = next(iter(str(error).strip().splitlines()), "")
             return Declined(f"compiling its graph by key raised {type(error).__name__}"
                             + (f": {first}" if first else ""))
         return graph, inputs

@@ -518,11 +518,10 @@ def _pickled(job: Job) -> bytes:
     try:
         return dump_job(job)
     except Exception as error:  # noqa: BLE001 - whatever pickling raised, said plainly
-        try:
-            import cloudpickle  # noqa: F401
+        if _has_cloudpickle():
             hint = ("Pass what the workers can rebuild instead (a folder, a model name, "
                     "plain data), or create the object inside the function.")
-        except ImportError:
+        else:
             hint = ("A function or class defined in the notebook needs cloudpickle: "
                     "pip install 'hfxla_nb[session]'.")
         raise LaunchRefusedError(

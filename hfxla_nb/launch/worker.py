@@ -319,8 +319,6 @@ def prepare_process(channel: Channel, output_fds: tuple[int, int],
     leave_the_notebook(channel)
 
 
-
-
 def _avoid_forked_openmp_pool() -> None:
     """Keep torch's CPU ops out of the OpenMP thread pool inherited from the notebook.
 
