@@ -68,7 +68,7 @@ def test_tutorial_3_your_own_loop(browser_lab):
     path = NOTEBOOKS / "03_your_own_loop.ipynb"
     train = code_cell(path, "result = hx.notebook_launcher(train)")
     failing = code_cell(path, "hx.notebook_launcher(train_with_a_bug)")
-    accelerate = code_cell(path, "hx.notebook_launcher(training_function)")
+    accelerate = code_cell(path, "hx.notebook_launcher(training_function, args=(model,))")
     with browser_lab.notebook("tutorial-03", source=path, timeout=RUN_TIMEOUT) as nb:
         text = nb.output_text(train)
         assert text.lstrip().startswith("✔ launch finished in "), text
