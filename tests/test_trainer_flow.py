@@ -80,7 +80,7 @@ def run(cache, tmp_path_factory, events_file):
     the last), early stopping after 2 evaluations without a higher one, a checkpoint every 5
     steps with only 1 kept (and the best's)."""
     out = tmp_path_factory.mktemp("flow") / "run"
-    return hx.fine_tune(
+    result = hx.fine_tune(
         demo.demo_model_dir(cache=cache), demo.demo_dataset(n=ROWS), batch_size=32,
         learning_rate=4e-3, max_steps=MAX_STEPS, log_every=LOG_EVERY, num_processes=1,
         progress=False, output_dir=out, save_steps=EVAL_STEPS, save_total_limit=SAVE_LIMIT,
@@ -88,14 +88,25 @@ def run(cache, tmp_path_factory, events_file):
         eval_steps=EVAL_STEPS, metric_for_best_model="loss", greater_is_better=True,
         load_best_model_at_end=True, keep_warm=True,
         callbacks=[EarlyStoppingCallback(early_stopping_patience=2), Recorder(str(events_file))])
+    yield result
+    result.release()  # the warm worker ends with the module
 
 
 @pytest.mark.launch
-def test_with_load_best_model_at_end_nothing_stays_warm(run):
-    """The saved model is an early evaluation's best; the devices hold the last step's
-    weights: a warm predict would not predict with the result's model."""
+def test_with_load_best_model_at_end_the_best_model_stays_warm(run, small_eval):
+    """The saved model is an early evaluation's best, and that is the model that stays on the
+    devices: a warm evaluation gives the best's loss, not the last step's, in the same
+    process."""
     assert run.best_step < run.steps  # the best is not the last step
-    assert run.session is None and not run.warm
+    assert run.session is not None and run.warm
+    trained_in = hx.last_launch().ranks[0].pid
+    best = next(entry for entry in evaluations(run) if entry["step"] == run.best_step)
+    metrics = run.evaluate(small_eval, progress=False)
+    assert hx.last_launch().ranks[0].pid == trained_in  # the warm worker, no new process
+    assert metrics["eval_loss"] == pytest.approx(best["eval_loss"], abs=1e-5)
+    assert metrics["eval_loss"] != pytest.approx(evaluations(run)[-1]["eval_loss"], abs=1e-4)
+    assert run.evaluate(small_eval, progress=False) == metrics
+    assert hx.last_launch().ranks[0].metrics.compiles == 0  # the graphs stayed with the model
 
 
 def evaluations(result) -> list[dict]:

@@ -228,7 +228,7 @@ def fine_tune(
             if notice is not None:
                 notice.close()
         if session is not None and not raw.pop("warm", False):
-            session.close()  # the worker kept nothing (`load_best_model_at_end`)
+            session.close()  # the worker kept nothing
             session = None
         take_back(config.callbacks, raw.pop("callback_states", None))
         result = FineTuneResult.from_dict(raw)

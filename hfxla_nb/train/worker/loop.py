@@ -133,11 +133,13 @@ def train_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
         loop = TrainingLoop(ctx, notes + ctx.notes, start_time)
         result = loop.train_evaluate_save()
     # Warm between cells: the trained model stays on the devices for the session's next
-    # jobs (`warm.py`). Not when the saved model is an earlier evaluation's best
-    # (`load_best_model_at_end`): the devices hold the last step's weights, and predicting
-    # with them would not be predicting with the result's model.
-    result["warm"] = plan.keep_warm and loop.best_model is None
+    # jobs (`warm.py`). With `load_best_model_at_end` the devices hold the last step's
+    # weights: the best evaluation's go back first, so that a warm predict predicts with
+    # the result's model.
+    result["warm"] = plan.keep_warm
     if result["warm"]:
+        if loop.best_model is not None:
+            ckpt.restore_model_state(loop, loop.best_model)
         warm.hold(ctx)
     return result
 

@@ -320,6 +320,23 @@ def model_state(loop: TrainingState) -> dict[str, Any]:
             for name, value in zip(names, fetched, strict=True)}
 
 
+def restore_model_state(loop: TrainingState, state: dict[str, Any]) -> None:
+    """Put `state` (as `model_state` returned it) back into the model on the devices, in one
+    upload; each tensor keeps its own sharding, so the graphs compiled for the model still
+    fit it."""
+    import torch
+
+    own = loop.ctx.base_model.state_dict(keep_vars=True)
+    names = list(own)
+    uploaded = _xla.send_to_device(
+        [state[name.replace(f"{FSDP_WRAPPED}.", "")] for name in names], loop.ctx.device)
+    with torch.no_grad():
+        for name, value in zip(names, uploaded, strict=True):
+            _xla.share_sharding(value, own[name])
+            own[name].copy_(value)
+    _xla.sync()
+
+
 def save_final(loop: TrainingState, result: dict[str, Any],
                cpu_model: dict[str, Any] | None = None) -> None:
     """The trained model, tokenizer and run summary, published atomically in `output_dir`;
