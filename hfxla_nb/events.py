@@ -170,7 +170,8 @@ class ProcessesStopped(Event):
 @dataclass(frozen=True)
 class OutputPipes(Event):
     """A worker process's own pipes for file descriptors 1 and 2: their read ends travel with
-    the datagram (SCM_RIGHTS) and arrive in `fds` as (stdout, stderr)."""
+    the datagram (SCM_RIGHTS) and arrive in `fds` as (stdout, stderr), then the file its
+    stacks are written into where it has one (`launch.stacks`)."""
 
     pid: int
     fds: tuple[int, ...] = ()

@@ -101,6 +101,9 @@ class BaseRankRecord:
         reason: the same as `error` in a few words ("raised ValueError", "killed by
             SIGKILL"), for the panel (the `LaunchError` carries the whole of it).
         signal: the number of the signal that killed its process; None when none did.
+        stack: where the rank was when it went quiet or was stopped unfinished (`timeout=`,
+            `heartbeat_timeout=`, the stop button): its process's threads that run the user's
+            code, most recent call first; "" when none was read (`launch.stacks`).
 
     Raises:
         ValueError: `exit_state` is not a `RankState` word.
@@ -117,6 +120,7 @@ class BaseRankRecord:
     bars: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     reason: str | None = None
     signal: int | None = None
+    stack: str = ""
     last_seen: float = field(default=0.0, repr=False)  # monotonic time of its last event
     started_at: float = field(default=0.0, repr=False)  # monotonic time of its Started
 

@@ -6,6 +6,7 @@ pre-flight refusal after `torch_xla.device()` gets a kernel of its own, since it
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -247,6 +248,70 @@ def test_a_frozen_process_is_stopped_by_heartbeat_timeout(kernel):
     assert output.error is not None and output.error["ename"] == "LaunchError"
     assert "no heartbeat for" in output.error["evalue"] and "frozen" in output.error["evalue"]
     assert kernel.value("last_launch().ranks[0].exit_state") == "timeout"
+    assert_clean(kernel)
+
+
+def test_a_rank_stopped_by_timeout_shows_the_line_of_its_cell_it_was_at(kernel):
+    """`timeout=` stops a rank blocked in `time.sleep` in the user's code: the error and
+    `last_launch().ranks[r].stack` say where, named as the cell that defined it."""
+    output = kernel.run(textwrap.dedent(
+        """
+        def stuck(index):
+            ready = index
+            time.sleep(600)
+
+        hx.notebook_launcher(stuck, num_processes=2, timeout=8, progress=False)
+        """), timeout=90)
+    assert output.error is not None and output.error["ename"] == "LaunchError"
+    message = output.error["evalue"]
+    assert "Where rank 0 was when it was stopped" in message, message
+    assert re.search(r"Cell In\[\d+\], line 3 in stuck", message), message
+    assert "Rank 1 runs in the process of rank 0." in message  # XLA:CPU: one process
+    assert "in supervise" not in message and "notebook_launcher" not in message  # launcher's
+    assert re.search(r"line 3 in stuck", kernel.value("last_launch().ranks[1].stack"))
+    assert_clean(kernel)
+
+
+def test_a_rank_waiting_in_a_collective_shows_its_line_when_stopped(kernel):
+    """Rank 0 waits in an all-reduce that rank 1 never joins: the stack names the line that
+    waits for it. (XLA:CPU aborts such a collective after 10 s from its start; the launch's
+    `timeout=` comes first. On a TPU it waits for ever.)"""
+    output = kernel.run(textwrap.dedent(
+        """
+        def one_rank_missing(index):
+            import torch, torch_xla.core.xla_model as xm
+            if index == 1:
+                time.sleep(600)
+            total = xm.all_reduce("sum", torch.ones(2, device=xm.xla_device()))
+            return total.cpu().tolist()
+
+        hx.notebook_launcher(one_rank_missing, num_processes=2, timeout=9, progress=False)
+        """), timeout=120)
+    assert output.error is not None and output.error["ename"] == "LaunchError"
+    stack = kernel.value("last_launch().ranks[0].stack")
+    assert re.search(r"line 6 in one_rank_missing", stack), stack
+    assert re.search(r"line 4 in one_rank_missing", stack), stack  # rank 1's thread
+    assert_clean(kernel)
+
+
+def test_a_rank_quiet_past_the_warning_is_named_with_its_line(kernel):
+    """A rank whose process sends nothing (here: a builtin loop that holds the GIL, so the
+    heartbeat thread cannot run) is named with the line it is at, once."""
+    output = run_ok(kernel, """
+        import hfxla_nb.observe.reader as reader
+        reader.HEARTBEAT_WARNING, warning = 5.0, reader.HEARTBEAT_WARNING
+
+        def busy(index):
+            return sum(range(1_000_000_000))
+
+        try:
+            hx.notebook_launcher(busy, num_processes=1, progress=False)
+        finally:
+            reader.HEARTBEAT_WARNING = warning
+        """, timeout=120)
+    assert "rank 0 has sent nothing for" in output.stderr, output.stderr
+    assert re.search(r"rank 0 is at Cell In\[\d+\], line 5 in busy", output.stderr), output.stderr
+    assert output.stderr.count("rank 0 is at") == 1
     assert_clean(kernel)
 
 

@@ -38,6 +38,7 @@ from pathlib import PurePath
 from typing import TextIO
 
 from ..events import Channel, LibraryWarning, Log, OutputPipes, worker_rank
+from . import stacks
 
 # -- a process's Log events, sent in order and batched --
 
@@ -332,7 +333,9 @@ def route_this_process(channel: Channel, rank: int | None = None) -> None:
         _routed_pid = os.getpid()
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
-        channel.send_fds(OutputPipes(rank=rank, pid=os.getpid()), [out_read, err_read])
+        stack_fd = stacks.register()  # where this process is, when the notebook asks
+        channel.send_fds(OutputPipes(rank=rank, pid=os.getpid()),
+                         [out_read, err_read] + ([] if stack_fd is None else [stack_fd]))
         os.dup2(out_write, 1)
         os.dup2(err_write, 2)
         for fd in (out_read, err_read, out_write, err_write):
@@ -368,6 +371,7 @@ class NativeRelay:
                  rewrite: Callable[[str], str | None] | None = None,
                  kept: list[str] | None = None) -> None:
         self.pipes: dict[int, _Pipe] = {}
+        self.stack_files: dict[int, int] = {}  # pid -> its stacks' file (`launch.stacks`)
         # (severity, source, text) of each XLA log line -> [times seen, stream, the tag of
         # every process that wrote it]
         self.repeats: dict[tuple[str, str, str], list] = {}
@@ -390,9 +394,11 @@ class NativeRelay:
         self.pipes[fd] = _Pipe(stream, pid, rank)
 
     def add_process(self, event: OutputPipes) -> None:
-        stdout_fd, stderr_fd = event.fds
+        stdout_fd, stderr_fd, *stack_fd = event.fds
         self.add(stdout_fd, "stdout", event.pid, event.rank)
         self.add(stderr_fd, "stderr", event.pid, event.rank)
+        if stack_fd:
+            self.stack_files[event.pid] = stack_fd[0]
 
     def fds(self) -> list[int]:
         return list(self.pipes)
@@ -432,6 +438,9 @@ class NativeRelay:
             self.read(fd)
             if fd in self.pipes:
                 self._close(fd)
+        for fd in self.stack_files.values():
+            os.close(fd)
+        self.stack_files.clear()
         self._say_repeats()
 
     def settle(self) -> None:

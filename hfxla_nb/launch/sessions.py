@@ -461,12 +461,13 @@ class _SessionRun(Supervision):
             end_launch(self.reader, self.display, outcome, start,
                        drain=lambda: self._settle(channel), interrupted_line="")
             return
+        where = self.stacks_of_unfinished(outcome)
         end_launch(
             self.reader, self.display, outcome, start,
             stop=self._stop, drain=lambda: self._drain(channel),
             interrupted_line=("hfxla_nb: interrupted; the session's workers were stopped "
                               "(what they held is gone). The next run starts new ones; the "
-                              "kernel is ready."))
+                              "kernel is ready." + where))
 
     def _settle(self, channel: Channel) -> None:
         """Apply the events sent by the end of the job and relay the output written by then;

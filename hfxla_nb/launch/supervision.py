@@ -34,6 +34,7 @@ from ..observe.reader import LaunchReader, RankMetrics, dataframe
 from ..observe.tracing import is_library
 from ..runtime import compile_cache
 from ..states import BaseLaunchRecord, BaseRankRecord, Outcome, RankState
+from . import stacks
 from .output import NativeRelay, print_folded
 from .processes import stop_group
 
@@ -174,7 +175,7 @@ def failure_message(reader: LaunchReader) -> str:
         return (
             f"the launch timed out after {reader.timeout:g}s and was stopped. Still running: "
             f"{', '.join(stalled) or 'none'}. Every worker process was terminated."
-        )
+        ) + where_they_were([r for r in record.ranks if r.exit_state == RankState.TIMEOUT])
     failed = reader.failure or next((r for r in record.ranks if r.error), None)
     if failed is None:
         return f"the launch ended without a result ({record.outcome})."
@@ -186,11 +187,30 @@ def failure_message(reader: LaunchReader) -> str:
     if failed.traceback:
         # Whole, as Python prints it: it ends with the exception line.
         message += f"\n\nRemote traceback (rank {failed.rank}):\n{failed.traceback.rstrip()}"
+    else:  # silent past heartbeat_timeout: where it was
+        message += where_they_were([failed])
     # XLA's allocator text is a wall of figures: said first in one line with its fixes
     # (the whole text stays below, and on the record).
     explanation = explain_hbm_exhaustion(f"{error}\n{failed.traceback or ''}",
                                          where=_user_line(failed.traceback or ""))
     return message if explanation is None else f"{explanation}\n\n{message}"
+
+
+def where_they_were(ranks: list[BaseRankRecord]) -> str:
+    """Each rank's stacks as read before it was stopped ("" for ranks with none), under a
+    line that names it; ranks of one process share theirs, said once."""
+    said: dict[str, int] = {}
+    text = ""
+    for rank in ranks:
+        if not rank.stack:
+            continue
+        if rank.stack in said:
+            text += f"\n\nRank {rank.rank} runs in the process of rank {said[rank.stack]}."
+            continue
+        said[rank.stack] = rank.rank
+        text += (f"\n\nWhere rank {rank.rank} was when it was stopped (its threads that run "
+                 f"your code, most recent call first):\n{rank.stack}")
+    return text
 
 
 def _user_line(traceback: str) -> str | None:
@@ -294,9 +314,23 @@ class LaunchWatch:
             return Outcome.FINISHED
         if self.timeout is not None and now - began > self.timeout:
             return Outcome.TIMEOUT
+        warned = set(self.reader.warned_silent)
         for warning in self.reader.check_heartbeats(now):
             print(warning, file=sys.stderr)
+        quiet = [r for r in self.record.ranks
+                 if r.rank in self.reader.warned_silent - warned and r.exit_state.active]
+        if quiet:
+            self.read_stacks(quiet)
+        for rank in quiet:
+            place = stacks.innermost_user_frame(rank.stack)
+            if place is not None:
+                print(f"hfxla_nb: rank {rank.rank} is at {place} (hx.last_launch().ranks"
+                      f"[{rank.rank}].stack has its threads).", file=sys.stderr)
         return None
+
+    def read_stacks(self, ranks: list[BaseRankRecord]) -> None:
+        """Put each of `ranks`' stacks on its record, where this watcher can read them (one
+        host's processes; a cluster's are on their hosts: none)."""
 
 
     def _exit_overdue(self, now: float) -> bool:
@@ -611,16 +645,47 @@ class Supervision(LaunchWatch):
                 pass
             self.pid = None
 
+    def read_stacks(self, ranks: list[BaseRankRecord]) -> None:
+        """Put each of `ranks`' stacks on its record (`launch.stacks`): the threads of its
+        process that run the user's code, cells named as in a traceback."""
+        from .worker import cell_numbers
+
+        cells, dumps = cell_numbers(), {}
+        for rank in ranks:
+            fd = self.native.stack_files.get(rank.pid)
+            if fd is None:
+                continue
+            if rank.pid not in dumps:
+                dumps[rank.pid] = stacks.dump(rank.pid, fd)
+            if dumps[rank.pid]:
+                rank.stack = stacks.user_threads(dumps[rank.pid], cells)
+
     def _end(self, outcome: Outcome, channel: Channel, start: float) -> None:
         """The one place a launch ends (`end_launch`, as on a cluster): stop what is
-        left, set the record's outcome, apply the last events, draw the final panel."""
+        left, set the record's outcome, apply the last events, draw the final panel. Ranks
+        stopped unfinished (`timeout=`, the stop button, silent past `heartbeat_timeout`)
+        first get their stacks read (`stacks_of_unfinished`)."""
+        where = self.stacks_of_unfinished(outcome)
         end_launch(
             self.reader, self.display, outcome, start,
             stop=self._stop,  # grandchildren that outlived the supervisor too
             drain=lambda: self._drain(channel),
             interrupted_line=("hfxla_nb: interrupted; every worker process of this launch was "
-                              "stopped. The kernel is ready for the next launch."),
+                              "stopped. The kernel is ready for the next launch." + where),
         )
+
+    def stacks_of_unfinished(self, outcome: Outcome) -> str:
+        """Read the stacks of the ranks this end stops unfinished (`timeout=`, the stop button,
+        silent past `heartbeat_timeout`) onto their records, before they are stopped; returns
+        where they were, for the stop button's line."""
+        unfinished = [r for r in self.record.ranks
+                      if r.exit_state == RankState.TIMEOUT or (
+                          r.exit_state.active
+                          and outcome in (Outcome.TIMEOUT, Outcome.INTERRUPTED))]
+        if not unfinished:
+            return ""
+        self.read_stacks(unfinished)
+        return where_they_were(unfinished)
 
     def _drain(self, channel: Channel) -> None:
         """Apply the events sent while the launch was stopped, close the channel and the
