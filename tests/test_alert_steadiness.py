@@ -1,4 +1,4 @@
-"""The live panel's compile alert holds still (issue #28, item 2): an SPMD loop whose input
+"""The live panel's compile alert holds still: an SPMD loop whose input
 changes shape for its first five steps, then keeps it, read snapshot by snapshot as the panel
 reads it. Once the changing input and the line that compiled a graph per shape are known,
 every snapshot shows the same alert, whatever the compile rate does."""

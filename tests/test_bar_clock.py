@@ -2,7 +2,7 @@
 ETA over the steps after the warm-up, as `fine_tune`'s result counts them; the compiling first
 step said as such; one unit for the whole run.
 
-The event sequences are the ones that showed each defect (issue #28, items 1 and 11): a
+The event sequences are the ones that showed each defect: a
 `fine_tune` run whose logging points' losses arrive from the fetcher's thread after the loop
 reported later steps, a first step that compiles for 19 s, then steady steps.
 """

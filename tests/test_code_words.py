@@ -48,3 +48,16 @@ def test_no_private_history_in_the_package():
              for line in private_references(path.read_text(encoding="utf-8"))}
     assert not found, ("Say why in the code's own terms (a public upstream issue may be cited "
                        "as owner/repo#N):\n" + "\n".join(sorted(found)))
+
+
+def test_no_private_history_in_the_test_modules_headers():
+    """A test module's header says what it checks, not which of our issues asked for it (the
+    bench's own figures, public in bench/RESULTS.md, may be named)."""
+    import ast
+
+    cited = re.compile(r"\b(?:issue|item|stop|round)s? \d+|(?<![\w/&])#\d+\b", re.IGNORECASE)
+    found = [str(path.relative_to(PACKAGE.parent))
+             for path in sorted((PACKAGE.parent / "tests").rglob("test_*.py"))
+             if path.name != "test_code_words.py"
+             and cited.search(ast.get_docstring(ast.parse(path.read_text("utf-8"))) or "")]
+    assert found == []

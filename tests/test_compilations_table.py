@@ -1,4 +1,4 @@
-"""The compilations table (issue #28, item 9): a graph that only library code made names the
+"""The compilations table: a graph that only library code made names the
 library line, not "library code"; a value the library fetched is not blamed on `.item()`;
 and in HTML the counts never wrap, only the place and the cause may."""
 

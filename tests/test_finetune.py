@@ -622,7 +622,7 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_intact(tmp_path):
 
 
 def test_precision_auto_is_bf16_on_a_tpu_only():
-    from hfxla_nb.train.plan import resolve_precision
+    from hfxla_nb.train.config import resolve_precision
 
     assert resolve_precision("auto", "TPU") == "bf16"
     assert resolve_precision("auto", "CPU") == "fp32"

@@ -1,4 +1,4 @@
-"""One visual language for every panel (issue #28, item 13): each HTML panel (`%xla_info`, the
+"""One visual language for every panel: each HTML panel (`%xla_info`, the
 launch's status and progress, a failed launch, `%%xla_metrics`, the memory plan, a
 `FineTuneResult`, `Predictions`, the compilations table) is drawn in the one box of
 `ui.state`, with its one table style, labels that never wrap, numbers right-aligned,

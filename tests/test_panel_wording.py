@@ -1,4 +1,4 @@
-"""Panel wording that must match what it counts (issue #28): the predict bar's name and its
+"""Panel wording that must match what it counts: the predict bar's name and its
 step accounting, the memory plan drawn as a panel, rank lists in sentences, and XLA's time
 per step above the wall time per step."""
 

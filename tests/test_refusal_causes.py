@@ -1,4 +1,4 @@
-"""Each refusal names its real cause (#29): labels of one class, more devices than the machine
+"""Each refusal names its real cause: labels of one class, more devices than the machine
 has, a model folder that does not exist. Each is refused through the public API before
 anything is forked or written, and no longer blamed on the batch size, the batch split, or an
 invalid Hub id.

@@ -1,6 +1,6 @@
 """The gloo rendezvous (`launch/processes.py`): the store's port is bound from before any rank
 is forked until the launch ends, so no other connection can take it in between (a loaded
-two-host run's gloo mesh once failed to connect because one did, #29)."""
+two-host run's gloo mesh once failed to connect because one did)."""
 
 from __future__ import annotations
 

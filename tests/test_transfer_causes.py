@@ -1,4 +1,4 @@
-"""Transfer causes found, not guessed (issue #28, item 3): an SPMD loop that shards its input
+"""Transfer causes found, not guessed: an SPMD loop that shards its input
 after using it copies the input to the host every step; the transfer alert names
 `xs.mark_sharding` and the line, not `.item()`, print or Trainer logging. A loop that shards
 its input before using it transfers nothing and gets no alert. Real launches on XLA:CPU."""

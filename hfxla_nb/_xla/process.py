@@ -42,8 +42,7 @@ def spawn(function: Callable[..., Any], args: tuple = ()) -> None:
     Where xmp.spawn would fork a single process (XLA:CPU, a one-chip TPU host), the calling
     process (a launch's fresh fork) becomes that process: it runs what xmp.spawn's pool process
     runs (`_run_thread_per_device` with the same initializer), without a second fork of a
-    process as big as the kernel (about 0.1 s of a launch, as `bench/launch_latency.py`
-    measures it).
+    process as big as the kernel (`bench/launch_latency.py` measures what that saves).
     """
     require_torch_xla()
     import functools

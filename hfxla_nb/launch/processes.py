@@ -295,11 +295,6 @@ def signal_group(group: int, number: int) -> None:
         pass
 
 
-def group_alive(group: int) -> bool:
-    """Whether any non-zombie process of the process group is still running (from /proc)."""
-    return bool(group_processes(group))
-
-
 def group_processes(group: int) -> list[int]:
     """Live (non-zombie) processes whose process group is `group`, read from /proc."""
     return sorted(pid for pid, (_, pgrp, _) in process_table().items() if pgrp == group)

@@ -61,10 +61,6 @@ class TrainerSettings:
     save_total_limit: int | None = None
     callbacks: tuple = ()
 
-    @property
-    def evaluates_during_training(self) -> bool:
-        return self.eval_strategy != "no"
-
 
 @dataclass(frozen=True)
 class TrainerMetrics:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .config import resolve_precision as resolve_precision  # its old import path
 from .flow import TrainerSettings
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""What a person sees while a fine-tune runs can be trusted (issue #28), read from the page in
+"""What a person sees while a fine-tune runs can be trusted, read from the page in
 JupyterLab + Chromium, in both themes, poll by poll while the run is live: the bar's elapsed
 time never goes back, the panel keeps its height from the first step to the end, its final
 rate is within 10% of the result's, no library or XLA native warning text reaches the cell,

@@ -26,8 +26,9 @@ import numpy as np
 
 from ... import _xla
 from .. import lora
+from ..config import resolve_precision
 from ..experts import use_dense_experts
-from ..plan import TrainPlan, resolve_precision
+from ..plan import TrainPlan
 from ..tasks import TASKS
 
 if TYPE_CHECKING:

@@ -5,9 +5,9 @@ The optimizer's state is made before step 1, so that step 1 already traces the s
 
 `AdamW` is torch's AdamW (foreach) with its update traced more cheaply. On an XLA tensor,
 every in-place op goes through functionalization, which first checks the shapes with torch's
-Python meta kernel: about 0.1 ms per tensor for `lerp_`, `addcmul_` and `addcdiv_`, about
-23 ms of Python per step for the demo's tiny BERT, as long as the step's execution. The same
-ops out of place skip the check; the parameters' new values are then copied in, and the
+Python meta kernel, once per tensor for each of `lerp_`, `addcmul_` and `addcdiv_`: on a
+small model as long as the step's execution (`bench/` measures it). The same ops out of place
+skip the check; the parameters' new values are then copied in, and the
 moments' new tensors replace the old ones in the state. The graph computes the same ops in the
 same order, so the results are `torch.optim.AdamW(foreach=True)`'s, bit for bit, and the
 state, `state_dict()` and schedulers are torch's. Only the common case takes this path (float
