@@ -91,6 +91,27 @@ def test_frames_name_cells_scripts_and_libraries():
     assert locate([xla, lib]) == (None, lib)
 
 
+def test_a_warm_workers_job_is_never_placed_in_the_cell_that_forked_the_worker():
+    """A warm session's worker was forked in an earlier cell, whose frames it still holds
+    under the launcher's: a job with no frame of the user's (a warm `generate`) names the
+    library line, not that cell."""
+    import hfxla_nb.launch.worker as worker
+    from hfxla_nb.train.worker import generation
+
+    frames = "\n".join([
+        f"Compilation Analysis:   decode_prompts ({generation.__file__}:40)",
+        f"Compilation Analysis:   run_rank ({worker.__file__}:369)",
+        f"Compilation Analysis:   <module> ({CELL}:2)"])
+    text = RECORDED.replace(
+        "Compilation Analysis:   all_kept (/usr/lib/python3/dist-packages/fakelib/masking.py:2)\n"
+        "Compilation Analysis:   train (/tmp/ipykernel_4242/2031.py:8)\n"
+        "Compilation Analysis:   <module> (/home/user/train.py:21)", frames, 1)
+    assert text != RECORDED
+    records, _, _ = parse(text, cells={CELL: 8})
+    assert records[0].where is None  # not "cell 8, line 2": the fine_tune cell
+    assert records[0].via == Frame("decode_prompts", generation.__file__, 40)
+
+
 def test_blocks_that_never_finish_or_lack_sizes():
     # A compilation that failed (no post-compilation block), frames cut at
     # PT_XLA_DEBUG_MAX_FRAME, and sizes torch_xla could not read ("Unknown ").

@@ -18,7 +18,7 @@ import signal
 import time
 from typing import IO
 
-from ..observe.tracing import is_library, name_cells
+from ..observe.tracing import is_launcher, is_library, name_cells
 
 DUMP_SIGNAL = signal.SIGUSR1
 WAIT = 2.0  # seconds a process has to write its stacks once signalled
@@ -64,9 +64,6 @@ _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)', re.MULTILINE)
 _CELL_FRAME = re.compile(r"^\s*(Cell In\[\d+\], line \d+) in (\S+)", re.MULTILINE)
 
 
-_LAUNCHER = os.path.dirname(os.path.abspath(__file__)) + os.sep  # hfxla_nb/launch/
-
-
 def threads(text: str) -> list[str]:
     """A dump cut into its threads, each from its "Thread 0x..." line down to its first frame
     in hfxla_nb's launcher: the older frames are the launch's own machinery (and, in the main
@@ -78,7 +75,7 @@ def threads(text: str) -> list[str]:
         lines = []
         for line in text[a:b].rstrip().splitlines():
             frame = _FRAME.match(line)
-            if frame and frame.group(1).startswith(_LAUNCHER):
+            if frame and is_launcher(frame.group(1)):
                 break
             lines.append(line)
         if len(lines) > 1:

@@ -213,6 +213,16 @@ def is_library(path: str) -> bool:
     return any(real == root or real.startswith(root + os.sep) for root in _LIBRARY_ROOTS)
 
 
+_LAUNCHER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch")
+
+
+def is_launcher(path: str) -> bool:
+    """Whether a frame's file is hfxla_nb's launcher (`hfxla_nb/launch/`). In a worker, the
+    frames older than the launcher's are the notebook's as they were at the fork (a warm
+    session's worker still holds the cell that started it): never where a job is."""
+    return path.startswith(_LAUNCHER + os.sep)
+
+
 def _is_internal(path: str) -> bool:
     """torch's and torch_xla's own frames (where the cut is reported, not made)."""
     if "_xla" in path and os.path.realpath(path).startswith(_XLA_WRAPPER + os.sep):
@@ -414,7 +424,9 @@ def _read_block(lines: list[str], cells: Mapping[str, int]):
                 outputs = int(value)
         elif section == "frames":
             frame = _frame(line, cells)
-            if frame is not None:
+            if frame is not None and is_launcher(frame.file):
+                section = None  # the launcher's frames, then the cell that forked the worker
+            elif frame is not None:
                 frames.append(frame)
     return cause, graph_hash, inputs, outputs, frames
 
