@@ -176,6 +176,35 @@ def test_detect_lists_a_warm_session_and_not_as_a_holder_of_the_devices(session)
     assert not any("warm session" in p.title for p in hx.detect().problems)
 
 
+@pytest.mark.launch
+def test_keep_warm_seconds_is_an_idle_limit_and_the_warm_note_is_information(tmp_path, capsys):
+    """`keep_warm=<seconds>`: warm, with that idle limit, said in `%xla_info`'s note, which
+    tells how to free the model without a "fix" label; `release()` says what it freed."""
+    from hfxla_nb.demo import demo_dataset, demo_model_dir
+    from hfxla_nb.runtime.info import WARM_MODEL
+    from hfxla_nb.ui.panels import runtime_html, runtime_text
+
+    with pytest.raises(hx.FineTuneError, match="keep_warm='yes'"):
+        hx.fine_tune("no-model", [], keep_warm="yes")
+    result = hx.fine_tune(demo_model_dir(), demo_dataset(), max_steps=2, batch_size=32,
+                          progress=False, output_dir=tmp_path / "run", keep_warm=30)
+    assert result.warm and result.session.idle_timeout == 30
+    info = hx.detect()
+    note = next(p for p in info.problems if "warm session" in p.title)
+    assert note.severity == "info" and note.fix == WARM_MODEL
+    assert "model of fine_tune (run)" in note.title
+    assert "of 30.0 s before it is released" in note.title
+    assert "release() on the run's result" in runtime_text(info)
+    assert "fix:" not in runtime_text(info) and "Fix:" not in runtime_html(info)
+    capsys.readouterr()
+    result.release()
+    assert "released the model of fine_tune (run): 1 device and their memory are free" in (
+        capsys.readouterr().out)
+    assert not result.warm
+    result.release()  # a second time: nothing to free, nothing said
+    assert capsys.readouterr().out == ""
+
+
 # -- in a real kernel: the notebook loop --
 
 kernel = kernel_fixture("""

@@ -82,6 +82,8 @@ class SessionInfo:
         idle_seconds: seconds since its last job ended (None while one runs).
         memory: the device memory its last job left in use, in bytes (None where the device
             does not say: XLA on the CPU).
+        holds_model: it holds a `fine_tune`'s model (`Session`'s argument).
+        idle_timeout: seconds without a run before its workers exit, or None.
     """
 
     name: str
@@ -91,9 +93,13 @@ class SessionInfo:
     runs: int
     idle_seconds: float | None
     memory: int | None
+    holds_model: bool = False
+    idle_timeout: float | None = None
 
     def __str__(self) -> str:
         idle = "running" if self.idle_seconds is None else f"idle {duration(self.idle_seconds)}"
+        if self.idle_timeout is not None and self.idle_seconds is not None:
+            idle += f" of {duration(self.idle_timeout)} before it is released"
         memory = "" if self.memory is None else f", {self.memory / 2**30:.1f} GiB of device memory"
         return (f"{self.name}: {self.strategy} on {plural(self.devices, 'device')}, "
                 f"{plural(self.runs, 'run')}, {idle}{memory} (pids "
@@ -113,13 +119,15 @@ class Session:
         idle_timeout: seconds a session waits for its next run before its workers exit (None:
             until `close()` or the kernel's end).
         name: what `%xla_info` calls it.
+        holds_model: it holds a `fine_tune`'s model (freed by the result's `release()`), not
+            what runs of `hx.session` left (freed by the session's `close()`).
 
     Raises:
         LaunchRefusedError: the launch it would make cannot work (as `notebook_launcher`).
     """
 
     def __init__(self, options: LaunchOptions, idle_timeout: float | None = None,
-                 name: str = "session") -> None:
+                 name: str = "session", holds_model: bool = False) -> None:
         if options.cluster is not None or options.hosts is not None:
             raise LaunchRefusedError(
                 "sessions run on this host: a session on a cluster would need one Ray actor "
@@ -131,6 +139,7 @@ class Session:
         self.options = options
         self.idle_timeout = idle_timeout
         self.name = name
+        self.holds_model = holds_model
         self.shown_ranks = parse_output(options.output)
         self.plan: LaunchPlan = local_plan(options.strategy, options.num_processes,
                                            options.mixed_precision, options.compile_cache,
@@ -317,7 +326,7 @@ class Session:
         used = memory.get("bytes_used") if isinstance(memory, dict) else None
         idle = None if self._idle_since is None else time.monotonic() - self._idle_since
         return SessionInfo(self.name, self.plan.strategy, self.devices, pids, self.runs,
-                           idle, used)
+                           idle, used, self.holds_model, self.idle_timeout)
 
     # -- ending ----------------------------------------------------------------------------
 

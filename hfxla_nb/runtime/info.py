@@ -527,9 +527,11 @@ STOPPED_LAUNCH_FIX = (
     "kernel that dies mid-launch is most often out of memory (docs/memory.md).")
 
 
-WARM_SESSION_FIX = (
-    "It keeps its model on the devices between cells. result.release() or s.close() frees "
-    "them; a launch or fine_tune closes it first.")
+WARM_MODEL = ("It holds the fine-tuned model on the devices between cells, so that predict, "
+              "generate and evaluate start at once. release() on the run's result frees "
+              "them; a launch or fine_tune frees them first.")
+WARM_SESSION = ("It holds what its runs left on the devices between cells. close() on the "
+                "session frees them; a launch or fine_tune frees them first.")
 
 
 def warm_sessions() -> list[Problem]:
@@ -538,7 +540,8 @@ def warm_sessions() -> list[Problem]:
     sessions = sys.modules.get("hfxla_nb.launch.sessions")
     if sessions is None:
         return []
-    return [Problem("info", f"A warm session holds the devices: {info}.", WARM_SESSION_FIX)
+    return [Problem("info", f"A warm session holds the devices: {info}.",
+                    WARM_MODEL if info.holds_model else WARM_SESSION)
             for info in sessions.open_sessions()]
 
 

@@ -194,9 +194,10 @@ class FineTuneConfig:
         keep_warm: leave the trained model on the devices after the run, in a warm session,
             so that `result.predict`, `generate` and `evaluate` start at once (no process, no
             load, no compile for a shape seen before): None (default) in a Jupyter kernel
-            and with `strategy="spmd"` on one host; True or False to decide. It holds the
-            devices and their memory until `result.release()`, the next launch, or the
-            kernel's end (docs/fine-tune.md, "Warm between cells").
+            and with `strategy="spmd"` on one host; True or False to decide; a number of
+            seconds: warm, and released after that long without a call. It holds the
+            devices and their memory until `result.release()`, that idle limit, the next
+            launch, or the kernel's end (docs/fine-tune.md, "Warm between cells").
         lora: train LoRA adapters instead of every weight (needs peft: `pip install
             "hfxla_nb[lora]"`): True (rank 8, or 16 from a hidden size of 2048, on every linear
             layer), a `peft.LoraConfig`, a dict of its fields, or "auto" (LoRA only when
@@ -277,7 +278,7 @@ class FineTuneConfig:
     trace_compiles: bool = True
     compiled_steps: bool | None = None
     compile_cache: bool | str | os.PathLike | None = None
-    keep_warm: bool | None = None
+    keep_warm: bool | float | None = None
     lora: Any = False
     source_column: str | None = None
     target_column: str | None = None
@@ -377,9 +378,15 @@ def _check_choices(config: FineTuneConfig) -> None:
         raise FineTuneError(
             f"sharding={config.sharding!r} is not one of {', '.join(map(repr, SHARDINGS))}."
         )
-    if config.keep_warm and config.strategy != "spmd":
+    warm = config.keep_warm
+    if not (warm is None or isinstance(warm, bool)
+            or (isinstance(warm, (int, float)) and warm > 0)):
         raise FineTuneError(
-            f"keep_warm=True holds the model in one process over every device: use "
+            f"keep_warm={warm!r}: pass True, False, None (warm in a notebook kernel) or the "
+            "seconds the model may stay idle before it is released (a number above 0).")
+    if warm and config.strategy != "spmd":
+        raise FineTuneError(
+            f"keep_warm={warm!r} holds the model in one process over every device: use "
             f"strategy='spmd' (the default) with it, not {config.strategy!r}.")
     if config.sharding == "fsdp" and config.strategy != "spmd":
         raise FineTuneError(

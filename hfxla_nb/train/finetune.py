@@ -261,7 +261,8 @@ def warm_session(config: FineTuneConfig, options: LaunchOptions,
     plan.keep_warm = True
     folder = os.path.basename((plan.output_dir or "").rstrip(os.sep)) or "not saved"
     name = f"model of fine_tune ({folder})"
-    return Session(options, name=name)
+    idle = None if isinstance(warm, bool) else float(warm)  # keep_warm=<seconds>
+    return Session(options, name=name, idle_timeout=idle, holds_model=True)
 
 
 def _signature_with_options(function: Any) -> inspect.Signature:

@@ -460,9 +460,16 @@ class FineTuneResult:
 
     def release(self) -> None:
         """Free the devices and their memory: the warm session holding the model ends (the
-        saved model stays; the next `predict` or `generate` starts a worker again)."""
-        if self.session is not None:
-            self.session.close()
+        saved model stays; the next `predict` or `generate` starts a worker again). Prints
+        what it freed; nothing when the model was not warm."""
+        if self.session is None:
+            return
+        if self.warm:
+            info = self.session.info()
+            memory = "" if info.memory is None else f" ({info.memory / 2**30:.1f} GiB)"
+            print(f"hfxla_nb: released the {info.name}: {info.devices} device"
+                  f"{'' if info.devices == 1 else 's'} and their memory{memory} are free.")
+        self.session.close()
 
     def evaluate(self, dataset: Any, batch_size: int | None = None,
                  progress: bool | str = "auto") -> dict[str, float]:

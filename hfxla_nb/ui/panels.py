@@ -1029,11 +1029,12 @@ def _text_problem(problem: Problem) -> list[str]:
         initial_indent=f"  {tag:<10}",
         subsequent_indent=" " * 12,
     )
+    label = "fix: " if problem.severity != "info" else ""
     lines += textwrap.wrap(
         problem.fix,
         width=_TEXT_WIDTH,
-        initial_indent=" " * 12 + "fix: ",
-        subsequent_indent=" " * 17,
+        initial_indent=" " * 12 + label,
+        subsequent_indent=" " * (12 + len(label)),
         break_on_hyphens=False,
     )
     return lines
@@ -1068,13 +1069,20 @@ def runtime_text(info: RuntimeInfo) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+def _fix_label(problem: Problem) -> str:
+    """The "Fix: " label before what to do about an error or a warning; none before a note
+    ("info"): it is information, with nothing to fix."""
+    return "" if problem.severity == "info" else "<b>Fix:</b> "
+
+
 def _html_problem(problem: Problem) -> str:
     color = _PROBLEM_COLORS.get(problem.severity, _PROBLEM_COLORS["info"])
     return (
         '<li style="list-style:none;margin:4px 0;padding:4px 8px;border-left:4px solid;'
         f'{themed("border-left-color", color)}">'
         f"{badge(problem.severity, color)} {html.escape(problem.title)}"
-        f'<div style="margin-top:2px;{MUTED}"><b>Fix:</b> {html.escape(problem.fix)}</div>'
+        f'<div style="margin-top:2px;{MUTED}">{_fix_label(problem)}{html.escape(problem.fix)}'
+        "</div>"
         "</li>"
     )
 
