@@ -249,6 +249,32 @@ def test_debug_rendezvous_is_at_rdzv_endpoint(kernel):
     assert f"SEEN ('127.0.0.2', {port}) {port}" in output.stdout
 
 
+def test_a_rank_thread_starts_with_none_of_the_state_another_rank_left_on_it():
+    """xmp.spawn's pool can run a second rank on the thread of a finished one (a loaded
+    machine); accelerate's per-thread state is cleared at each rank's start, in that thread
+    only."""
+    import threading
+
+    from accelerate import state
+
+    from hfxla_nb.launch.accelerate import forget_thread_state
+
+    assert isinstance(vars(state.PartialState)["_shared_state"], threading.local)
+    state.PartialState._shared_state["kept"] = "the notebook's thread"
+    seen = []
+
+    def two_ranks_on_one_thread():
+        state.PartialState._shared_state["process_index"] = 0  # the first rank's state
+        forget_thread_state()  # the next rank starts
+        seen.append(dict(state.PartialState._shared_state))
+
+    thread = threading.Thread(target=two_ranks_on_one_thread)
+    thread.start()
+    thread.join()
+    assert seen == [{}]
+    assert state.PartialState._shared_state.pop("kept") == "the notebook's thread"
+
+
 @pytest.mark.kernel
 def test_accelerate_partial_state_has_each_ranks_indexes(kernel):
     output = run_ok(

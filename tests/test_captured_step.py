@@ -48,10 +48,12 @@ def counted_worker(index: int, plan):
     from hfxla_nb.train.worker import loop
 
     result = loop.train_worker(index, plan)
-    aliased = met.metric_data("InputOutputAliasCount")  # per compiled graph: donated inputs
+    # Per compiled graph: its donated inputs. The training step's graph donates the most (an
+    # evaluation graph donates none).
+    aliased = met.metric_data("InputOutputAliasCount")
     return {"traced": traced(), "history": result["loss_history"],
             "compiles": result["compiles"], "executions": result["executions_per_step"],
-            "aliased": int(aliased[2][-1][1]) if aliased else 0}
+            "aliased": int(max(value for _, value in aliased[2])) if aliased else 0}
 
 
 def run(plan, capture: bool = True, num_processes: int = 1, strategy: str = "spmd") -> dict:

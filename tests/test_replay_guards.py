@@ -123,3 +123,22 @@ def test_the_environment_turns_replay_off(cache, monkeypatch):
     assert hx.FineTuneConfig(compiled_steps=True).replays_steps is True  # the argument wins
     monkeypatch.delenv("HFXLA_NB_COMPILED_STEPS")
     assert hx.FineTuneConfig().replays_steps is True
+
+
+def test_evaluation_batches_obey_the_same_rules_and_say_so_per_shape(trained):
+    """The evaluation after training replays a bucket's first graph only where its trace is
+    proven the same: a host draw at each batch and a device read are traced and say why, a
+    host number proven the same at a second trace is replayed."""
+    from hfxla_nb.ui.panels import result_text
+
+    (draw,) = trained["HostDraw", True].compiled_evaluation.values()
+    assert draw.startswith("traced: a value made on the host while tracing ((1,) float32) "
+                           "differs between two batches"), draw
+    assert f"evaluation  8x48: {draw}" in result_text(trained["HostDraw", True])
+    (read,) = trained["DeviceRead", True].compiled_evaluation.values()
+    assert read.startswith("traced: the evaluation ran _local_scalar_dense on the CPU"), read
+    assert list(trained["HostNumber", True].compiled_evaluation.values()) == ["replayed"]
+    assert list(trained["HostNumber", False].compiled_evaluation.values()) == [
+        "traced: compiled_steps=False"]
+    # Traced or replayed, the evaluation of a model the rules allow gives the same metrics.
+    assert trained["HostNumber", True].metrics == trained["HostNumber", False].metrics

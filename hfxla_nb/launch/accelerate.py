@@ -25,6 +25,7 @@ import importlib.util
 import os
 import string
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -232,6 +233,23 @@ def gloo_world_for_accelerate() -> None:
         _make_state(module)
     elif importlib.util.find_spec("accelerate") is not None:
         sys.meta_path.insert(0, _AfterImport(MODULE, _make_state))
+
+
+def forget_thread_state() -> None:
+    """Start this rank thread with none of accelerate's state, where accelerate is loaded.
+
+    Under PyTorch/XLA accelerate keeps `PartialState`, `AcceleratorState` and `GradientState`
+    per thread (a `threading.local` descriptor). xmp.spawn runs rank threads from a thread
+    pool, which gives a thread that finished its rank the next one when the other threads
+    have not started yet (a loaded machine): that rank found the first's state, and its
+    `process_index` with it.
+    """
+    module = sys.modules.get(MODULE)
+    for name in ("PartialState", "AcceleratorState", "GradientState"):
+        holder = getattr(module, name, None)
+        descriptor = vars(holder).get("_shared_state") if holder is not None else None
+        if isinstance(descriptor, threading.local):  # never a process-wide dict
+            holder._shared_state.clear()
 
 
 def _make_state(module: ModuleType) -> None:

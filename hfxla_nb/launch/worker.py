@@ -57,7 +57,7 @@ from ..observe import metrics, reporting, tracing
 from ..observe import tracing as user_frames
 from ..runtime import compile_cache
 from . import output, processes
-from .accelerate import gloo_world_for_accelerate
+from .accelerate import forget_thread_state, gloo_world_for_accelerate
 from .output import EventStream, drain_output, route_this_process
 from .processes import (
     LEFTOVER_GRACE,
@@ -619,6 +619,7 @@ def _replicated_entry(index: int) -> None:
     else:  # rank threads of one process (XLA:CPU, TPU v2/v3): each has its own
         set_thread_variables(
             rank_variables(_xla.global_ordinal(), index, world))
+        forget_thread_state()  # a pool thread may have run another rank before
     _run_ranks(channel, index, world, function, args, pass_index, jobs)
 
 

@@ -245,6 +245,9 @@ class FineTuneResult:
             steps ran by the first step's compiled graph, with no trace), or "traced: " and
             why not (`compiled_steps=False`, LayerDrop, an op run on the CPU while tracing,
             a host value that differs between steps, ...).
+        compiled_evaluation: each batch shape of the evaluation ("32x48") -> "replayed" (its
+            later batches ran by the first batch's compiled graph), or "traced: " and why
+            not, by the same rules as the training's steps; none for a shape of one batch.
         session: the warm session whose worker holds the trained model on the devices
             (`keep_warm`), or None; `warm` says whether it still does, `release()` frees it.
         config: the run's `FineTuneConfig` (what `evaluate` encodes new data with), or None
@@ -302,6 +305,7 @@ class FineTuneResult:
     best_model_checkpoint: str | None = None
     stopped_early: bool = False
     compiled_steps: dict[str, str] = field(default_factory=dict)
+    compiled_evaluation: dict[str, str] = field(default_factory=dict)
     held_model: HeldModel | None = field(default=None, repr=False, compare=False)
     session: WarmSession | None = field(default=None, repr=False, compare=False)
     config: FineTuneConfig | None = field(default=None, repr=False, compare=False)

@@ -767,6 +767,10 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
     replay = compiled_steps_text(result.compiled_steps)
     if replay:
         rows.append(("steps", replay))
+    traced = [f"{shape}: {how}" for shape, how in result.compiled_evaluation.items()
+              if how != "replayed"]
+    if traced:  # evaluation batches replay as steps do: said only where they did not
+        rows.append(("evaluation", "\n".join(traced)))
     what = _task_text(result)
     rows.append(("setup", f"{result.strategy} over {plural(result.devices, 'device')}, "
                  f"{result.precision}, batch {result.batch_size}, lengths "

@@ -8,7 +8,9 @@ no recompilation.
 
 Each bucket's first batch is traced; its later batches run the compiled graph on their data
 (`_xla.CompiledGraph`), tracing nothing, unless the task or its data say its outputs sync
-inside (`eval_ahead` False: seq2seq and Whisper decode in their own loop).
+inside (`eval_ahead` False: seq2seq and Whisper decode in their own loop). The replay obeys
+the training step's rules (`BatchReplay`): a graph runs again only where nothing in its
+trace can differ at the next batch.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,11 +40,13 @@ if TYPE_CHECKING:
 
 # -- evaluation --
 
-def evaluate(ctx: WorkerContext, ahead: EvalAhead | None = None) -> dict[str, float]:
+def evaluate(ctx: WorkerContext, ahead: EvalAhead | None = None,
+             replayed: dict[str, str] | None = None) -> dict[str, float]:
     """Evaluate `ctx.model` on the plan's evaluation split: padded, weighted batches (one
     graph per bucket), every result fetched in one transfer at the end; the task
-    (`tasks/`) says what is computed. `ahead`: the graphs compiled while training ran."""
-    batches, fetched = run_batches(ctx, ahead, finish=False)
+    (`tasks/`) says what is computed. `ahead`: the graphs compiled while training ran;
+    `replayed`: gets each bucket's replay (`run_batches`)."""
+    batches, fetched = run_batches(ctx, ahead, finish=False, replayed=replayed)
     metrics = ctx.task.eval_metrics(ctx, batches, fetched)
     # The bar ends with the evaluation, as the result's `eval_seconds` does: the batches' graphs
     # run while their results are fetched and the metrics computed, after the last batch was
@@ -61,12 +66,14 @@ def announce_bar(ctx: WorkerContext) -> None:
 
 
 def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None,
-                bar: str = "eval", finish: bool = True) -> tuple[list, list]:
+                bar: str = "eval", finish: bool = True,
+                replayed: dict[str, str] | None = None) -> tuple[list, list]:
     """The task's `eval_outputs` of every batch of the plan's evaluation split, on the host:
     `(batches, fetched)` (evaluation and `predict` both); `ahead`'s graphs run the buckets
     they were compiled for (after `ahead.finish()`), each other bucket's first batch is
-    compiled and its later ones run by that graph (`captured_outputs`); `bar` names the
-    progress bar ("eval", or "predict").
+    compiled and its later ones run by that graph where the replay's rules allow
+    (`BatchReplay`); `bar` names the progress bar ("eval", or "predict"); `replayed` gets
+    each bucket's batch shape -> "replayed", or "traced: <why>".
 
     The bar reaches its total once every result is on the host (the graphs run until then),
     or, with `finish=False`, where the caller says its work ends."""
@@ -80,24 +87,15 @@ def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None,
     outputs = []
     # The bar's clock starts with the evaluation (step 0: no batch done yet).
     emit(Progress(worker_rank(), 0, len(batches), {}, None, bar))
-    # Each bucket's graph: compiled while training ran, or captured from its first batch.
-    graphs: dict[int, _xla.CompiledGraph | None] = {
-        bucket: graph for bucket, graph in (ahead.graphs if ahead else {}).items() if graph.key}
+    replay = BatchReplay(ctx, ahead)
     with torch.no_grad():
         for i, (bucket_index, positions, real) in enumerate(batches):
             bucket = split.buckets[bucket_index]
             # Uploaded as [rows, columns]: a `[0]` on the device would be a view the sync
             # returns too, one more output (a copy of the batch) in the evaluation graph.
             batch = ctx.upload(batching.eval_batch(bucket, positions, real))
-            graph = graphs.get(bucket_index)
-            if graph is not None:
-                outputs += run_on(graph, batch)
-            elif (bucket_index not in graphs and ctx.task.eval_ahead  # no sync of its own
-                  and plan.data.eval_ahead and plan.capture_steps):
-                outputs += captured_outputs(ctx, batch, graphs, bucket_index)
-            else:
-                outputs += traced_outputs(ctx, batch)
-                _xla.sync()
+            outputs += replay.outputs(bucket_index, batch,
+                                      f"{len(positions)}x{bucket.length}")
             now = time.monotonic()
             if i + 1 < len(batches) and now - last_sent >= 0.2:
                 # Sent directly, not through report(): its metrics snapshots would make
@@ -108,6 +106,8 @@ def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None,
                 count_in_bar(bar, i + 1)
     fetched = _xla.to_cpu(outputs)  # one transfer for every batch
     ctx.model.train()
+    if replayed is not None:
+        replayed.update(replay.decisions)
     if finish and batches:
         emit(Progress(worker_rank(), len(batches), len(batches), {}, None, bar))
     return batches, fetched
@@ -136,24 +136,113 @@ def weights_of(ctx: WorkerContext) -> list[torch.Tensor]:
     return [*ctx.model.parameters(), *ctx.model.buffers()]
 
 
-def captured_outputs(ctx: WorkerContext, batch: Batch,
-                     graphs: dict[int, _xla.CompiledGraph | None],
-                     bucket_index: int) -> list[torch.Tensor]:
-    """The evaluation outputs of a bucket's first batch, by its graph compiled from their
-    trace (kept in `graphs` for the bucket's later batches: no trace for them), or traced and
-    synced as always where the graph cannot run again (kept as None)."""
-    roles = batch_roles(batch)
-    traced = traced_outputs(ctx, batch)
-    captured = _xla.CompiledGraph.capture(traced, roles, weights_of(ctx))
-    # A random op would draw alike in every batch: no sync moves the seed between runs.
-    if isinstance(captured, _xla.Declined) or captured[0].reads_seed:
-        graphs[bucket_index] = None
-        _xla.sync()  # the graph compiled for it, if any: found in the cache
-        return traced
-    graph, inputs = captured
-    graphs[bucket_index] = graph
-    del traced  # never run: the compiled graph runs instead
-    return graph.run(inputs, wait=False)
+@dataclass
+class _Unproven:
+    """A bucket's graph with constants made on the host while tracing: it runs the batch it
+    was traced from, and the bucket's later batches only once a second trace gave the same
+    graph and constants. `fresh`: compiled ahead from the bucket's first batch, not run yet."""
+
+    graph: _xla.CompiledGraph
+    fresh: bool = False
+
+
+class BatchReplay:
+    """Which graph runs each evaluation batch, bucket by bucket, under the rules a training
+    step's replay obeys: a bucket's later batches run its first batch's compiled graph only
+    where nothing in that trace can differ at the next batch. No op ran on the CPU while it was
+    traced (a value read back from the device, an op XLA does not lower), no random op (no
+    sync moves the seed between runs), and the constants made on the host while tracing (a
+    Python number, an uploaded mask) are the same at a second trace. Otherwise the bucket's
+    batches are traced and synced, as without replay. `compiled_steps=False` traces them all.
+
+    Args:
+        ctx: the worker's model and plan.
+        ahead: the graphs compiled while training ran (each from its bucket's first batch).
+
+    Attributes:
+        decisions: each bucket's batch shape ("32x48") -> "replayed", or "traced: <why>"
+            (a bucket of one batch has nothing to replay: none).
+    """
+
+    def __init__(self, ctx: WorkerContext, ahead: EvalAhead | None) -> None:
+        self.ctx = ctx
+        plan = ctx.plan
+        self.why_not = (None if ctx.task.eval_ahead and plan.data.eval_ahead
+                        and plan.capture_steps else
+                        "compiled_steps=False" if not plan.capture_steps else
+                        "the task syncs inside its evaluation")
+        # bucket -> its graph; `_Unproven` until a second trace; None: traced from now on.
+        self.graphs: dict[int, _xla.CompiledGraph | _Unproven | None] = {
+            bucket: (_Unproven(graph, fresh=True) if graph.traced_constants else graph)
+            for bucket, graph in (ahead.graphs if ahead else {}).items() if graph.key}
+        self.decisions: dict[str, str] = {}
+
+    def outputs(self, bucket: int, batch: Batch, shape: str) -> list[torch.Tensor]:
+        """The evaluation outputs of `batch`, of bucket `bucket` (batch shape `shape`)."""
+        state = self.graphs.get(bucket, False)
+        if isinstance(state, _xla.CompiledGraph):
+            self.decisions.setdefault(shape, "replayed")
+            return run_on(state, batch)
+        if isinstance(state, _Unproven) and state.fresh:
+            state.fresh = False  # the batch it was traced from: its constants are its own
+            return run_on(state.graph, batch)
+        if state is None or self.why_not is not None:
+            if self.why_not is not None:
+                self.decisions.setdefault(shape, f"traced: {self.why_not}")
+            traced = traced_outputs(self.ctx, batch)
+            _xla.sync()
+            return traced
+        return self._capture(bucket, batch, shape, state or None)
+
+    def _capture(self, bucket: int, batch: Batch, shape: str,
+                 first: _Unproven | None) -> list[torch.Tensor]:
+        """Trace `batch` and compile its graph; run it by the graph where it can be, else
+        sync the trace; decide what runs the bucket's later batches."""
+        fallbacks = _xla.fallback_counts()
+        roles = batch_roles(batch)
+        traced = traced_outputs(self.ctx, batch)
+        ran_on_cpu = _xla.fallbacks_since(fallbacks)
+        captured = (_xla.Declined(
+            f"the evaluation ran {', '.join(ran_on_cpu)} on the CPU while it was traced: "
+            "what it read may differ at the next batch") if ran_on_cpu else
+            _xla.CompiledGraph.capture(traced, roles, weights_of(self.ctx)))
+        if not isinstance(captured, _xla.Declined) and captured[0].reads_seed:
+            captured = _xla.Declined("a random op (dropout in eval mode, sampling) would draw "
+                                     "alike in every batch")
+        if isinstance(captured, _xla.Declined):
+            self.graphs[bucket] = None
+            self.decisions[shape] = f"traced: {captured.reason}"
+            _xla.sync()  # the graph compiled for it, if any: found in the cache
+            return traced
+        graph, inputs = captured
+        del traced  # never run: the compiled graph runs instead
+        if first is not None:  # the second trace: the same graph and constants, or traced
+            why = _differs(first.graph, graph)
+            self.graphs[bucket] = graph if why is None else None
+            self.decisions[shape] = "replayed" if why is None else f"traced: {why}"
+        elif graph.traced_constants:
+            self.graphs[bucket] = _Unproven(graph)
+        else:
+            self.graphs[bucket] = graph
+        return graph.run(inputs, wait=False)
+
+
+def _differs(first: _xla.CompiledGraph, second: _xla.CompiledGraph) -> str | None:
+    """Why two traces of a bucket's batches are not the same graph with the same constants
+    made on the host, or None when they are."""
+    import torch
+
+    if first.key != second.key:
+        return ("its second batch traced another graph than its first (a Python branch on "
+                "a value of the host)")
+    differ = [a for a, b in zip(first.constant_values(), second.constant_values(), strict=True)
+              if not (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b))]
+    if differ:
+        made = sorted({f"{tuple(a.shape)} {str(a.dtype).removeprefix('torch.')}"
+                       for a in differ})
+        return (f"a value made on the host while tracing ({', '.join(made)}) differs between "
+                "two batches")
+    return None
 
 
 class EvalAhead:
@@ -202,6 +291,7 @@ class EvalAhead:
         for batch in batching.eval_batches(split, ctx.plan.batch_size):
             first.setdefault(batch[0], batch)
         traced = []
+        fallbacks = _xla.fallback_counts()
         ctx.model.eval()
         try:
             with torch.no_grad():
@@ -217,7 +307,8 @@ class EvalAhead:
             # compile a graph the clearing below voids.
             read = {bucket_index: _xla.CompiledGraph.read(outputs, roles, weights_of(ctx))
                     for bucket_index, roles, outputs in traced}
-            if any(one is None or one[0].reads_seed for one in read.values()):
+            if (any(one is None or one[0].reads_seed for one in read.values())
+                    or _xla.fallbacks_since(fallbacks)):  # `BatchReplay` says why, later
                 raise RuntimeError("an evaluation output is not computed by its graph alone")
             for bucket_index, _, outputs in traced:
                 graph = read[bucket_index][0]

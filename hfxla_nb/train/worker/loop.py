@@ -190,6 +190,7 @@ class TrainingLoop:
         # Each batch shape, as "<rows>x<padded length>" -> "replayed", or why its steps were
         # traced; the names of the shapes seen.
         self.compiled_steps: dict[str, str] = {}
+        self.compiled_evaluation: dict[str, str] = {}  # `evaluate.BatchReplay.decisions`
         self.shape_names: dict[tuple, str] = {}
         # The constants' fetches: kept out of the per-step figures, as checkpoints are.
         self.check_marks: list[tuple[float, float, dict[str, int]]] = []
@@ -230,7 +231,7 @@ class TrainingLoop:
             if plan.data.eval is not None:
                 before = counts()
                 eval_start = time.perf_counter()
-                metrics = evaluate(ctx, self.eval_ahead)
+                metrics = evaluate(ctx, self.eval_ahead, self.compiled_evaluation)
                 eval_seconds += time.perf_counter() - eval_start
                 eval_compiles += counts()[_xla.COMPILE_TIME] - before[_xla.COMPILE_TIME]
                 self.run.evaluated(self.end_step, metrics, rank=False)
@@ -439,7 +440,7 @@ class TrainingLoop:
             ahead.finish()  # before the counts: its compilations are the training's window
         _xla.wait_device_ops()  # the step's own execution stays out of the evaluation's counts
         begin, before = time.perf_counter(), counts()
-        metrics = evaluate(self.ctx, ahead)
+        metrics = evaluate(self.ctx, ahead, self.compiled_evaluation)
         if self.run.evaluated(done, metrics) and self.plan.trainer.load_best_model_at_end:
             self.best_model = ckpt.model_state(self)
         after = counts()
@@ -678,6 +679,7 @@ class TrainingLoop:
                  if shape not in self.captured),
                 "run once by its compiled graph (a second step checks its constants)"),
                 **self.compiled_steps},
+            "compiled_evaluation": dict(self.compiled_evaluation),
             **lora.described(ctx.base_model, plan.lora),
         }
 
