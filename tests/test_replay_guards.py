@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import BertForSequenceClassification
+from transformers import BertForSequenceClassification, LlamaForCausalLM
 
 import hfxla_nb as hx
 from hfxla_nb import demo
@@ -142,3 +142,37 @@ def test_evaluation_batches_obey_the_same_rules_and_say_so_per_shape(trained):
         "traced: compiled_steps=False"]
     # Traced or replayed, the evaluation of a model the rules allow gives the same metrics.
     assert trained["HostNumber", True].metrics == trained["HostNumber", False].metrics
+
+
+class HostDrawForCausalLM(LlamaForCausalLM):
+    """Boosts a token drawn on the host at each step: each token is the draw's."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        boost = torch.zeros(out.logits.shape[-1])
+        boost[np.random.randint(10, out.logits.shape[-1])] = 1e4
+        out.logits = out.logits + boost.to(out.logits.device)
+        return out
+
+
+def test_decoding_with_a_host_draw_per_token_gives_the_traced_tokens(cache):
+    """A decoding step whose trace uploads a new host value each token is not replayed with
+    its first values: the second trace differs, and the later steps are traced as without
+    replay (the same tokens)."""
+    import dataclasses
+
+    from hfxla_nb.demo.lm import demo_lm_model_dir
+    from hfxla_nb.train.predict import prepare_predict
+    from hfxla_nb.train.worker.evaluate import predict_worker
+
+    model = HostDrawForCausalLM.from_pretrained(demo_lm_model_dir(cache=cache))
+    plan = prepare_predict(model, ["the cat", "a dog likes"], task="causal-lm", batch_size=2,
+                           num_processes=1, max_new_tokens=8)
+    tokens = {}
+    for replay in (True, False):
+        np.random.seed(0)  # the workers are forked with this state: the same draws
+        tokens[replay] = hx.notebook_launcher(
+            predict_worker, args=(dataclasses.replace(plan, capture_steps=replay),),
+            num_processes=1, strategy="spmd", progress=False)["predictions"]
+    assert tokens[True] == tokens[False]
+    assert len(set(tokens[True][0]["generated_text"].split())) > 2  # draws, not one token

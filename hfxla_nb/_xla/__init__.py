@@ -48,6 +48,7 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     # process: compile a traced graph under its key, run it later with new inputs
     "torch_xla._XLAC._xla_get_tensor_id": ("2.8", "2.9"),
     "torch_xla._XLAC._get_tensors_xla_device_data_node": ("2.8", "2.9"),
+    "torch_xla._XLAC._get_tensors_handle": ("2.8", "2.9"),
     "torch_xla._XLAC._get_graph_hash": ("2.8", "2.9"),
     "torch_xla._XLAC._xla_warm_up_cache": ("2.8", "2.9"),
     "torch_xla._XLAC._clear_pending_irs": ("2.8", "2.9"),

@@ -389,12 +389,15 @@ class CompiledGraph:
         device: the device the graph runs on (its seed is read there).
         traced_constants: the places of the `("tensor", t)` slots whose tensor was made while
             tracing (not a known tensor).
+        buffers: each input's device buffer (its handle): two traces that read the same
+            buffer read the same value.
     """
 
     def __init__(self, key: bytes, slots: list[Slot], device: Any,
-                 traced_constants: tuple[int, ...] = ()) -> None:
+                 traced_constants: tuple[int, ...] = (), buffers: tuple[int, ...] = ()) -> None:
         self.key, self.slots, self.device = key, slots, device
         self.traced_constants = traced_constants
+        self.buffers = buffers
         # What `inputs` fills in per run: the constants are in place once.
         self.constants = [slot[1] if slot[0] == "tensor" else None for slot in slots]
         self.role_places = [(i, slot[0], slot[1] if len(slot) > 1 else None)
@@ -433,12 +436,42 @@ class CompiledGraph:
         weights = {id(tensor) for tensor in known}
         traced = tuple(i for i, slot in enumerate(slots)
                        if slot[0] == "tensor" and id(slot[1]) not in weights)
-        return cls(b"", slots, outputs[0].device, traced), inputs
+        buffers = tuple(require_torch_xla()._XLAC._get_tensors_handle(inputs))
+        return cls(b"", slots, outputs[0].device, traced, buffers), inputs
 
     def constant_values(self) -> list:
         """The traced constants' values on the host (one transfer): equal at two traces of
         the same step, they are the same at every one."""
         return to_cpu([self.slots[i][1] for i in self.traced_constants])
+
+    def constants_unlike(self, second: CompiledGraph) -> list[str] | None:
+        """The traced constants of this graph that `second`, a later trace of the same work,
+        took other values for, each as "(1,) float32"; [] when all are the same; None when
+        `second` is another graph (another key, or a role or weight in one of their places).
+
+        A constant both traces read from the same buffer (a tensor made once before them) is
+        the same without a look; the others are fetched (one transfer each side)."""
+        places = self.traced_constants
+        if second.key != self.key or any(second.slots[i][0] != "tensor" for i in places):
+            return None
+        fresh = [i for i in places if self.buffers[i] != second.buffers[i]]
+        if not fresh:
+            return []
+        return self.differing_constants(to_cpu([self.slots[i][1] for i in fresh]),
+                                        to_cpu([second.slots[i][1] for i in fresh]))
+
+    @staticmethod
+    def differing_constants(values: list, other: list) -> list[str]:
+        """Which of two traces' constant values (`constant_values`) differ, each as "(1,)
+        float32"; [] when all are equal."""
+        import torch
+
+        if len(values) != len(other):
+            return ["a different number of them"]
+        return sorted({f"{tuple(a.shape)} {str(a.dtype).removeprefix('torch.')}"
+                       for a, b in zip(values, other, strict=True)
+                       if not (a.shape == b.shape and a.dtype == b.dtype
+                               and torch.equal(a, b))})
 
     @classmethod
     def capture(cls, outputs: list, roles: dict[int, Slot], known: list = (),

@@ -397,7 +397,8 @@ def greedy_generate(model: Any, input_ids: Any, attention_mask: Any, target_leng
                     encoder_hidden: Any = None, prompt: list[int] | None = None,
                     options: GenerationOptions | None = None,
                     fetch: Callable[[list], list] | None = None,
-                    capture: Callable[[dict, dict], StepGraph | None] | None = None) -> Any:
+                    capture: Callable[[dict, dict, dict], StepGraph | None] | None = None
+                    ) -> Any:
     """Greedy decoding of `target_length` tokens for a batch of padded sources.
 
     Args:
@@ -413,9 +414,11 @@ def greedy_generate(model: Any, input_ids: Any, attention_mask: Any, target_leng
         options: `predict`'s generation options (sampling, `check_every`); None: greedy,
             every step (evaluation).
         fetch: copies device tensors to the host in one transfer (the early-stop checks).
-        capture: called once with the state and the first step traced (not run): returns
-            the step's compiled graph (`StepGraph`: it runs the later steps, unless its first
-            run resharded the state), or None (every step traced and synced).
+        capture: called with the state, the first step traced (not run) and
+            `_xla.fallback_counts()` from before its trace: returns the step's compiled graph
+            (`StepGraph`: it runs the later steps, unless its first run resharded the state
+            or its constants made on the host are not proven the same at a second trace:
+            `StepProof`), or None (every step traced and synced).
 
     Returns:
         `[batch, target_length]` token ids: the prompt after its first token, then what each
@@ -436,6 +439,10 @@ def greedy_generate(model: Any, input_ids: Any, attention_mask: Any, target_leng
         if sync is not None:
             sync(state)
         graph: StepGraph | None = None
+        if capture is not None:
+            from ..worker.generation import StepProof
+
+            proof = StepProof()
         for index in range(target_length - max(len(prompt or ()), 1) + 1):
             if (options is not None and fetch is not None and index
                     and index % options.check_every == 0 and bool(fetch([state["done"]])[0].all())):
@@ -443,16 +450,21 @@ def greedy_generate(model: Any, input_ids: Any, attention_mask: Any, target_leng
             if graph is not None:
                 state = graph.run(state)
                 continue
+            fallbacks = _xla.fallback_counts() if capture is not None else {}
             step = greedy_step(model, encoder_hidden, attention_mask, state, options,
                                {"seed": state["seed"], "keys": state["keys"]} if draw else None)
             if capture is not None:
-                graph, capture = capture(state, step), None
+                graph = capture(state, step, fallbacks)
                 if graph is not None:
+                    graph, decided = proof.check(graph)
+                    if decided is not None:  # else the next step is captured again
+                        capture = None
                     del step  # never run: the compiled graph runs instead
                     state = graph.run(state)
-                    if not graph.kept_shardings:  # resharded: later steps are traced
+                    if not graph.kept_shardings or not decided:  # later steps are traced
                         graph = None
                     continue
+                capture = None
             state = {**state, **step}
             if sync is not None:
                 sync(state)
@@ -718,11 +730,12 @@ def generate_synced(ctx: WorkerContext, first: list[Any], input_ids: Any, mask: 
         first.clear()
         _xla.sync()
 
-    def capture(state: dict[str, Any], step: dict[str, Any]) -> StepGraph | None:
+    def capture(state: dict[str, Any], step: dict[str, Any],
+                fallbacks: dict[str, int]) -> StepGraph | None:
         from ..worker.generation import StepGraph
 
         ctx.replicate(list(step.values()))  # as `sync` replicates them
-        return StepGraph.capture(ctx.model, state, step, [], [])
+        return StepGraph.capture(ctx.model, state, step, [], [], fallbacks)
 
     with ctx.autocast():
         return greedy_generate(ctx.model, input_ids, mask, target_length, sync=sync,

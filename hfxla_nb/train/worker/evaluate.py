@@ -230,16 +230,11 @@ class BatchReplay:
 def _differs(first: _xla.CompiledGraph, second: _xla.CompiledGraph) -> str | None:
     """Why two traces of a bucket's batches are not the same graph with the same constants
     made on the host, or None when they are."""
-    import torch
-
-    if first.key != second.key:
+    made = first.constants_unlike(second)
+    if made is None or first.traced_constants != second.traced_constants:
         return ("its second batch traced another graph than its first (a Python branch on "
                 "a value of the host)")
-    differ = [a for a, b in zip(first.constant_values(), second.constant_values(), strict=True)
-              if not (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b))]
-    if differ:
-        made = sorted({f"{tuple(a.shape)} {str(a.dtype).removeprefix('torch.')}"
-                       for a in differ})
+    if made:
         return (f"a value made on the host while tracing ({', '.join(made)}) differs between "
                 "two batches")
     return None

@@ -291,6 +291,7 @@ def decode(model: Any, ids: torch.Tensor, mask: torch.Tensor, options: Generatio
     steps, checks, ended = 1, 0, [False] * rows
     graph: StepGraph | None = None
     capture = hooks.capture
+    proof = StepProof()
     while steps < new:
         if steps % options.check_every == 0:
             checks += 1
@@ -304,6 +305,7 @@ def decode(model: Any, ids: torch.Tensor, mask: torch.Tensor, options: Generatio
         before, carried = dict(state), cache_tensors(cache)
         # The cache's tensors before the step: an update in place gives a tensor a new id.
         carried_ids = [_xla.tensor_id(tensor) for tensor in carried] if capture else []
+        fallbacks = _xla.fallback_counts() if capture else {}
         where, step_tensor = state["where"], state["step"]
         state["position"] = state["position"] + 1
         with autocast():
@@ -313,20 +315,25 @@ def decode(model: Any, ids: torch.Tensor, mask: torch.Tensor, options: Generatio
         state = _chosen(state, output.logits[:, -1], options, (seed, keys, step_tensor),
                         columns, eos) | {"where": where + 1, "step": step_tensor + 1}
         del output  # traced logits nothing reads: never run
+        replays = True  # whether the graph captured here runs the later steps too
         if capture:
             capture = False
             if hooks.mark is not None:
                 hooks.mark([tensor for tensor in state.values() if tensor is not None])
-            graph = StepGraph.capture(model, before, state, carried, carried_ids)
+            graph = StepGraph.capture(model, before, state, carried, carried_ids, fallbacks)
+            if graph is not None:
+                graph, decided = proof.check(graph)
+                replays, capture = bool(decided), decided is None
         if graph is not None:
             # The traced step is dropped unrun (its tensors die here, its compiled graph
             # runs instead), and the cache's own tensors with it: the graph carries the cache.
             del carried
             places = drop_cache_tensors(cache)
             state = graph.run(before)
-            if not graph.kept_shardings:
+            if not graph.kept_shardings or not replays:
                 # Outputs sharded otherwise than the inputs they become: the program would
-                # read them wrongly. Later steps are traced (their sync compiles for them).
+                # read them wrongly; or constants made on the host not yet proven the same.
+                # Later steps are traced (their sync compiles for them).
                 put_cache_tensors(places, graph.cache)
                 graph = None
         else:
@@ -367,6 +374,30 @@ def cache_tensors(cache: Any) -> list[torch.Tensor]:
     return found
 
 
+class StepProof:
+    """Whether a captured decoding step may run the later steps: yes when its trace made no
+    constant on the host; else only once a second trace gave the same graph with the same
+    values in those places (a Python number each step: yes; a host draw per token: no)."""
+
+    def __init__(self) -> None:
+        self.first: StepGraph | None = None  # the first capture, while it waits for proof
+
+    def check(self, graph: StepGraph) -> tuple[StepGraph, bool | None]:
+        """The graph to run this step by, and whether it runs the later steps: True, False
+        (they are traced), or None (the next step is traced and captured again)."""
+        if self.first is None:
+            if not graph.graph.traced_constants:
+                return graph, True
+            self.first = graph
+            return graph, None
+        if self.first.graph.constants_unlike(graph.graph) != []:
+            return graph, False
+        # The first graph's inputs are named as the state's and the cache's; the second
+        # trace's may take a state tensor made by the first run for a constant.
+        self.first.cache = graph.cache
+        return self.first, True
+
+
 class StepGraph:
     """A decoding step traced once and run by its compiled graph for every token.
 
@@ -394,17 +425,21 @@ class StepGraph:
 
     @classmethod
     def capture(cls, model: Any, before: dict, after: dict, carried: list,
-                carried_ids: list[int]) -> StepGraph | None:
+                carried_ids: list[int], fallbacks: dict[str, int]) -> StepGraph | None:
         """The first step's graph, traced (`after` and the cache's tensors pending) and
         compiled; None where it cannot be run on the next inputs (the caller then syncs the
-        traced step and traces every step, as on the CPU).
+        traced step and traces every step, as on the CPU): an op ran on the CPU while it was
+        traced (what it read may differ at the next token), or a random op of the model.
 
         Args:
             model: the network (its parameters and buffers are the graph's weights).
             before: the state the step read; after: the state it traced.
             carried: the cache's tensors (updated in place by the step).
             carried_ids: their ids before the step (the graph's inputs are named by them).
+            fallbacks: `_xla.fallback_counts()` before the step was traced.
         """
+        if _xla.fallbacks_since(fallbacks):
+            return None
         names = [name for name, value in after.items() if value is not None]
         weights = [*model.parameters(), *model.buffers()]
         roles = {_xla.tensor_id(tensor): ("state", name) for name, tensor in before.items()

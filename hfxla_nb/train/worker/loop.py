@@ -606,11 +606,8 @@ class TrainingLoop:
                 self._decide(shape, None, "its second step traced another graph than its "
                              "first (a Python branch on a value of the host)")
                 return
-            differ = [a for a, b in zip(first, constants, strict=True)
-                      if not (a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b))]
-            if differ:
-                made = sorted({f"{tuple(a.shape)} {str(a.dtype).removeprefix('torch.')}"
-                               for a in differ})
+            made = step.graph.differing_constants(first, constants)
+            if made:
                 self._decide(shape, None, (
                     f"a value made on the host while tracing ({', '.join(made)}) differs "
                     "between two steps: a host draw (SpecAugment's numpy mask, a random "
