@@ -195,6 +195,24 @@ def test_early_stopping_stops_where_the_trainer_would(run):
 
 
 @pytest.mark.launch
+def test_the_result_says_how_the_run_ended_and_which_model_it_kept(run):
+    """The early stop is named with its cause, and the kept model with its step and metric,
+    in the result and in its panel."""
+    from hfxla_nb.ui.panels import result_html, result_text
+
+    assert run.stopped_early
+    assert run.stop_reason == (f"stopped early at step {run.steps} of {MAX_STEPS}: eval_loss "
+                               "did not improve for 2 evaluations (EarlyStoppingCallback)")
+    assert run.kept_best and run.best_metric_name == "eval_loss"
+    text = result_text(run)
+    assert run.stop_reason in text
+    kept = (f"the best model (load_best_model_at_end): step {run.best_step}, eval_loss "
+            f"{run.best_metric:.4f}")
+    assert kept in text and kept in result_html(run)
+    assert "a callback set control.should_training_stop" not in text
+
+
+@pytest.mark.launch
 def test_callback_sees_events_in_order(run, events_file):
     events = [json.loads(line) for line in Path(events_file).read_text().splitlines()]
     names = [event["event"] for event in events]

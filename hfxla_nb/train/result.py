@@ -241,6 +241,11 @@ class FineTuneResult:
         best_model_checkpoint: the checkpoint written at the best evaluation, if any.
         stopped_early: a callback stopped the training (`control.should_training_stop`)
             before its last step; `steps` says where.
+        stop_reason: why, in a sentence ("stopped early at step 50 of 120: eval_accuracy did
+            not improve for 2 evaluations (EarlyStoppingCallback)"), or None.
+        kept_best: the saved (and warm) model is the best evaluation's
+            (`load_best_model_at_end`), at `best_step`.
+        best_metric_name: the metric `best_metric` is a value of (`metric_for_best_model`).
         compiled_steps: each batch shape of the training ("32x48") -> "replayed" (its later
             steps ran by the first step's compiled graph, with no trace), or "traced: " and
             why not (`compiled_steps=False`, LayerDrop, an op run on the CPU while tracing,
@@ -304,6 +309,9 @@ class FineTuneResult:
     best_step: int | None = None
     best_model_checkpoint: str | None = None
     stopped_early: bool = False
+    stop_reason: str | None = None
+    kept_best: bool = False
+    best_metric_name: str | None = None
     compiled_steps: dict[str, str] = field(default_factory=dict)
     compiled_evaluation: dict[str, str] = field(default_factory=dict)
     held_model: HeldModel | None = field(default=None, repr=False, compare=False)

@@ -742,7 +742,8 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
     """(label, text) rows of a `FineTuneResult`; warnings first."""
     rows = [("warning", warning) for warning in result.warnings]
     rows.append(("training", f"{plural(result.steps, 'step')} "
-                             f"({plural(round(result.epochs, 2), 'epoch')})"))
+                             f"({plural(round(result.epochs, 2), 'epoch')})"
+                 + (f"; {result.stop_reason}" if result.stop_reason else "")))
     rows.append(("time", _time_row(result)))
     speed = _speed_row(result)
     if speed:
@@ -754,6 +755,10 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
         rows.append(("loss", f"{first:.4f} -> {last:.4f}{steps}"))
     if result.metrics:
         rows.append(("evaluation", evaluation_text(result.metrics)))
+    if result.kept_best and result.best_metric is not None:
+        rows.append(("kept", f"the best model (load_best_model_at_end): step "
+                             f"{result.best_step}, {result.best_metric_name} "
+                             f"{result.best_metric:.4f}; the evaluation above is that model's"))
     per_step = ""
     if result.executions_per_step is not None:
         per_step = (f"; per step after warm-up: {result.executions_per_step:.2f} executions, "
@@ -770,7 +775,7 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
     traced = [f"{shape}: {how}" for shape, how in result.compiled_evaluation.items()
               if how != "replayed"]
     if traced:  # evaluation batches replay as steps do: said only where they did not
-        rows.append(("evaluation", "\n".join(traced)))
+        rows.append(("eval batches", "\n".join(traced)))
     what = _task_text(result)
     rows.append(("setup", f"{result.strategy} over {plural(result.devices, 'device')}, "
                  f"{result.precision}, batch {result.batch_size}, lengths "

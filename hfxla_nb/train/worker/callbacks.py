@@ -137,6 +137,7 @@ class TrainerRun:
         self.best: tuple[int, dict[str, float]] | None = None
         self.delivered = 0  # training log entries already in log_history
         self.stopped_early = False
+        self.stopped_by: Any = None  # the callback that set should_training_stop, if one did
 
     # -- the events ------------------------------------------------------------------------------
 
@@ -144,11 +145,29 @@ class TrainerRun:
         """Call `event` on every callback, as `transformers.CallbackHandler.call_event` does
         (a callback that returns a control replaces it)."""
         for callback in self.callbacks:
+            stopping = self.control.should_training_stop
             result = getattr(callback, event)(self.args, self.state, self.control,
                                               **self.objects, **kwargs)
             if result is not None:
                 self.control = result
+            if self.control.should_training_stop and not stopping and self.stopped_by is None:
+                self.stopped_by = callback
         return self.control
+
+    def stop_reason(self, done: int) -> str:
+        """Why the training stopped at step `done`, before its last step: "stopped early at
+        step 50 of 120: eval_accuracy did not improve for 2 evaluations
+        (EarlyStoppingCallback)", or the callback that stopped it."""
+        where = f"step {done} of {self.plan.total_steps}"
+        callback = self.stopped_by
+        name = type(callback).__name__ if callback is not None else "a callback"
+        patience = getattr(callback, "early_stopping_patience", None)
+        metric = self.settings.metric_for_best_model
+        if isinstance(patience, int) and metric is not None:
+            metric = metric if metric.startswith("eval_") else f"eval_{metric}"
+            return (f"stopped early at {where}: {metric} did not improve for "
+                    f"{patience} evaluation{'' if patience == 1 else 's'} ({name})")
+        return f"stopped at {where}: {name} set control.should_training_stop"
 
     def train_begin(self, start_step: int) -> None:
         self.state.global_step = start_step

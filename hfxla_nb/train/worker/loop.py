@@ -170,6 +170,7 @@ class TrainingLoop:
         self.plan = ctx.plan
         self.start_time = start_time
         self.notes = notes
+        self.stop_reason: str | None = None  # why a callback stopped it early, if one did
         self.history: list[tuple[int, float]] = []
         self.checkpoints: list[str] = []
         self.checkpoint_marks: list[tuple[float, float, dict[str, int]]] = []
@@ -246,6 +247,9 @@ class TrainingLoop:
             "best_step": self.run.state.best_global_step,
             "best_model_checkpoint": self.run.state.best_model_checkpoint,
             "stopped_early": self.run.stopped_early,
+            "stop_reason": self.stop_reason,
+            "kept_best": bool(plan.trainer.load_best_model_at_end and self.run.best is not None),
+            "best_metric_name": plan.trainer.metric_for_best_model,
             "train_seconds": train_seconds,
             "eval_seconds": eval_seconds,
             # Training graphs only: gathering an FSDP checkpoint's shards compiles its own,
@@ -386,8 +390,7 @@ class TrainingLoop:
         self.end_step = done = run.state.global_step
         if done < plan.total_steps:
             run.stopped_early = True
-            self.notes.append(f"stopped at step {done} of {plan.total_steps}: a callback set "
-                              "control.should_training_stop")
+            self.stop_reason = run.stop_reason(done)
             if steady is not None:  # the steady figures cover the steps that ran
                 steady = (steady[0], steady[1], steady[2] - (plan.total_steps - done))
         # The last step's loss: at the sync after the loop, after every earlier fetch.
