@@ -50,7 +50,8 @@ class Progress(Event):
 
     `waiting` announces a bar that starts later (the evaluation after training): the panels
     draw it from now on, so they keep their height when it starts; its clock starts with its
-    next event."""
+    next event. `starts` says when, in words ("after training", "every 10 steps"; None:
+    "after training")."""
 
     step: int
     total: int | None
@@ -60,6 +61,7 @@ class Progress(Event):
     time: float = field(default_factory=time.time)
     late: bool = False
     waiting: bool = False
+    starts: str | None = None
 
 
 @dataclass(frozen=True)

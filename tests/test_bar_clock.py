@@ -255,6 +255,23 @@ def test_a_rate_of_a_thousand_and_more_is_written_whole_not_in_scientific_form()
 # -- the evaluation's bar, drawn from the start --------------------------------------------------
 
 
+def test_a_waiting_evaluation_bar_says_when_it_runs():
+    """An evaluation every N steps is not "after training" (`TrainerSettings.when_evaluating`
+    says when, the announced bar shows it)."""
+    from hfxla_nb.train.flow import TrainerSettings
+
+    assert TrainerSettings(eval_strategy="steps", eval_steps=10).when_evaluating() == (
+        "every 10 steps")
+    assert TrainerSettings(eval_strategy="epoch").when_evaluating() == "each epoch"
+    assert TrainerSettings().when_evaluating() == "after training"
+    state = LaunchState(1, clock=Clock())
+    state.handle(Progress(0, 0, STEPS, {}, 0, "train", time=T0))
+    state.handle(Progress(0, 0, 4, label="eval", time=T0, waiting=True, starts="every 10 steps"))
+    evaluation = state.view().bars[1]
+    assert text.timing_parts(evaluation) == ["every 10 steps"]
+    assert "after training" not in text.bar_line(evaluation)
+
+
 def test_the_evaluation_bar_is_drawn_from_the_start_and_its_clock_starts_with_it():
     clock = Clock()
     state = LaunchState(1, clock=clock)

@@ -92,6 +92,7 @@ class BarTrack:
         last: the time of its latest progress (never earlier than before: late values do
             not move it).
         first_step: the first step it reported (0: it counts from 0).
+        starts: when an announced bar starts, in words (`Progress.starts`), or None.
         origin: the step its current pass started from (its first step, or the first of a
             pass that counts from the start again); its warm-up is counted from there.
         grew: whether its step ever grew (its first step ended).
@@ -117,6 +118,7 @@ class BarTrack:
     start: float | None = None
     last: float | None = None
     first_step: int | None = None
+    starts: str | None = None
     origin: int | None = None
     grew: bool = False
     steady: tuple[int, float, int | None] | None = None
@@ -702,7 +704,8 @@ class LaunchReader:
         bar = self.bars.get(key)
         if event.waiting:  # drawn from now on, started by its next event
             if bar is None:
-                self.bars[key] = BarTrack(event.label, event.rank, total=event.total)
+                self.bars[key] = BarTrack(event.label, event.rank, total=event.total,
+                                          starts=event.starts)
             return
         if bar is None or bar.waiting:
             others = [other for other in self.rank_bars(event.rank) if other is not bar]

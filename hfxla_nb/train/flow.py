@@ -61,6 +61,13 @@ class TrainerSettings:
     save_total_limit: int | None = None
     callbacks: tuple = ()
 
+    def when_evaluating(self) -> str:
+        """When the evaluation runs, in words: "every 10 steps", "each epoch", or "after
+        training"."""
+        if self.eval_strategy == "steps":
+            return f"every {self.eval_steps} steps"
+        return "each epoch" if self.eval_strategy == "epoch" else "after training"
+
 
 @dataclass(frozen=True)
 class TrainerMetrics:

@@ -201,8 +201,8 @@ XLA_STEP_MEANS = ("XLA's execution time (torch_xla's ExecuteTime) per step repor
                   "graph executed since the start (the first, slower steps, evaluation and "
                   "saving too) divided by the steps, so it can be larger than the latest wall "
                   "time per step")
-WAITING_MEANS = ("this bar starts when training ends; it is drawn from the start, so the panel "
-                 "keeps its height when it does")
+WAITING_MEANS = ("when this bar starts: at the first evaluation (during training, or when it "
+                 "ends); it is drawn from the start, so the panel keeps its height when it does")
 # The tooltip of the wall time per step when XLA's time per step is the larger
 # (`xla_exceeds_wall`), then why (`XLA_ABOVE_WALL_MEANS`).
 XLA_ABOVE_WALL = "less than XLA's time per step, which counts every graph since the start"
@@ -225,7 +225,9 @@ def step_time_label(bar: BarView) -> tuple[str, str, float]:
 def timing_pieces(bar: BarView) -> list[tuple[str, str]]:
     """`timing_parts`, each with what it counts (for tooltips)."""
     if bar.waiting:  # drawn before it starts, so the panel keeps its height when it does
-        return [("after training" if bar.state == BarState.RUNNING else "not run", WAITING_MEANS)]
+        if bar.state != BarState.RUNNING:
+            return [("not run", WAITING_MEANS)]
+        return [(bar.starts or "after training", WAITING_MEANS)]
     if bar.state == BarState.STOPPED:  # the time it ran says nothing about its own work
         return [(f"stopped after {clock(bar.elapsed)}", ELAPSED_MEANS)]
     if bar.compiling:  # no rate or ETA yet: the only figure is how long the first step takes

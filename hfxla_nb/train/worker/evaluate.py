@@ -62,7 +62,8 @@ def announce_bar(ctx: WorkerContext) -> None:
     split = ctx.plan.data.eval
     if split is not None:
         batches = batching.eval_batch_count(split, ctx.plan.batch_size)
-        emit(Progress(worker_rank(), 0, batches, label="eval", waiting=True))
+        emit(Progress(worker_rank(), 0, batches, label="eval", waiting=True,
+                      starts=ctx.plan.trainer.when_evaluating()))
 
 
 def run_batches(ctx: WorkerContext, ahead: EvalAhead | None = None,
