@@ -372,8 +372,16 @@ def test_streaming_sends_the_new_text_every_check(launched):
 
 
 @pytest.mark.launch
+def test_a_streamed_prompt_is_shown_as_written_not_as_an_uncased_tokenizer_decodes_it():
+    from hfxla_nb.train.worker.generation import shown_prompts
+
+    assert shown_prompts("The Food was") == ["The Food was"]
+    assert shown_prompts(["A", "b  c"]) == ["A", "b  c"]
+    assert shown_prompts(None) is None  # chat messages: their rendering is shown
+
+
 def test_the_panel_draws_each_prompt_with_its_streamed_text_under_the_bars(launched):
-    """The generation's first event names its prompt, as the model read it; a panel fed the
+    """The generation's first event names its prompt, as the user wrote it; a panel fed the
     launch's real events shows the prompt, then the text so far (a cursor until it ends), in
     HTML and in text, and the launcher prints nothing of it where the panel draws it."""
     from hfxla_nb.ui import html, text
@@ -383,7 +391,7 @@ def test_the_panel_draws_each_prompt_with_its_streamed_text_under_the_bars(launc
     (answer,), _, _ = out["streamed"]
     events = out["events"]
     (prompt,) = events[0].prompts
-    assert "coffee" in prompt and all(not event.prompts for event in events[1:])
+    assert prompt == PROMPTS[0] and all(not event.prompts for event in events[1:])
     state = LaunchState(1)
     state.handle(events[0])
     (row,) = state.view().generations

@@ -564,6 +564,7 @@ class FineTuneResult:
             generate_rows,
             left_padded,
             print_generated,
+            shown_prompts,
             texts_of,
         )
 
@@ -578,8 +579,9 @@ class FineTuneResult:
         if device == "xla" and self.warm:
             from .worker import warm
 
-            texts, _ = self.session.call(warm.generate, (rows, settings, bucket, stream),
-                                         progress=progress)
+            texts, _ = self.session.call(
+                warm.generate, (rows, settings, bucket, stream, shown_prompts(prompts)),
+                progress=progress)
             return texts
         if device == "xla" and self.output_dir is not None:
             from ..launch import LaunchOptions, launch

@@ -556,18 +556,31 @@ def generate(model: str | os.PathLike, prompts: str | list[str] | None = None,
         network = AutoModelForCausalLM.from_pretrained(os.fspath(model))
     use_dense_experts(network)  # a mixture of experts: static shapes (train/experts.py)
     network.to(_xla.device())
-    return decode_prompts(network, tokenizer, rows, settings, bucket, stream)
+    return decode_prompts(network, tokenizer, rows, settings, bucket, stream,
+                          shown_prompts(prompts))
+
+
+def shown_prompts(prompts: str | list[str] | None) -> list[str] | None:
+    """The prompts as the user wrote them, for the streamed text to show (their case and
+    spacing kept: an uncased tokenizer's decoding would lower them); None for chat messages
+    (their rendering by the template is shown)."""
+    if prompts is None:
+        return None
+    return [prompts] if isinstance(prompts, str) else [str(prompt) for prompt in prompts]
 
 
 def decode_prompts(network: Any, tokenizer: Any, rows: list[list[int]],
-                   settings: GenerationOptions, bucket: int,
-                   stream: bool) -> list[str] | list[list[str]]:
+                   settings: GenerationOptions, bucket: int, stream: bool,
+                   shown: list[str] | None = None) -> list[str] | list[list[str]]:
     """`generate`'s decoding of prompt token rows with a model already on this worker's XLA
-    device (loaded by `generate`, or held warm between cells: `worker.warm`)."""
+    device (loaded by `generate`, or held warm between cells: `worker.warm`); `shown`: the
+    prompts as the stream shows them (default: the rows decoded)."""
     import torch
 
     network.eval()
-    streamer = Streamer(tokenizer, settings, emit, rows) if stream else None
+    if shown is None:
+        shown = [tokenizer.decode(row, skip_special_tokens=True) for row in rows]
+    streamer = Streamer(tokenizer, settings, emit, shown) if stream else None
     hooks = DecodeHooks(sync=lambda tensors: _xla.sync(), fetch=_xla.to_cpu,
                         tokenizer=tokenizer, on_check=streamer.send if streamer else None,
                         capture=True)
@@ -585,11 +598,11 @@ class Streamer:
     event: `emit` in a worker, `print_generated` in the kernel."""
 
     def __init__(self, tokenizer: Any, options: GenerationOptions,
-                 deliver: Callable[[Generated], Any], prompts: Sequence[list[int]] = ()) -> None:
+                 deliver: Callable[[Generated], Any], prompts: Sequence[str] = ()) -> None:
         self.tokenizer, self.options, self.deliver = tokenizer, options, deliver
         self.sent: list[str] = []
-        # The prompts as the model read them, sent once: the panel shows each under the bars.
-        self.prompts = [tokenizer.decode(row, skip_special_tokens=True) for row in prompts]
+        # The prompts, sent once: the panel shows each under the bars.
+        self.prompts = list(prompts)
 
     def send(self, rows: list[list[int]], steps: int, done: bool = False) -> None:
         """Send the text of `rows` (every row's tokens so far) beyond what was sent."""

@@ -51,11 +51,13 @@ def predict(plan: TrainPlan) -> dict[str, Any]:
 
 
 def generate(rows: list[list[int]], settings: GenerationOptions, bucket: int,
-             stream: bool) -> list[str] | list[list[str]]:
+             stream: bool, shown: list[str] | None = None) -> list[str] | list[list[str]]:
     """`generate` with the held causal LM: the prompts' token rows and the options, checked
-    in the kernel; returns the new text of each prompt."""
+    in the kernel, and the prompts as the stream shows them; returns the new text of each
+    prompt."""
     ctx = held()
-    return decode_prompts(ctx.base_model, ctx.plan.tokenizer, rows, settings, bucket, stream)
+    return decode_prompts(ctx.base_model, ctx.plan.tokenizer, rows, settings, bucket, stream,
+                          shown)
 
 
 def evaluate(plan: TrainPlan) -> dict[str, float]:
