@@ -50,9 +50,11 @@ def test_predict_runs_its_batches_under_a_bar_named_predict(monkeypatch):
     monkeypatch.setattr(evaluate.batching, "eval_batches", lambda split, size: [])
     monkeypatch.setattr(evaluate._xla, "to_cpu", lambda outputs: [])
     model = SimpleNamespace(eval=lambda: None, train=lambda: None)
-    plan = SimpleNamespace(data=SimpleNamespace(eval=None), batch_size=1)
-    evaluate.run_batches(SimpleNamespace(plan=plan, model=model), bar="predict")
-    evaluate.run_batches(SimpleNamespace(plan=plan, model=model))
+    plan = SimpleNamespace(data=SimpleNamespace(eval=None, eval_ahead=True), batch_size=1,
+                           capture_steps=True)
+    task = SimpleNamespace(eval_ahead=True)
+    evaluate.run_batches(SimpleNamespace(plan=plan, model=model, task=task), bar="predict")
+    evaluate.run_batches(SimpleNamespace(plan=plan, model=model, task=task))
     assert [event.label for event in sent] == ["predict", "eval"]
 
 
@@ -107,7 +109,7 @@ def test_a_failing_launch_names_its_stopped_ranks_in_a_sentence():
 
     def rank(number, state, error=None):
         return SimpleNamespace(rank=number, exit_state=state, error=error, traceback=None,
-                               last_step=None)
+                               last_step=None, stack="")
 
     for stopped, words in (([0], "Rank 0 was stopped."),
                            ([0, 2], "Ranks 0 and 2 were stopped.")):
