@@ -96,6 +96,7 @@ def test_a_launch_closes_a_warm_session_with_one_muted_line_and_the_next_run_say
     closed = [note for note in hx.last_launch().notes if "closed the warm session" in note]
     said = capsys.readouterr()
     assert len(closed) == 1 and said.out.count("closed the warm session") == 1  # no panel
+    assert "closed the warm session (spmd on 2 devices, " in closed[0]  # which one
     assert "\x1b[2m" in said.out and "closed" not in said.err  # muted; no stderr block
     assert not session.alive and group_processes(group) == []
     with pytest.raises(LaunchError, match="KeyError"):  # new workers: the old state is gone

@@ -96,6 +96,11 @@ class SessionInfo:
     holds_model: bool = False
     idle_timeout: float | None = None
 
+    def what(self) -> str:
+        """Which session it is, in a few words: "session (spmd on 2 devices, 3 runs)"."""
+        return (f"{self.name} ({self.strategy} on {plural(self.devices, 'device')}, "
+                f"{plural(self.runs, 'run')})")
+
     def __str__(self) -> str:
         idle = "running" if self.idle_seconds is None else f"idle {duration(self.idle_seconds)}"
         if self.idle_timeout is not None and self.idle_seconds is not None:
@@ -593,10 +598,11 @@ def close_sessions(why: str, keep: Session | None = None) -> list[str]:
         if each is keep:
             continue
         warm = each.alive
+        what = each.info().what() if warm else ""
         each._end_workers()
         each._ended = f"its workers were closed {why}"
         if warm:
-            lines.append(f"hfxla_nb: closed the warm {each.name} {why}: one owner of the "
+            lines.append(f"hfxla_nb: closed the warm {what} {why}: one owner of the "
                          "devices at a time (its next run starts new workers).")
     return lines
 
