@@ -1,7 +1,8 @@
 """A training step is run again by its compiled graph only where a check proves it computes what
 the traced step would (`train/worker/captured.py`); where it is not, its steps are traced, the
 losses are the traced loop's, and `result.compiled_steps` says why. Each model below trips one
-guard (or proves itself the same at a second trace) and is trained both ways on XLA:CPU."""
+guard (or proves itself the same at a second trace: a host number, an unused layer) and is
+trained both ways on XLA:CPU."""
 
 from __future__ import annotations
 
@@ -101,10 +102,10 @@ def test_a_device_read_while_tracing_declines_the_replay_naming_the_op(trained):
     assert why.startswith("traced: the step ran _local_scalar_dense on the CPU"), why
 
 
-def test_a_parameter_without_a_gradient_declines_the_replay_naming_it(trained):
-    assert list(trained["Unused", True].compiled_steps.values()) == [
-        "traced: 2 trained parameter(s) got no gradient at the step (unused.weight, "
-        "unused.bias)"]
+def test_a_parameter_without_a_gradient_is_read_as_it_is_and_the_step_replayed(trained):
+    """An unused layer gets no gradient: torch's AdamW leaves it, and so does the compiled
+    step (its losses are the traced loop's, above), once a second trace gave the same graph."""
+    assert list(trained["Unused", True].compiled_steps.values()) == ["replayed"]
 
 
 def test_layerdrop_declines_the_replay_before_any_capture(cache):

@@ -475,13 +475,15 @@ class CompiledGraph:
 
     @classmethod
     def capture(cls, outputs: list, roles: dict[int, Slot], known: list = (),
-                donate: tuple[str, ...] = ()) -> tuple[CompiledGraph, list] | Declined:
+                donate: tuple[str, ...] = (), keep: frozenset = frozenset()
+                ) -> tuple[CompiledGraph, list] | Declined:
         """`read`, then compiled.
 
         Args:
             outputs, roles, known: as `read` takes them.
             donate: the kinds of role (a role's first item) whose buffers each run gives to
                 its outputs: values the run replaces, which nothing reads after it.
+            keep: roles of those kinds whose buffers are not given (read, not replaced).
 
         Returns:
             The graph and the inputs it was traced on; `Declined` (with its cause) where it
@@ -495,7 +497,7 @@ class CompiledGraph:
             graph, inputs = read
             graph.key = compile_graph(outputs, [tensor for slot, tensor
                                                 in zip(graph.slots, inputs, strict=True)
-                                                if slot[0] in donate])
+                                                if slot[0] in donate and slot not in keep])
         except Exception as error:  # noqa: BLE001 - the traced tensors then run as they are
             first = next(iter(str(error).strip().splitlines()), "")
             return Declined(f"compiling its graph by key raised {type(error).__name__}"

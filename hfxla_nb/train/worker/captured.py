@@ -93,12 +93,20 @@ class CapturedStep:
 
     Args:
         graph: the compiled step; its roles are `Before`'s and ("numbers",).
-        trained: the trained parameters, in the outputs' order.
+        trained: the trained parameters, as `Before` numbered them (the inputs' roles).
         optimizer: the AdamW whose moments the outputs are.
+        updated: the parameters the step updates, in the outputs' order: those that got a
+            gradient (default: all). One without is read as it is, as torch's AdamW leaves a
+            parameter whose `grad` is None.
     """
 
-    def __init__(self, graph: _xla.CompiledGraph, trained: list, optimizer: AdamW) -> None:
+    def __init__(self, graph: _xla.CompiledGraph, trained: list, optimizer: AdamW,
+                 updated: list | None = None) -> None:
         self.graph, self.trained, self.optimizer = graph, trained, optimizer
+        self.updated = list(trained) if updated is None else updated
+        #: The names of the trained parameters the step left without a gradient (read as
+        #: they are): a second trace must give the same graph before the step is replayed.
+        self.unchanged: list[str] = []
 
     @classmethod
     def capture(cls, before: Before, trained: list, optimizer: AdamW,
@@ -128,15 +136,12 @@ class CapturedStep:
         numbers, values = optimizer.last_numbers, optimizer.new_values or {}
         if numbers is None:
             return _xla.Declined("the optimizer's step numbers were not one uploaded tensor")
-        unchanged = [p for p in trained if id(p) not in values]
-        if unchanged:
-            # One without a gradient at this step may get one at the next (a layer a host coin
-            # dropped): the step is not the same graph at every step.
-            names = names or {}
-            named = ", ".join(names.get(id(p), "a parameter of shape " + str(tuple(p.shape)))
-                              for p in unchanged[:3])
-            return _xla.Declined(f"{len(unchanged)} trained parameter(s) got no gradient at "
-                                 f"the step ({named}{', ...' if len(unchanged) > 3 else ''})")
+        # A parameter without a gradient (an unused embedding) is read as it is and not
+        # updated, as torch's AdamW skips it. One that gets a gradient at a later step (a
+        # layer a host coin dropped) traces another graph: the caller proves the step the same
+        # at a second trace (`unchanged`).
+        updated = [p for p in trained if id(p) in values]
+        unchanged = [i for i, p in enumerate(trained) if id(p) not in values]
         # A weight the step changed in place is not an output: a batch norm's running
         # statistics would stop moving, and torch_xla's checkpoint (its optimization barrier
         # on the parameters) would leave traced values that read buffers given away.
@@ -148,21 +153,27 @@ class CapturedStep:
         roles[_xla.tensor_id(numbers)] = ("numbers",)
         # The parameters' and moments' buffers go to their new values, as a traced step's
         # in-place updates do: one copy of each in memory. Not the running loss: a
-        # logging point's fetch reads it after the next step ran.
-        captured = _xla.CompiledGraph.capture(outputs_of(trained, optimizer, loss_total, values),
-                                              roles, frozen, donate=("param", "avg", "square"))
+        # logging point's fetch reads it after the next step ran; nor a parameter the step
+        # leaves as it is (nor its moments).
+        keep = frozenset((kind, i) for i in unchanged for kind in ("param", "avg", "square"))
+        captured = _xla.CompiledGraph.capture(outputs_of(updated, optimizer, loss_total, values),
+                                              roles, frozen, donate=("param", "avg", "square"),
+                                              keep=keep)
         if isinstance(captured, _xla.Declined):
             return captured
         graph, inputs = captured
-        return cls(graph, list(trained), optimizer), inputs
+        step = cls(graph, list(trained), optimizer, updated)
+        step.unchanged = [(names or {}).get(id(trained[i]), "a parameter of shape "
+                                            + str(tuple(trained[i].shape))) for i in unchanged]
+        return step, inputs
 
     def run(self, batch: Batch, numbers: torch.Tensor, loss_total: torch.Tensor,
             inputs: list | None = None) -> torch.Tensor:
         """Run the step on the current parameters and moments, `batch`, `numbers` (AdamW's,
         from `count_step`) and the device's seed; put the outputs in place and return the
         new running loss. `inputs`: the traced step's own (its first run)."""
-        moments = [self.optimizer.state[p] for p in self.trained]
         if inputs is None:
+            moments = [self.optimizer.state[p] for p in self.trained]
             # The moments as the optimizer holds them now: another shape's step may have
             # moved them since this one ran.
             inputs = self.graph.inputs({
@@ -170,14 +181,23 @@ class CapturedStep:
                 "square": [m["exp_avg_sq"] for m in moments], "batch": batch.tensors,
                 "loss": loss_total, "numbers": numbers})
         outputs = self.graph.run(inputs)
-        count = len(self.trained)
-        for parameter, value in zip(self.trained, outputs[:count], strict=True):
+        count = len(self.updated)
+        for parameter, value in zip(self.updated, outputs[:count], strict=True):
             _xla.replace_data(parameter, value)
-        for i, state in enumerate(moments):
+        for i, parameter in enumerate(self.updated):
+            state = self.optimizer.state[parameter]
             state["exp_avg"], state["exp_avg_sq"] = outputs[count + i], outputs[2 * count + i]
         return outputs[-1]
 
     def shardings(self, loss_total: torch.Tensor) -> list[str]:
         """The sharding of each output as the last run left it, in the outputs' order."""
         return [_xla.sharding_spec(t)
-                for t in outputs_of(self.trained, self.optimizer, loss_total)]
+                for t in outputs_of(self.updated, self.optimizer, loss_total)]
+
+    def expected_shardings(self, before: Before) -> list[str]:
+        """`before.shardings` (every trained parameter's) for this step's outputs only."""
+        count, updated = len(self.trained), {id(p) for p in self.updated}
+        places = [i for i, p in enumerate(self.trained) if id(p) in updated]
+        return ([before.shardings[i] for i in places]
+                + [before.shardings[count + i] for i in places]
+                + [before.shardings[2 * count + i] for i in places] + [before.shardings[-1]])

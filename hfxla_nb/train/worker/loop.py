@@ -504,7 +504,7 @@ class TrainingLoop:
         self.shape_names.setdefault(shape, f"{batch.tensors[0].shape[0]}x{bucket.length}")
         captured = self.captured.get(shape)
         if captured is not None:  # run by its compiled graph (captured.py)
-            numbers = self.optimizer.count_step()
+            numbers = self.optimizer.count_step(captured.updated)
             lr = float(self.scheduler.get_last_lr()[0])
             self.scheduler.step()
             self.loss_total = captured.run(batch, numbers, self.loss_total)
@@ -590,12 +590,12 @@ class TrainingLoop:
         values.clear()  # the traced new values: never run
         step, inputs = captured
         self.loss_total = step.run(batch, self.optimizer.last_numbers, self.loss_total, inputs)
-        if step.shardings(self.loss_total) != before.shardings:
+        if step.shardings(self.loss_total) != step.expected_shardings(before):
             # The next run would read inputs sharded otherwise than the program was compiled
             # for: this shape's later steps are traced (the sync compiles for them).
             self._decide(shape, None, "an output's sharding differs from its input's")
             return
-        if step.graph.traced_constants:
+        if step.graph.traced_constants or step.unchanged:
             begin, counts_before = time.perf_counter(), counts()
             constants = step.graph.constant_values()
             after = counts()
@@ -606,8 +606,10 @@ class TrainingLoop:
             if first is constants:  # the shape's first trace: checked at its next step
                 return
             if first_key != step.graph.key:
+                unused = (f"; {', '.join(step.unchanged[:3])} got no gradient at one of them"
+                          if step.unchanged else "")
                 self._decide(shape, None, "its second step traced another graph than its "
-                             "first (a Python branch on a value of the host)")
+                             f"first (a Python branch on a value of the host{unused})")
                 return
             made = step.graph.differing_constants(first, constants)
             if made:

@@ -162,14 +162,17 @@ class AdamW(torch.optim.AdamW):
                 _update(self.state, part, each, self.new_values)
         return loss
 
-    def count_step(self) -> torch.Tensor | None:
-        """Count a step on the host for every trained parameter, as `step` does before its
-        update, and return the step's numbers as `step` gives them to the device (one
-        tensor); None where they are not one tensor (a parameter left without a gradient at
-        some step). For a step whose update runs by its compiled graph."""
+    def count_step(self, updated: list | None = None) -> torch.Tensor | None:
+        """Count a step on the host for every trained parameter (`updated`: for these, the
+        ones the step updates; one without a gradient is skipped, as `step` skips it), as
+        `step` does before its update, and return the step's numbers as `step` gives them to
+        the device (one tensor); None where they are not one tensor. For a step whose update
+        runs by its compiled graph."""
+        ids = None if updated is None else {id(p) for p in updated}
         parts = []
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.requires_grad]
+            params = [p for p in group["params"]
+                      if p.requires_grad and (ids is None or id(p) in ids)]
             if params:
                 states = [self.state[p] for p in params]
                 parts += _parts(group, params, [None] * len(params),
