@@ -137,9 +137,14 @@ def train_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
     # weights: the best evaluation's go back first, so that a warm predict predicts with
     # the result's model.
     result["warm"] = plan.keep_warm
-    if result["warm"]:
-        if loop.best_model is not None:
+    if result["warm"] and loop.best_model is not None:
+        try:
             ckpt.restore_model_state(loop, loop.best_model)
+        except Exception as error:  # noqa: BLE001 - the run and its saved model stand
+            result["warm"] = False
+            result["notes"].append(f"nothing stays warm: the best model could not be put back "
+                                   f"on the devices ({type(error).__name__}: {error})")
+    if result["warm"]:
         warm.hold(ctx)
     return result
 
