@@ -371,7 +371,6 @@ def test_streaming_sends_the_new_text_every_check(launched):
     assert "".join(event.texts[0] for event in events) == text
 
 
-@pytest.mark.launch
 def test_a_streamed_prompt_is_shown_as_written_not_as_an_uncased_tokenizer_decodes_it():
     from hfxla_nb.train.worker.generation import shown_prompts
 
@@ -380,6 +379,7 @@ def test_a_streamed_prompt_is_shown_as_written_not_as_an_uncased_tokenizer_decod
     assert shown_prompts(None) is None  # chat messages: their rendering is shown
 
 
+@pytest.mark.launch
 def test_the_panel_draws_each_prompt_with_its_streamed_text_under_the_bars(launched):
     """The generation's first event names its prompt, as the user wrote it; a panel fed the
     launch's real events shows the prompt, then the text so far (a cursor until it ends), in

@@ -111,7 +111,7 @@ class CapturedStep:
     @classmethod
     def capture(cls, before: Before, trained: list, optimizer: AdamW,
                 loss_total: torch.Tensor, frozen: list,
-                names: Mapping[int, str] | None = None
+                names: Mapping[int, str] | None = None, masks: bool = False
                 ) -> tuple[CapturedStep, list] | _xla.Declined:
         """The traced step's graph, compiled, and the inputs it was traced on; `Declined`,
         with its cause, where it cannot be run again on new data (the traced step is then
@@ -125,6 +125,7 @@ class CapturedStep:
             loss_total: the new running loss (traced).
             frozen: the model's other parameters and buffers (inputs passed as they are).
             names: `id(parameter)` -> its name in the model, for what a decline says.
+            masks: the model draws SpecAugment masks on the host (`mask_time_prob`).
         """
         ran_on_cpu = _xla.fallbacks_since(before.fallbacks)
         if ran_on_cpu:
@@ -136,12 +137,23 @@ class CapturedStep:
         numbers, values = optimizer.last_numbers, optimizer.new_values or {}
         if numbers is None:
             return _xla.Declined("the optimizer's step numbers were not one uploaded tensor")
-        # A parameter without a gradient (an unused embedding) is read as it is and not
-        # updated, as torch's AdamW skips it. One that gets a gradient at a later step (a
+        # A parameter without a gradient that the step never reads (an unused embedding) is
+        # left as it is, as torch's AdamW skips it. One that gets a gradient at a later step (a
         # layer a host coin dropped) traces another graph: the caller proves the step the same
-        # at a second trace (`unchanged`).
+        # at a second trace (`unchanged`). One the step reads without a gradient (a mask's
+        # embedding where the mask drawn was empty) may get one at the next: declined.
         updated = [p for p in trained if id(p) in values]
         unchanged = [i for i, p in enumerate(trained) if id(p) not in values]
+
+        def named(places: list[int]) -> str:
+            return ", ".join((names or {}).get(id(trained[i]), "a parameter of shape "
+                                               + str(tuple(trained[i].shape)))
+                             for i in places[:3]) + (", ..." if len(places) > 3 else "")
+
+        if unchanged and masks:  # decided before any compile: the step is traced as always
+            return _xla.Declined(f"{len(unchanged)} trained parameter(s) got no gradient at "
+                                 f"the step ({named(unchanged)}): SpecAugment's mask, drawn on "
+                                 "the host at each step, decides whether they get one")
         # A weight the step changed in place is not an output: a batch norm's running
         # statistics would stop moving, and torch_xla's checkpoint (its optimization barrier
         # on the parameters) would leave traced values that read buffers given away.
@@ -162,9 +174,13 @@ class CapturedStep:
         if isinstance(captured, _xla.Declined):
             return captured
         graph, inputs = captured
+        read = [i for i in unchanged if ("param", i) in graph.slots]
+        if read:
+            return _xla.Declined(f"{len(read)} trained parameter(s) got no gradient at the "
+                                 f"step though it reads them ({named(read)}): a gradient "
+                                 "that depends on the data may come at the next step")
         step = cls(graph, list(trained), optimizer, updated)
-        step.unchanged = [(names or {}).get(id(trained[i]), "a parameter of shape "
-                                            + str(tuple(trained[i].shape))) for i in unchanged]
+        step.unchanged = [named([i]) for i in unchanged]
         return step, inputs
 
     def run(self, batch: Batch, numbers: torch.Tensor, loss_total: torch.Tensor,

@@ -583,14 +583,22 @@ class TrainingLoop:
         model = self.ctx.model
         frozen = [t for t in (*model.parameters(), *model.buffers()) if id(t) not in trained_ids]
         names = {id(p): name for name, p in model.named_parameters()}
+        config = getattr(self.ctx.base_model, "config", None)
+        masks = any((getattr(config, name, 0) or 0) > 0
+                    for name in ("mask_time_prob", "mask_feature_prob"))
         captured = CapturedStep.capture(before, trained, self.optimizer, self.loss_total,
-                                        frozen, names)
+                                        frozen, names, masks)
         values, self.optimizer.new_values = self.optimizer.new_values or {}, None
-        if isinstance(captured, _xla.Declined):  # the update traced as `step` traces it
+        proving = not isinstance(captured, _xla.Declined) and bool(
+            captured[0].graph.traced_constants or captured[0].unchanged)
+        first_trace = proving and shape not in self.first_constants
+        why = (captured.reason if isinstance(captured, _xla.Declined) else
+               self._unlike_first(shape, captured[0]) if proving else None)
+        if why is not None:  # the update traced as `step` traces it, synced as always
             updated = [p for p in trained if id(p) in values]
             with torch.no_grad():
                 torch._foreach_copy_(updated, [values[id(p)] for p in updated])
-            self._decide(shape, None, captured.reason)
+            self._decide(shape, None, why)
             return
         values.clear()  # the traced new values: never run
         step, inputs = captured
@@ -600,30 +608,32 @@ class TrainingLoop:
             # for: this shape's later steps are traced (the sync compiles for them).
             self._decide(shape, None, "an output's sharding differs from its input's")
             return
-        if step.graph.traced_constants or step.unchanged:
-            begin, counts_before = time.perf_counter(), counts()
-            constants = step.graph.constant_values()
-            after = counts()
-            self.check_marks.append((begin, time.perf_counter(),
-                                     {k: after[k] - counts_before[k] for k in COUNTED}))
-            first_key, first = self.first_constants.setdefault(shape, (step.graph.key,
-                                                                       constants))
-            if first is constants:  # the shape's first trace: checked at its next step
-                return
-            if first_key != step.graph.key:
-                unused = (f"; {', '.join(step.unchanged[:3])} got no gradient at one of them"
-                          if step.unchanged else "")
-                self._decide(shape, None, "its second step traced another graph than its "
-                             f"first (a Python branch on a value of the host{unused})")
-                return
-            made = step.graph.differing_constants(first, constants)
-            if made:
-                self._decide(shape, None, (
-                    f"a value made on the host while tracing ({', '.join(made)}) differs "
+        if not first_trace:  # a first trace with host constants is checked at its next step
+            self._decide(shape, step, None)
+
+    def _unlike_first(self, shape: tuple, step: CapturedStep) -> str | None:
+        """How a shape's second trace differs from its first (another graph, or other values
+        made on the host), read before the step runs; None when it is the same, or when
+        this is the first trace (kept for the next)."""
+        begin, counts_before = time.perf_counter(), counts()
+        constants = step.graph.constant_values()
+        after = counts()
+        self.check_marks.append((begin, time.perf_counter(),
+                                 {k: after[k] - counts_before[k] for k in COUNTED}))
+        first_key, first = self.first_constants.setdefault(shape, (step.graph.key, constants))
+        if first is constants:
+            return None
+        if first_key != step.graph.key:
+            unused = (f"; {', '.join(step.unchanged[:3])} got no gradient at one of them"
+                      if step.unchanged else "")
+            return ("its second step traced another graph than its first (a Python branch "
+                    f"on a value of the host{unused})")
+        made = step.graph.differing_constants(first, constants)
+        if made:
+            return (f"a value made on the host while tracing ({', '.join(made)}) differs "
                     "between two steps: a host draw (SpecAugment's numpy mask, a random "
-                    "number) or a number set at each step"))
-                return
-        self._decide(shape, step, None)
+                    "number) or a number set at each step")
+        return None
 
     def log(self, step: int, loss_total: torch.Tensor, lr: float) -> None:
         """Records logging point `step`: the mean loss since the previous one.
