@@ -381,7 +381,7 @@ class CompiledGraph:
     while tracing: a Python number torch_xla keeps on the device (`x * 0.5`: the same data at
     every trace), or a value uploaded (a numpy mask, a host random draw: new data each trace).
     Their places are `traced_constants`: a caller proves them the same at a second trace
-    (`constant_values`) before it runs the graph again.
+    (`constants_unlike`) before it runs the graph again.
 
     Args:
         key: the compiled graph's key.
@@ -439,35 +439,26 @@ class CompiledGraph:
         buffers = tuple(require_torch_xla()._XLAC._get_tensors_handle(inputs))
         return cls(b"", slots, outputs[0].device, traced, buffers), inputs
 
-    def constant_values(self) -> list:
-        """The traced constants' values on the host (one transfer): equal at two traces of
-        the same step, they are the same at every one."""
-        return to_cpu([self.slots[i][1] for i in self.traced_constants])
-
-    def constants_unlike(self, second: CompiledGraph) -> list[str] | None:
+    def constants_unlike(self, second: CompiledGraph,
+                         same_places: bool = True) -> list[str] | None:
         """The traced constants of this graph that `second`, a later trace of the same work,
         took other values for, each as "(1,) float32"; [] when all are the same; None when
-        `second` is another graph (another key, or a role or weight in one of their places).
+        `second` is another graph: another key, a role or weight in one of this graph's
+        places, or (`same_places`) constants in other places than this graph's.
 
         A constant both traces read from the same buffer (a tensor made once before them) is
         the same without a look; the others are fetched (one transfer each side)."""
+        import torch
+
         places = self.traced_constants
-        if second.key != self.key or any(second.slots[i][0] != "tensor" for i in places):
+        if (second.key != self.key or any(second.slots[i][0] != "tensor" for i in places)
+                or (same_places and second.traced_constants != places)):
             return None
         fresh = [i for i in places if self.buffers[i] != second.buffers[i]]
         if not fresh:
             return []
-        return self.differing_constants(to_cpu([self.slots[i][1] for i in fresh]),
-                                        to_cpu([second.slots[i][1] for i in fresh]))
-
-    @staticmethod
-    def differing_constants(values: list, other: list) -> list[str]:
-        """Which of two traces' constant values (`constant_values`) differ, each as "(1,)
-        float32"; [] when all are equal."""
-        import torch
-
-        if len(values) != len(other):
-            return ["a different number of them"]
+        values = to_cpu([self.slots[i][1] for i in fresh])
+        other = to_cpu([second.slots[i][1] for i in fresh])
         return sorted({f"{tuple(a.shape)} {str(a.dtype).removeprefix('torch.')}"
                        for a, b in zip(values, other, strict=True)
                        if not (a.shape == b.shape and a.dtype == b.dtype

@@ -390,10 +390,11 @@ class StepProof:
                 return graph, True
             self.first = graph
             return graph, None
-        if self.first.graph.constants_unlike(graph.graph) != []:
+        # The first graph runs on: its inputs are named as the state's and the cache's, while
+        # the second trace's may take a state tensor made by the first run for a constant
+        # (so its constants may lie in more places).
+        if self.first.graph.constants_unlike(graph.graph, same_places=False) != []:
             return graph, False
-        # The first graph's inputs are named as the state's and the cache's; the second
-        # trace's may take a state tensor made by the first run for a constant.
         self.first.cache = graph.cache
         return self.first, True
 

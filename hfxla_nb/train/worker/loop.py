@@ -190,9 +190,10 @@ class TrainingLoop:
         self.eval_ahead: EvalAhead | None = None
         # Each batch shape's step run by its compiled graph, or None: traced (captured.py).
         self.captured: dict[tuple, CapturedStep | None] = {}
-        # A shape whose graph has constants made while tracing: its key and their values at
-        # its first trace, checked against its second before its steps run by the graph.
-        self.first_constants: dict[tuple, tuple[bytes, list]] = {}
+        # A shape whose graph must be proven at a second trace (constants made while tracing,
+        # a parameter without a gradient): its first trace's graph, compared with the second's
+        # before its steps run by the graph.
+        self.first_traces: dict[tuple, _xla.CompiledGraph] = {}
         # Each batch shape, as "<rows>x<padded length>" -> "replayed", or why its steps were
         # traced; the names of the shapes seen.
         self.compiled_steps: dict[str, str] = {}
@@ -591,7 +592,7 @@ class TrainingLoop:
         values, self.optimizer.new_values = self.optimizer.new_values or {}, None
         proving = not isinstance(captured, _xla.Declined) and bool(
             captured[0].graph.traced_constants or captured[0].unchanged)
-        first_trace = proving and shape not in self.first_constants
+        first_trace = proving and shape not in self.first_traces
         why = (captured.reason if isinstance(captured, _xla.Declined) else
                self._unlike_first(shape, captured[0]) if proving else None)
         if why is not None:  # the update traced as `step` traces it, synced as always
@@ -615,20 +616,19 @@ class TrainingLoop:
         """How a shape's second trace differs from its first (another graph, or other values
         made on the host), read before the step runs; None when it is the same, or when
         this is the first trace (kept for the next)."""
+        first = self.first_traces.setdefault(shape, step.graph)
+        if first is step.graph:
+            return None
         begin, counts_before = time.perf_counter(), counts()
-        constants = step.graph.constant_values()
+        made = first.constants_unlike(step.graph)
         after = counts()
         self.check_marks.append((begin, time.perf_counter(),
                                  {k: after[k] - counts_before[k] for k in COUNTED}))
-        first_key, first = self.first_constants.setdefault(shape, (step.graph.key, constants))
-        if first is constants:
-            return None
-        if first_key != step.graph.key:
+        if made is None:
             unused = (f"; {', '.join(step.unchanged[:3])} got no gradient at one of them"
                       if step.unchanged else "")
             return ("its second step traced another graph than its first (a Python branch "
                     f"on a value of the host{unused})")
-        made = step.graph.differing_constants(first, constants)
         if made:
             return (f"a value made on the host while tracing ({', '.join(made)}) differs "
                     "between two steps: a host draw (SpecAugment's numpy mask, a random "
@@ -692,7 +692,7 @@ class TrainingLoop:
             "batch_size": plan.batch_size,
             "resumed_from": plan.resume_from,
             "compiled_steps": {**dict.fromkeys(
-                (self.shape_names[shape] for shape in self.first_constants
+                (self.shape_names[shape] for shape in self.first_traces
                  if shape not in self.captured),
                 "run once by its compiled graph (a second step checks its constants)"),
                 **self.compiled_steps},
