@@ -332,7 +332,6 @@ class LaunchWatch:
         """Put each of `ranks`' stacks on its record, where this watcher can read them (one
         host's processes; a cluster's are on their hosts: none)."""
 
-
     def _exit_overdue(self, now: float) -> bool:
         """Whether every rank finished `EXIT_GRACE` seconds ago or more and the launch's
         processes are still there; said in the record's notes when so."""
