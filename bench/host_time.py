@@ -16,7 +16,8 @@ other processes of a shared machine disturb far less than wall time) per step, a
 - tracing: forward + backward + clip + optimizer + scheduler (torch_xla's own `LazyTracing`
   timer, the C++ part of it, is reported beside);
 - graph cut: the step marker (hashing the graph, handing its data over; the wait for the
-  previous execution, `DeviceLockWait`, is wall time, not CPU), and the allocator's sorting
+  previous execution, `DeviceLockWait`, is wall time, not CPU), or for a step run by its
+  compiled graph its end without a cut (`_xla.end_step`), and the allocator's sorting
   of the chunks it freed (paid at the next large allocation after it, whoever makes it: made
   inside the marker's timing, see `install`);
 - data: the batch made and uploaded (or taken from the loader's queue);
@@ -169,6 +170,17 @@ def install(clock: PhaseClock, total: int) -> None:
         clock.step_done(total)
 
     torch_xla._XLAC._xla_step_marker = step_marker
+    # A step run by its compiled graph ends without a cut (`_xla.end_step`: the seed moved,
+    # the step closures run): its end, counted as the graph cut's phase.
+    from hfxla_nb import _xla as seam
+
+    timed_end = clock.timed("graph cut", seam.end_step)
+
+    def step_end(*args, **kwargs):
+        timed_end(*args, **kwargs)
+        clock.step_done(total)
+
+    seam.end_step = step_end
     import torch_xla.core.xla_model as xm
 
     xm._run_step_closures = clock.timed("closures", xm._run_step_closures)

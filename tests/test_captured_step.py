@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from transformers import TrainerCallback
 
 import hfxla_nb as hx
 from hfxla_nb import demo
@@ -102,6 +103,36 @@ def test_over_a_mesh_of_4_devices_the_losses_are_the_traced_ones(plans):
     compiled = run(plan, num_processes=4)
     traced = run(plan, capture=False, num_processes=4)
     assert compiled["history"] == traced["history"] and compiled["compiles"] == 1
+
+
+class ReadsAWeight(TrainerCallback):
+    """A callback that reads the classifier's weight after every step (in the worker) and
+    writes its sum to a file: it must see each step's new value, as a traced loop's would."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        weight = dict(model.named_parameters())["classifier.weight"]
+        with open(self.path, "a", encoding="utf-8") as file:
+            file.write(f"{state.global_step} {float(weight.detach().double().sum().cpu())!r}\n")
+
+
+def test_a_callback_a_checkpoint_and_an_evaluation_read_each_step_s_values(plans, tmp_path):
+    """Between compiled steps the parameters and moments stay the program's outputs; a
+    callback, a checkpoint and an evaluation each read them in place, as a traced loop's."""
+    seen = {}
+    histories = {}
+    for capture in (True, False):
+        path = tmp_path / f"weights-{capture}.txt"
+        plan = plans(12, callbacks=[ReadsAWeight(str(path))], eval_strategy="steps", eval_steps=4)
+        plan = dataclasses.replace(plan, output_dir=str(tmp_path / f"out-{capture}"),
+                                   save=True, save_steps=5)
+        histories[capture] = run(plan, capture)["history"]
+        seen[capture] = path.read_text().splitlines()
+    assert histories[True] == histories[False]
+    assert seen[True] == seen[False] and len(seen[True]) == 12
+    assert len({line.split()[1] for line in seen[True]}) == 12  # a new value at every step
 
 
 def predicted(plan, capture: bool = True) -> dict:

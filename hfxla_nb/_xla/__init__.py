@@ -58,6 +58,8 @@ PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     "torch_xla._XLAC._get_seed_info_id": ("2.8", "2.9"),
     "torch_xla._XLAC._get_base_seed_as_tensor": ("2.8", "2.9"),
     "torch_xla._XLAC._replace_xla_tensor": ("2.8", "2.9"),
+    # process.end_step: a step run by its graph ends with its step closures, no sync
+    "torch_xla.core.xla_model._run_step_closures": ("2.8", "2.9"),
     "torch_xla._XLAC._set_buffer_donation": ("2.8", "2.9"),
     "torch_xla._XLAC._xla_get_enable_alias_with_buffer_donor_config": ("2.8", "2.9"),
     "torch_xla._XLAC._xla_set_enable_alias_with_buffer_donor_config": ("2.8", "2.9"),
@@ -110,6 +112,7 @@ from .process import (  # noqa: E402  # noqa: E402
     compile_graph,
     compile_times,
     device,
+    end_step,
     fallback_counts,
     fallbacks_since,
     get_rng_state,
@@ -159,7 +162,7 @@ __all__ = [
     "is_imported", "is_installed", "is_spmd", "is_xla_tensor", "require_torch_xla",
     "runtime_is_initialized",
     # process
-    "add_step_closure", "broadcast_master_param", "device", "get_rng_state",
+    "add_step_closure", "broadcast_master_param", "device", "end_step", "get_rng_state",
     "global_device_count", "global_ordinal", "initialize_cache", "memory_info", "optimizer_step",
     "process_device_count", "set_rng_state", "spawn", "sync", "to_cpu", "use_spmd",
     "wait_device_ops", "world_size",

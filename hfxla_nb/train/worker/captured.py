@@ -88,30 +88,81 @@ def outputs_of(trained: list, optimizer: AdamW, loss_total: torch.Tensor,
             *(m["exp_avg_sq"] for m in moments), loss_total]
 
 
+class TrainedState:
+    """The trained parameters' values and AdamW's moments as the last compiled step left them.
+
+    A step run by its compiled graph outputs a new value for each parameter and moment. Putting
+    each in place (a parameter's data, AdamW's state) costs the host a call per tensor, hundreds
+    per step; the next compiled step only needs them as its inputs. So they are held here as
+    the program's outputs and put in place (`bind`) only before something else reads the
+    parameters or the optimizer: a traced step, an evaluation, a checkpoint, a callback, the
+    end of the training. Until then a parameter's own data is the buffer the step was given
+    (deleted): nothing may read it.
+
+    Args:
+        trained: the trained parameters, in the order the compiled steps number them.
+        optimizer: the AdamW whose moments they are.
+    """
+
+    def __init__(self, trained: list, optimizer: AdamW) -> None:
+        self.trained, self.optimizer = list(trained), optimizer
+        # None: the parameters and the optimizer's state hold the current values.
+        self.held: tuple[list, list, list] | None = None
+
+    def current(self) -> tuple[list, list, list]:
+        """The parameters' current values, their first moments and their second moments."""
+        if self.held is not None:
+            return self.held
+        moments = [self.optimizer.state[p] for p in self.trained]
+        return (list(self.trained), [m["exp_avg"] for m in moments],
+                [m["exp_avg_sq"] for m in moments])
+
+    def hold(self, values: tuple[list, list, list]) -> None:
+        """Hold `current()`'s lists, with a compiled step's outputs in them."""
+        self.held = values
+
+    def bind(self) -> None:
+        """Put the held values in place: each parameter's data (`_xla.replace_data`: no op
+        traced) and AdamW's moments."""
+        if self.held is None:
+            return
+        values, avgs, squares = self.held
+        self.held = None
+        for parameter, value, avg, square in zip(self.trained, values, avgs, squares,
+                                                 strict=True):
+            if value is not parameter:  # one the step left as it is holds its own data
+                _xla.replace_data(parameter, value)
+            state = self.optimizer.state[parameter]
+            state["exp_avg"], state["exp_avg_sq"] = avg, square
+
+
 class CapturedStep:
     """One batch shape's training step, compiled, run on each step's data.
 
     Args:
         graph: the compiled step; its roles are `Before`'s and ("numbers",).
-        trained: the trained parameters, as `Before` numbered them (the inputs' roles).
-        optimizer: the AdamW whose moments the outputs are.
+        state: the trained parameters (as `Before` numbered them: the inputs' roles) and
+            their moments, which every compiled step of the run reads and leaves there.
         updated: the parameters the step updates, in the outputs' order: those that got a
             gradient (default: all). One without is read as it is, as torch's AdamW leaves a
             parameter whose `grad` is None.
     """
 
-    def __init__(self, graph: _xla.CompiledGraph, trained: list, optimizer: AdamW,
+    def __init__(self, graph: _xla.CompiledGraph, state: TrainedState,
                  updated: list | None = None) -> None:
-        self.graph, self.trained, self.optimizer = graph, trained, optimizer
-        self.updated = list(trained) if updated is None else updated
+        self.graph, self.state = graph, state
+        self.trained, self.optimizer = state.trained, state.optimizer
+        self.updated = list(self.trained) if updated is None else updated
+        ids = {id(p) for p in self.updated}
+        # Where each output goes among the trained parameters.
+        self.places = [i for i, p in enumerate(self.trained) if id(p) in ids]
         #: The names of the trained parameters the step left without a gradient (read as
         #: they are): a second trace must give the same graph before the step is replayed.
         self.unchanged: list[str] = []
 
     @classmethod
-    def capture(cls, before: Before, trained: list, optimizer: AdamW,
-                loss_total: torch.Tensor, frozen: list,
-                names: Mapping[int, str] | None = None, masks: bool = False
+    def capture(cls, before: Before, state: TrainedState, loss_total: torch.Tensor,
+                frozen: list, names: Mapping[int, str] | None = None, masks: bool = False
                 ) -> tuple[CapturedStep, list] | _xla.Declined:
         """The traced step's graph, compiled, and the inputs it was traced on; `Declined`,
         with its cause, where it cannot be run again on new data (the traced step is then
@@ -119,14 +170,15 @@ class CapturedStep:
 
         Args:
             before: what the step read, taken before its trace.
-            trained: the trained parameters (their new values traced).
-            optimizer: the AdamW that traced the update (the parameters' new values in
-                `new_values`, its moments' in its state, its step numbers in `last_numbers`).
+            state: the trained parameters (their new values traced) and the AdamW that traced
+                the update (the parameters' new values in `new_values`, its moments' in its
+                state, its step numbers in `last_numbers`).
             loss_total: the new running loss (traced).
             frozen: the model's other parameters and buffers (inputs passed as they are).
             names: `id(parameter)` -> its name in the model, for what a decline says.
             masks: the model draws SpecAugment masks on the host (`mask_time_prob`).
         """
+        trained, optimizer = state.trained, state.optimizer
         ran_on_cpu = _xla.fallbacks_since(before.fallbacks)
         if ran_on_cpu:
             return _xla.Declined(
@@ -179,34 +231,33 @@ class CapturedStep:
             return _xla.Declined(f"{len(read)} trained parameter(s) got no gradient at the "
                                  f"step though it reads them ({named(read)}): a gradient "
                                  "that depends on the data may come at the next step")
-        step = cls(graph, list(trained), optimizer, updated)
+        step = cls(graph, state, updated)
         step.unchanged = [named([i]) for i in unchanged]
         return step, inputs
 
     def run(self, batch: Batch, numbers: torch.Tensor, loss_total: torch.Tensor,
             inputs: list | None = None) -> torch.Tensor:
-        """Run the step on the current parameters and moments, `batch`, `numbers` (AdamW's,
-        from `count_step`) and the device's seed; put the outputs in place and return the
+        """Run the step on the current parameters and moments (as `state` holds them: another
+        shape's step may have moved them since this one ran), `batch`, `numbers` (AdamW's,
+        from `count_step`) and the device's seed; leave the outputs in `state` and return the
         new running loss. `inputs`: the traced step's own (its first run)."""
+        values, avgs, squares = current = self.state.current()
         if inputs is None:
-            moments = [self.optimizer.state[p] for p in self.trained]
-            # The moments as the optimizer holds them now: another shape's step may have
-            # moved them since this one ran.
             inputs = self.graph.inputs({
-                "param": self.trained, "avg": [m["exp_avg"] for m in moments],
-                "square": [m["exp_avg_sq"] for m in moments], "batch": batch.tensors,
+                "param": values, "avg": avgs, "square": squares, "batch": batch.tensors,
                 "loss": loss_total, "numbers": numbers})
         outputs = self.graph.run(inputs)
-        count = len(self.updated)
-        for parameter, value in zip(self.updated, outputs[:count], strict=True):
-            _xla.replace_data(parameter, value)
-        for i, parameter in enumerate(self.updated):
-            state = self.optimizer.state[parameter]
-            state["exp_avg"], state["exp_avg_sq"] = outputs[count + i], outputs[2 * count + i]
+        count = len(self.places)
+        for k, i in enumerate(self.places):
+            values[i], avgs[i], squares[i] = (outputs[k], outputs[count + k],
+                                              outputs[2 * count + k])
+        self.state.hold(current)
         return outputs[-1]
 
     def shardings(self, loss_total: torch.Tensor) -> list[str]:
-        """The sharding of each output as the last run left it, in the outputs' order."""
+        """The sharding of each output as the last run left it, in the outputs' order (put
+        in place first)."""
+        self.state.bind()
         return [_xla.sharding_spec(t)
                 for t in outputs_of(self.updated, self.optimizer, loss_total)]
 

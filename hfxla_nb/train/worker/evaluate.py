@@ -181,24 +181,32 @@ class BatchReplay:
     def outputs(self, bucket: int, batch: Batch, shape: str) -> list[torch.Tensor]:
         """The evaluation outputs of `batch`, of bucket `bucket` (batch shape `shape`)."""
         state = self.graphs.get(bucket, False)
-        if isinstance(state, _xla.CompiledGraph):
-            self.decisions.setdefault(shape, "replayed")
-            return run_on(state, batch)
-        if isinstance(state, _Unproven) and state.fresh:
-            state.fresh = False  # the batch it was traced from: its constants are its own
-            return run_on(state.graph, batch)
         if state is None or self.why_not is not None:
             if self.why_not is not None:
                 self.decisions.setdefault(shape, f"traced: {self.why_not}")
             traced = traced_outputs(self.ctx, batch)
             _xla.sync()
             return traced
-        return self._capture(bucket, batch, shape, state or None)
+        if isinstance(state, _xla.CompiledGraph):
+            self.decisions.setdefault(shape, "replayed")
+            outputs = run_on(state, batch)
+        elif isinstance(state, _Unproven) and state.fresh:
+            state.fresh = False  # the batch it was traced from: its constants are its own
+            outputs = run_on(state.graph, batch)
+        else:
+            outputs, synced = self._capture(bucket, batch, shape, state or None)
+            if synced:
+                return outputs
+        # A batch run by its graph ends as the traced batch's sync would: the device's seed
+        # moves on, so the training's dropout after an evaluation is the traced loop's.
+        _xla.end_step()
+        return outputs
 
     def _capture(self, bucket: int, batch: Batch, shape: str,
-                 first: _Unproven | None) -> list[torch.Tensor]:
+                 first: _Unproven | None) -> tuple[list[torch.Tensor], bool]:
         """Trace `batch` and compile its graph; run it by the graph where it can be, else
-        sync the trace; decide what runs the bucket's later batches."""
+        sync the trace; decide what runs the bucket's later batches. Returns the outputs
+        and whether they were synced."""
         fallbacks = _xla.fallback_counts()
         roles = batch_roles(batch)
         traced = traced_outputs(self.ctx, batch)
@@ -214,7 +222,7 @@ class BatchReplay:
             self.graphs[bucket] = None
             self.decisions[shape] = f"traced: {captured.reason}"
             _xla.sync()  # the graph compiled for it, if any: found in the cache
-            return traced
+            return traced, True
         graph, inputs = captured
         del traced  # never run: the compiled graph runs instead
         if first is not None:  # the second trace: the same graph and constants, or traced
@@ -225,7 +233,7 @@ class BatchReplay:
             self.graphs[bucket] = _Unproven(graph)
         else:
             self.graphs[bucket] = graph
-        return graph.run(inputs, wait=False)
+        return graph.run(inputs, wait=False), False
 
 
 def _differs(first: _xla.CompiledGraph, second: _xla.CompiledGraph) -> str | None:

@@ -9,8 +9,8 @@ the notebook kernel. What happens per training step, and why:
   AdamW (`foreach`), scheduler, and the running loss sum are traced into one graph, once per
   batch shape: every later step of the shape runs that compiled graph on its data
   (`captured.py`), asynchronously, one step in flight, so the host prepares the next batch
-  while it executes; where a step cannot run so, each step is traced and one
-  `torch_xla.sync()` runs it;
+  while it executes, and ends with no sync (`_xla.end_step`); where a step cannot run so,
+  each step is traced and one `torch_xla.sync()` runs it;
 - nothing is read from the device except the running loss, once per logging interval, queued
   by a step closure (after the graph ran) and fetched by a thread of its own (`Fetcher`), so
   the loop goes on tracing; the panel's progress is sent with no device value.
@@ -43,7 +43,7 @@ from ..result import learning_warnings
 from . import saving as ckpt
 from . import warm
 from .callbacks import TrainerRun
-from .captured import Before, CapturedStep
+from .captured import Before, CapturedStep, TrainedState
 from .context import WorkerContext
 from .evaluate import EvalAhead, announce_bar, evaluate
 from .optimizer import make_first_step_steady, make_optimizer
@@ -190,6 +190,9 @@ class TrainingLoop:
         self.eval_ahead: EvalAhead | None = None
         # Each batch shape's step run by its compiled graph, or None: traced (captured.py).
         self.captured: dict[tuple, CapturedStep | None] = {}
+        # The trained parameters and their moments as the compiled steps leave them (set
+        # by `train`).
+        self.trained_state: TrainedState | None = None
         # A shape whose graph must be proven at a second trace (constants made while tracing,
         # a parameter without a gradient): its first trace's graph, compared with the second's
         # before its steps run by the graph.
@@ -355,44 +358,53 @@ class TrainingLoop:
         last_report, last_length = float("-inf"), None
         run.train_begin(start_step)
         train_start, loss_start = time.perf_counter(), self.logged[1]
-        for step in range(start_step, plan.total_steps):
-            run.step_begin()
-            bucket, x, lr = self.step(step, parameters, clip)
-            if pending_log is not None:  # the previous logging point's: after this launch
-                _xla.add_step_closure(fetcher.submit, pending_log)
-                pending_log = None
-            _xla.sync()
-            done = step + 1
-            control = run.step_end(done)
-            stop = control.should_training_stop
-            now = time.monotonic()
-            if (stop or now - last_report >= BAR_INTERVAL or bucket.length != last_length):
-                last_report, last_length = now, bucket.length
-                report(step=done, total=done if stop else plan.total_steps,
-                       samples=done * plan.rows_per_step, inputs={"batch": x},
-                       log_every=plan.log_every)
-            logged_here = control.should_log or stop
-            if logged_here:
-                pending_log = (done, self.loss_total, lr)
-            pending_log = self.boundary(done, fetcher, pending_log)
-            # The Trainer ends the epoch when it ends, or when the training stops inside it.
-            if run.control.should_training_stop or done % plan.steps_per_epoch == 0:
-                run.epoch_end(done)
-                pending_log = self.boundary(done, fetcher, pending_log)
-                if not run.control.should_training_stop:
-                    run.epoch_begin()
-            if run.control.should_training_stop and not stop:  # a callback stopped it here
-                stop = True
-                report(step=done, total=done, samples=done * plan.rows_per_step,
-                       inputs={"batch": x}, log_every=plan.log_every)
-                if not logged_here:  # the loss since the last logging point
+        self.trained_state = state = TrainedState(parameters, self.optimizer)
+        try:
+            for step in range(start_step, plan.total_steps):
+                run.step_begin()
+                bucket, x, lr, replayed = self.step(step, parameters, clip)
+                if pending_log is not None:  # the previous logging point's: after this launch
+                    _xla.add_step_closure(fetcher.submit, pending_log)
+                    pending_log = None
+                if replayed:  # nothing traced: no sync's walk over the live tensors
+                    _xla.end_step()
+                    if run.callbacks:  # a callback may read the model or the optimizer
+                        state.bind()
+                else:
+                    _xla.sync()
+                done = step + 1
+                control = run.step_end(done)
+                stop = control.should_training_stop
+                now = time.monotonic()
+                if (stop or now - last_report >= BAR_INTERVAL or bucket.length != last_length):
+                    last_report, last_length = now, bucket.length
+                    report(step=done, total=done if stop else plan.total_steps,
+                           samples=done * plan.rows_per_step, inputs={"batch": x},
+                           log_every=plan.log_every)
+                logged_here = control.should_log or stop
+                if logged_here:
                     pending_log = (done, self.loss_total, lr)
-            if done == start_step + STEADY_AFTER_STEPS and done < plan.total_steps:
-                _xla.wait_device_ops()  # so the warm-up's executions are counted before
-                self.steady_since = time.perf_counter()
-                steady = (counts(), self.steady_since, plan.total_steps - done)
-            if stop:
-                break
+                pending_log = self.boundary(done, fetcher, pending_log)
+                # The Trainer ends the epoch when it ends, or when the training stops inside it.
+                if run.control.should_training_stop or done % plan.steps_per_epoch == 0:
+                    run.epoch_end(done)
+                    pending_log = self.boundary(done, fetcher, pending_log)
+                    if not run.control.should_training_stop:
+                        run.epoch_begin()
+                if run.control.should_training_stop and not stop:  # a callback stopped it here
+                    stop = True
+                    report(step=done, total=done, samples=done * plan.rows_per_step,
+                           inputs={"batch": x}, log_every=plan.log_every)
+                    if not logged_here:  # the loss since the last logging point
+                        pending_log = (done, self.loss_total, lr)
+                if done == start_step + STEADY_AFTER_STEPS and done < plan.total_steps:
+                    _xla.wait_device_ops()  # so the warm-up's executions are counted before
+                    self.steady_since = time.perf_counter()
+                    steady = (counts(), self.steady_since, plan.total_steps - done)
+                if stop:
+                    break
+        finally:  # the parameters and moments in place, whatever ends the loop
+            state.bind()
         self.end_step = done = run.state.global_step
         if done < plan.total_steps:
             run.stopped_early = True
@@ -422,6 +434,9 @@ class TrainingLoop:
         loss logged first, as the Trainer logs before it evaluates), a checkpoint. Returns
         the logging point still to fetch."""
         control, plan = self.run.control, self.plan
+        if (control.should_evaluate and plan.data.eval is not None) or (
+                control.should_save and plan.save):
+            self.trained_state.bind()  # both read the parameters (saving, AdamW's state too)
         if control.should_evaluate and plan.data.eval is not None:
             if pending_log is not None:  # the evaluation waits for the device anyway
                 fetcher.submit(*pending_log)
@@ -498,9 +513,10 @@ class TrainingLoop:
                                             transform)
 
     def step(self, step: int, parameters: list, clip: GradientClipper | None
-             ) -> tuple[batching.Bucket, torch.Tensor, float]:
+             ) -> tuple[batching.Bucket, torch.Tensor, float, bool]:
         """Traces optimizer step `step` (forward, backward, clipping, AdamW, schedule, the
-        running loss), not run yet; returns its bucket, its batch and its learning rate."""
+        running loss), not run yet, or runs it by its shape's compiled graph; returns its
+        bucket, its batch, its learning rate and whether it ran by the graph (nothing traced)."""
         ctx = self.ctx
         micro = self.plan.gradient_accumulation_steps
         bucket, host = self.batch(step)
@@ -514,7 +530,8 @@ class TrainingLoop:
             lr = float(self.scheduler.get_last_lr()[0])
             self.scheduler.step()
             self.loss_total = captured.run(batch, numbers, self.loss_total)
-            return bucket, batch.tensors[0], lr
+            return bucket, batch.tensors[0], lr, True
+        self.trained_state.bind()  # the trace reads the parameters and AdamW's state
         capture = shape not in self.captured
         if capture:
             declined = self._not_capturable()
@@ -544,7 +561,7 @@ class TrainingLoop:
         self.loss_total = self.loss_total + step_loss
         if capture:
             self._capture(before, parameters, batch, shape)
-        return bucket, batch.tensors[0], lr  # as uploaded: the panel reads its shape
+        return bucket, batch.tensors[0], lr, False  # as uploaded: the panel reads its shape
 
     def _not_capturable(self) -> str | None:
         """Why no step may run by its compiled graph, or None: steps may when AdamW's own
@@ -587,8 +604,8 @@ class TrainingLoop:
         config = getattr(self.ctx.base_model, "config", None)
         masks = any((getattr(config, name, 0) or 0) > 0
                     for name in ("mask_time_prob", "mask_feature_prob"))
-        captured = CapturedStep.capture(before, trained, self.optimizer, self.loss_total,
-                                        frozen, names, masks)
+        captured = CapturedStep.capture(before, self.trained_state, self.loss_total, frozen,
+                                        names, masks)
         values, self.optimizer.new_values = self.optimizer.new_values or {}, None
         proving = not isinstance(captured, _xla.Declined) and bool(
             captured[0].graph.traced_constants or captured[0].unchanged)

@@ -129,6 +129,11 @@ class AdamW(torch.optim.AdamW):
     last_numbers: torch.Tensor | None = None
     new_values: dict[int, torch.Tensor] | None = None
 
+    def __init__(self, params: Any, **settings: Any) -> None:
+        # `count_step`'s parts, by the parameters a compiled step updates.
+        self._counters: dict[tuple[int, ...] | None, list[tuple]] = {}
+        super().__init__(params, **settings)
+
     def _plain(self, group: dict[str, Any]) -> bool:
         return (group.get("foreach") is True and not group["amsgrad"] and not group["maximize"]
                 and not group["capturable"] and not group["differentiable"]
@@ -157,7 +162,12 @@ class AdamW(torch.optim.AdamW):
                     raise NotImplementedError("complex parameters: use torch.optim.AdamW")
                 if params:
                     parts += _parts(group, params, grads, exp_avgs, exp_avg_sqs, steps)
-            numbers, self.last_numbers = _count(parts)
+            self._counters.clear()  # this step may count some parameters and not others
+            numbers, self.last_numbers = _count([(group, steps, False, params[0].device)
+                                                 for group, (params, *_, steps), _, _ in parts])
+            if self.last_numbers is not None:  # each number a 0-d slice of the one upload
+                numbers = [tuple(self.last_numbers[3 * k + j] for j in range(3))
+                           for k in range(len(numbers))]
             for part, each in zip(parts, numbers, strict=True):
                 _update(self.state, part, each, self.new_values)
         return loss
@@ -167,20 +177,35 @@ class AdamW(torch.optim.AdamW):
         ones the step updates; one without a gradient is skipped, as `step` skips it), as
         `step` does before its update, and return the step's numbers as `step` gives them to
         the device (one tensor); None where they are not one tensor. For a step whose update
-        runs by its compiled graph."""
-        ids = None if updated is None else {id(p) for p in updated}
-        parts = []
-        for group in self.param_groups:
-            params = [p for p in group["params"]
-                      if p.requires_grad and (ids is None or id(p) in ids)]
-            if params:
-                states = [self.state[p] for p in params]
-                parts += _parts(group, params, [None] * len(params),
-                                [state["exp_avg"] for state in states],
-                                [state["exp_avg_sq"] for state in states],
-                                [state["step"] for state in states])
-        return _count(parts)[1]
+        runs by its compiled graph.
 
+        The parts (`_parts`) and their step counters are found once per set of parameters:
+        a part whose counters all hold one value keeps one value, as each step adds 1 to
+        every one of them. A traced `step` or a loaded state may count some parameters and
+        not others, so both forget what was found."""
+        key = None if updated is None else tuple(id(p) for p in updated)
+        counters = self._counters.get(key)
+        if counters is None:
+            ids = None if key is None else set(key)
+            parts = []
+            for group in self.param_groups:
+                params = [p for p in group["params"]
+                          if p.requires_grad and (ids is None or id(p) in ids)]
+                if params:
+                    states = [self.state[p] for p in params]
+                    parts += _parts(group, params, [None] * len(params),
+                                    [state["exp_avg"] for state in states],
+                                    [state["exp_avg_sq"] for state in states],
+                                    [state["step"] for state in states])
+            counters = self._counters[key] = [
+                (group, steps, len({float(step) for step in steps}) == 1, params[0].device)
+                for group, (params, *_, steps), _, _ in parts]
+        return _count(counters)[1]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's `load_state_dict`; the step counters found by `count_step` are forgotten."""
+        self._counters.clear()
+        super().load_state_dict(state_dict)
 
 def _same_or_each(values: list[float]) -> float | list[float]:
     """One scalar when every tensor's is the same (the usual case: every parameter had a
@@ -199,33 +224,35 @@ def _parts(group: dict[str, Any], params: list, grads: list, exp_avgs: list,
     return [(group, tensors, params, indices) for tensors, indices in grouped.values()]
 
 
-def _count(parts: list[tuple]) -> tuple[list[tuple], torch.Tensor | None]:
+def _count(counters: list[tuple]) -> tuple[list[tuple], torch.Tensor | None]:
     """Count the step of each part's parameters (on the host) and return each part's three
     numbers (the decay factor, the step size and the second moment's bias correction) and
     the tensor they were uploaded in (None: host numbers).
 
+    Args:
+        counters: per part, `(group, its step counters, whether they all hold one value,
+            its parameters' device)`; where they hold one value, one of them is read.
+
     They change every step (the rate, the step count), so they reach the device as data:
-    where every part's are one value each, one uploaded float32 tensor holds them all and
-    each number is a 0-d slice of it (one transfer per step; a graph run again by its key
-    takes the next step's tensor). Otherwise they stay host numbers, lists per tensor."""
+    where every part's are one value each, one uploaded float32 tensor holds them all (one
+    transfer per step; a graph run again by its key takes the next step's tensor).
+    Otherwise they stay host numbers, lists per tensor, and nothing is uploaded."""
     numbers = []
-    for group, (_, _, _, _, steps), _, _ in parts:
-        if steps[0].is_cpu:
+    for group, steps, same, _ in counters:
+        if steps[0].is_cpu:  # as torch's AdamW counts host steps
             torch._foreach_add_(steps, torch.tensor(1.0, device="cpu"), alpha=1.0)
         else:
             torch._foreach_add_(steps, 1)
         beta1, beta2 = group["betas"]
         lr, weight_decay = group["lr"], group["weight_decay"]
-        step_values = [float(step) for step in steps]
+        step_values = [float(steps[0])] if same else [float(step) for step in steps]
         step_size = _same_or_each([(lr / (1 - beta1 ** step)) * -1 for step in step_values])
         bias_sqrt = _same_or_each([(1 - beta2 ** step) ** 0.5 for step in step_values])
         numbers.append((1 - lr * weight_decay, step_size, bias_sqrt))
     if not numbers or not all(isinstance(n, float) for each in numbers for n in each):
         return numbers, None
-    device = parts[0][1][0][0].device
     uploaded = torch.tensor([n for each in numbers for n in each], dtype=torch.float32)
-    uploaded = uploaded.to(device)
-    return [tuple(uploaded[3 * k + j] for j in range(3)) for k in range(len(numbers))], uploaded
+    return numbers, uploaded.to(counters[0][3])
 
 
 def _update(state: dict, part: tuple, numbers: tuple,
