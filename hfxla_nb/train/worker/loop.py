@@ -197,6 +197,9 @@ class TrainingLoop:
         # a parameter without a gradient): its first trace's graph, compared with the second's
         # before its steps run by the graph.
         self.first_traces: dict[tuple, _xla.CompiledGraph] = {}
+        # Why a shape's second trace differed from its first: what the model traces depends
+        # on the host at each step, so no later shape's step is run by its graph either.
+        self.unlike_traces: str | None = None
         # Each batch shape, as "<rows>x<padded length>" -> "replayed", or why its steps were
         # traced; the names of the shapes seen.
         self.compiled_steps: dict[str, str] = {}
@@ -571,6 +574,8 @@ class TrainingLoop:
 
         if not self.plan.capture_steps:
             return "compiled_steps=False"
+        if self.unlike_traces is not None:
+            return f"another shape's steps: {self.unlike_traces}"
         if not isinstance(self.optimizer, AdamW):
             return "torch's own optimizer step"
         if not (self.ctx.spmd or self.ctx.world == 1):
@@ -612,6 +617,8 @@ class TrainingLoop:
         first_trace = proving and shape not in self.first_traces
         why = (captured.reason if isinstance(captured, _xla.Declined) else
                self._unlike_first(shape, captured[0]) if proving else None)
+        if proving and why is not None and not first_trace:
+            self.unlike_traces = why
         if why is not None:  # the update traced as `step` traces it, synced as always
             updated = [p for p in trained if id(p) in values]
             with torch.no_grad():
