@@ -43,6 +43,7 @@ class Row:
     equal: str = ""
     fallbacks: str = ""
     predict: str = ""
+    host: str = ""
     seconds: float = 0.0
 
 
@@ -181,6 +182,8 @@ def run_family(family: Family) -> Row:
         row.steps = "; ".join(sorted(set(replayed.compiled_steps.values()))) or "-"
         row.equal = "yes" if replayed.loss_history == traced.loss_history else "no"
         row.fallbacks = ", ".join(sorted(replayed.xla.get("fallbacks") or {})) or "none"
+        row.host = " / ".join("-" if run.host_ms_per_step is None else
+                              f"{run.host_ms_per_step:.1f}" for run in (replayed, traced))
         try:
             if family.task == "causal-lm":
                 replayed.generate(inputs, max_new_tokens=4, progress=False)
@@ -212,12 +215,16 @@ embeddings, batch norm), only its sizes shrunk. Each is fine-tuned {steps} steps
   (`compiled_steps=False`).
 - **on the CPU**: ops that ran on the CPU (no XLA lowering).
 - **predict**: `result.predict` (and `generate`) on two inputs.
+- **host**: milliseconds of the training thread's CPU per step after the warm-up: this run,
+  then the same run with every step traced (`FineTuneResult.host_ms_per_step`). A graph
+  compiled after the warm-up is paid there: a shape first seen late, or a step that traces
+  another graph at each draw (LayerDrop, SpecAugment).
 
 Written by `make compat` on {date} (torch_xla {xla}, transformers {transformers}), in
 {minutes:.1f} minutes. CI runs a fixed subset (`tests/test_compat.py`).
 
-| family | checkpoint | task | works | graphs | steps | = traced | on the CPU | predict | s |
-|---|---|---|---|---|---|---|---|---|---|
+| family | checkpoint | task | works | graphs | steps | = traced | on the CPU | predict | host | s |
+|---|---|---|---|---|---|---|---|---|---|---|
 """
 
 
@@ -230,7 +237,7 @@ def table(rows: list[Row], minutes: float) -> str:
                          minutes=minutes)
     for row in rows:
         cells = [row.family.row, f"`{row.family.checkpoint}`", row.family.task, row.works,
-                 row.graphs, row.steps, row.equal, row.fallbacks, row.predict,
+                 row.graphs, row.steps, row.equal, row.fallbacks, row.predict, row.host,
                  f"{row.seconds:.0f}"]
         text += "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |\n"
     working = sum(row.works == "yes" for row in rows)

@@ -5,6 +5,8 @@ families and rows as docs/compatibility.md promises them."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from compat.families import FAMILIES
@@ -30,6 +32,7 @@ def test_a_family_as_it_ships_fine_tunes_replays_as_traced_and_predicts(name, ta
     assert row.works == "yes", row.works
     assert row.predict == "yes", row.predict
     assert row.equal == "yes"  # the losses of the replayed steps are the traced ones
+    assert re.fullmatch(r"\d+\.\d / \d+\.\d", row.host), row.host  # host ms per step, both runs
     # ResNet's batch norm moves its statistics in place: its steps are traced, said so. BART's
     # `shared` embedding (the encoder and decoder hold their own) gets no gradient: it is read
     # as it is, and the steps are replayed.
@@ -54,6 +57,25 @@ def test_a_model_whose_second_trace_differs_traces_every_shape_and_trains_as_tra
     assert row.works == "yes", row.works
     assert row.equal == "yes" and row.predict == "yes"
     assert "another shape's steps: its second step traced another graph" in row.steps, row.steps
+
+
+@pytest.mark.launch
+def test_evaluations_that_decode_during_training_leave_the_traced_loop_s_losses(tmp_path):
+    """BART as it ships (dropout 0.1) evaluated every 4 steps: the evaluation decodes, its
+    tokens run by their compiled graph, each moving the device's seed as a traced token's sync
+    does, so the training's dropout after it, and its losses, are the traced loop's."""
+    import hfxla_nb as hx
+    from compat.run import BATCH, build
+
+    family = next(f for f in FAMILIES if (f.name, f.task) == ("BART", "seq2seq"))
+    data, options, _ = build(family, tmp_path / "model")
+    runs = [hx.fine_tune(str(tmp_path / "model"), data, task="seq2seq", max_steps=10,
+                         batch_size=BATCH, log_every=1, learning_rate=1e-3, progress=False,
+                         keep_warm=False, output_dir=None, eval_strategy="steps",
+                         eval_steps=4, compiled_steps=compiled, **options)
+            for compiled in (True, False)]
+    assert runs[0].compiled_steps and set(runs[0].compiled_steps.values()) == {"replayed"}
+    assert runs[0].loss_history == runs[1].loss_history
 
 
 def test_a_row_that_fails_shows_the_first_line_of_its_error():

@@ -202,6 +202,9 @@ class FineTuneResult:
             (the loss fetch once per logging interval).
         uploads_per_step: host-to-device transfers per training step after the warm-up (the
             batch, every field of it in one transfer).
+        host_ms_per_step: the training thread's CPU per training step after the warm-up, in
+            milliseconds (evaluations, checkpoints and the replay's checks left out): what the
+            host spends on a step, which a TPU that runs the step faster waits for.
         label_names: class names, in the order of the model's outputs.
         strategy, devices, precision: how it ran.
         bucket_lengths: the padded sequence lengths used.
@@ -300,6 +303,7 @@ class FineTuneResult:
     predict_example: str | None = None
     processor: str | None = None
     uploads_per_step: float | None = None
+    host_ms_per_step: float | None = None
     setup_compiles: int = 0
     save_error: str | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
@@ -395,7 +399,8 @@ class FineTuneResult:
             name: getattr(self, name) for name in (
                 "steps", "epochs", "samples_per_second", "samples_per_second_overall",
                 "train_seconds", "eval_seconds", "launch_seconds", "compiles", "eval_compiles",
-                "executions_per_step", "transfers_per_step", "uploads_per_step", "devices",
+                "executions_per_step", "transfers_per_step", "uploads_per_step",
+                "host_ms_per_step", "devices",
                 "strategy", "precision", "batch_size", "chance_accuracy")
         }
         row["final_loss"] = self.final_loss

@@ -18,6 +18,7 @@ the fields add.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,7 +27,7 @@ import numpy as np
 
 from ... import _xla
 from .. import lora
-from ..config import resolve_precision
+from ..config import COUNTED, resolve_precision
 from ..experts import use_dense_experts
 from ..plan import TrainPlan
 from ..tasks import TASKS
@@ -38,6 +39,16 @@ if TYPE_CHECKING:
 
 
 # -- one batch on the device --
+
+#: What `counts` adds to torch_xla's counters: the calling thread's CPU, in nanoseconds.
+HOST_CPU_NS = "host CPU ns"
+
+
+def counts() -> dict[str, int]:
+    """The figures a run's are made of: torch_xla's counters (`config.COUNTED`) and the
+    calling thread's CPU time (`HOST_CPU_NS`), to take differences of."""
+    return {**_xla.metric_counts(COUNTED), HOST_CPU_NS: time.thread_time_ns()}
+
 
 class Batch:
     """One batch on the device.

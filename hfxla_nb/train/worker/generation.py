@@ -448,7 +448,8 @@ class StepGraph:
         roles.update({tensor_id: ("cache", i) for i, tensor_id in enumerate(carried_ids)})
         captured = _xla.CompiledGraph.capture([after[name] for name in names] + list(carried),
                                               roles, weights)
-        # A random op of the model would draw alike at every token: no sync moves the seed.
+        # A random op of the model (one that samples inside its forward): traced, as an
+        # evaluation batch with one is; decoding draws its own noise from `seed` and `keys`.
         if isinstance(captured, _xla.Declined) or captured[0].reads_seed:
             return None
         graph, inputs = captured
@@ -470,6 +471,9 @@ class StepGraph:
                 before is None or _xla.sharding_spec(before) == _xla.sharding_spec(after)
                 for before, after in zip(carried, outputs, strict=True))
         self.cache = outputs[len(self.names):]
+        # The token ends as a traced token's sync would: the device's seed moves on, so a
+        # training that decodes in its evaluation draws the traced loop's dropout after it.
+        _xla.end_step()
         return {**state, **dict(zip(self.names, outputs[:len(self.names)], strict=False))}
 
 

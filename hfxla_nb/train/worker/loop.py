@@ -37,14 +37,14 @@ from ...events import Progress, emit, worker_rank
 from ...observe.reader import BAR_WARMUP_STEPS
 from ...observe.reporting import MIN_INTERVAL, report
 from .. import batching, lora
-from ..config import COUNTED, EXECUTE
+from ..config import EXECUTE
 from ..plan import TrainPlan
 from ..result import learning_warnings
 from . import saving as ckpt
 from . import warm
 from .callbacks import TrainerRun
 from .captured import Before, CapturedStep, TrainedState
-from .context import WorkerContext
+from .context import HOST_CPU_NS, WorkerContext, counts
 from .evaluate import EvalAhead, announce_bar, evaluate
 from .optimizer import make_first_step_steady, make_optimizer
 from .saving import save_checkpoint, save_final
@@ -147,11 +147,6 @@ def train_worker(index: int, plan: TrainPlan) -> dict[str, Any]:
     if result["warm"]:
         warm.hold(ctx)
     return result
-
-
-def counts() -> dict[str, int]:
-    """torch_xla's counters the run's figures are made of (`config.COUNTED`)."""
-    return _xla.metric_counts(COUNTED)
 
 
 class TrainingLoop:
@@ -472,7 +467,7 @@ class TrainingLoop:
             self.best_model = ckpt.model_state(self)
         after = counts()
         self.eval_marks.append((begin, time.perf_counter(),
-                                {k: after[k] - before[k] for k in COUNTED}))
+                                {k: after[k] - before[k] for k in after}))
         emit(Progress(self._report_rank, done, self.plan.total_steps,
                       {name: value for name, value in metrics.items()
                        if isinstance(value, (int, float))},
@@ -647,7 +642,7 @@ class TrainingLoop:
         made = first.constants_unlike(step.graph)
         after = counts()
         self.check_marks.append((begin, time.perf_counter(),
-                                 {k: after[k] - counts_before[k] for k in COUNTED}))
+                                 {k: after[k] - counts_before[k] for k in after}))
         if made is None:
             unused = (f"; {', '.join(step.unchanged[:3])} got no gradient at one of them"
                       if step.unchanged else "")
@@ -684,17 +679,19 @@ class TrainingLoop:
         (checkpoint writing excluded); None when the run was too short to have any."""
         if steady is None:
             return {"samples_per_second": None, "executions_per_step": None,
-                    "transfers_per_step": None, "uploads_per_step": None}
+                    "transfers_per_step": None, "uploads_per_step": None,
+                    "host_ms_per_step": None}
         steady_counts, steady_time, steady_steps = steady
         elapsed = (train_end - steady_time - self._checkpoint_time_after(steady_time)
                    - self._eval_time_after(steady_time))
         delta = {k: counts_end[k] - steady_counts[k] - self._checkpoint_counts_after(k)
-                 for k in COUNTED}
+                 for k in counts_end}
         return {
             "samples_per_second": steady_steps * self.plan.rows_per_step / max(elapsed, 1e-9),
             "executions_per_step": sum(delta[k] for k in EXECUTE) / steady_steps,
             "transfers_per_step": delta[_xla.TRANSFER_FROM_DEVICE_TIME] / steady_steps,
             "uploads_per_step": delta[_xla.TRANSFER_TO_DEVICE_TIME] / steady_steps,
+            "host_ms_per_step": delta[HOST_CPU_NS] / 1e6 / steady_steps,
         }
 
     def _described(self) -> dict[str, Any]:

@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ... import _xla
-from ..config import COUNTED
 from ..lora import host_copy, merged_state, save_adapter, save_final_lora
 from ..plan import TrainPlan
+from .context import counts
 
 if TYPE_CHECKING:
     import torch
@@ -269,7 +269,7 @@ def save_checkpoint(loop: TrainingState, step: int) -> None:
     # execution out of the checkpoint's own counts (subtracted from the per-step figures).
     _xla.wait_device_ops()
     begin = time.perf_counter()
-    before = _xla.metric_counts(COUNTED)
+    before = counts()
     cpu_model, cpu_optimizer, loss_total = cpu_state(loop)
     ctx, plan = loop.ctx, loop.plan
     if ctx.rank == 0:
@@ -306,9 +306,9 @@ def save_checkpoint(loop: TrainingState, step: int) -> None:
         info = {"step": step, "fingerprint": plan.fingerprint}
         path = write_checkpoint(plan.output_dir, step, write_model, state, info)
         loop.checkpoints.append(str(path))
-    after = _xla.metric_counts(COUNTED)
+    after = counts()
     loop.checkpoint_marks.append(
-        (begin, time.perf_counter(), {k: after[k] - before[k] for k in COUNTED})
+        (begin, time.perf_counter(), {k: after[k] - before[k] for k in after})
     )
 
 def model_state(loop: TrainingState) -> dict[str, Any]:
