@@ -92,8 +92,8 @@ def host_worker(rows: int, tokens: int, repeats: int) -> dict:
     source, source_mask = ids.to(device), mask.to(device)
     _xla.sync()
 
-    def capture(state: dict, step: dict):
-        return StepGraph.capture(model, state, step, [], [])
+    def capture(state: dict, step: dict, fallbacks: dict):
+        return StepGraph.capture(model, state, step, [], [], fallbacks)
 
     seconds: dict[bool, list[float]] = {True: [], False: []}
     tokens_of = {}

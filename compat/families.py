@@ -169,6 +169,10 @@ FAMILIES: list[Family] = [
         dict(rope_theta=1000000.0, tie_word_embeddings=True), lora=True),
     _lm("Mistral", "mistralai/Mistral-7B-v0.1", "MistralConfig", dict(sliding_window=16),
         lora=True),
+    # LoRA on a mixture of experts (`lora=True`: adapters on every linear layer).
+    _lm("Mixtral", "mistralai/Mixtral-8x7B-v0.1", "MixtralConfig",
+        dict(num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02,
+             output_router_logits=True, sliding_window=None), lora=True),
     # Encoder-decoders.
     Family("T5", "google-t5/t5-small", "T5Config", "seq2seq",
            dict(dropout_rate=0.1, feed_forward_proj="relu", tie_word_embeddings=True), T5_LIKE),

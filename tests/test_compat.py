@@ -22,6 +22,8 @@ def test_the_table_covers_forty_families_and_every_task():
         "classification", "token-classification", "question-answering", "causal-lm",
         "seq2seq", "speech-recognition", "audio-classification", "image-classification"}
     assert sum(family.lora for family in FAMILIES) >= 3
+    assert any(family.lora and {"num_local_experts", "num_experts"} & set(family.shipped)
+               for family in FAMILIES)  # LoRA on a mixture of experts
 
 
 @pytest.mark.launch
