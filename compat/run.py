@@ -5,7 +5,7 @@ docs/compatibility.md: one row per family and task.
 Each row: whether it works (or the first line of its error), the graphs compiled for training
 and evaluation, whether the training steps were replayed by their compiled graph (or why
 not), whether the losses equal those of the same run with every step traced (bit for bit),
-and the ops that ran on the CPU.
+the ops that ran on the CPU, and the host's CPU per step of both runs.
 
 Usage: python -m compat.run [--only NAME ...] [--out FILE]   (XLA on the CPU: PJRT_DEVICE=CPU)
 """
