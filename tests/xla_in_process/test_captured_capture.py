@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import torch
 
 from hfxla_nb import _xla
-from hfxla_nb.train.worker.captured import Before, CapturedStep
+from hfxla_nb.train.worker.captured import Before, CapturedStep, TrainedState
 from hfxla_nb.train.worker.optimizer import AdamW
 
 
@@ -34,8 +34,8 @@ def _traced_step(model: torch.nn.Module):
     for p in trained:
         p.grad = None
     frozen = list(model.buffers())
-    captured = CapturedStep.capture(before, trained, optimizer, loss_total + loss.detach(),
-                                    frozen)
+    captured = CapturedStep.capture(before, TrainedState(trained, optimizer),
+                                    loss_total + loss.detach(), frozen)
     optimizer.new_values = None
     _xla.sync()
     return captured
