@@ -3,7 +3,9 @@ the `Batch` a task's hooks read.
 
 `WorkerContext.load` builds it once per launched worker (training and `predict` alike): the
 plan, the task, where the worker runs (device, mesh, rank), the model on the device, and the
-few operations a task needs on a batch (`upload`, `logits`, `autocast`).
+few operations a task needs on a batch (`upload`, `logits`, `autocast`). `counts` reads what
+the loop's and the checkpoints' figures are differences of (torch_xla's counters and the
+thread's CPU).
 
 A `Batch` is a set of named tensors on the device: the int32 `tokens` (model inputs side by
 side, the label columns, and in evaluation a weight column), and fields of any dtype
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
     from ..batching import EncodedData, EncodedSplit, FieldSlot, HostBatch
 
 
-# -- one batch on the device --
+# -- what a run's figures are counted from --
 
 #: What `counts` adds to torch_xla's counters: the calling thread's CPU, in nanoseconds.
 HOST_CPU_NS = "host CPU ns"
@@ -49,6 +51,8 @@ def counts() -> dict[str, int]:
     calling thread's CPU time (`HOST_CPU_NS`), to take differences of."""
     return {**_xla.metric_counts(COUNTED), HOST_CPU_NS: time.thread_time_ns()}
 
+
+# -- one batch on the device --
 
 class Batch:
     """One batch on the device.

@@ -207,6 +207,7 @@ class AdamW(torch.optim.AdamW):
         self._counters.clear()
         super().load_state_dict(state_dict)
 
+
 def _same_or_each(values: list[float]) -> float | list[float]:
     """One scalar when every tensor's is the same (the usual case: every parameter had a
     gradient at every step), else one per tensor. On XLA each distinct scalar of a step is a
