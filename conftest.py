@@ -38,3 +38,16 @@ def pytest_unconfigure(config):
     tempfile.tempdir = None
     shutil.rmtree(folder, ignore_errors=True)
 
+
+
+# nbval waits a fixed 5 s for each of a cell's output messages after the cell's reply. On a
+# shared 2-core CI machine a kernel was once silent longer than that right after a 67-s
+# fine_tune whose work had ended well, and the tutorial failed with "Timeout of 5 seconds
+# exceeded waiting for output". A cell's own limit stays --nbval-cell-timeout.
+NBVAL_OUTPUT_WAIT = 60.0
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if hasattr(item, "output_timeout"):  # an nbval cell
+            item.output_timeout = NBVAL_OUTPUT_WAIT
