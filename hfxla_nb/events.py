@@ -51,7 +51,10 @@ class Progress(Event):
     `waiting` announces a bar that starts later (the evaluation after training): the panels
     draw it from now on, so they keep their height when it starts; its clock starts with its
     next event. `starts` says when, in words ("after training", "every 10 steps"; None:
-    "after training")."""
+    "after training").
+
+    `ended` says why the bar ended before its total ("stopped early at step 50 of 120: ...",
+    an `EarlyStoppingCallback`): the panels draw it done where it stopped, its total kept."""
 
     step: int
     total: int | None
@@ -62,6 +65,7 @@ class Progress(Event):
     late: bool = False
     waiting: bool = False
     starts: str | None = None
+    ended: str | None = None
 
 
 @dataclass(frozen=True)
@@ -300,9 +304,7 @@ def _unpicklable(event: Event, error: Exception) -> Event:
             duration=event.duration,
         )
     if isinstance(event, Progress):
-        return Progress(
-            event.rank, event.step, event.total, {}, event.samples, event.label, event.time
-        )
+        return dataclasses.replace(event, values={})
     return Log(rank=event.rank, stream="stderr", text=f"[hfxla_nb] could not send {event!r}\n")
 
 

@@ -354,3 +354,27 @@ def test_the_steps_that_compiled_are_read_from_the_snapshots_compile_counts():
             "CompileTime": {"count": compiles, "total": compiles * 1e9, "samples": []}}}
         live.add(MetricsSnapshot(0, step, data))
     assert live.compiled_spans(0) == [(0, 1), (1, 3), (7, 9)]
+
+
+def test_a_bar_that_stopped_early_ends_done_where_it_stopped_and_says_so():
+    """An early stop keeps the bar's total: `✔ 14/60 · stopped early`, the reason its tooltip,
+    done (not "short": the loop ended on purpose), neither "14/14" nor an ETA."""
+    reason = "stopped early at step 14 of 60: eval_loss did not improve for 2 evaluations"
+    state = LaunchState(1, clock=Clock())
+    state.handle(Started(0, 1, 100))
+    state.handle(Progress(0, 0, STEPS, {}, 0, "train", time=T0))
+    state.handle(Progress(0, 10, STEPS, {}, 10 * ROWS, "train", time=T0 + 10.0))
+    state.handle(Progress(0, 14, STEPS, {}, 14 * ROWS, "train", time=T0 + 14.0, ended=reason))
+    bar = state.view().bars[0]
+    assert (bar.step, bar.total, bar.state, bar.ended) == (14, STEPS, "done", reason)
+    line = text.bar_line(bar)
+    assert "✔" in line and f"14/{STEPS} · stopped early · " in line and "ETA" not in line
+    assert f'title="{reason}">stopped early</span>' in html.bars_html([bar])
+    state.handle(Finished(0, None))
+    assert units.short_bar_note(state.view().bars[0]) is None
+    # Without the reason the same bar, ended by its rank, is one cut short.
+    cut = LaunchState(1, clock=Clock())
+    cut.handle(Started(0, 1, 100))
+    cut.handle(Progress(0, 14, STEPS, {}, 14 * ROWS, "train", time=T0 + 14.0))
+    cut.handle(Finished(0, None))
+    assert cut.view().bars[0].state == "short"

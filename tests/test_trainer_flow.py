@@ -68,6 +68,10 @@ class Recorder(TrainerCallback):
         self._write("on_train_end", state)
 
 
+# The `run` fixture's launch record, kept as the run ended (later tests launch again).
+LAUNCHES: dict[str, object] = {}
+
+
 @pytest.fixture(scope="module")
 def events_file(tmp_path_factory):
     return tmp_path_factory.mktemp("events") / "events.jsonl"
@@ -88,6 +92,7 @@ def run(cache, tmp_path_factory, events_file):
         eval_steps=EVAL_STEPS, metric_for_best_model="loss", greater_is_better=True,
         load_best_model_at_end=True, keep_warm=True,
         callbacks=[EarlyStoppingCallback(early_stopping_patience=2), Recorder(str(events_file))])
+    LAUNCHES["run"] = hx.last_launch()
     yield result
     result.release()  # the warm worker ends with the module
 
@@ -210,6 +215,8 @@ def test_the_result_says_how_the_run_ended_and_which_model_it_kept(run):
             f"{run.best_metric:.4f}")
     assert kept in text and kept in result_html(run)
     assert "a callback set control.should_training_stop" not in text
+    # The training bar ends at the step it stopped, its total kept (not "14/14").
+    assert LAUNCHES["run"].ranks[0].bars["train"] == (run.steps, MAX_STEPS)
 
 
 @pytest.mark.launch

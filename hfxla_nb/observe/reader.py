@@ -93,6 +93,7 @@ class BarTrack:
             not move it).
         first_step: the first step it reported (0: it counts from 0).
         starts: when an announced bar starts, in words (`Progress.starts`), or None.
+        ended: why it ended before its total (`Progress.ended`), or None.
         origin: the step its current pass started from (its first step, or the first of a
             pass that counts from the start again); its warm-up is counted from there.
         grew: whether its step ever grew (its first step ended).
@@ -119,6 +120,7 @@ class BarTrack:
     last: float | None = None
     first_step: int | None = None
     starts: str | None = None
+    ended: str | None = None
     origin: int | None = None
     grew: bool = False
     steady: tuple[int, float, int | None] | None = None
@@ -172,6 +174,7 @@ def advance(bar: BarTrack, event: Progress) -> None:
     bar.total = event.total if event.total is not None else bar.total
     bar.samples = event.samples if event.samples is not None else bar.samples
     bar.values.update(event.values)
+    bar.ended = event.ended or (None if earlier else bar.ended)
     bar.last = at if bar.last is None else max(bar.last, at)
     _loss_point(bar, event.values)
 
@@ -301,10 +304,10 @@ def bar_clock(bar: BarTrack, now: float, running: bool) -> BarClock:
 
 def bar_state(bar: BarTrack, rank: RankState) -> BarState:
     """The bar's state, from how far it got and how its rank is (or ended): "done" once it
-    reached its total; else "running" while the rank runs, "done" ("short" when it announced
-    a total it did not reach) when the rank finished, "stopped" when the launch stopped the
-    rank, "failed" otherwise."""
-    if bar.reached_total:
+    reached its total or said why it ended before it (`Progress.ended`); else "running"
+    while the rank runs, "done" ("short" when it announced a total it did not reach) when the
+    rank finished, "stopped" when the launch stopped the rank, "failed" otherwise."""
+    if bar.reached_total or bar.ended is not None:
         return BarState.DONE
     if rank.active:
         return BarState.RUNNING

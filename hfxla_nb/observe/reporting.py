@@ -248,6 +248,7 @@ def report(
     inputs: Any = None,
     log_every: int = 10,
     label: str = "train",
+    ended: str | None = None,
     **values: Any,
 ) -> None:
     """Report training progress from a launched worker, without forcing a device sync.
@@ -265,6 +266,8 @@ def report(
             `name -> tensor`; only shapes are read, to explain recompilations.
         log_every: fetch device tensors every this many steps (and at the final step).
         label: names the bar ("train", "eval", ...); each label has its own bar.
+        ended: why the loop ends here, before `total` ("stopped early at step 50 of 120:
+            ..."): the panels draw the bar done at `step` of `total`, not cut short.
         values: more scalars to show (`lr=...`, `grad_norm=...`), tensors or numbers.
 
     Device tensors are copied to the host only in a step closure on every `log_every`-th step,
@@ -291,12 +294,14 @@ def report(
         return
     key, send = target
     try:
-        _report(key, send, step, loss, total, samples, inputs, log_every, label, values)
+        _report(key, send, step, loss, total, samples, inputs, log_every, label, ended,
+                values)
     except Exception as error:  # noqa: BLE001 - reporting must never break training
         warnings.warn(f"hfxla_nb.report failed: {error!r}", RuntimeWarning, stacklevel=2)
 
 
-def _report(key, send, step, loss, total, samples, inputs, log_every, label, values) -> None:
+def _report(key, send, step, loss, total, samples, inputs, log_every, label, ended,
+            values) -> None:
     rank = events.worker_rank()
     bar = _bar_state(key, label)
     process = _process_state(key)
@@ -306,13 +311,13 @@ def _report(key, send, step, loss, total, samples, inputs, log_every, label, val
     step = bar.calls if step is None else int(step) + bar.offset
     total = int(total) if total is not None else None
     samples = int(samples) if samples is not None else None
-    final = total is not None and step >= total
+    final = ended is not None or (total is not None and step >= total)
     with process.lock:
         process.max_step = max(process.max_step, step)
         main = process.main_label.setdefault(rank, label) == label
         if main:
             process.steps[rank] = max(process.steps.get(rank, 0), step)
-    if main and final and step == total and _xla.runtime_is_initialized():
+    if main and final and (step == total or ended) and _xla.runtime_is_initialized():
         # After the step's graph (the next sync: `report` then `sync`, as documented), so
         # its compilation is the step's.
         _xla.add_step_closure(mark_last_step, (process, step))
@@ -326,7 +331,7 @@ def _report(key, send, step, loss, total, samples, inputs, log_every, label, val
 
     now = time.monotonic()
     every = max(int(log_every), 1)
-    event = Progress(rank, step, total, plain, samples, label)
+    event = Progress(rank, step, total, plain, samples, label, ended=ended)
     bar.unfetched = None
     if device and (final or (step % every == 0 and now - bar.last_fetch >= MIN_INTERVAL)):
         bar.last_fetch = now
@@ -367,8 +372,7 @@ def _send_fetched(send, progress: Progress, names: list[str], tensors: list) -> 
         values = dict(progress.values)
         for name, value in zip(names, fetched, strict=True):
             values[name] = float(value.detach().float())
-        send(Progress(progress.rank, progress.step, progress.total, values, progress.samples,
-                      progress.label, progress.time))
+        send(dataclasses.replace(progress, values=values))
     except Exception as error:  # noqa: BLE001 - a closure error would break the user's sync
         warnings.warn(f"hfxla_nb.report could not fetch values: {error!r}", RuntimeWarning,
                       stacklevel=2)

@@ -83,6 +83,7 @@ class BarView:
     per_step: bool = False  # its rate reads as seconds per step (`seconds_per_step`)
     waiting: bool = False  # announced, not started (the evaluation while training runs)
     starts: str | None = None  # when a waiting bar starts, in words (`Progress.starts`)
+    ended: str | None = None  # why it ended before its total (`Progress.ended`)
     # Once it ended: the median wall time per step over the steps that compiled nothing
     # (`observe.reader.steady_step_time`), what its chart says instead of the last step's.
     steady_step_time: float | None = None
@@ -133,7 +134,7 @@ def bar_view(bar: BarTrack, now: float, rank: RankState, show_rank: bool,
         step_times=[seconds for _, seconds in bar.step_times[-HISTORY:]],
         state=state, show_rank=show_rank, first_step=bar.first_step, rank_name=rank_name,
         compiling=clock.compiling, rate_over=clock.over, per_step=clock.per_step,
-        waiting=bar.waiting, starts=bar.starts, steady_step_time=steady,
+        waiting=bar.waiting, starts=bar.starts, ended=bar.ended, steady_step_time=steady,
     )
 
 
@@ -187,6 +188,7 @@ def aggregate(bars: list[BarView]) -> list[BarView]:
             per_step=next((b.per_step for b in group if b.rate is not None), first.per_step),
             waiting=all(b.waiting for b in group),
             starts=first.starts,
+            ended=first.ended,
             steady_step_time=first.steady_step_time,  # the chart's, which is the first's
         ))
     return merged

@@ -232,8 +232,11 @@ def timing_pieces(bar: BarView) -> list[tuple[str, str]]:
         return [(f"stopped after {clock(bar.elapsed)}", ELAPSED_MEANS)]
     if bar.compiling:  # no rate or ETA yet: the only figure is how long the first step takes
         return [(f"compiling the first step ({clock(bar.elapsed)} so far)", COMPILING_MEANS)]
-    pieces = [(f"{clock(bar.elapsed)} elapsed", ELAPSED_MEANS)]
-    if bar.eta is not None:
+    # A bar that ended before its total says so where its count is, as tqdm's bar says its
+    # own end: "✔ 50/120" alone would read as cut short, "✔ 50/50" would hide the stop.
+    pieces = [("stopped early", bar.ended)] if bar.ended is not None else []
+    pieces.append((f"{clock(bar.elapsed)} elapsed", ELAPSED_MEANS))
+    if bar.eta is not None and bar.ended is None:
         pieces.append((f"ETA {clock(bar.eta)}", ETA_MEANS))
     rates = []
     if bar.rate is not None:
@@ -255,7 +258,8 @@ def timing_parts(bar: BarView) -> list[str]:
     `ETA 18.0 s`, `3.3 it/s, 53.1 samples/s` (rate and ETA once the first few steps, which
     compile, are over); once it ended `37.3 s elapsed` and `9.8 it/s, 53.1 samples/s after
     warm-up` (the mean over those steps, as `fine_tune`'s result counts it; `overall ...`
-    for a bar too short to have them). Times are wall-clock times (the host's work
+    for a bar too short to have them), after `stopped early` where the loop ended before
+    its total (`BarView.ended`, the reason its tooltip). Times are wall-clock times (the host's work
     included), not XLA's: the metrics give XLA's execution time per step
     (`executions_text`)."""
     return [piece for piece, _ in timing_pieces(bar)]
