@@ -307,6 +307,9 @@ def test_the_result_chart_draws_each_evaluation_as_a_dot(run):
     dots = re.findall(r'<circle cx="([\d.]+)" cy="[\d.]+" r="2.5" fill="([^"]+)"', page)
     assert len(dots) == len(evaluations(run)) and {fill for _, fill in dots} == {
         SERIES["eval loss"]}
+    # A visible legend says which is which (a tooltip alone was not seen).
+    legend = re.search(r'<span class="hfxla-legend"[^>]*>(.*?)</span>', page).group(1)
+    assert re.sub(r"<[^>]+>|&nbsp;", " ", legend).split() == ["train", "loss", "eval", "loss"]
     # Each at its step: the evaluations run at logged steps, so at that loss's place.
     steps = [step for step, _ in run.loss_history]
     last = len(steps) - 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from html import unescape
 from types import SimpleNamespace
 
 import pytest
@@ -92,29 +93,43 @@ def test_state_keeps_values_fetched_late_and_ignores_unknown_events():
 
 
 def test_evaluations_during_training_are_dots_on_the_live_loss_chart():
-    # As the worker sends them: the loss every step, then the evaluation as late values of
-    # the train bar at the step it ran after (`TrainingLoop.evaluate_now`).
+    """Each evaluation is a dot on the live loss chart; a visible legend names the line and the
+    dots from the start (the evaluation bar is announced then), and the chart's highest and
+    lowest values stand beside it."""
+    # As the worker sends them: the evaluation bar announced, the loss every step, then the
+    # evaluation as late values of the train bar at the step it ran after
+    # (`TrainingLoop.evaluate_now`).
     state = LaunchState(1, clock=Clock())
+    state.handle(Progress(0, 0, 4, label="eval", time=T0, waiting=True, starts="every 6 steps"))
     for step in range(1, 7):
         state.handle(Progress(0, step, 10, {"loss": 1 / step}, time=T0 + step))
     before = html.chart_html(state.view().bars)
     state.handle(Progress(0, 6, 10, {"eval_loss": 0.3, "eval_accuracy": 0.5}, late=True,
                           time=T0 + 6.5))
-    (bar,) = state.view().bars
+    bar = state.view().bars[0]
     assert bar.evaluations == [(6, 0.3)] and bar.losses[-1] == pytest.approx(1 / 6)
-    chart = html.chart_html([bar])
+    chart = html.chart_html(state.view().bars)
     (dot,) = re.findall(r'<circle cx="([\d.]+)" cy="([\d.]+)" r="2.5" fill="([^"]+)"', chart)
     # At the sixth loss (the line's right end), between the line's highest and lowest points.
     assert dot == ("178.0", dot[1], html.SERIES["eval loss"]) and 2 < float(dot[1]) < 34
-    assert html.SERIES["eval loss"] not in before
+    assert not re.findall(r'r="2.5"', before)
+    legend = re.search(r'<span class="hfxla-legend"[^>]*>(.*?)</span>', chart).group(1)
+    assert unescape(re.sub(r"<[^>]+>", " ", legend)).split() == ["train", "loss", "eval", "loss"]
+    axis = re.search(r'<span class="hfxla-axis"[^>]*>(.*?)</span></span>', chart).group(1)
+    assert re.sub(r"<[^>]+>", " ", axis).split() == ["1", "0.1667"]  # highest, lowest
     # The dots add no text: the chart line keeps its width and the panel its height.
     assert re.sub(r"<svg.*?</svg>", "", chart) == re.sub(r"<svg.*?</svg>", "", before)
+    # A run that does not evaluate during training has no dots to name.
+    alone = LaunchState(1, clock=Clock())
+    for step in range(1, 4):
+        alone.handle(Progress(0, step, 10, {"loss": 1 / step}, time=T0 + step))
+    assert "eval loss" not in html.chart_html(alone.view().bars)
 
     # Past the chart's history the oldest evaluations go with their losses.
     for step in range(7, units.HISTORY + 60):
         state.handle(Progress(0, step, None, {"loss": 1.0}, time=T0 + step))
     state.handle(Progress(0, step, None, {"eval_loss": 0.9}, late=True, time=T0 + step))
-    (bar,) = state.view().bars
+    bar = state.view().bars[0]
     assert bar.evaluations == [(units.HISTORY, 0.9)]
 
 

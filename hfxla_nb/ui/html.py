@@ -27,6 +27,7 @@ from .state import (
     MUTED,
     PURPLE,
     RED,
+    SMALL,
     TEAL,
     TEXT,
     TRACK,
@@ -93,6 +94,36 @@ def sparkline_svg(values: list[float], width: int = 180, height: int = 36,
         f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{coords}"/>'
         f"{circles}</svg>"
     )
+
+
+def loss_legend_html(evaluations: bool) -> str:
+    """What the loss chart draws, visible (not a tooltip only): a line for the training loss
+    and, where the run evaluates during training, a dot for each evaluation's loss."""
+    line = (f'<svg width="14" height="8" xmlns="http://www.w3.org/2000/svg" '
+            f'style="vertical-align:middle;width:14px;height:8px;max-width:none">'
+            f'<line x1="1" y1="4" x2="13" y2="4" stroke="{SERIES["loss"]}" '
+            f'stroke-width="1.5"/></svg>')
+    dot = (f'<svg width="8" height="8" xmlns="http://www.w3.org/2000/svg" '
+           f'style="vertical-align:middle;width:8px;height:8px;max-width:none">'
+           f'<circle cx="4" cy="4" r="3" fill="{SERIES["eval loss"]}"/></svg>')
+    items = [f"{line} train loss"] + ([f"{dot} eval loss"] if evaluations else [])
+    return (f'<span class="hfxla-legend" style="{SMALL}white-space:nowrap">'
+            + " &nbsp;".join(items) + "</span>")
+
+
+def axis_html(values: list[float], dots: list[tuple[float, float]] = (),
+              height: int = 36) -> str:
+    """The chart's value axis, beside it: its highest value at the top, its lowest at the
+    bottom (dots included, as the line's scale is); blank, of the same size, for fewer than 2
+    values. Without it the one number after the line (the latest training loss) read as the
+    scale, whose bottom was an evaluation's loss."""
+    shown = [v for v in values if v == v]
+    high, low = ("", "") if len(shown) < 2 else (
+        state.number(value) for value in reversed(chart_range(values, dots)))
+    return (f'<span class="hfxla-axis" style="{SMALL}line-height:1;display:inline-flex;'
+            f"flex-direction:column;justify-content:space-between;height:{height}px;"
+            f'min-width:3.2em;text-align:right;vertical-align:middle">'
+            f"<span>{escape(high)}</span><span>{escape(low)}</span></span>")
 
 
 def chart_range(values: list[float], dots: list[tuple[float, float]] = ()) -> tuple[float, float]:
@@ -185,15 +216,20 @@ def chart_html(bars: list[BarView], summary: XlaSummary | None = None) -> str:
     A bar's chart line is drawn from its first value on, its sparklines blank boxes of their
     size until two points exist: the line appearing a few steps in moved the panel's height
     (by 36 px at step 10)."""
+    # A run that evaluates during training announces its evaluation bar from the start: the
+    # legend names the dots from then on, so the chart's width stays when the first arrives.
+    evaluates = any(bar.label == "eval" or bar.evaluations for bar in bars)
     for bar in bars:
         if not (bar.losses or bar.step_times):
             continue
         parts = []
         if bar.losses:
-            parts.append(  # the evaluations' dots add no text: the line keeps its width
+            dots = [(before - 1, loss) for before, loss in bar.evaluations]
+            parts.append(
                 f'<span style="{MUTED}" title="{escape(text.LOSS_CHART_MEANS)}">loss</span> '
+                f"{axis_html(bar.losses, dots)} "
                 f"{_sparkline_or_blank(bar.losses, SERIES['loss'], dots=bar.evaluations)} "
-                f"{escape(state.number(bar.losses[-1]))}"
+                f"{escape(state.number(bar.losses[-1]))} {loss_legend_html(evaluates)}"
             )
         if bar.step_times:
             label, means, seconds = text.step_time_label(bar)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from .._words import COUNT_WORDS, is_count, plural  # noqa: F401 - read with the table's rules
 from ..runtime.environment import host_name, launch_plan
 from . import state as style
-from .html import COLORS, SERIES, chart_range, sparkline_svg
+from .html import COLORS, SERIES, chart_range, loss_legend_html, sparkline_svg
 from .live import HtmlBlock
 from .state import (
     AMBER,
@@ -835,7 +835,8 @@ _SCALE = SMALL + "line-height:1;"
 
 def loss_chart_html(result: Any) -> str:
     """The loss chart with its scale: the highest and lowest loss beside it, the first and
-    last step under it; '' for fewer than 2 losses."""
+    last step under it, and what the line and the dots are where there are evaluations; ''
+    for fewer than 2 losses."""
     history = [(step, loss) for step, loss in result.loss_history if loss == loss]
     losses, dots = [loss for _, loss in history], evaluation_dots(result, history)
     chart = sparkline_svg(losses, width=CHART_WIDTH, height=CHART_HEIGHT, color=SERIES["loss"],
@@ -852,7 +853,10 @@ def loss_chart_html(result: Any) -> str:
         f'</td></tr><tr style="{TR}"><td style="{edge}{_SCALE}'
         f'text-align:right;vertical-align:bottom">{low:.4f}</td></tr>'
         f'<tr style="{TR}"><td style="{edge}"></td><td style="{edge}">'
-        f"{step_axis_html(history[0][0], history[-1][0])}</td></tr></tbody></table>"
+        f"{step_axis_html(history[0][0], history[-1][0])}</td></tr>"
+        + (f'<tr style="{TR}"><td style="{edge}"></td><td style="{edge}">'
+           f"{loss_legend_html(True)}</td></tr>" if dots else "")
+        + "</tbody></table>"
     )
 
 
