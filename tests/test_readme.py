@@ -48,6 +48,14 @@ def test_the_quickstart_runs_as_printed_in_a_fresh_kernel(tmp_path):
         assert output.error is None, "\n".join(output.error["traceback"])
         assert re.search(r"<FineTuneResult: 40 steps, .*eval_accuracy=[\d.]+.*saved to ",
                          output.stdout), output.stdout
+        # From the call's first moment the cell says what the kernel prepares (it loads and
+        # tokenizes for seconds); the memory plan then takes that line's place, with the time.
+        first = output.displays[0]
+        assert first["data"]["text/plain"].startswith("fine_tune  preparing in this process")
+        (last,) = [u["data"]["text/plain"] for u in output.updates
+                   if u["transient"]["display_id"] == first["transient"]["display_id"]]
+        assert re.match(r"(memory  plan .*; |fine_tune  )prepared in [\d.]+ (ms|s) in this "
+                        r"process", last), last
         (returned,) = [d["data"]["text/plain"] for d in output.displays if "execution_count" in d]
         # The predictions show as a table: a heading, the columns, one row per text.
         heading, columns, row, *_ = returned.splitlines()

@@ -438,12 +438,27 @@ def parse_output(output: str | Iterable[int]) -> set[int] | str:
 
 # -- what the cell shows before the fork, besides the launch panel --
 
-def show_memory_plan(plan: Plan | None, progress: str | bool = "auto") -> Any:
+def show_preparing(progress: str | bool = "auto") -> Any:
+    """Show, in a notebook, that a fine-tune is preparing in the kernel (loading, tokenizing),
+    from the call's first moment; the memory plan takes its place (`show_memory_plan`).
+
+    Returns:
+        The notice drawn, or None (a terminal, `progress=False`).
+    """
+    from ..ui.panels import show_preparing as show
+
+    return show(progress)
+
+
+def show_memory_plan(plan: Plan | None, progress: str | bool = "auto", notice: Any = None,
+                     prepared: float | None = None) -> Any:
     """Show a fine-tune's memory plan (plain data) in the cell, drawn like the launch panel.
 
     Args:
         plan: the `MemoryPlan` the run was checked with, or None (nothing is shown).
         progress: the launch's `progress=` mode.
+        notice: the preparing line (`show_preparing`), replaced by the plan.
+        prepared: the seconds the preparation took, said in the notice's place.
 
     Returns:
         An object with `close()` to call once the launch ended (a live widget becomes static
@@ -451,7 +466,7 @@ def show_memory_plan(plan: Plan | None, progress: str | bool = "auto") -> Any:
     """
     from ..ui.panels import show_memory_plan as show
 
-    return show(plan, progress)
+    return show(plan, progress, notice, prepared)
 
 
 # -- warm-up: what a launch imports, imported while the kernel is idle --

@@ -30,11 +30,12 @@ import dataclasses
 import inspect
 import os
 import sys
+import time
 import warnings
 from typing import Any
 
 from ..launch import LaunchOptions, launch
-from ..launch.launcher import show_memory_plan
+from ..launch.launcher import show_memory_plan, show_preparing
 from ..launch.preflight import check_backend
 from ..launch.sessions import Session
 from ..observe.tracing import is_library
@@ -198,13 +199,21 @@ def fine_tune(
                 "keep_warm=True holds the model on this host's devices; a cluster=/hosts= run "
                 "ends with its workers (pass keep_warm=False).")
         check_backend(config.strategy)  # no torch_xla (TorchTPU only): refused before any work
-        plan = prepare_fine_tune(model, dataset, config)  # refuses lora= for tasks without it
-        hub = check_hub(config, plan.output_dir)  # push_to_hub: the token and the Hub, now
+        progress = "auto" if config.progress is True else config.progress
+        preparing, start = show_preparing(progress), time.monotonic()  # never a blank cell
+        try:
+            plan = prepare_fine_tune(model, dataset, config)  # refuses lora= where unsupported
+            hub = check_hub(config, plan.output_dir)  # push_to_hub: the token and the Hub, now
+        except BaseException:
+            if preparing is not None:  # the refusal is what the cell shows
+                show_memory_plan(None, progress, preparing)
+                preparing.close()
+            raise
         if config.output_dir == "auto":  # every check passed: the run's new folder is its own now
             plan.output_dir = claim_output_dir(plan.output_dir)
-        progress = "auto" if config.progress is True else config.progress
         memory = dataclasses.asdict(plan.memory) if plan.memory is not None else None
-        notice = show_memory_plan(plan.memory, progress)  # the plan in the cell before the fork
+        # The plan in the cell before the fork, in the preparing line's place.
+        notice = show_memory_plan(plan.memory, progress, preparing, time.monotonic() - start)
         tracker = fine_tune_tracker(config, plan)  # report_to=: the run's tracker, or None
         options = LaunchOptions(
             num_processes=config.num_processes, strategy=config.strategy, progress=progress,

@@ -510,9 +510,13 @@ def plan_line(plan: Plan | Mapping[str, Any]) -> str:
 def plan_html(plan: Plan | Mapping[str, Any]) -> str:
     """`plan_line` as one HTML line, under its heading `memory` (no box: the panels that show
     it put it in theirs, `plan_panel_html` and `plan_table_html`)."""
-    # The panels' font, so the plan reads as one of them (not as monospaced output).
-    return (f'<div style="{TEXT}">{heading(PLAN_LABEL)}&nbsp;&nbsp;'
-            f"{escape(plan_line(plan))}</div>")
+    return line_html(PLAN_LABEL, plan_line(plan))
+
+
+def line_html(label: str, words: str) -> str:
+    """A line under its heading, in the panels' font (so it reads as one of them, not as
+    monospaced output)."""
+    return f'<div style="{TEXT}">{heading(label)}&nbsp;&nbsp;{escape(words)}</div>'
 
 
 def plan_panel_html(plan: Plan | Mapping[str, Any]) -> str:
@@ -522,7 +526,15 @@ def plan_panel_html(plan: Plan | Mapping[str, Any]) -> str:
 
 
 class PlanNotice:
-    """The plan line in the cell, drawn in one mode ("widgets", "html", "console", "none").
+    """One line in the cell before the fork, drawn in one mode ("widgets", "html", "console",
+    "none"): what `fine_tune` is preparing, then its memory plan (`show`) in the same place,
+    so the cell is never blank while the kernel loads and tokenizes and nothing moves when the
+    plan arrives.
+
+    Args:
+        plan: the memory plan to show (a `MemoryPlan` or its dict), or None.
+        mode: the mode to draw in.
+        line: `(html, text)` to show instead of a plan (the preparing line).
 
     Attributes:
         mode: the mode it was drawn in.
@@ -530,10 +542,10 @@ class PlanNotice:
         widget: the `ipywidgets.HTML` while it is live ("widgets" mode), else None.
     """
 
-    def __init__(self, plan: Plan | Mapping[str, Any], mode: str) -> None:
+    def __init__(self, plan: Plan | Mapping[str, Any] | None, mode: str,
+                 line: tuple[str, str] | None = None) -> None:
         self.mode = mode
-        self.text = f"{PLAN_LABEL}  {plan_line(plan)}"
-        self.html = plan_panel_html(plan)
+        self.html, self.text = line if line is not None else plan_notice_line(plan)
         self.widget: Any = None
         self._handle: Any = None
         if mode == "console":
@@ -548,6 +560,16 @@ class PlanNotice:
 
             self.widget = widgets.HTML(value=self.html, layout=widgets.Layout(margin="0px"))
             self._handle = display(self, display_id=True)
+
+    def show(self, html_text: str, text: str) -> None:
+        """Draw another line in the same place ("" and "": nothing is left there)."""
+        self.html, self.text = html_text, text
+        if self.widget is not None:
+            self.widget.value = html_text
+        elif self._handle is not None:
+            self._handle.update(self._block())
+        elif self.mode == "console" and text:
+            print(text, flush=True)
 
     def _block(self) -> HtmlBlock:
         return HtmlBlock(self.html, self.text)
@@ -573,14 +595,54 @@ class PlanNotice:
         return self.text
 
 
-def show_memory_plan(plan: Plan | Mapping[str, Any] | None,
-                     mode: str | bool = "auto") -> PlanNotice | None:
+def plan_notice_line(plan: Plan | Mapping[str, Any] | None,
+                     prepared: float | None = None) -> tuple[str, str]:
+    """The line before the fork, `(html, text)`: the memory plan, and how long the kernel took
+    to prepare the run (`prepared` seconds) where known; ("", "") for neither."""
+    took = (f"prepared in {style.clock(prepared)} in this process (the model's config, its "
+            "tokenizer, the data tokenized)") if prepared is not None else ""
+    if plan:
+        label, words = PLAN_LABEL, plan_line(plan) + (f"; {took}" if took else "")
+    elif took:
+        label, words = PREPARING_LABEL, took
+    else:
+        return "", ""
+    return panel(line_html(label, words), PLAN_CLASS), f"{label}  {words}"
+
+
+PREPARING_LABEL = "fine_tune"
+# What the cell shows from the call's first moment until the plan (or the launch) replaces it:
+# loading and tokenizing take seconds in the kernel, and the cell was blank for all of them.
+PREPARING = ("preparing in this process: the model's config and tokenizer, the data read and "
+             "tokenized (the devices are not touched yet)")
+
+
+def show_preparing(mode: str | bool = "auto") -> PlanNotice | None:
+    """Show that `fine_tune` is preparing, in the launch panel's mode, in notebooks only (a
+    terminal gets the plan line alone, as before); None when nothing is drawn. The memory
+    plan takes its place (`show_memory_plan(..., notice=)`)."""
+    from . import select_mode
+
+    chosen = select_mode(mode)
+    if chosen not in ("widgets", "html"):
+        return None
+    return PlanNotice(None, chosen, (panel(line_html(PREPARING_LABEL, PREPARING), PLAN_CLASS),
+                                     f"{PREPARING_LABEL}  {PREPARING}"))
+
+
+def show_memory_plan(plan: Plan | Mapping[str, Any] | None, mode: str | bool = "auto",
+                     notice: PlanNotice | None = None,
+                     prepared: float | None = None) -> PlanNotice | None:
     """Show a fine-tune's memory plan in the cell, in the launch panel's mode.
 
     Args:
         plan: a `MemoryPlan` (or its `dataclasses.asdict`), or None (nothing is shown).
         mode: as `notebook_launcher(progress=)`: "auto", "widgets", "html", "console", or
             False/"none".
+        notice: the preparing line (`show_preparing`): the plan takes its place, with how
+            long the preparation took.
+        prepared: the seconds the preparation took, said with the plan where `notice` is
+            given.
 
     Returns:
         The `PlanNotice` drawn (call `close()` when the launch ended), or None when there is
@@ -588,6 +650,9 @@ def show_memory_plan(plan: Plan | Mapping[str, Any] | None,
     """
     from . import select_mode
 
+    if notice is not None:
+        notice.show(*plan_notice_line(plan, prepared))
+        return notice
     if not plan:
         return None
     chosen = select_mode(mode)
