@@ -5,7 +5,9 @@ and in HTML the counts never wrap, only the place and the cause may."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+import hfxla_nb
 from hfxla_nb.observe.metrics import XlaSummary
 from hfxla_nb.observe.tracing import FETCH_CAUSE, CompileRecord, Frame, TraceLog
 from hfxla_nb.ui.text import compilations_html, row_cells
@@ -33,6 +35,19 @@ def test_a_users_fetch_keeps_its_item_words():
     (row,) = trace.rows()
     assert row_cells(row)[0] == "`train` in cell 3, line 12"
     assert row_cells(row)[4].startswith("value fetched (.item()")
+
+
+def test_a_fetch_by_hfxla_nb_under_the_users_fine_tune_line_is_said_to_be_its_own():
+    """The worker's frames sit under the cell that called `fine_tune`: a value hfxla_nb's own
+    code fetched (an evaluation's outputs) is not the user's `.item()`."""
+    ours = Frame("run_batches", str(Path(hfxla_nb.__file__).parent / "train/worker/evaluate.py"),
+                 57)
+    fine_tune_line = Frame("<module>", "/tmp/ipykernel_1/27.py", 2, cell=3)
+    trace = trace_of(CompileRecord(1, FETCH_CAUSE + " before torch_xla.sync", "h1",
+                                   where=fine_tune_line, via=ours))
+    (row,) = trace.rows()
+    assert row_cells(row)[0] == "cell 3, line 2 (via evaluate.py:57 `run_batches`)"
+    assert row_cells(row)[4] == "value fetched by hfxla_nb, not by your code"
 
 
 def test_only_the_place_and_the_cause_may_wrap():

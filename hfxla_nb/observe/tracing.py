@@ -213,7 +213,13 @@ def is_library(path: str) -> bool:
     return any(real == root or real.startswith(root + os.sep) for root in _LIBRARY_ROOTS)
 
 
+_PACKAGE = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _LAUNCHER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch")
+
+
+def is_ours(path: str) -> bool:
+    """Whether a frame's file is hfxla_nb's own."""
+    return os.path.realpath(path).startswith(_PACKAGE + os.sep)
 
 
 def is_launcher(path: str) -> bool:
@@ -520,7 +526,11 @@ class CompileRow:
 
     def cause_words(self) -> str:
         """The most frequent cause in a few words (`cause_text`); a value a library fetched
-        is not blamed on `.item()` or print, which the user did not write."""
+        is not blamed on `.item()` or print, which the user did not write: one hfxla_nb's own
+        code fetched (the loss for the bar, an evaluation's outputs) is said to be its, even
+        under the user's `fine_tune` line."""
+        if self.fetched and self.via is not None and is_ours(self.via.file):
+            return "value fetched by hfxla_nb, not by your code"
         if self.where is None and self.fetched:
             return "value fetched by the library"
         return cause_text(self.cause)
