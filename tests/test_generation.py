@@ -255,18 +255,24 @@ def launched(chat_dir):
 
         import torch
 
+        from hfxla_nb.train.worker import generation
         from hfxla_nb.train.worker.generation import uniform_noise
 
         device = _xla.device()
         out = {"noise": uniform_noise(*(torch.tensor(v, dtype=torch.int32).to(device)
                                         for v in NOISE_INPUTS), VOCAB).cpu()}
+        bar: list = []  # the "tokens" bar's events of the call, as the panel gets them
+        sent = generation.emit
+        generation.emit = lambda event: (bar.append(event), sent(event))[1]
         for name, options in calls.items():
             compiles, executions = count("CompileTime"), count("ExecuteTime")
             ops = traced()
+            bar.clear()
             texts = hx.generate(chat_dir, **options)
             out[name] = (texts, count("CompileTime") - compiles,
                          count("ExecuteTime") - executions)
             out["traced", name] = traced() - ops
+            out["bar", name] = [event for event in bar if getattr(event, "label", "") == "tokens"]
         return out
 
     out = hx.notebook_launcher(work, progress=False)
@@ -327,6 +333,31 @@ def test_short_answers_stop_early_in_the_same_two_graphs(launched):
     assert compiles == 0 and executions == cpu_steps(result, cpu_call(calls["stopped"])) < 40
     assert all(not any(stop in text for stop in calls["stopped"]["stop_strings"])
                for text in texts)
+
+
+@pytest.mark.launch
+def test_a_decoding_has_a_tokens_bar_that_says_compiling_then_ends_where_decoding_did(launched):
+    """A generation is not a silent "running": its "tokens" bar comes before the first token,
+    so the panel says its first step compiles; it ends at the tokens decoded, done early
+    where every row ended."""
+    from hfxla_nb.train.worker.generation import TokenBar
+    from hfxla_nb.ui import text
+    from hfxla_nb.ui.state import LaunchState
+
+    _, _, out = launched
+    greedy, ended = out["bar", "greedy"], out["bar", "ended"]
+    assert [(e.step, e.total, e.ended) for e in (greedy[0], greedy[-1])] == [
+        (0, 8, None), (8, 8, None)]
+    assert [(e.step, e.total, e.ended) for e in (ended[0], ended[-1])] == [
+        (0, 40, None), (4, 40, TokenBar.ENDED)]
+    state = LaunchState(1)
+    state.handle(ended[0])
+    (bar,) = state.view().bars
+    assert text.timing_parts(bar)[0].startswith("compiling the first step")
+    for event in ended[1:]:
+        state.handle(event)
+    (bar,) = state.view().bars
+    assert bar.state == "done" and "4/40 · stopped early" in text.bar_line(bar)
 
 
 def cpu_steps(result, call: dict) -> int:

@@ -170,6 +170,11 @@ def memory(process: ProcessState) -> dict[str, int] | None:
 
 # Seconds between two Progress events of one bar (the final step is always sent).
 MIN_INTERVAL = 0.2
+#: Seconds between hfxla_nb's own loops' progress events (the training loop's, besides
+#: logging points and new buckets; decoding's tokens): the bar moves twice a second; each
+#: report costs a training step about 1 ms of host time (`bench/host_time.py`), more often
+#: it would be most of the loop's own work.
+BAR_INTERVAL = max(0.5, MIN_INTERVAL)
 
 _local_sink: Callable[[events.Event], None] | None = None
 

@@ -28,14 +28,16 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ... import _xla, patches
-from ...events import Generated, emit, worker_channel, worker_rank
+from ...events import Generated, Progress, emit, worker_channel, worker_rank
 from ...launch.output import quiet_loading
+from ...observe.reporting import BAR_INTERVAL
 from .. import preparation
 from ..config import (
     GenerationOptions,
@@ -586,16 +588,46 @@ def decode_prompts(network: Any, tokenizer: Any, rows: list[list[int]],
     if shown is None:
         shown = [tokenizer.decode(row, skip_special_tokens=True) for row in rows]
     streamer = Streamer(tokenizer, settings, emit, shown) if stream else None
+    bar = TokenBar(settings.max_new_tokens)
     hooks = DecodeHooks(sync=lambda tensors: _xla.sync(), fetch=_xla.to_cpu,
                         tokenizer=tokenizer, on_check=streamer.send if streamer else None,
-                        capture=True)
+                        capture=True, on_step=bar.step)
     # The mask check's patch (`patches.py`): without it, masking syncs once more, a graph.
     with torch.no_grad(), patches.applied():
         decoded = generate_rows(network, tokenizer, rows, settings, bucket, hooks)
+    bar.end(decoded.steps)
     tokens = _xla.to_cpu([decoded.tokens])[0]
     if streamer is not None:
         streamer.send(tokens[:, :decoded.steps].tolist(), decoded.steps, done=True)
     return texts_of(tokenizer, tokens, settings, len(rows))
+
+
+class TokenBar:
+    """A decoding's progress bar, "tokens": from the start, so the panel says "compiling the
+    first step" while the prompt's and the step's graphs compile (a streamed generation
+    looked dead until its first text); then the tokens handed to the device, twice a second;
+    at the end the tokens decoded, done early where every row ended before
+    `max_new_tokens`. Sent without a transfer: the steps are counted on the host."""
+
+    LABEL = "tokens"
+    ENDED = "every row ended (an end-of-text token or a stop string)"
+
+    def __init__(self, total: int) -> None:
+        self.total, self.steps, self.sent = total, 0, time.monotonic()
+        emit(Progress(worker_rank(), 0, total, {}, None, self.LABEL))
+
+    def step(self) -> None:
+        """A token's work was handed to the device."""
+        self.steps += 1
+        now = time.monotonic()
+        if now - self.sent >= BAR_INTERVAL:
+            self.sent = now
+            emit(Progress(worker_rank(), self.steps, self.total, {}, None, self.LABEL))
+
+    def end(self, steps: int) -> None:
+        """The decoding ran `steps` tokens."""
+        emit(Progress(worker_rank(), steps, self.total, {}, None, self.LABEL,
+                      ended=self.ENDED if steps < self.total else None))
 
 
 class Streamer:

@@ -35,7 +35,7 @@ import numpy as np
 from ... import _xla, patches
 from ...events import Progress, emit, worker_rank
 from ...observe.reader import BAR_WARMUP_STEPS
-from ...observe.reporting import MIN_INTERVAL, report
+from ...observe.reporting import BAR_INTERVAL, report
 from .. import batching, lora
 from ..config import EXECUTE
 from ..plan import TrainPlan
@@ -99,11 +99,6 @@ class Fetcher:
 # -- the training loop --
 
 __all__ = ["STEADY_AFTER_STEPS", "Fetcher", "TrainingLoop", "counts", "train_worker"]
-
-#: Seconds between the loop's progress reports (besides logging points and new buckets): the
-#: bar moves twice a second; each report costs the step about 1 ms of host time (measured by
-#: `bench/host_time.py`), more often it would be most of the loop's own work.
-BAR_INTERVAL = max(0.5, MIN_INTERVAL)
 
 #: Steps left out of the steady-state figures (samples/s, executions and transfers per step):
 #: the first two compile, the third still waits for them. The bar's warm-up is the same one.
