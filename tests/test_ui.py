@@ -712,3 +712,24 @@ def test_launch_panels_in_a_kernel_end_as_static_html_with_final_metrics():
         assert "XLA metrics (process of ranks 0-3) in 30 steps" in final["text/html"]
     finally:
         kernel.close()
+
+
+def test_an_evaluations_metrics_are_drawn_on_the_evaluation_bars_row():
+    """Sent as late values of the training bar, an evaluation's metrics are drawn on the
+    evaluation bar's row (at the end of the training bar's line they were cut off at
+    1024 px); a run without an evaluation bar keeps them where they came."""
+    state = LaunchState(1, clock=Clock())
+    state.handle(Progress(0, 0, 4, label="eval", time=T0, waiting=True, starts="every 6 steps"))
+    for step in range(1, 7):
+        state.handle(Progress(0, step, 10, {"loss": 1 / step, "lr": 1e-3}, time=T0 + step))
+    state.handle(Progress(0, 6, 10, {"eval_loss": 0.3, "eval_accuracy": 0.5}, late=True,
+                          time=T0 + 6.5))
+    train, evaluation = state.view().bars
+    assert (train.label, evaluation.label) == ("train", "eval")
+    assert set(train.values) == {"loss", "lr"}
+    assert evaluation.values == {"eval_loss": 0.3, "eval_accuracy": 0.5}
+    assert text.bar_line(evaluation).endswith("eval_loss=0.3 · eval_accuracy=0.5")
+    alone = LaunchState(1, clock=Clock())
+    alone.handle(Progress(0, 6, 10, {"loss": 0.2, "eval_loss": 0.3}, time=T0 + 6))
+    (train,) = alone.view().bars
+    assert set(train.values) == {"loss", "eval_loss"}

@@ -31,7 +31,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from html import escape
 
 from .._words import data_size, duration, series
@@ -194,6 +194,22 @@ def aggregate(bars: list[BarView]) -> list[BarView]:
     return merged
 
 
+def evaluations_on_their_row(bars: list[BarView]) -> list[BarView]:
+    """The latest evaluation's metrics (`eval_*`, sent as values of the training bar) drawn on
+    the evaluation bar's row where there is one: at the end of the training bar's long line,
+    after its rates and loss, they were cut off at 1024 px. Each rank's bars apart."""
+    rows = {(bar.rank, bar.label): bar for bar in bars}
+    moved: dict[tuple[int | None, str], dict[str, float]] = {}
+    for bar in bars:
+        found = {name: value for name, value in bar.values.items() if name.startswith("eval_")}
+        if bar.label == "train" and found and (bar.rank, "eval") in rows:
+            moved[bar.rank, "train"] = {name: value for name, value in bar.values.items()
+                                        if name not in found}
+            moved[bar.rank, "eval"] = {**rows[bar.rank, "eval"].values, **found}
+    return [replace(bar, values=moved[bar.rank, bar.label]) if (bar.rank, bar.label) in moved
+            else bar for bar in bars]
+
+
 # -- LaunchState: the launch's view --
 
 __all__ = ["BarView", "LaunchState", "LaunchView", "short_bar_note", "duration", "number", "score",
@@ -305,6 +321,7 @@ class LaunchState:
         if not self.per_rank:
             bars = aggregate(bars)
         bars.sort(key=lambda b: (b.rank is None, b.rank or 0, b.label != "train", b.label))
+        bars = evaluations_on_their_row(bars)
         notes = list(reader.record.notes)
         notes += [note for bar in bars if (note := short_bar_note(bar))]
         if self.outcome is None:
