@@ -5,7 +5,9 @@ counts come from each run's record (torch_xla's counters, per run), never from a
 
 from __future__ import annotations
 
+import html
 import os
+import re
 import signal
 import time
 
@@ -183,7 +185,7 @@ def test_keep_warm_seconds_is_an_idle_limit_and_the_warm_note_is_information(tmp
     tells how to free the model without a "fix" label; `release()` says what it freed."""
     from hfxla_nb.demo import demo_dataset, demo_model_dir
     from hfxla_nb.runtime.info import WARM_MODEL
-    from hfxla_nb.ui.panels import runtime_html, runtime_text
+    from hfxla_nb.ui.panels import result_html, result_text, runtime_html, runtime_text
 
     with pytest.raises(hx.FineTuneError, match="keep_warm='yes'"):
         hx.fine_tune("no-model", [], keep_warm="yes")
@@ -197,11 +199,19 @@ def test_keep_warm_seconds_is_an_idle_limit_and_the_warm_note_is_information(tmp
     assert "of 30.0 s before it is released" in note.title
     assert "release() on the run's result" in runtime_text(info)
     assert "fix:" not in runtime_text(info) and "Fix:" not in runtime_html(info)
+    # The result's panel says what stays held, and until when.
+    lease = ("the trained model on 1 device (device memory not reported here); held until "
+             "result.release(), 30.0 s without a call, or the kernel's end")
+    row = next(line for line in result_text(result).splitlines() if line.strip()
+               .startswith("warm "))
+    assert row.split(None, 1)[1] == lease, result_text(result)
+    assert lease in html.unescape(re.sub(r"<[^>]+>", "", result_html(result)))
     capsys.readouterr()
     result.release()
     assert "released the model of fine_tune (run): 1 device and their memory are free" in (
         capsys.readouterr().out)
     assert not result.warm
+    assert "released: its devices and their memory are free" in result_text(result)
     result.release()  # a second time: nothing to free, nothing said
     assert capsys.readouterr().out == ""
 

@@ -728,7 +728,10 @@ def test_an_evaluations_metrics_are_drawn_on_the_evaluation_bars_row():
     assert (train.label, evaluation.label) == ("train", "eval")
     assert set(train.values) == {"loss", "lr"}
     assert evaluation.values == {"eval_loss": 0.3, "eval_accuracy": 0.5}
-    assert text.bar_line(evaluation).endswith("eval_loss=0.3 · eval_accuracy=0.5")
+    # Its metrics before its times: what the row is read for comes first.
+    assert "0/4 · eval_loss=0.3 · eval_accuracy=0.5 · " in text.bar_line(evaluation)
+    drawn = html.bar_stats_html(evaluation)
+    assert drawn.index("eval_accuracy=0.5") < drawn.index("every 6 steps")
     alone = LaunchState(1, clock=Clock())
     alone.handle(Progress(0, 6, 10, {"loss": 0.2, "eval_loss": 0.3}, time=T0 + 6))
     (train,) = alone.view().bars

@@ -162,11 +162,12 @@ def progress_bar_html(bar: BarView, width: int = BAR_WIDTH) -> str:
 def bar_stats_html(bar: BarView) -> str:
     """Counts, timing and values next to a bar: pieces that each stay whole (`bars_html` keeps
     them on one line, cut at the end where the output is narrow)."""
-    pieces = [f"<b>{escape(text.counts_text(bar))}</b>"]
-    pieces += [f'<span style="{MUTED}" title="{escape(means)}">{escape(part)}</span>'
-               for part, means in text.timing_pieces(bar)]
-    pieces += [f'<span style="{MONO}">{escape(part)}</span>'
-               for part in text.value_parts(bar.values)]
+    timing = [f'<span style="{MUTED}" title="{escape(means)}">{escape(part)}</span>'
+              for part, means in text.timing_pieces(bar)]
+    values = [f'<span style="{MONO}">{escape(part)}</span>'
+              for part in text.value_parts(bar.values)]
+    pieces = [f"<b>{escape(text.counts_text(bar))}</b>",
+              *(values + timing if text.results_first(bar) else timing + values)]
     dot = f'<span style="{MUTED}">·</span> '
     return " ".join(
         f'<span class="hfxla-stat" style="white-space:nowrap">{dot if i else ""}{piece}</span>'

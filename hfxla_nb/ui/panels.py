@@ -738,6 +738,24 @@ def memory_row(result: Any) -> str | None:
     return text
 
 
+def warm_row(result: Any) -> str | None:
+    """What the run's warm session holds as the result is drawn: "the trained model on 1
+    device, 1.2 GiB of device memory; held until result.release(), 10 min without a call, or
+    the kernel's end"; "released ..." once it ended; None for a run that kept nothing."""
+    session = getattr(result, "session", None)
+    if session is None:
+        return None
+    if not result.warm:
+        return "released: its devices and their memory are free"
+    info = session.info()
+    memory = ("device memory not reported here" if info.memory is None
+              else f"{info.memory / 2**30:.1f} GiB of device memory")
+    limit = (f", {duration(info.idle_timeout)} without a call" if info.idle_timeout is not None
+             else "")
+    return (f"the trained model on {plural(info.devices, 'device')} ({memory}); held until "
+            f"result.release(){limit}, or the kernel's end")
+
+
 def next_step(result: Any) -> str | None:
     """What to do with the result now, as code to type."""
     if not result.output_dir:
@@ -859,6 +877,9 @@ def result_rows(result: Any) -> list[tuple[str, str]]:
     if result.output_dir:
         rows.append(("saved to", result.output_dir))
     rows += [("note", note) for note in result.notes]
+    lease = warm_row(result)
+    if lease:
+        rows.append(("warm", lease))
     hint = next_step(result)
     if hint:
         rows.append(("next", hint))

@@ -265,8 +265,17 @@ def timing_parts(bar: BarView) -> list[str]:
     return [piece for piece, _ in timing_pieces(bar)]
 
 
+def results_first(bar: BarView) -> bool:
+    """Whether a bar's values come before its times: an evaluation's metrics
+    (`evaluations_on_their_row`) are what its row is read for; after its times they were cut
+    off at 1024 px."""
+    return bool(bar.values) and all(name.startswith("eval_") for name in bar.values)
+
+
 def stat_parts(bar: BarView) -> list[str]:
     """Everything shown next to a bar, as pieces that are never broken across lines."""
+    if results_first(bar):
+        return [counts_text(bar), *value_parts(bar.values), *timing_parts(bar)]
     return [counts_text(bar), *timing_parts(bar), *value_parts(bar.values)]
 
 

@@ -74,8 +74,19 @@ lora = hx.fine_tune(demo_lm_model_dir(), demo_lm_dataset(n=128), prompt_column="
                     sharding="fsdp", lora=True, num_processes=1, output_dir=None)
 """
 
-CELLS = [SETUP, GROWING, LONG_FIGURES, FINE_TUNE, "result", LORA]
-GROWING_CELL, LONG_CELL, FINE_TUNE_CELL, RESULT_CELL, LORA_CELL = 1, 2, 3, 4, 5
+# Evaluation every 5 steps, the "best" model the one with the highest loss (an early one),
+# early stopping after 2 evaluations without a higher: it stops long before step 120.
+EARLY = """\
+from transformers import EarlyStoppingCallback
+early = hx.fine_tune(demo_model_dir(), demo_dataset(n=1200), max_steps=120, batch_size=32,
+                     learning_rate=4e-3, output_dir=None, log_every=5, num_processes=1,
+                     eval_strategy="steps", eval_steps=5, metric_for_best_model="loss",
+                     greater_is_better=True, load_best_model_at_end=True,
+                     callbacks=[EarlyStoppingCallback(early_stopping_patience=2)])
+"""
+
+CELLS = [SETUP, GROWING, LONG_FIGURES, FINE_TUNE, "result", LORA, EARLY]
+GROWING_CELL, LONG_CELL, FINE_TUNE_CELL, RESULT_CELL, LORA_CELL, EARLY_CELL = 1, 2, 3, 4, 5, 6
 STDERR = '[data-mime-type="application/vnd.jupyter.stderr"]'
 UNITS = {"µs": 1e-6, "ms": 1e-3, "s": 1.0}
 
@@ -114,6 +125,13 @@ def panel_fixes(browser_lab):
     theme = browser_lab.theme
 
     def poll(nb) -> None:
+        # The fine-tune cell's first line from its start (the cell before it done) on.
+        prompts = nb.prompts()
+        if prompts[FINE_TUNE_CELL] == "[*]:" and prompts[FINE_TUNE_CELL - 1] != "[*]:":
+            height = (nb.output(FINE_TUNE_CELL).bounding_box() or {}).get("height", 0)
+            text = nb.output_text(FINE_TUNE_CELL)
+            seen.setdefault("fine_tune_heights", []).append(
+                (round(height, 1), text.strip().splitlines()[0] if text.strip() else ""))
         for cell, key in ((GROWING_CELL, "growing_live"), (LONG_CELL, "long_live"),
                           (FINE_TUNE_CELL, "fine_tune_live")):
             stats = nb.measure(cell, LIVE + PARTS["stats"])
@@ -148,6 +166,12 @@ def panel_fixes(browser_lab):
                 "chart": [b["text"] for b in nb.measure(cell, FINAL + PARTS["chart"])],
                 "panel_height": (nb.output(cell).bounding_box() or {}).get("height"),
             }
+        seen["early"] = {
+            "stats": nb.measure(EARLY_CELL, FINAL + PARTS["stats"]),
+            "pieces": nb.measure(EARLY_CELL, FINAL + PARTS["pieces"]),
+            "legend": [b["text"] for b in nb.measure(EARLY_CELL, FINAL + ".hfxla-legend")],
+            "text": nb.output_text(EARLY_CELL)}
+        nb.screenshot(browser_lab.artifacts, f"panel-fixes-early-stop-{theme}", [EARLY_CELL])
         seen["stderr"] = {cell: [b["text"] for b in nb.measure(cell, STDERR)]
                           for cell in range(len(CELLS))}
         assert_settled(nb)
@@ -253,3 +277,34 @@ def test_a_lora_fine_tune_cell_shows_no_stderr_block(panel_fixes):
     text = panel_fixes["texts"][LORA_CELL]
     assert "✔ launch finished" in text, text
     assert panel_fixes["stderr"][LORA_CELL] == [], panel_fixes["stderr"][LORA_CELL]
+
+
+# -- 6. the fine-tune's cell is never blank ---------------------------------------------------
+
+
+def test_a_fine_tune_cell_shows_what_it_prepares_before_the_launch_panel(panel_fixes):
+    """The cell's first output is fine_tune's own line ("preparing in this process: ...",
+    then "prepared in 81 ms ..."), not the launch panel after seconds of a blank cell."""
+    heights = panel_fixes["fine_tune_heights"]
+    shown = [line for height, line in heights if height > 0 and line]
+    assert shown, heights
+    assert re.match(r"fine_tune\s+(preparing|prepared) in", shown[0]), shown[:3]
+
+
+# -- 7. an early stop, the evaluations and the chart say what happened -----------------------
+
+
+def test_an_early_stop_ends_the_bar_where_it_stopped_and_the_evaluation_row_shows_its_metrics(
+        panel_fixes):
+    early = panel_fixes["early"]
+    train, evaluation = (box["text"] for box in early["stats"][:2])
+    # The training bar ends where the run stopped, its total kept, and says so.
+    stop = re.match(r"(\d+)/120 · stopped early · ", train)
+    assert stop and int(stop.group(1)) < 120, train
+    # The evaluation's metrics are on the evaluation row, whole, inside the panel's width.
+    assert "eval_loss=" in evaluation and "eval_loss=" not in train, (train, evaluation)
+    row = early["stats"][1]
+    metric = next(box for box in early["pieces"] if "eval_loss=" in box["text"])
+    assert metric["x"] + metric["width"] <= row["x"] + row["width"] + 0.5, (metric, row)
+    # The loss chart names its line and its dots in words on the page.
+    assert any("train loss" in text and "eval loss" in text for text in early["legend"]), early
