@@ -47,7 +47,7 @@ def test_a_fetch_by_hfxla_nb_under_the_users_fine_tune_line_is_said_to_be_its_ow
                                    where=fine_tune_line, via=ours))
     (row,) = trace.rows()
     assert row_cells(row)[0] == "cell 3, line 2 (via evaluate.py:57 `run_batches`)"
-    assert row_cells(row)[4] == "value fetched by hfxla_nb, not by your code"
+    assert row_cells(row)[4] == "hfxla_nb's own work, not your code"
 
 
 def test_only_the_place_and_the_cause_may_wrap():

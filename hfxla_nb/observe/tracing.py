@@ -526,11 +526,11 @@ class CompileRow:
 
     def cause_words(self) -> str:
         """The most frequent cause in a few words (`cause_text`); a value a library fetched
-        is not blamed on `.item()` or print, which the user did not write: one hfxla_nb's own
-        code fetched (the loss for the bar, an evaluation's outputs) is said to be its, even
-        under the user's `fine_tune` line."""
+        is not blamed on `.item()` or print, which the user did not write: what hfxla_nb's own
+        code fetched or compiled ahead (torch_xla gives both that cause) is said to be its,
+        even under the user's `fine_tune` line."""
         if self.fetched and self.via is not None and is_ours(self.via.file):
-            return "value fetched by hfxla_nb, not by your code"
+            return "hfxla_nb's own work, not your code"
         if self.where is None and self.fetched:
             return "value fetched by the library"
         return cause_text(self.cause)
