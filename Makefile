@@ -26,8 +26,10 @@ lint: setup
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_worker_purity.py  # workers never draw, at run time
 
+# The suite, its 25 slowest tests listed at the end (where its time goes: it aims at 25 minutes
+# on 2 cores, the install included), then the pods and the tutorials.
 test: setup lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 	$(MAKE) --no-print-directory test-pods
 	$(MAKE) --no-print-directory test-notebooks
 
