@@ -210,6 +210,10 @@ def bars_html(bars: list[BarView]) -> str:
     )
 
 
+# The wall time per step's label box, in em: "median wall time per step" at the panels' font.
+STEP_LABEL_EM = 13.5
+
+
 def chart_html(bars: list[BarView], summary: XlaSummary | None = None) -> str:
     """Loss and step-time sparklines of the first bar that has them; '' when none has. With
     the launch's `summary`, a wall time per step below XLA's time per step says why.
@@ -226,16 +230,20 @@ def chart_html(bars: list[BarView], summary: XlaSummary | None = None) -> str:
         parts = []
         if bar.losses:
             dots = [(before - 1, loss) for before, loss in bar.evaluations]
-            parts.append(
+            parts.append(  # a legend where there are dots to tell from the line
                 f'<span style="{MUTED}" title="{escape(text.LOSS_CHART_MEANS)}">loss</span> '
                 f"{axis_html(bar.losses, dots)} "
                 f"{_sparkline_or_blank(bar.losses, SERIES['loss'], dots=bar.evaluations)} "
-                f"{escape(state.number(bar.losses[-1]))} {loss_legend_html(evaluates)}"
+                f"{escape(state.number(bar.losses[-1]))}"
+                + (f" {loss_legend_html(True)}" if evaluates else "")
             )
         if bar.step_times:
             label, means, seconds = text.step_time_label(bar)
+            # The label's box fits the longer of its two texts ("median wall time per step"
+            # once the bar ended): the live and the final chart wrap alike.
             parts.append(  # wall clock: the metrics' "XLA per step" is the device's share
-                f'<span style="{MUTED}" title="{escape(means)}">{escape(label)}</span> '
+                f'<span style="{MUTED}display:inline-block;min-width:{STEP_LABEL_EM}em" '
+                f'title="{escape(means)}">{escape(label)}</span> '
                 f"{_sparkline_or_blank(bar.step_times, SERIES['step time'])} "
                 f"{escape(state.duration(seconds))}"
                 + _above_wall_html(summary, seconds, means)

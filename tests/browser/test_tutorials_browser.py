@@ -98,7 +98,10 @@ def test_tutorial_2_fine_tune(browser_lab):
     with browser_lab.notebook("tutorial-02", source=path, timeout=RUN_TIMEOUT) as nb:
         for cell in (first, resumed):
             text = nb.output_text(cell)
-            assert text.lstrip().startswith("✔ launch finished in "), text
+            # fine_tune's own line (what it prepared in the kernel), then the launch's panel.
+            prepared, status = text.strip().splitlines()[:2]
+            assert re.match(r"fine_tune\s+prepared in ", prepared), text
+            assert status.startswith("✔ launch finished in "), text
             rows = bar_rows(nb, cell)
             assert "60/60" in rows["train"] and "✔" in rows["train"], rows
             assert "✔" in rows["eval"], rows
