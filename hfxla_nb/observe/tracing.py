@@ -213,8 +213,9 @@ def is_library(path: str) -> bool:
     return any(real == root or real.startswith(root + os.sep) for root in _LIBRARY_ROOTS)
 
 
-_PACKAGE = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_LAUNCHER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch")
+_HFXLA_NB = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE = os.path.realpath(_HFXLA_NB)
+_LAUNCHER = os.path.join(_HFXLA_NB, "launch")
 
 
 def is_ours(path: str) -> bool:

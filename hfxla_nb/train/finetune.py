@@ -206,7 +206,7 @@ def fine_tune(
             hub = check_hub(config, plan.output_dir)  # push_to_hub: the token and the Hub, now
         except BaseException:
             if preparing is not None:  # the refusal is what the cell shows
-                show_memory_plan(None, progress, preparing)
+                preparing.show("", "")
                 preparing.close()
             raise
         if config.output_dir == "auto":  # every check passed: the run's new folder is its own now

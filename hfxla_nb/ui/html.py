@@ -96,9 +96,9 @@ def sparkline_svg(values: list[float], width: int = 180, height: int = 36,
     )
 
 
-def loss_legend_html(evaluations: bool) -> str:
+def loss_legend_html() -> str:
     """What the loss chart draws, visible (not a tooltip only): a line for the training loss
-    and, where the run evaluates during training, a dot for each evaluation's loss."""
+    and a dot for each evaluation's loss (drawn where the run evaluates during training)."""
     line = (f'<svg width="14" height="8" xmlns="http://www.w3.org/2000/svg" '
             f'style="vertical-align:middle;width:14px;height:8px;max-width:none">'
             f'<line x1="1" y1="4" x2="13" y2="4" stroke="{SERIES["loss"]}" '
@@ -106,15 +106,15 @@ def loss_legend_html(evaluations: bool) -> str:
     dot = (f'<svg width="8" height="8" xmlns="http://www.w3.org/2000/svg" '
            f'style="vertical-align:middle;width:8px;height:8px;max-width:none">'
            f'<circle cx="4" cy="4" r="3" fill="{SERIES["eval loss"]}"/></svg>')
-    items = [f"{line} train loss"] + ([f"{dot} eval loss"] if evaluations else [])
     return (f'<span class="hfxla-legend" style="{SMALL}white-space:nowrap">'
-            + " &nbsp;".join(items) + "</span>")
+            f"{line} train loss &nbsp;{dot} eval loss</span>")
 
 
 def axis_html(values: list[float], dots: list[tuple[float, float]] = (),
               height: int = 36) -> str:
     """The chart's value axis, beside it: its highest value at the top, its lowest at the
-    bottom (dots included, as the line's scale is); blank, of the same size, for fewer than 2
+    bottom (the dots' values included, as the line's scale is; their places do not count);
+    blank, of the same size, for fewer than 2
     values. Without it the one number after the line (the latest training loss) read as the
     scale, whose bottom was an evaluation's loss."""
     shown = [v for v in values if v == v]
@@ -229,13 +229,12 @@ def chart_html(bars: list[BarView], summary: XlaSummary | None = None) -> str:
             continue
         parts = []
         if bar.losses:
-            dots = [(before - 1, loss) for before, loss in bar.evaluations]
             parts.append(  # a legend where there are dots to tell from the line
                 f'<span style="{MUTED}" title="{escape(text.LOSS_CHART_MEANS)}">loss</span> '
-                f"{axis_html(bar.losses, dots)} "
+                f"{axis_html(bar.losses, bar.evaluations)} "
                 f"{_sparkline_or_blank(bar.losses, SERIES['loss'], dots=bar.evaluations)} "
                 f"{escape(state.number(bar.losses[-1]))}"
-                + (f" {loss_legend_html(True)}" if evaluates else "")
+                + (f" {loss_legend_html()}" if evaluates else "")
             )
         if bar.step_times:
             label, means, seconds = text.step_time_label(bar)

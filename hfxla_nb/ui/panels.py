@@ -607,6 +607,11 @@ def plan_notice_line(plan: Plan | Mapping[str, Any] | None,
         label, words = PREPARING_LABEL, took
     else:
         return "", ""
+    return notice_line(label, words)
+
+
+def notice_line(label: str, words: str) -> tuple[str, str]:
+    """A line before the fork, `(html, text)`: in the one box, under its heading."""
     return panel(line_html(label, words), PLAN_CLASS), f"{label}  {words}"
 
 
@@ -626,8 +631,7 @@ def show_preparing(mode: str | bool = "auto") -> PlanNotice | None:
     chosen = select_mode(mode)
     if chosen not in ("widgets", "html"):
         return None
-    return PlanNotice(None, chosen, (panel(line_html(PREPARING_LABEL, PREPARING), PLAN_CLASS),
-                                     f"{PREPARING_LABEL}  {PREPARING}"))
+    return PlanNotice(None, chosen, notice_line(PREPARING_LABEL, PREPARING))
 
 
 def show_memory_plan(plan: Plan | Mapping[str, Any] | None, mode: str | bool = "auto",
@@ -941,7 +945,7 @@ def loss_chart_html(result: Any) -> str:
         f'<tr style="{TR}"><td style="{edge}"></td><td style="{edge}">'
         f"{step_axis_html(history[0][0], history[-1][0])}</td></tr>"
         + (f'<tr style="{TR}"><td style="{edge}"></td><td style="{edge}">'
-           f"{loss_legend_html(True)}</td></tr>" if dots else "")
+           f"{loss_legend_html()}</td></tr>" if dots else "")
         + "</tbody></table>"
     )
 

@@ -154,10 +154,13 @@ class TrainerRun:
                 self.stopped_by = callback
         return self.control
 
-    def stop_reason(self, done: int) -> str:
+    def stop_reason(self, done: int) -> str | None:
         """Why the training stopped at step `done`, before its last step: "stopped early at
         step 50 of 120: eval_accuracy did not improve for 2 evaluations
-        (EarlyStoppingCallback)", or the callback that stopped it."""
+        (EarlyStoppingCallback)", or the callback that stopped it; None at the last step (the
+        run ended there, it was not stopped)."""
+        if done >= self.plan.total_steps:
+            return None
         where = f"step {done} of {self.plan.total_steps}"
         callback = self.stopped_by
         name = type(callback).__name__ if callback is not None else "a callback"

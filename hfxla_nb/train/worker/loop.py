@@ -371,11 +371,10 @@ class TrainingLoop:
                 now = time.monotonic()
                 if (stop or now - last_report >= BAR_INTERVAL or bucket.length != last_length):
                     last_report, last_length = now, bucket.length
-                    early = stop and done < plan.total_steps
                     report(step=done, total=plan.total_steps,
                            samples=done * plan.rows_per_step, inputs={"batch": x},
                            log_every=plan.log_every,
-                           ended=run.stop_reason(done) if early else None)
+                           ended=run.stop_reason(done) if stop else None)
                 logged_here = control.should_log or stop
                 if logged_here:
                     pending_log = (done, self.loss_total, lr)
@@ -390,8 +389,7 @@ class TrainingLoop:
                     stop = True
                     report(step=done, total=plan.total_steps,
                            samples=done * plan.rows_per_step, inputs={"batch": x},
-                           log_every=plan.log_every,
-                           ended=run.stop_reason(done) if done < plan.total_steps else None)
+                           log_every=plan.log_every, ended=run.stop_reason(done))
                     if not logged_here:  # the loss since the last logging point
                         pending_log = (done, self.loss_total, lr)
                 if done == start_step + STEADY_AFTER_STEPS and done < plan.total_steps:
